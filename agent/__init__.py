@@ -1,0 +1,1 @@
+"""nftpolicy agent: every side effect (Kubernetes API, libnftables, network namespaces, HTTP)."""

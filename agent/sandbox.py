@@ -1,0 +1,357 @@
+"""The sandbox: a cluster built from network namespaces, enforced by real nftables, probed with real packets.
+
+Topology (every namespace is named ``nftp-<run>-...`` and removed by :meth:`Sandbox.close`):
+
+* one namespace per node: IP forwarding on, an uplink ``eth1`` into a shared bridge (namespace
+  ``...-fabric``), and one veth ``vp<N>`` per local pod with the gateway addresses 169.254.1.1
+  and fe80::1 (the pods' default routes), plus a host route to every pod (local: the veth;
+  remote: the other node's uplink address);
+* one namespace per pod: ``eth0`` with the pod's addresses (``status.podIPs`` when the manifests
+  give them, else allocated from 10.244.<node>.0/24 and fd00:10:244:<node>::/64).
+
+Pods serve every probed port (TCP accept, UDP echo, SCTP where the kernel has it); a probe is a
+new connection from a fresh source port, so conntrack never carries an old verdict into a new
+probe. Node rulesets are applied through libnftables inside each node's namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import itertools
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+from nftpolicy.translators.cases import Case, Matrix, case_manifests, differences
+from nftpolicy.translators.manifests import ManifestError, build_cluster
+from nftpolicy.translators.model import Cluster, Family, Pod, Protocol
+from nftpolicy.translators.nft import full_transaction
+from nftpolicy.translators.rules import Config, build_rule_model
+
+from . import netns
+from .nftables import run_json
+
+NETNS_PREFIX = "nftp-"
+GATEWAY_V4 = "169.254.1.1"
+GATEWAY_V6 = "fe80::1"
+SOURCE_PORTS = range(32768, 61000)
+SOCKET_PROTO = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": getattr(socket, "IPPROTO_SCTP", 132)}
+NODE_SYSCTLS = {
+    "net.ipv4.ip_forward": "1",
+    "net.ipv6.conf.all.forwarding": "1",
+    "net.ipv4.conf.all.rp_filter": "0",
+    "net.ipv4.conf.default.rp_filter": "0",
+    # Rejected UDP probes are answered with ICMP errors; unlimited so none is mistaken for a drop.
+    "net.ipv4.icmp_ratelimit": "0",
+    "net.ipv6.icmp.ratelimit": "0",
+}
+
+
+def sctp_supported() -> bool:
+    """True when this kernel can open SCTP sockets (many CI kernels cannot)."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM, SOCKET_PROTO["SCTP"]).close()
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A destination port and protocol to probe between every pod pair."""
+
+    port: int
+    protocol: Protocol
+
+
+@dataclass(frozen=True)
+class _Node:
+    name: str
+    netns: str
+    index: int
+    addresses: dict[Family, str]
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be built or a ruleset could not be applied."""
+
+
+class Sandbox:
+    """A throwaway cluster of network namespaces (context manager; always cleans up).
+
+    ``pods``: the pods to build (hostNetwork and finished pods are left out); pods with no
+    ``node`` are spread round-robin over ``default_nodes``; pods with no addresses get one per
+    family in ``families``. ``timeout`` (seconds) bounds each probe.
+    """
+
+    def __init__(self, pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
+                 families: Sequence[Family] = ("ipv4",), node_addresses: dict[str, Sequence[str]] | None = None,
+                 config: Config = Config(), timeout: float = 1.0) -> None:
+        self.run = secrets.token_hex(3)
+        self.config, self.timeout = config, timeout
+        self.pods: dict[str, Pod] = {}
+        spread = itertools.cycle(default_nodes)
+        for pod in sorted((p for p in pods if not p.host_network and p.phase not in ("Succeeded", "Failed")), key=lambda p: p.key):
+            self.pods[pod.key] = dataclasses.replace(pod, node=pod.node or next(spread), phase="Running")
+        names = sorted({p.node for p in self.pods.values() if p.node})
+        self.nodes: dict[str, _Node] = {}
+        for i, name in enumerate(names):
+            given = {ipaddress.ip_address(a).version: a for a in (node_addresses or {}).get(name, ())}
+            self.nodes[name] = _Node(name, f"{NETNS_PREFIX}{self.run}-n{i}", i, {
+                "ipv4": given.get(4, f"172.31.{i // 250}.{i % 250 + 2}"),
+                "ipv6": given.get(6, f"fd00:172:31::{i + 2:x}"),
+            })
+        counters = {name: itertools.count(10) for name in self.nodes}
+        for key, pod in self.pods.items():
+            if not pod.ips:
+                n, node = next(counters[pod.node]), self.nodes[pod.node]  # type: ignore[index]
+                ips = []
+                if "ipv4" in families:
+                    ips.append(f"10.{244 + node.index // 256}.{node.index % 256}.{n}" if n < 255 else _too_many(pod))
+                if "ipv6" in families:
+                    ips.append(f"fd00:10:244:{node.index:x}::{n:x}")
+                self.pods[key] = dataclasses.replace(pod, ips=tuple(ips))
+        self.pod_netns = {key: f"{NETNS_PREFIX}{self.run}-p{i}" for i, key in enumerate(self.pods)}
+        self.fabric = f"{NETNS_PREFIX}{self.run}-fabric"
+        self.loop = asyncio.new_event_loop()
+        self._served: set[ProbeSpec] = set()
+        self._servers: list = []
+        self._source_ports = itertools.cycle(SOURCE_PORTS)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> "Sandbox":
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def namespaces(self) -> list[str]:
+        """Every namespace this sandbox owns."""
+        return [self.fabric] + [n.netns for n in self.nodes.values()] + list(self.pod_netns.values())
+
+    def close(self) -> None:
+        """Stop the servers and delete every namespace of this run (idempotent)."""
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+        if not self.loop.is_closed():
+            self.loop.close()
+        netns.delete(netns.existing(f"{NETNS_PREFIX}{self.run}-"))
+
+    def _build(self) -> None:
+        netns.ip_batch([f"netns add {name}" for name in self.namespaces()])
+        fabric = ["link add br0 type bridge", "link set br0 up"]
+        for node in self.nodes.values():
+            fabric += [f"link add n{node.index} type veth peer name eth1 netns {node.netns}",
+                       f"link set n{node.index} master br0", f"link set n{node.index} up"]
+        netns.ip_batch(fabric, self.fabric)
+        veth = {key: f"vp{i}" for i, key in enumerate(self.pods)}
+        for node in self.nodes.values():
+            commands = ["link set lo up", "link set eth1 up",
+                        f"addr add {node.addresses['ipv4']}/32 dev eth1", f"addr add {node.addresses['ipv6']}/128 dev eth1 nodad"]
+            for other in self.nodes.values():
+                if other is not node:
+                    commands += [f"route add {other.addresses[f]} dev eth1" for f in ("ipv4", "ipv6")]
+            for key, pod in self.pods.items():
+                if pod.node == node.name:
+                    commands += [f"link add {veth[key]} type veth peer name eth0 netns {self.pod_netns[key]}",
+                                 f"link set {veth[key]} up", f"addr add {GATEWAY_V4}/32 dev {veth[key]}",
+                                 f"addr add {GATEWAY_V6}/64 dev {veth[key]} nodad"]
+            netns.ip_batch(commands, node.netns)
+            for key, value in NODE_SYSCTLS.items():
+                netns.write_sysctl(node.netns, key, value)
+        for key, pod in self.pods.items():
+            commands = ["link set lo up", "link set eth0 up", f"route add {GATEWAY_V4} dev eth0 scope link",
+                        f"route add default via {GATEWAY_V4} dev eth0", f"route add default via {GATEWAY_V6} dev eth0"]
+            commands += [f"addr add {ip}/32 dev eth0" if ":" not in ip else f"addr add {ip}/128 dev eth0 nodad" for ip in pod.ips]
+            netns.ip_batch(commands, self.pod_netns[key])
+        for node in self.nodes.values():
+            commands = []
+            for key, pod in self.pods.items():
+                for ip in pod.ips:
+                    family = "ipv6" if ":" in ip else "ipv4"
+                    if pod.node == node.name:
+                        commands.append(f"route add {ip} dev {veth[key]} src {node.addresses[family]}")
+                    else:
+                        commands.append(f"route add {ip} via {self.nodes[pod.node].addresses[family]} dev eth1")  # type: ignore[index]
+            netns.ip_batch(commands, node.netns)
+
+    # ---- rules ---------------------------------------------------------------------------
+
+    def with_sandbox_pods(self, cluster: Cluster) -> Cluster:
+        """``cluster`` with every sandbox pod's node and addresses as built here.
+
+        Pods of ``cluster`` that the sandbox did not build keep what the manifests say.
+        """
+        pods = dict(cluster.pods)
+        for key, built in self.pods.items():
+            if key in pods:
+                pods[key] = dataclasses.replace(pods[key], node=built.node, ips=built.ips, phase="Running")
+        return dataclasses.replace(cluster, pods=pods)
+
+    def apply(self, cluster: Cluster) -> None:
+        """Render each node's ruleset from ``cluster`` and commit it inside that node's namespace.
+
+        Raises NftError (the node keeps its previous ruleset).
+        """
+        cluster = self.with_sandbox_pods(cluster)
+        for node in self.nodes.values():
+            batch = full_transaction(build_rule_model(cluster, node.name, self.config))
+            with netns.entered(node.netns):
+                run_json(batch)
+
+    # ---- probes --------------------------------------------------------------------------
+
+    def probe(self, specs: Iterable[ProbeSpec], families: Sequence[Family] = ("ipv4", "ipv6")) -> dict[tuple[ProbeSpec, Family], Matrix]:
+        """Connect from every pod to every pod on each spec, once per address family.
+
+        Returns ``{(spec, family): {(from, to): connected}}`` for the families the pods have.
+        SCTP specs are left out when the kernel has no SCTP.
+        """
+        specs = [s for s in specs if s.protocol != "SCTP" or sctp_supported()]
+        return self.loop.run_until_complete(self._probe_all(specs, families))
+
+    async def _probe_all(self, specs: list[ProbeSpec], families: Sequence[Family]) -> dict[tuple[ProbeSpec, Family], Matrix]:
+        for spec in specs:
+            if spec not in self._served:
+                await self._serve(spec)
+                self._served.add(spec)
+        limit = asyncio.Semaphore(200)
+        jobs = []
+        for spec in specs:
+            for family in families:
+                for src, dst in itertools.product(self.pods.values(), repeat=2):
+                    targets = dst.addresses(family)
+                    if src.addresses(family) and targets:
+                        jobs.append(((spec, family), (src.key, dst.key), self._connect(limit, src.key, targets[0], spec)))
+        results = await asyncio.gather(*(job for _, _, job in jobs))
+        matrices: dict[tuple[ProbeSpec, Family], Matrix] = {}
+        for (key, cell, _), ok in zip(jobs, results):
+            matrices.setdefault(key, {})[cell] = ok
+        return matrices
+
+    def _socket(self, pod: str, family: int, kind: int, protocol: Protocol) -> socket.socket:
+        with netns.entered(self.pod_netns[pod]):
+            sock = socket.socket(family, kind, SOCKET_PROTO[protocol])
+        sock.setblocking(False)
+        return sock
+
+    async def _serve(self, spec: ProbeSpec) -> None:
+        kind = socket.SOCK_DGRAM if spec.protocol == "UDP" else socket.SOCK_STREAM
+        for key in self.pods:
+            sock = self._socket(key, socket.AF_INET6, kind, spec.protocol)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("::", spec.port))
+            if kind == socket.SOCK_DGRAM:
+                transport, _ = await self.loop.create_datagram_endpoint(_Echo, sock=sock)
+                self._servers.append(transport)
+            else:
+                sock.listen(128)
+                self._servers.append(await self.loop.create_server(_Hangup, sock=sock))
+
+    def _source_port(self) -> int:
+        served = {s.port for s in self._served}
+        return next(p for p in self._source_ports if p not in served)
+
+    async def _connect(self, limit: asyncio.Semaphore, src: str, address: str, spec: ProbeSpec) -> bool:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        async with limit:
+            sock = self._socket(src, family, socket.SOCK_DGRAM if spec.protocol == "UDP" else socket.SOCK_STREAM, spec.protocol)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", self._source_port()))
+                if spec.protocol == "UDP":
+                    sock.connect((address, spec.port))
+                    await self.loop.sock_sendall(sock, b"nftpolicy-probe")
+                    reply = await asyncio.wait_for(self.loop.sock_recv(sock, 64), self.timeout)
+                    return reply == b"nftpolicy-probe"
+                await asyncio.wait_for(self.loop.sock_connect(sock, (address, spec.port)), self.timeout)
+                return True
+            except (OSError, asyncio.TimeoutError):
+                return False
+            finally:
+                if spec.protocol != "UDP":
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                sock.close()
+
+
+def _too_many(pod: Pod) -> str:
+    raise SandboxError(f"too many pods on node {pod.node} for the sandbox's /24 (pod {pod.key})")
+
+
+class _Echo(asyncio.DatagramProtocol):
+    """UDP server: send every datagram back."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:  # type: ignore[override]
+        self.transport.sendto(data, addr)
+
+
+class _Hangup(asyncio.Protocol):
+    """TCP/SCTP server: accept, then close (the accepted connection is the answer)."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        transport.close()
+
+
+def cleanup_stale() -> list[str]:
+    """Delete namespaces left by sandboxes that were killed (``nftp-*``); returns their names."""
+    names = netns.existing(NETNS_PREFIX)
+    netns.delete(names)
+    return names
+
+
+@dataclass
+class StepResult:
+    """One replayed case (or step): the measured matrices and every cell that differs.
+
+    ``differences`` rows are ``(spec, family, from, to, expected, actual)``; ``not_probed`` lists
+    the (spec, family) pairs the kernel could not probe (SCTP without kernel support).
+    """
+
+    case: Case
+    results: dict[tuple[ProbeSpec, Family], Matrix]
+    differences: list[tuple[ProbeSpec, Family, str, str, bool, bool | None]]
+    not_probed: list[tuple[ProbeSpec, Family]]
+    errors: list[ManifestError]
+
+
+def replay(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: Sequence[Family] = ("ipv4",),
+           config: Config = Config(), timeout: float = 1.0) -> Iterator[tuple[Sandbox, StepResult]]:
+    """Replay conformance cases in one sandbox, in order, as a live sequence of steps.
+
+    The pods of the first case are built once; each case's namespaces, labels and policies are
+    applied over the previous ones (one transaction per node), then its probes are run and
+    compared with the expected matrices (diagonal ignored). Yields after every step, while the
+    sandbox still exists.
+    """
+    pods_only = dataclasses.replace(cases[0], policies=())
+    skeleton, _ = build_cluster(("case", o) for o in case_manifests(pods_only, {}))
+    with Sandbox(skeleton.pods.values(), nodes, families, None, config, timeout) as sandbox:
+        for case in cases:
+            ips = {key: list(pod.ips) for key, pod in sandbox.pods.items()}
+            cluster, errors = build_cluster((f"case {case.name}", o) for o in case_manifests(case, ips))
+            sandbox.apply(cluster)
+            results = sandbox.probe([ProbeSpec(p.port, p.protocol) for p in case.probes], families)
+            diffs, not_probed = [], []
+            for probe in case.probes:
+                spec = ProbeSpec(probe.port, probe.protocol)
+                for family in families:
+                    actual = results.get((spec, family))
+                    if actual is None:
+                        not_probed.append((spec, family))
+                    else:
+                        diffs.extend((spec, family, *d) for d in differences(probe.expected, actual))
+            yield sandbox, StepResult(case, results, diffs, not_probed, errors)

@@ -1,0 +1,341 @@
+"""Kubernetes objects (parsed YAML/JSON) -> :class:`Cluster`, with the API server's defaulting and validation.
+
+Accepted input: any mix of Namespace, Pod, NetworkPolicy and Node objects, ``kind: List``
+(what ``kubectl get -A -o yaml`` prints) and multi-document YAML; other kinds are ignored.
+An invalid object is reported as a :class:`ManifestError` naming kind, namespace/name and field,
+and left out; every other object is still used.
+
+Validation and defaulting follow the ``networking.k8s.io/v1`` API reference and the API server's
+validation (``pkg/apis/networking/validation``): protocol defaults to TCP, ``policyTypes``
+defaults to Ingress plus Egress when egress rules exist, ``endPort`` needs a numeric ``port`` and
+``endPort >= port``, port names are IANA service names, CIDRs must parse and every ``except``
+must be a strict subset of its ``cidr``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from .model import (
+    NAMESPACE_NAME_LABEL,
+    PROTOCOLS,
+    Cluster,
+    ContainerPort,
+    IPBlock,
+    LabelSelector,
+    Namespace,
+    NetworkPolicy,
+    Node,
+    Peer,
+    Pod,
+    PolicyPort,
+    PolicyRule,
+    Requirement,
+)
+
+KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
+_IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")
+
+
+class InvalidField(ValueError):
+    """A field that fails validation: ``path`` is the JSON path (``spec.ingress[0].ports[1].port``)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class ManifestError:
+    """One rejected object: ``"NetworkPolicy x/deny: spec.ingress[0].ports[0].port: ..."``."""
+
+    kind: str
+    ref: str
+    message: str
+    origin: str = ""
+
+    def __str__(self) -> str:
+        where = f" ({self.origin})" if self.origin else ""
+        return f"{self.kind} {self.ref}: {self.message}{where}"
+
+
+def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
+    """Split YAML or JSON text into ``(origin, object)`` pairs, flattening ``kind: List``.
+
+    Returns the objects and, for unparseable text, one error naming ``origin``.
+    """
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        return [], [ManifestError("file", origin, f"not valid YAML/JSON: {exc}".replace("\n", " "))]
+    objects: list[tuple[str, Any]] = []
+    while docs:
+        doc = docs.pop(0)
+        if isinstance(doc, Mapping) and doc.get("kind") == "List":
+            docs[0:0] = list(doc.get("items") or [])
+        else:
+            objects.append((origin, doc))
+    return objects, []
+
+
+def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[ManifestError]]:
+    """Build a :class:`Cluster` from ``(origin, object)`` pairs; a later object of the same name wins.
+
+    Returns the cluster and the errors of the objects left out.
+    """
+    namespaces: dict[str, Namespace] = {}
+    pods: dict[str, Pod] = {}
+    policies: dict[str, NetworkPolicy] = {}
+    nodes: dict[str, Node] = {}
+    errors: list[ManifestError] = []
+    for origin, obj in objects:
+        if not isinstance(obj, Mapping):
+            errors.append(ManifestError("object", "?", "not a mapping", origin))
+            continue
+        kind = obj.get("kind")
+        if kind not in KINDS:
+            continue
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+        ref = f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if kind in ("Pod", "NetworkPolicy") else str(meta.get("name"))
+        try:
+            if kind == "Namespace":
+                ns = namespace_from(obj)
+                namespaces[ns.name] = ns
+            elif kind == "Pod":
+                pod = pod_from(obj)
+                pods[pod.key] = pod
+            elif kind == "NetworkPolicy":
+                policy = policy_from(obj)
+                policies[policy.key] = policy
+            else:
+                node = node_from(obj)
+                nodes[node.name] = node
+        except InvalidField as exc:
+            errors.append(ManifestError(kind, ref, str(exc), origin))
+    return Cluster(namespaces=namespaces, pods=pods, policies=policies, nodes=nodes), errors
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidField(path, f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, path: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidField(path, f"must be a list, got {type(value).__name__}")
+    return value
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    name = _mapping(obj.get("metadata"), "metadata").get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidField("metadata.name", "required")
+    return name
+
+
+def _labels(value: Any, path: str) -> dict[str, str]:
+    labels = _mapping(value, path)
+    for k, v in labels.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidField(f"{path}.{k}", "label keys and values must be strings")
+    return dict(labels)
+
+
+def namespace_from(obj: Mapping[str, Any]) -> Namespace:
+    """A Namespace object -> :class:`Namespace`; adds the automatic ``kubernetes.io/metadata.name`` label."""
+    name = _name(obj)
+    labels = _labels(obj["metadata"].get("labels"), "metadata.labels")
+    labels[NAMESPACE_NAME_LABEL] = name
+    return Namespace(name=name, labels=labels)
+
+
+def node_from(obj: Mapping[str, Any]) -> Node:
+    """A Node object -> :class:`Node` (``status.addresses`` IPs, ``spec.podCIDRs`` or ``spec.podCIDR``)."""
+    name = _name(obj)
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    addresses = []
+    for i, a in enumerate(_list(status.get("addresses"), "status.addresses")):
+        address = _mapping(a, f"status.addresses[{i}]").get("address")
+        if isinstance(address, str) and _is_ip(address):
+            addresses.append(address)
+    cidrs = _list(spec.get("podCIDRs"), "spec.podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    for i, c in enumerate(cidrs):
+        _network(c, f"spec.podCIDRs[{i}]")
+    return Node(name=name, addresses=tuple(addresses), pod_cidrs=tuple(cidrs))
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def pod_from(obj: Mapping[str, Any]) -> Pod:
+    """A Pod object -> :class:`Pod`: labels, ``spec.nodeName``, ``status.podIPs`` (or ``podIP``),
+    phase, ``spec.hostNetwork`` and the containers' named ports."""
+    name = _name(obj)
+    meta = obj["metadata"]
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    ips: list[str] = []
+    for i, entry in enumerate(_list(status.get("podIPs"), "status.podIPs")):
+        ips.append(str(_mapping(entry, f"status.podIPs[{i}]").get("ip")))
+    if not ips and status.get("podIP"):
+        ips.append(str(status["podIP"]))
+    for i, ip in enumerate(ips):
+        if not _is_ip(ip):
+            raise InvalidField(f"status.podIPs[{i}]", f"invalid IP address {ip!r}")
+    ports = []
+    for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
+        cpath = f"spec.containers[{ci}]"
+        for pi, p in enumerate(_list(_mapping(container, cpath).get("ports"), f"{cpath}.ports")):
+            path = f"{cpath}.ports[{pi}]"
+            p = _mapping(p, path)
+            number = p.get("containerPort")
+            if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
+                raise InvalidField(f"{path}.containerPort", f"must be a number 1-65535, got {number!r}")
+            ports.append(ContainerPort(name=p.get("name"), port=number, protocol=_protocol(p.get("protocol"), f"{path}.protocol")))
+    return Pod(
+        namespace=meta.get("namespace") or "default",
+        name=name,
+        labels=_labels(meta.get("labels"), "metadata.labels"),
+        node=spec.get("nodeName"),
+        ips=tuple(ips),
+        phase=str(status.get("phase") or ("Running" if ips else "Pending")),
+        host_network=bool(spec.get("hostNetwork")),
+        ports=tuple(ports),
+    )
+
+
+def _protocol(value: Any, path: str) -> Any:
+    if value is None:
+        return "TCP"
+    if value not in PROTOCOLS:
+        raise InvalidField(path, f"unsupported protocol {value!r} (TCP, UDP or SCTP)")
+    return value
+
+
+def _network(value: Any, path: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    if not isinstance(value, str) or "/" not in value:
+        raise InvalidField(path, f"invalid CIDR {value!r}")
+    try:
+        return ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise InvalidField(path, f"invalid CIDR {value!r}") from None
+
+
+def selector_from(value: Any, path: str) -> LabelSelector:
+    """A ``meta/v1`` LabelSelector object -> :class:`LabelSelector` (validates operators and values)."""
+    sel = _mapping(value, path)
+    requirements = []
+    for i, expr in enumerate(_list(sel.get("matchExpressions"), f"{path}.matchExpressions")):
+        epath = f"{path}.matchExpressions[{i}]"
+        expr = _mapping(expr, epath)
+        op, key, values = expr.get("operator"), expr.get("key"), _list(expr.get("values"), f"{epath}.values")
+        if not isinstance(key, str) or not key:
+            raise InvalidField(f"{epath}.key", "required")
+        if op in ("In", "NotIn") and not values:
+            raise InvalidField(f"{epath}.values", f"must be non-empty when operator is {op}")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise InvalidField(f"{epath}.values", f"must be empty when operator is {op}")
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            raise InvalidField(f"{epath}.operator", f"unknown operator {op!r} (In, NotIn, Exists, DoesNotExist)")
+        requirements.append(Requirement(key=key, operator=op, values=frozenset(str(v) for v in values)))
+    labels = _labels(sel.get("matchLabels"), f"{path}.matchLabels")
+    return LabelSelector(match_labels=tuple(sorted(labels.items())), match_expressions=tuple(requirements))
+
+
+def _port(value: Any, path: str) -> PolicyPort:
+    entry = _mapping(value, path)
+    protocol = _protocol(entry.get("protocol"), f"{path}.protocol")
+    port, end_port = entry.get("port"), entry.get("endPort")
+    if isinstance(port, bool) or not (port is None or isinstance(port, (int, str))):
+        raise InvalidField(f"{path}.port", f"must be a number or a port name, got {port!r}")
+    if isinstance(port, int) and not 1 <= port <= 65535:
+        raise InvalidField(f"{path}.port", f"must be between 1 and 65535, got {port}")
+    if isinstance(port, str) and not _IANA_SVC_NAME.match(port):
+        raise InvalidField(f"{path}.port", f"invalid port name {port!r} (IANA service name: 1-15 lower-case letters, digits and '-')")
+    if end_port is not None:
+        if isinstance(end_port, bool) or not isinstance(end_port, int) or not 1 <= end_port <= 65535:
+            raise InvalidField(f"{path}.endPort", f"must be between 1 and 65535, got {end_port!r}")
+        if not isinstance(port, int):
+            raise InvalidField(f"{path}.endPort", "may only be set with a numeric port")
+        if end_port < port:
+            raise InvalidField(f"{path}.endPort", f"must be greater than or equal to port ({port}), got {end_port}")
+    return PolicyPort(protocol=protocol, port=port, end_port=end_port)
+
+
+def _peer(value: Any, path: str) -> Peer:
+    entry = _mapping(value, path)
+    block = entry.get("ipBlock")
+    has_selector = entry.get("podSelector") is not None or entry.get("namespaceSelector") is not None
+    if block is not None and has_selector:
+        raise InvalidField(path, "may not specify both ipBlock and a selector")
+    if block is None and not has_selector:
+        raise InvalidField(path, "must specify a peer (podSelector, namespaceSelector or ipBlock)")
+    if block is None:
+        return Peer(
+            pod_selector=selector_from(entry["podSelector"], f"{path}.podSelector") if entry.get("podSelector") is not None else None,
+            namespace_selector=selector_from(entry["namespaceSelector"], f"{path}.namespaceSelector")
+            if entry.get("namespaceSelector") is not None else None,
+        )
+    block = _mapping(block, f"{path}.ipBlock")
+    cidr = _network(block.get("cidr"), f"{path}.ipBlock.cidr")
+    excepts = []
+    for i, text in enumerate(_list(block.get("except"), f"{path}.ipBlock.except")):
+        hole = _network(text, f"{path}.ipBlock.except[{i}]")
+        if hole.version != cidr.version or not hole.subnet_of(cidr) or hole == cidr:  # type: ignore[arg-type]
+            raise InvalidField(f"{path}.ipBlock.except[{i}]", f"{text} must be a strict subset of cidr {cidr}")
+        excepts.append(hole)
+    return Peer(ip_block=IPBlock(cidr=cidr, excepts=tuple(excepts)))
+
+
+def _rules(value: Any, path: str, peers_key: str) -> tuple[PolicyRule, ...]:
+    rules = []
+    for i, rule in enumerate(_list(value, path)):
+        rpath = f"{path}[{i}]"
+        rule = _mapping(rule, rpath)
+        peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]") for j, p in enumerate(_list(rule.get(peers_key), f"{rpath}.{peers_key}")))
+        ports = tuple(_port(p, f"{rpath}.ports[{j}]") for j, p in enumerate(_list(rule.get("ports"), f"{rpath}.ports")))
+        rules.append(PolicyRule(peers=peers, ports=ports))
+    return tuple(rules)
+
+
+def policy_from(obj: Mapping[str, Any]) -> NetworkPolicy:
+    """A NetworkPolicy object -> :class:`NetworkPolicy`, defaulted and validated.
+
+    Raises :class:`InvalidField` naming the first invalid field.
+    """
+    name = _name(obj)
+    spec = _mapping(obj.get("spec"), "spec")
+    if "podSelector" not in spec:
+        raise InvalidField("spec.podSelector", "required")
+    ingress = _rules(spec.get("ingress"), "spec.ingress", "from")
+    egress = _rules(spec.get("egress"), "spec.egress", "to")
+    types = _list(spec.get("policyTypes"), "spec.policyTypes")
+    for i, t in enumerate(types):
+        if t not in ("Ingress", "Egress"):
+            raise InvalidField(f"spec.policyTypes[{i}]", f"unsupported value {t!r} (Ingress or Egress)")
+    if not types:
+        types = ["Ingress", "Egress"] if egress else ["Ingress"]
+    return NetworkPolicy(
+        namespace=obj["metadata"].get("namespace") or "default",
+        name=name,
+        pod_selector=selector_from(spec["podSelector"], "spec.podSelector"),
+        policy_types=frozenset(t.lower() for t in types),  # type: ignore[misc]
+        ingress=ingress,
+        egress=egress,
+    )
