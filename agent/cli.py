@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from importlib.metadata import version
 
@@ -98,6 +99,8 @@ def _print_matrices(sandbox: Sandbox, results: dict) -> None:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cases = _read_cases(args.paths)
     families = ("ipv4", "ipv6") if args.dual_stack else ("ipv6",) if args.ipv6 else ("ipv4",)
     nodes = args.node or ["node1"]

@@ -149,7 +149,12 @@ class Sandbox:
 
     def _build(self) -> None:
         netns.ip_batch([f"netns add {name}" for name in self.namespaces()])
-        fabric = ["link add br0 type bridge", "link set br0 up"]
+        for name in self.namespaces():
+            # No duplicate address detection: a tentative link-local address cannot source the
+            # neighbour solicitations that forwarded IPv6 needs, so the first probes would fail.
+            for key in ("net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"):
+                netns.write_sysctl(name, key, "0")
+        fabric = ["link add br0 type bridge mcast_snooping 0", "link set br0 up"]
         for node in self.nodes.values():
             fabric += [f"link add n{node.index} type veth peer name eth1 netns {node.netns}",
                        f"link set n{node.index} master br0", f"link set n{node.index} up"]

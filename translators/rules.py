@@ -205,11 +205,17 @@ def _named_port_elements(pods: tuple[Pod, ...], port: PolicyPort, family: Family
         for ip in pod.addresses(family):
             if ip_filter is None or ip_filter(ip):
                 elements.add((ip, port.protocol.lower(), number))
-    return tuple(sorted(elements, key=lambda e: (ipaddress.ip_address(e[0]), e[1], e[2])))
+    return tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
+
+
+def _address_order(ip: str) -> tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    address = ipaddress.ip_address(ip)
+    return address.version, address
 
 
 def _sorted_ips(ips) -> tuple[str, ...]:
-    return tuple(sorted(set(ips), key=ipaddress.ip_address))
+    """Unique addresses, IPv4 first, each family in numeric order."""
+    return tuple(sorted(set(ips), key=_address_order))
 
 
 class _PolicyRenderer:
@@ -287,7 +293,7 @@ class _PolicyRenderer:
             elements = set(_named_port_elements(pods, port, family))
             if blocks:
                 elements |= set(_named_port_elements(self.index.all_pods(), port, family, lambda ip: any(b.contains(ip) for b in blocks)))
-            ordered = tuple(sorted(elements, key=lambda e: (ipaddress.ip_address(e[0]), e[1], e[2])))
+            ordered = tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
             allows.append(AllowRule(family, None, None, self._set(family, "named_port", ordered, i, f"port {port.port}", str(j)), text))
         return allows
 

@@ -1,0 +1,69 @@
+"""Shared fixtures. Tests that touch the kernel need root and run every nft command inside a
+network namespace the test created (and always deletes)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nftpolicy.agent import netns
+from nftpolicy.agent.manifests import load_cluster
+from nftpolicy.translators.manifests import build_cluster, parse_documents
+
+REPO = Path(__file__).resolve().parent.parent
+CONFORMANCE = REPO / "tests" / "conformance" / "upstream"
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="needs root (network namespaces and nftables)")
+        for item in items:
+            if "kernel" in item.keywords:
+                item.add_marker(skip)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kernel: uses network namespaces and the kernel's nftables (root)")
+
+
+@pytest.fixture
+def make_netns():
+    """Factory: ``make_netns()`` creates an empty namespace and returns its name; all are deleted
+    after the test, whatever happened."""
+    created: list[str] = []
+
+    def make() -> str:
+        name = f"nftp-test-{secrets.token_hex(3)}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        created.append(name)
+        return name
+
+    yield make
+    netns.delete(created)
+
+
+def nft(ns: str, *args: str, stdin: str | None = None) -> str:
+    """Run the nft binary inside namespace ``ns``; raises AssertionError with nft's message."""
+    result = subprocess.run(["ip", "netns", "exec", ns, "nft", *args], input=stdin, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(f"nft {' '.join(args)} failed in {ns}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def cluster_from_yaml(text: str):
+    """A Cluster from YAML text; fails the test on any invalid object."""
+    objects, errors = parse_documents(text)
+    cluster, invalid = build_cluster(objects)
+    assert not errors + invalid, [str(e) for e in errors + invalid]
+    return cluster
+
+
+def example_cluster():
+    """The shop example shipped in examples/shop."""
+    cluster, errors = load_cluster([str(REPO / "examples" / "shop")])
+    assert not errors
+    return cluster

@@ -1,0 +1,98 @@
+"""The ``nftpolicy`` command as a user runs it: exit codes, messages, cleanup on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nftpolicy.agent import netns
+
+from .conftest import CONFORMANCE, REPO
+
+NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
+BAD_POLICY = """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: shop, name: bad-range}
+spec:
+  podSelector: {}
+  ingress: [{ports: [{port: 9000, endPort: 8000}]}]
+"""
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([NFTPOLICY, *args], input=stdin, capture_output=True, text=True, timeout=120)
+
+
+def test_version():
+    assert run("--version").stdout.startswith("nftpolicy ")
+
+
+def test_render_json_is_a_libnftables_batch():
+    out = run("render", "--node", "node1", "--format", "json", str(REPO / "examples" / "shop"))
+    assert out.returncode == 0, out.stderr
+    batch = json.loads(out.stdout)["nftables"]
+    assert batch[0] == {"add": {"table": {"family": "inet", "name": "nftpolicy"}}}
+    assert batch[1] == {"delete": {"table": {"family": "inet", "name": "nftpolicy"}}}
+
+
+def test_invalid_object_is_named_skipped_and_the_rest_renders():
+    example = (REPO / "examples" / "shop" / "cluster.yaml").read_text()
+    out = run("render", "--node", "node1", "-", stdin=example + "\n---\n" + BAD_POLICY)
+    assert out.returncode == 0
+    assert "NetworkPolicy shop/bad-range: spec.ingress[0].ports[0].endPort: must be greater than or equal to port (9000), got 8000" in out.stderr
+    assert "shop/api-ingress ingress" in out.stdout and "bad-range" not in out.stdout
+    strict = run("render", "--strict", "--node", "node1", "-", stdin=example + "\n---\n" + BAD_POLICY)
+    assert strict.returncode == 2 and strict.stdout == ""
+
+
+def test_missing_path_is_an_error():
+    out = run("render", "/no/such/file.yaml")
+    assert out.returncode == 2 and "no such file or directory: /no/such/file.yaml" in out.stderr
+
+
+@pytest.mark.kernel
+def test_sandbox_on_the_example_prints_matrices():
+    out = run("sandbox", str(REPO / "examples" / "shop"))
+    assert out.returncode == 0, out.stderr
+    assert "TCP/5432 ipv4" in out.stdout and "TCP/8080 ipv4" in out.stdout
+
+
+@pytest.mark.kernel
+def test_sandbox_reports_a_wrong_expectation_and_exits_nonzero(tmp_path):
+    case = (CONFORMANCE / "001-default-deny-ingress.yaml").read_text()
+    # Claim that y/a may reach x/b on TCP/80 although the policy denies it.
+    lines = case.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.strip().startswith("y/a ") and "X" in line)
+    lines[row] = lines[row].replace("X", ".", 2)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("\n".join(lines) + "\n")
+    out = run("sandbox", str(wrong))
+    assert out.returncode == 1
+    assert "DIFF default-deny-ingress TCP/80 ipv4 y/a -> x/a: expected allowed, got blocked" in out.stdout
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_sandbox_removes_its_namespaces_when_interrupted(sig):
+    def sandbox_namespaces() -> set[str]:
+        return {n for n in netns.existing("nftp-") if re.match(r"nftp-[0-9a-f]{6}-", n)}
+
+    before = sandbox_namespaces()
+    proc = subprocess.Popen([NFTPOLICY, "sandbox", "--timeout", "5", *sorted(str(p) for p in CONFORMANCE.glob("0*.yaml"))[:1] * 20],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not sandbox_namespaces() - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sandbox_namespaces() - before, "the sandbox never created its namespaces"
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    assert sandbox_namespaces() - before == set()

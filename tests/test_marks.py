@@ -1,0 +1,97 @@
+"""The seed's check (kube-router "mask mark reset"), automated with real packets.
+
+A table of another system marks packets at an earlier priority; our chains must let allowed
+traffic through with that mark intact and our own 0x10000 bit cleared, counted by counters in a
+chain at a later priority, exactly as the seed PR did with iptables counters.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
+
+from .conftest import cluster_from_yaml, nft
+
+pytestmark = pytest.mark.kernel
+
+CLUSTER = """
+apiVersion: v1
+kind: Pod
+metadata: {namespace: x, name: client, labels: {app: client}}
+spec: {nodeName: node1, containers: [{name: c, ports: [{containerPort: 80}, {containerPort: 81}]}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: x, name: server, labels: {app: server}}
+spec: {nodeName: node1, containers: [{name: c, ports: [{containerPort: 80}, {containerPort: 81}]}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: x, name: allow-client-80}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: client}}}], ports: [{port: 80}]}]
+"""
+
+
+def _other_system(server_ip: str, mark: int) -> str:
+    """Another system's table: marks every packet to the server before us (priority -10) and
+    counts what arrives after us (priority 10), like the seed's TEST_MARK_POLICY chain."""
+    return f"""
+table inet othersys {{
+    chain before {{
+        type filter hook forward priority -10; policy accept;
+        ip daddr {server_ip} tcp dport {{ 80, 81 }} meta mark set meta mark | {mark:#x}
+    }}
+    chain after {{
+        type filter hook forward priority 10; policy accept;
+        ip daddr {server_ip} tcp dport 80 counter comment "all"
+        ip daddr {server_ip} tcp dport 80 meta mark & {mark:#x} == {mark:#x} counter comment "foreign mark kept"
+        ip daddr {server_ip} tcp dport 80 meta mark & 0x10000 == 0x10000 counter comment "policy mark left set"
+        ip daddr {server_ip} tcp dport 80 meta mark & 0x20000 == 0x20000 counter comment "passed mark set"
+    }}
+}}
+"""
+
+
+def _counters(ns: str) -> dict[str, int]:
+    listing = json.loads(nft(ns, "-j", "list", "chain", "inet", "othersys", "after"))
+    counters = {}
+    for item in listing["nftables"]:
+        rule = item.get("rule")
+        if rule:
+            packets = next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+            counters[rule["comment"]] = packets
+    return counters
+
+
+@pytest.mark.parametrize("foreign_mark", [0x2000, 0xFFFCFFFF], ids=["hostport-0x2000", "every-other-bit"])
+def test_foreign_mark_survives_and_policy_mark_is_cleared(foreign_mark):
+    cluster = cluster_from_yaml(CLUSTER)
+    with Sandbox(cluster.pods.values()) as sandbox:
+        sandbox.apply(cluster)
+        node = sandbox.nodes["node1"].netns
+        server_ip = sandbox.pods["x/server"].ips[0]
+        nft(node, "-f", "-", stdin=_other_system(server_ip, foreign_mark))
+        result = sandbox.probe([ProbeSpec(80, "TCP"), ProbeSpec(81, "TCP")], ["ipv4"])
+        assert result[(ProbeSpec(80, "TCP"), "ipv4")][("x/client", "x/server")] is True
+        assert result[(ProbeSpec(81, "TCP"), "ipv4")][("x/client", "x/server")] is False
+        counters = _counters(node)
+    assert counters["all"] >= 1, counters  # the allowed SYN went through the forward hook
+    assert counters["foreign mark kept"] == counters["all"], counters
+    assert counters["policy mark left set"] == 0, counters
+    assert counters["passed mark set"] >= 1, counters
+
+
+def test_policy_mark_set_by_someone_else_does_not_allow():
+    """A packet that arrives carrying our 0x10000 bit is still judged by the policies."""
+    cluster = cluster_from_yaml(CLUSTER)
+    with Sandbox(cluster.pods.values()) as sandbox:
+        sandbox.apply(cluster)
+        node = sandbox.nodes["node1"].netns
+        nft(node, "-f", "-", stdin=_other_system(sandbox.pods["x/server"].ips[0], 0x10000))
+        result = sandbox.probe([ProbeSpec(81, "TCP")], ["ipv4"])
+    assert result[(ProbeSpec(81, "TCP"), "ipv4")][("x/client", "x/server")] is False
