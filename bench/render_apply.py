@@ -214,8 +214,22 @@ def machine() -> dict[str, Any]:
         r = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", name], capture_output=True, text=True)
         return r.stdout.strip() or None if r.returncode == 0 else None
 
-    return {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
+    return {"revision": _revision(), "cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
             "libnftables": pkg("libnftables1"), "cpu": _cpu_model()}
+
+
+def _revision() -> str | None:
+    """Commit of the tree benchmarked, ``+dirty`` when translators/ or agent/ have local changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "translators", "agent"],
+                               capture_output=True, text=True)
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _cpu_model() -> str | None:
@@ -233,6 +247,7 @@ def print_table(out, report: dict[str, Any]) -> None:
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"nftpolicy render + apply benchmark: seed {report['seed']}, median of {report['runs']} runs, "
       f"node {NODE}{', dual-stack' if report['dual_stack'] else ''}")
+    p(f"tree: {m['revision']}")
     p(f"machine: {m['cpus']} CPUs ({m['cpu']}), kernel {m['kernel']}, Python {m['python']}, libnftables {m['libnftables']}")
     p(f"nft ran only in network namespace {report['netns']} (deleted afterwards)" if report["netns"] else "apply skipped (--no-apply)")
     p()

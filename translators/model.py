@@ -22,8 +22,9 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
 def family_of(address: str) -> Family:
-    """Return ``"ipv4"`` or ``"ipv6"`` for an address or network string (ValueError if neither)."""
-    return "ipv4" if ipaddress.ip_network(address, strict=False).version == 4 else "ipv6"
+    """Return ``"ipv4"`` or ``"ipv6"`` for a valid address or network string (validated when the
+    manifests were read; only IPv6 text contains ':')."""
+    return "ipv6" if ":" in address else "ipv4"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .model import Family
+from .model import Family, family_of
 from .rules import AddressSet, AllowRule, PodChain, PolicyChain, RuleModel, comment
 
 BASE_CHAINS = {"KUBE-ROUTER-INPUT": "input", "KUBE-ROUTER-FORWARD": "forward", "KUBE-ROUTER-OUTPUT": "output"}
@@ -121,7 +121,7 @@ class _Builder:
         for pod in m.pod_chains:
             self._pod_chain(pod)
         for family, name in POD_MAPS.items():
-            elements = [[ip, _jump(p.name)] for p in m.pod_chains for ip in p.ips if _family(ip) == family]
+            elements = [[ip, _jump(p.name)] for p in m.pod_chains for ip in p.ips if family_of(ip) == family]
             body: Json = {**self.table, "name": name, "type": ADDR_TYPE[family], "map": "verdict",
                           "comment": f"local isolated pods ({family}) -> KUBE-POD-FW chain"}
             if elements:
@@ -151,16 +151,16 @@ class _Builder:
         self.chain(name)
         self.rule(name, [_jump(COMMON_CHAIN)], f"{pod.pod} common")
         self.rule(name, [_clear_mark(c.policy_mark)], f"{pod.pod} start unmarked")
-        families = [f for f in IP if any(_family(ip) == f for ip in pod.ips)]
+        families = [f for f in IP if any(family_of(ip) == f for ip in pod.ips)]
         for family in families:
-            ips = [ip for ip in pod.ips if _family(ip) == family]
+            ips = [ip for ip in pod.ips if family_of(ip) == family]
             dst = _match(_payload(IP[family], "daddr"), _addresses(ips))
             local_src = _match({"fib": {"result": "type", "flags": ["saddr"]}}, "local")
             self.rule(name, [dst, local_src, {"accept": None}], f"{pod.pod} from the local node")
         for direction, chains, field in (("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr")):
             for target in chains if chains is not None else (DEFAULT_CHAIN,):
                 for family in families:
-                    ips = [ip for ip in pod.ips if _family(ip) == family]
+                    ips = [ip for ip in pod.ips if family_of(ip) == family]
                     self.rule(name, [_match(_payload(IP[family], field), _addresses(ips)), _jump(target)], f"{pod.pod} {direction}")
         unmarked = _unmarked(c.policy_mark)
         log = {"log": {"prefix": comment(f"nftpolicy reject {pod.pod}: ")[:120], "group": c.nflog_group}}
@@ -175,7 +175,7 @@ class _Builder:
         for name, hook in BASE_CHAINS.items():
             self.chain(name, hook)
         for cidr in c.service_cidrs:
-            family = _family(cidr)
+            family = family_of(cidr)
             self.rule("KUBE-ROUTER-INPUT", [_match(_payload(IP[family], "daddr"), _prefix(cidr)), {"return": None}],
                       "allow traffic to service cluster IPs")
         if c.node_port_range:
@@ -185,7 +185,7 @@ class _Builder:
                 _match(L4PROTO, {"set": ["tcp", "udp", "sctp"]}),
                 _match(DPORT, {"range": [low, high]}), {"return": None}], "allow node ports on local addresses")
         for cidr in c.external_cidrs:
-            self.rule("KUBE-ROUTER-INPUT", [_match(_payload(IP[_family(cidr)], "daddr"), _prefix(cidr)), {"return": None}],
+            self.rule("KUBE-ROUTER-INPUT", [_match(_payload(IP[family_of(cidr)], "daddr"), _prefix(cidr)), {"return": None}],
                       "allow traffic to external and load-balancer IPs")
         dispatch = {"KUBE-ROUTER-INPUT": ("saddr",), "KUBE-ROUTER-FORWARD": ("daddr", "saddr"), "KUBE-ROUTER-OUTPUT": ("daddr", "saddr")}
         for name, fields in dispatch.items():
@@ -194,10 +194,6 @@ class _Builder:
                     what = "to" if field == "daddr" else "from"
                     self.rule(name, [{"vmap": {"key": _payload(IP[family], field), "data": f"@{pod_map}"}}],
                               f"traffic {what} local isolated pods ({family})")
-
-
-def _family(address: str) -> Family:
-    return "ipv6" if ":" in address else "ipv4"
 
 
 def _prefix(cidr: str) -> Json:

@@ -18,6 +18,7 @@ their policies and those policies' peers, never with pods x policies.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import ipaddress
 from dataclasses import dataclass
@@ -208,6 +209,7 @@ def _named_port_elements(pods: tuple[Pod, ...], port: PolicyPort, family: Family
     return tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _address_order(ip: str) -> tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address]:
     address = ipaddress.ip_address(ip)
     return address.version, address

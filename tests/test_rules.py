@@ -1,0 +1,1120 @@
+"""Unit tests of nftpolicy.translators.rules (build_rule_model, ClusterIndex) and the model helpers.
+
+Pure: no kernel, no root. Clusters are built from manifest dicts through ``build_cluster`` so the
+tests read like the Kubernetes API. Verdicts are checked with :func:`model_allows`, a small
+evaluator of the RuleModel (pod chains -> policy chains -> AllowRules and sets) that mirrors how
+the nft ruleset uses it: a packet passes when the source pod's egress and the destination pod's
+ingress both allow it (a direction no policy isolates allows everything).
+
+Semantics: DESIGN.md section 3 and the ``networking.k8s.io/v1`` NetworkPolicy API reference.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import re
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.model import (
+    NAMESPACE_NAME_LABEL,
+    IPBlock,
+    LabelSelector,
+    Requirement,
+    family_of,
+)
+from nftpolicy.translators.rules import (
+    COMMENT_MAX_BYTES,
+    AddressSet,
+    ClusterIndex,
+    PortMatch,
+    RuleModel,
+    build_rule_model,
+    comment,
+    hashed_name,
+)
+
+# --------------------------------------------------------------------------- manifest helpers
+
+
+def ns(name: str, **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}}
+
+
+def pod(key: str, *ips: str, node: str | None = "n1", phase: str | None = None, host_network: bool = False,
+        ports: tuple = (), **labels: str) -> dict[str, Any]:
+    """A Pod manifest; ``key`` is ``ns/name``; ``ports`` are ``(name, number, protocol)``."""
+    namespace, name = key.split("/")
+    status: dict[str, Any] = {"podIPs": [{"ip": ip} for ip in ips]}
+    if phase is not None:
+        status["phase"] = phase
+    containers = [{"name": "c", "ports": [{"name": n, "containerPort": num, "protocol": proto} for n, num, proto in ports]}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": namespace, "name": name, "labels": dict(labels)},
+            "spec": {"nodeName": node, "hostNetwork": host_network, "containers": containers},
+            "status": status}
+
+
+def netpol(key: str, selector: dict | None = None, *, ingress: list | None = None, egress: list | None = None,
+           types: list[str] | None = None) -> dict[str, Any]:
+    """A NetworkPolicy manifest; ``ingress``/``egress`` None are absent from the spec."""
+    namespace, name = key.split("/")
+    spec: dict[str, Any] = {"podSelector": selector if selector is not None else {}}
+    if ingress is not None:
+        spec["ingress"] = ingress
+    if egress is not None:
+        spec["egress"] = egress
+    if types is not None:
+        spec["policyTypes"] = types
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"namespace": namespace, "name": name}, "spec": spec}
+
+
+def labels(**kv: str) -> dict[str, Any]:
+    """A selector with matchLabels."""
+    return {"matchLabels": dict(kv)}
+
+
+def ip_block(cidr: str, *excepts: str) -> dict[str, Any]:
+    block: dict[str, Any] = {"cidr": cidr}
+    if excepts:
+        block["except"] = list(excepts)
+    return {"ipBlock": block}
+
+
+def cluster_of(*objects: dict[str, Any]):
+    cluster, errors = build_cluster([("test", o) for o in objects])
+    assert errors == [], [str(e) for e in errors]
+    return cluster
+
+
+def model_of(*objects: dict[str, Any], node: str | None = None) -> RuleModel:
+    return build_rule_model(cluster_of(*objects), node)
+
+
+# --------------------------------------------------------------------------- rule model evaluator
+
+
+def _in_set(s: AddressSet, element: Any) -> bool:
+    if s.kind == "addr":
+        return any(ipaddress.ip_address(e) == ipaddress.ip_address(element) for e in s.elements)
+    if s.kind == "interval":
+        ip = ipaddress.ip_address(element)
+        return any(ip.version == ipaddress.ip_network(e).version and ip in ipaddress.ip_network(e) for e in s.elements)
+    ip, proto, port = element
+    return any(ipaddress.ip_address(e[0]) == ipaddress.ip_address(ip) and e[1] == proto and e[2] == port for e in s.elements)
+
+
+def model_allows(m: RuleModel, src: str, dst: str, protocol: str = "TCP", port: int = 80) -> bool:
+    """True when the rule model lets ``src`` -> ``dst`` (``protocol``/``port``) through.
+
+    The source's pod chain is walked for egress, the destination's for ingress; a pod without a
+    chain, or a direction that is None, is not isolated. An AllowRule matches when its family,
+    peer set (the other end), port match and named-port set (destination . proto . port) match.
+    """
+    sets = {s.name: s for s in m.sets}
+    chains = {c.name: c for c in m.policy_chains}
+    pod_chain_of = {ipaddress.ip_address(ip): pc for pc in m.pod_chains for ip in pc.ips}
+    family = family_of(dst)
+
+    def rule_allows(rule, peer: str) -> bool:
+        if rule.family is not None and rule.family != family:
+            return False
+        if rule.peer_set is not None and not _in_set(sets[rule.peer_set], peer):
+            return False
+        if rule.port is not None:
+            if rule.port.protocol != protocol:
+                return False
+            if rule.port.first is not None and not rule.port.first <= port <= rule.port.last:
+                return False
+        if rule.named_port_set is not None and not _in_set(sets[rule.named_port_set], (dst, protocol.lower(), port)):
+            return False
+        return True
+
+    def direction_allows(pod_ip: str, direction: str, peer: str) -> bool:
+        pc = pod_chain_of.get(ipaddress.ip_address(pod_ip))
+        if pc is None or getattr(pc, direction) is None:
+            return True
+        for chain_name in getattr(pc, direction):
+            chain = chains[chain_name]
+            assert chain.direction == direction
+            if any(rule_allows(r, peer) for r in chain.rules):
+                return True
+        return False
+
+    return direction_allows(src, "egress", dst) and direction_allows(dst, "ingress", src)
+
+
+def pod_chain(m: RuleModel, key: str):
+    found = [pc for pc in m.pod_chains if pc.pod == key]
+    return found[0] if found else None
+
+
+def policy_chain(m: RuleModel, key: str, direction: str):
+    found = [c for c in m.policy_chains if c.policy == key and c.direction == direction]
+    return found[0] if found else None
+
+
+def set_named(m: RuleModel, name: str) -> AddressSet:
+    return next(s for s in m.sets if s.name == name)
+
+
+def rule_sets(m: RuleModel, key: str, direction: str, kind: str) -> list[AddressSet]:
+    """The sets of one kind that the rules of a policy direction use."""
+    chain = policy_chain(m, key, direction)
+    names = {n for r in chain.rules for n in (r.peer_set, r.named_port_set) if n}
+    return sorted((s for s in m.sets if s.name in names and s.kind == kind), key=lambda s: s.family)
+
+
+# --------------------------------------------------------------------------- label selectors
+
+
+@pytest.mark.parametrize("req, pod_labels, expected", [
+    (Requirement("env", "In", frozenset({"dev", "prod"})), {"env": "dev"}, True),
+    (Requirement("env", "In", frozenset({"dev", "prod"})), {"env": "test"}, False),
+    (Requirement("env", "In", frozenset({"dev"})), {}, False),
+    (Requirement("env", "In", frozenset({""})), {"env": ""}, True),
+    (Requirement("env", "NotIn", frozenset({"prod"})), {"env": "dev"}, True),
+    (Requirement("env", "NotIn", frozenset({"prod"})), {"env": "prod"}, False),
+    (Requirement("env", "NotIn", frozenset({"prod"})), {}, True),  # a missing key matches NotIn
+    (Requirement("env", "NotIn", frozenset({"prod"})), {"other": "prod"}, True),
+    (Requirement("env", "Exists"), {"env": ""}, True),
+    (Requirement("env", "Exists"), {"envx": "a"}, False),
+    (Requirement("env", "Exists"), {}, False),
+    (Requirement("env", "DoesNotExist"), {}, True),
+    (Requirement("env", "DoesNotExist"), {"env": "x"}, False),
+    (Requirement("env", "DoesNotExist"), {"other": "x"}, True),
+])
+def test_requirement_operators(req, pod_labels, expected):
+    assert req.matches(pod_labels) is expected
+
+
+@pytest.mark.parametrize("selector, pod_labels, expected", [
+    (LabelSelector(), {}, True),
+    (LabelSelector(), {"a": "b"}, True),
+    (LabelSelector((("app", "a"),)), {"app": "a", "x": "y"}, True),
+    (LabelSelector((("app", "a"),)), {"app": "b"}, False),
+    (LabelSelector((("app", "a"),)), {}, False),
+    (LabelSelector((("app", "a"), ("tier", "fe"))), {"app": "a"}, False),  # matchLabels are AND'ed
+    (LabelSelector((("app", "a"),), (Requirement("env", "Exists"),)), {"app": "a", "env": "1"}, True),
+    (LabelSelector((("app", "a"),), (Requirement("env", "Exists"),)), {"app": "a"}, False),  # labels AND expressions
+    (LabelSelector((), (Requirement("env", "Exists"), Requirement("env", "NotIn", frozenset({"prod"})))), {"env": "prod"}, False),
+    (LabelSelector((), (Requirement("env", "Exists"), Requirement("env", "NotIn", frozenset({"prod"})))), {"env": "dev"}, True),
+])
+def test_label_selector(selector, pod_labels, expected):
+    assert selector.matches(pod_labels) is expected
+
+
+@pytest.mark.parametrize("expr, expected_targets", [
+    ({"key": "app", "operator": "In", "values": ["a", "b"]}, {"x/a", "x/b"}),
+    ({"key": "app", "operator": "NotIn", "values": ["a"]}, {"x/b", "x/nolabel"}),
+    ({"key": "app", "operator": "Exists"}, {"x/a", "x/b"}),
+    ({"key": "app", "operator": "DoesNotExist"}, {"x/nolabel"}),
+])
+def test_match_expressions_choose_isolated_pods(expr, expected_targets):
+    m = model_of(
+        pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"), pod("x/nolabel", "10.0.0.3"),
+        netpol("x/p", {"matchExpressions": [expr]}),
+    )
+    assert {pc.pod for pc in m.pod_chains} == expected_targets
+
+
+def test_empty_pod_selector_selects_every_pod_of_the_policy_namespace_only():
+    m = model_of(pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2"), pod("y/a", "10.0.1.1", app="a"),
+                 netpol("x/deny", {}))
+    assert {pc.pod for pc in m.pod_chains} == {"x/a", "x/b"}
+
+
+# --------------------------------------------------------------------------- ClusterIndex
+
+INDEX_OBJECTS = (
+    ns("x", team="red"), ns("y", team="blue"), ns("z", team="red"), ns("empty", team="red"),
+    pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
+    pod("y/a", "10.0.1.1", app="a"), pod("y/b", "10.0.1.2", app="b"),
+    pod("z/a", "10.0.2.1", app="a"),
+    pod("w/a", "10.0.3.1", app="a"),  # namespace without a Namespace object
+    pod("x/pending", phase="Pending", app="a"),
+    pod("x/done", "10.0.0.9", phase="Succeeded", app="a"),
+    pod("x/failed", "10.0.0.10", phase="Failed", app="a"),
+    pod("x/host", "192.168.0.1", host_network=True, app="a"),
+)
+
+
+@pytest.fixture(scope="module")
+def index() -> ClusterIndex:
+    return ClusterIndex(cluster_of(*INDEX_OBJECTS))
+
+
+def keys(pods) -> list[str]:
+    return sorted(p.key for p in pods)
+
+
+@pytest.mark.parametrize("namespace, selector, expected", [
+    ("x", None, ["x/a", "x/b"]),
+    ("x", LabelSelector(), ["x/a", "x/b"]),
+    ("x", LabelSelector((("app", "a"),)), ["x/a"]),
+    ("y", LabelSelector((("app", "b"),)), ["y/b"]),
+    ("empty", None, []),
+    ("nonexistent", None, []),
+    ("w", LabelSelector((("app", "a"),)), ["w/a"]),
+])
+def test_index_pods_only_enforceable(index, namespace, selector, expected):
+    assert keys(index.pods(namespace, selector)) == expected
+
+
+def test_index_all_pods_excludes_pending_finished_and_host_network(index):
+    assert keys(index.all_pods()) == ["w/a", "x/a", "x/b", "y/a", "y/b", "z/a"]
+
+
+@pytest.mark.parametrize("selector, expected", [
+    (LabelSelector(), ("empty", "w", "x", "y", "z")),
+    (LabelSelector((("team", "red"),)), ("empty", "x", "z")),
+    (LabelSelector((("team", "blue"),)), ("y",)),
+    (LabelSelector(((NAMESPACE_NAME_LABEL, "w"),)), ("w",)),  # automatic label of a namespace known only from pods
+    (LabelSelector((), (Requirement("team", "DoesNotExist"),)), ("w",)),
+    (LabelSelector((), (Requirement("team", "NotIn", frozenset({"red"})),)), ("w", "y")),
+])
+def test_index_namespaces_matching(index, selector, expected):
+    assert index.namespaces_matching(selector) == expected
+
+
+def _policy(index, key):
+    return index.cluster.policies[key]
+
+
+@pytest.mark.parametrize("peer, expected", [
+    pytest.param({"podSelector": labels(app="a")}, ["x/a"], id="podSelector-only-policy-namespace"),
+    pytest.param({"podSelector": {}}, ["x/a", "x/b"], id="empty-podSelector-policy-namespace"),
+    pytest.param({"namespaceSelector": labels(team="red")}, ["x/a", "x/b", "z/a"], id="namespaceSelector-only-all-pods"),
+    pytest.param({"namespaceSelector": {}}, ["w/a", "x/a", "x/b", "y/a", "y/b", "z/a"], id="empty-namespaceSelector-every-pod"),
+    pytest.param({"namespaceSelector": labels(team="red"), "podSelector": labels(app="a")}, ["x/a", "z/a"], id="both-AND"),
+    pytest.param({"namespaceSelector": labels(team="blue"), "podSelector": labels(app="b")}, ["y/b"], id="both-AND-other"),
+    pytest.param({"namespaceSelector": labels(team="green")}, [], id="no-namespace"),
+    pytest.param(ip_block("10.0.0.0/8"), [], id="ipBlock-names-no-pods"),
+])
+def test_index_peer_pods(peer, expected):
+    idx = ClusterIndex(cluster_of(*INDEX_OBJECTS, netpol("x/p", ingress=[{"from": [peer]}])))
+    policy = _policy(idx, "x/p")
+    assert keys(idx.peer_pods(policy, policy.ingress[0].peers[0])) == expected
+
+
+# --------------------------------------------------------------------------- peers, end to end
+
+PEER_PODS = (
+    ns("x", team="red"), ns("y", team="blue"), ns("z", team="red"),
+    pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"), pod("x/c", "10.0.0.3", app="c"),
+    pod("y/a", "10.0.1.1", app="a"), pod("y/b", "10.0.1.2", app="b"),
+    pod("z/a", "10.0.2.1", app="a"), pod("z/b", "10.0.2.2", app="b"),
+)
+IP = {"x/a": "10.0.0.1", "x/b": "10.0.0.2", "x/c": "10.0.0.3", "y/a": "10.0.1.1", "y/b": "10.0.1.2",
+      "z/a": "10.0.2.1", "z/b": "10.0.2.2"}
+SOURCES = ["x/b", "x/c", "y/a", "y/b", "z/a", "z/b"]
+
+
+@pytest.mark.parametrize("peers, allowed", [
+    pytest.param([{"podSelector": labels(app="b")}], {"x/b"}, id="podSelector-is-policy-namespace"),
+    pytest.param([{"podSelector": {}}], {"x/b", "x/c"}, id="all-pods-of-policy-namespace"),
+    pytest.param([{"namespaceSelector": labels(team="red")}], {"x/b", "x/c", "z/a", "z/b"}, id="namespaceSelector-all-pods"),
+    pytest.param([{"namespaceSelector": {}}], set(SOURCES), id="all-namespaces"),
+    pytest.param([{"namespaceSelector": labels(team="red"), "podSelector": labels(app="b")}], {"x/b", "z/b"}, id="one-peer-AND"),
+    pytest.param([{"namespaceSelector": labels(team="red")}, {"podSelector": labels(app="b")}],
+                 {"x/b", "x/c", "z/a", "z/b"}, id="two-peers-OR"),
+    pytest.param([{"namespaceSelector": labels(team="blue")}, {"podSelector": labels(app="c")}],
+                 {"y/a", "y/b", "x/c"}, id="two-peers-OR-disjoint"),
+    pytest.param([{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: "y"}}, "podSelector": labels(app="a")}],
+                 {"y/a"}, id="automatic-namespace-label"),
+    pytest.param([ip_block("10.0.1.0/24")], {"y/a", "y/b"}, id="ipBlock-matches-pod-ips"),
+    pytest.param([ip_block("10.0.0.0/16", "10.0.1.0/24")], {"x/b", "x/c", "z/a", "z/b"}, id="ipBlock-except"),
+])
+def test_ingress_peers(peers, allowed):
+    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[{"from": peers}]))
+    got = {src for src in SOURCES if model_allows(m, IP[src], IP["x/a"])}
+    assert got == allowed
+
+
+@pytest.mark.parametrize("peers, allowed", [
+    pytest.param([{"podSelector": labels(app="b")}], {"x/b"}, id="podSelector-is-policy-namespace"),
+    pytest.param([{"namespaceSelector": labels(team="red"), "podSelector": labels(app="b")}], {"x/b", "z/b"}, id="one-peer-AND"),
+    pytest.param([{"namespaceSelector": labels(team="blue")}, {"podSelector": labels(app="b")}],
+                 {"x/b", "y/a", "y/b"}, id="two-peers-OR"),
+])
+def test_egress_peers(peers, allowed):
+    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), egress=[{"to": peers}], types=["Egress"]))
+    got = {dst for dst in SOURCES if model_allows(m, IP["x/a"], IP[dst])}
+    assert got == allowed
+    assert model_allows(m, "10.0.1.2", IP["x/a"])  # ingress of x/a is not isolated by an egress-only policy
+
+
+def test_selector_peers_share_one_address_set_per_rule():
+    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[{"from": [
+        {"podSelector": labels(app="b")}, {"namespaceSelector": labels(team="blue"), "podSelector": labels(app="a")}]}]))
+    (addr,) = rule_sets(m, "x/p", "ingress", "addr")
+    assert addr.elements == ("10.0.0.2", "10.0.1.1")
+    assert addr.name.startswith("KUBE-SRC-")
+
+
+def test_egress_address_set_is_a_destination_set():
+    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), egress=[{"to": [{"podSelector": labels(app="b")}]}]))
+    (addr,) = rule_sets(m, "x/p", "egress", "addr")
+    assert addr.name.startswith("KUBE-DST-") and addr.elements == ("10.0.0.2",)
+
+
+def test_rules_are_ored_within_a_policy_and_across_policies():
+    m = model_of(*PEER_PODS,
+                 netpol("x/p1", labels(app="a"), ingress=[{"from": [{"podSelector": labels(app="b")}]},
+                                                          {"from": [{"namespaceSelector": labels(team="blue"),
+                                                                     "podSelector": labels(app="a")}]}]),
+                 netpol("x/p2", labels(app="a"), ingress=[{"from": [{"namespaceSelector": labels(team="red"),
+                                                                     "podSelector": labels(app="b")}]}]))
+    assert {src for src in SOURCES if model_allows(m, IP[src], IP["x/a"])} == {"x/b", "y/a", "z/b"}
+    assert len(pod_chain(m, "x/a").ingress) == 2
+
+
+@pytest.mark.parametrize("rule, probes", [
+    # (src, dst-port, protocol, expected)
+    pytest.param({"from": [{"podSelector": labels(app="b")}], "ports": [{"port": 80}]},
+                 [("x/b", 80, "TCP", True), ("x/b", 81, "TCP", False), ("x/b", 80, "UDP", False), ("x/c", 80, "TCP", False)],
+                 id="peers-AND-ports"),
+    pytest.param({"ports": [{"port": 80}, {"port": 53, "protocol": "UDP"}]},
+                 [("x/c", 80, "TCP", True), ("y/b", 53, "UDP", True), ("y/b", 53, "TCP", False), ("y/b", 80, "UDP", False)],
+                 id="ports-ORed-any-peer"),
+    pytest.param({"from": [{"podSelector": labels(app="b")}]},
+                 [("x/b", 1, "TCP", True), ("x/b", 65535, "UDP", True), ("x/b", 9, "SCTP", True), ("x/c", 80, "TCP", False)],
+                 id="no-ports-means-all"),
+    pytest.param({}, [("x/c", 1, "TCP", True), ("z/b", 5000, "UDP", True)], id="empty-rule-allows-all"),
+])
+def test_ports_and_peers_anded_within_rule(rule, probes):
+    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[rule]))
+    for src, port, proto, expected in probes:
+        assert model_allows(m, IP[src], IP["x/a"], proto, port) is expected, (src, port, proto)
+
+
+# --------------------------------------------------------------------------- which pods count
+
+LIFECYCLE = (
+    pod("x/run", "10.0.0.1", app="t"),
+    pod("x/pending", phase="Pending", app="t"),
+    pod("x/pending-ip", "10.0.0.2", phase="Pending", app="t"),
+    pod("x/done", "10.0.0.3", phase="Succeeded", app="t"),
+    pod("x/failed", "10.0.0.4", phase="Failed", app="t"),
+    pod("x/host", "192.168.0.10", host_network=True, app="t"),
+    pod("x/peer", "10.0.0.9", app="peer"),
+)
+
+
+def test_only_running_pods_with_ip_are_targets():
+    m = model_of(*LIFECYCLE, netpol("x/p", labels(app="t")))
+    # A pod with an IP that is still Pending (init containers) is enforced, as in kube-router.
+    assert {pc.pod for pc in m.pod_chains} == {"x/run", "x/pending-ip"}
+    assert all(pc.ips for pc in m.pod_chains)
+    assert "192.168.0.10" not in {ip for pc in m.pod_chains for ip in pc.ips}
+
+
+def test_only_running_pods_with_ip_are_peers():
+    m = model_of(*LIFECYCLE, netpol("x/p", labels(app="peer"), ingress=[{"from": [{"podSelector": labels(app="t")}]}]))
+    (addr,) = rule_sets(m, "x/p", "ingress", "addr")
+    assert addr.elements == ("10.0.0.1", "10.0.0.2")
+    for finished_or_host in ("10.0.0.3", "10.0.0.4", "192.168.0.10"):
+        assert not model_allows(m, finished_or_host, "10.0.0.9")
+    assert model_allows(m, "10.0.0.1", "10.0.0.9")
+
+
+def test_finished_pod_ip_reused_by_running_pod():
+    m = model_of(pod("x/old", "10.0.0.5", phase="Succeeded", app="old"), pod("x/new", "10.0.0.5", app="new"),
+                 pod("x/dst", "10.0.0.6", app="dst"),
+                 netpol("x/p", labels(app="dst"), ingress=[{"from": [{"podSelector": labels(app="old")}]}]))
+    (addr,) = rule_sets(m, "x/p", "ingress", "addr")
+    assert addr.elements == ()
+    assert not model_allows(m, "10.0.0.5", "10.0.0.6")
+
+
+def test_policy_selecting_only_unenforceable_pods_renders_nothing():
+    m = model_of(*LIFECYCLE, netpol("x/p", {"matchExpressions": [{"key": "app", "operator": "In", "values": ["nothing"]}]}),
+                 netpol("x/q", labels(app="t"), types=["Ingress"]))
+    assert [c.policy for c in m.policy_chains] == ["x/q"]
+    m2 = model_of(pod("x/host", "192.168.0.10", host_network=True, app="h"), pod("x/gone", "10.0.0.3", phase="Failed", app="h"),
+                  netpol("x/p", labels(app="h")))
+    assert m2.policy_chains == () and m2.pod_chains == () and m2.sets == ()
+
+
+# --------------------------------------------------------------------------- isolation per direction
+
+ISO_PODS = (pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"))
+
+
+@pytest.mark.parametrize("policy, ingress_rules, egress_rules", [
+    # expected number of AllowRules per direction, None when the direction is not isolated
+    pytest.param(netpol("x/p", labels(app="a")), 0, None, id="no-rules-deny-ingress"),
+    pytest.param(netpol("x/p", labels(app="a"), ingress=[]), 0, None, id="empty-ingress-deny"),
+    pytest.param(netpol("x/p", labels(app="a"), ingress=[{}]), 1, None, id="allow-all-ingress"),
+    pytest.param(netpol("x/p", labels(app="a"), egress=[]), 0, None, id="empty-egress-list-is-ingress-only"),
+    pytest.param(netpol("x/p", labels(app="a"), egress=[{}]), 0, 1, id="egress-rule-adds-egress-type"),
+    pytest.param(netpol("x/p", labels(app="a"), types=["Egress"]), None, 0, id="egress-only-deny"),
+    pytest.param(netpol("x/p", labels(app="a"), types=["Egress"], ingress=[{}]), None, 0, id="ingress-rules-ignored"),
+    pytest.param(netpol("x/p", labels(app="a"), types=["Ingress", "Egress"]), 0, 0, id="deny-all-both"),
+    pytest.param(netpol("x/p", labels(app="a"), types=["Ingress", "Egress"], ingress=[{}], egress=[{}, {}]), 1, 2, id="allow-both"),
+])
+def test_isolation_per_direction(policy, ingress_rules, egress_rules):
+    m = model_of(*ISO_PODS, policy)
+    chain = pod_chain(m, "x/a")
+    assert pod_chain(m, "x/b") is None  # not selected: not isolated at all
+    for direction, expected in (("ingress", ingress_rules), ("egress", egress_rules)):
+        jumps = getattr(chain, direction)
+        if expected is None:
+            assert jumps is None
+            assert policy_chain(m, "x/p", direction) is None
+        else:
+            pc = policy_chain(m, "x/p", direction)
+            assert jumps == (pc.name,)
+            assert len(pc.rules) == expected
+
+
+def test_deny_all_ingress_verdicts():
+    m = model_of(*ISO_PODS, netpol("x/p", labels(app="a")))
+    assert not model_allows(m, "10.0.0.2", "10.0.0.1")  # b -> a: a isolated for ingress
+    assert model_allows(m, "10.0.0.1", "10.0.0.2")  # a -> b: a not isolated for egress, b not isolated
+    assert not model_allows(m, "203.0.113.1", "10.0.0.1")
+
+
+def test_ingress_rule_never_allows_as_egress():
+    # x/a may receive from x/b; that must not let x/a send to anything on its (deny-all) egress.
+    m = model_of(*ISO_PODS, netpol("x/in", labels(app="a"), ingress=[{"from": [{"podSelector": labels(app="b")}]}]),
+                 netpol("x/out", labels(app="a"), types=["Egress"]))
+    assert model_allows(m, "10.0.0.2", "10.0.0.1")
+    assert not model_allows(m, "10.0.0.1", "10.0.0.2")
+    chain = pod_chain(m, "x/a")
+    assert chain.ingress == (policy_chain(m, "x/in", "ingress").name,)
+    assert chain.egress == (policy_chain(m, "x/out", "egress").name,)
+
+
+def test_egress_rule_of_one_pod_does_not_satisfy_ingress_of_another():
+    # x/b allows egress to x/a; x/a denies all ingress. The kube-router trap: b's egress rule must not open a's ingress.
+    m = model_of(*ISO_PODS, netpol("x/deny-a", labels(app="a")),
+                 netpol("x/b-out", labels(app="b"), egress=[{"to": [{"podSelector": labels(app="a")}]}], types=["Egress"]))
+    assert not model_allows(m, "10.0.0.2", "10.0.0.1")
+    assert pod_chain(m, "x/b").ingress is None
+    assert pod_chain(m, "x/a").egress is None
+
+
+# --------------------------------------------------------------------------- ipBlock
+
+
+def ipblock_model(*peers: dict[str, Any], direction: str = "ingress") -> RuleModel:
+    rule_key = "from" if direction == "ingress" else "to"
+    return model_of(pod("x/a", "10.200.0.1", "fd00:200::1", app="a"),
+                    netpol("x/p", labels(app="a"), **{direction: [{rule_key: list(peers)}]}))
+
+
+def interval_elements(m: RuleModel, direction: str = "ingress") -> dict[str, tuple]:
+    return {s.family: s.elements for s in rule_sets(m, "x/p", direction, "interval")}
+
+
+@pytest.mark.parametrize("peers, expected", [
+    pytest.param([ip_block("0.0.0.0/0")], {"ipv4": ("0.0.0.0/0",)}, id="v4-any-exact"),
+    pytest.param([ip_block("::/0")], {"ipv6": ("::/0",)}, id="v6-any-exact"),
+    pytest.param([ip_block("0.0.0.0/0"), ip_block("::/0")], {"ipv4": ("0.0.0.0/0",), "ipv6": ("::/0",)}, id="both-any"),
+    pytest.param([ip_block("10.0.0.0/24"), ip_block("10.0.0.128/25"), ip_block("10.0.1.0/24")], {"ipv4": ("10.0.0.0/23",)},
+                 id="overlap-merged"),
+    pytest.param([ip_block("10.0.0.0/8"), ip_block("10.1.0.0/16")], {"ipv4": ("10.0.0.0/8",)}, id="nested-merged"),
+    pytest.param([ip_block("10.0.0.0/24"), ip_block("10.0.0.0/24")], {"ipv4": ("10.0.0.0/24",)}, id="duplicate-merged"),
+    pytest.param([ip_block("10.0.2.0/24"), ip_block("10.0.0.0/24")], {"ipv4": ("10.0.0.0/24", "10.0.2.0/24")}, id="sorted"),
+    pytest.param([ip_block("10.0.0.0/16", "10.0.5.0/24"), ip_block("10.0.5.0/24")], {"ipv4": ("10.0.0.0/16",)},
+                 id="other-peer-refills-except"),
+    pytest.param([ip_block("10.0.0.0/30", "10.0.0.1/32")], {"ipv4": ("10.0.0.0/32", "10.0.0.2/31")}, id="except-hole"),
+    pytest.param([ip_block("fd00::/126", "fd00::/128")], {"ipv6": ("fd00::1/128", "fd00::2/127")}, id="v6-except-hole"),
+    pytest.param([ip_block("10.0.0.0/24"), ip_block("fd00::/64")], {"ipv4": ("10.0.0.0/24",), "ipv6": ("fd00::/64",)},
+                 id="one-set-per-family"),
+])
+def test_ipblock_interval_sets(peers, expected):
+    m = ipblock_model(*peers)
+    got = interval_elements(m)
+    assert got == expected
+    for elements in got.values():
+        nets = [ipaddress.ip_network(e) for e in elements]
+        assert nets == sorted(nets)
+        assert all(not a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1:])
+
+
+@pytest.mark.parametrize("peers, probes", [
+    pytest.param([ip_block("10.0.0.0/8", "10.1.0.0/16"), ip_block("10.1.2.0/24")],
+                 {"10.1.2.3": True, "10.1.3.3": False, "10.2.0.1": True, "11.0.0.1": False}, id="own-except-only"),
+    pytest.param([ip_block("10.1.2.0/24"), ip_block("10.0.0.0/8", "10.1.0.0/16")],
+                 {"10.1.2.3": True, "10.1.3.3": False}, id="own-except-only-reversed"),
+    pytest.param([ip_block("10.0.0.0/8", "10.1.0.0/16", "10.2.0.0/16")],
+                 {"10.1.0.1": False, "10.2.255.255": False, "10.3.0.0": True}, id="several-excepts"),
+    pytest.param([ip_block("10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24")],
+                 {"10.1.2.3": False, "10.1.9.9": False, "10.9.9.9": True}, id="nested-excepts"),
+    pytest.param([ip_block("0.0.0.0/0", "10.0.0.0/8")],
+                 {"1.2.3.4": True, "255.255.255.255": True, "0.0.0.0": True, "10.4.4.4": False, "fd00::5": False},
+                 id="everything-but"),
+    pytest.param([ip_block("::/0", "fd00::/8")], {"2001:db8::1": True, "fd12::1": False, "1.2.3.4": False}, id="v6-everything-but"),
+])
+def test_ipblock_verdicts(peers, probes):
+    m = ipblock_model(*peers)
+    for src, expected in probes.items():
+        dst = "10.200.0.1" if family_of(src) == "ipv4" else "fd00:200::1"
+        assert model_allows(m, src, dst) is expected, src
+    me = ipblock_model(*peers, direction="egress")
+    for dst, expected in probes.items():
+        src = "10.200.0.1" if family_of(dst) == "ipv4" else "fd00:200::1"
+        assert model_allows(me, src, dst) is expected, dst
+
+
+@pytest.mark.parametrize("block, expected", [
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24")), ["10.0.0.0/24"]),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.0/25"),)), ["10.0.0.128/25"]),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.64/26"),)), ["10.0.0.0/26", "10.0.0.128/25"]),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.0/25"), ipaddress.ip_network("10.0.0.0/26"))),
+     ["10.0.0.128/25"]),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.0/26"), ipaddress.ip_network("10.0.0.0/25"))),
+     ["10.0.0.128/25"]),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/30"), (ipaddress.ip_network("10.0.0.0/32"), ipaddress.ip_network("10.0.0.3/32"))),
+     ["10.0.0.1/32", "10.0.0.2/32"]),
+    (IPBlock(ipaddress.ip_network("0.0.0.0/0")), ["0.0.0.0/0"]),
+    (IPBlock(ipaddress.ip_network("0.0.0.0/0"), (ipaddress.ip_network("128.0.0.0/1"),)), ["0.0.0.0/1"]),
+    (IPBlock(ipaddress.ip_network("::/0"), (ipaddress.ip_network("8000::/1"),)), ["::/1"]),
+    (IPBlock(ipaddress.ip_network("fd00::/64"), (ipaddress.ip_network("fd00::/65"),)), ["fd00::8000:0:0:0/65"]),
+])
+def test_ipblock_networks(block, expected):
+    assert [str(n) for n in block.networks()] == expected
+
+
+@pytest.mark.parametrize("block, address, expected", [
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24")), "10.0.0.0", True),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24")), "10.0.0.255", True),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24")), "10.0.1.0", False),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.0/25"),)), "10.0.0.127", False),
+    (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.0/25"),)), "10.0.0.128", True),
+    (IPBlock(ipaddress.ip_network("0.0.0.0/0")), "255.255.255.255", True),
+    (IPBlock(ipaddress.ip_network("0.0.0.0/0")), "::1", False),
+    (IPBlock(ipaddress.ip_network("::/0"), (ipaddress.ip_network("fd00::/8"),)), "fd00::1", False),
+    (IPBlock(ipaddress.ip_network("::/0"), (ipaddress.ip_network("fd00::/8"),)), "2001:db8::1", True),
+    (IPBlock(ipaddress.ip_network("::/0")), "10.0.0.1", False),
+])
+def test_ipblock_contains(block, address, expected):
+    assert block.contains(address) is expected
+
+
+def test_ipblock_networks_agree_with_contains():
+    rnd = random.Random(7)
+    for _ in range(200):
+        prefix = rnd.randint(24, 28)
+        cidr = ipaddress.ip_network(f"10.0.{rnd.randint(0, 3)}.0/{prefix}", strict=False)
+        subnets = list(cidr.subnets(new_prefix=min(32, prefix + rnd.randint(1, 3))))
+        excepts = tuple(rnd.sample(subnets, rnd.randint(0, min(3, len(subnets)))))
+        block = IPBlock(cidr, excepts)
+        nets = block.networks()
+        for host in ipaddress.ip_network("10.0.0.0/22"):
+            assert block.contains(str(host)) is any(host in n for n in nets)
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def port_matches(*port_entries: dict[str, Any]) -> list[PortMatch | None]:
+    m = model_of(*ISO_PODS, netpol("x/p", labels(app="a"), ingress=[{"ports": list(port_entries)}]))
+    return [r.port for r in policy_chain(m, "x/p", "ingress").rules]
+
+
+@pytest.mark.parametrize("entries, expected", [
+    pytest.param([{"port": 80}], [PortMatch("TCP", 80, 80)], id="single-port"),
+    pytest.param([{"port": 8000, "endPort": 8080}], [PortMatch("TCP", 8000, 8080)], id="range"),
+    pytest.param([{"port": 443, "endPort": 443}], [PortMatch("TCP", 443, 443)], id="range-of-one"),
+    pytest.param([{"protocol": "UDP", "port": 1, "endPort": 65535}], [PortMatch("UDP", 1, 65535)], id="udp-full-range"),
+    pytest.param([{"protocol": "UDP"}], [PortMatch("UDP", None, None)], id="protocol-only"),
+    pytest.param([{}], [PortMatch("TCP", None, None)], id="empty-entry-all-tcp"),
+    pytest.param([{"protocol": "SCTP", "port": 9}], [PortMatch("SCTP", 9, 9)], id="sctp"),
+    pytest.param([{"port": 80}, {"protocol": "UDP", "port": 53}], [PortMatch("TCP", 80, 80), PortMatch("UDP", 53, 53)],
+                 id="one-rule-per-port"),
+])
+def test_port_matches(entries, expected):
+    assert port_matches(*entries) == expected
+
+
+@pytest.mark.parametrize("entry, probes", [
+    pytest.param({"port": 8000, "endPort": 8080},
+                 [(7999, "TCP", False), (8000, "TCP", True), (8040, "TCP", True), (8080, "TCP", True), (8081, "TCP", False),
+                  (8000, "UDP", False)], id="range-inclusive"),
+    pytest.param({"protocol": "UDP"}, [(1, "UDP", True), (65535, "UDP", True), (53, "TCP", False), (53, "SCTP", False)],
+                 id="protocol-only-all-ports"),
+])
+def test_port_verdicts(entry, probes):
+    m = model_of(*ISO_PODS, netpol("x/p", labels(app="a"), ingress=[{"ports": [entry]}]))
+    for port, proto, expected in probes:
+        assert model_allows(m, "10.0.0.2", "10.0.0.1", proto, port) is expected, (port, proto)
+
+
+# --------------------------------------------------------------------------- named ports
+
+NAMED = (
+    ns("x"), ns("y", team="blue"),
+    pod("x/a", "10.0.0.1", app="web", ports=(("http", 80, "TCP"), ("dns", 53, "UDP"))),
+    pod("x/b", "10.0.0.2", "fd00::2", app="web", ports=(("http", 8080, "TCP"), ("dns", 53, "TCP"))),
+    pod("x/c", "10.0.0.3", app="web", ports=(("metrics", 9090, "TCP"),)),
+    pod("x/client", "10.0.0.9", app="client", ports=(("http", 7070, "TCP"),)),
+    pod("y/d", "10.0.1.4", app="web", ports=(("http", 8443, "TCP"),)),
+)
+
+
+def named_elements(m: RuleModel, key: str, direction: str) -> set[tuple]:
+    return {e for s in rule_sets(m, key, direction, "named_port") for e in s.elements}
+
+
+def test_named_port_ingress_resolves_on_selected_pods():
+    m = model_of(*NAMED, netpol("x/p", labels(app="web"), ingress=[{"ports": [{"port": "http"}]}]))
+    assert named_elements(m, "x/p", "ingress") == {("10.0.0.1", "tcp", 80), ("10.0.0.2", "tcp", 8080), ("fd00::2", "tcp", 8080)}
+    assert all(r.port is None and r.named_port_set for r in policy_chain(m, "x/p", "ingress").rules)
+    ok = [("10.0.0.1", 80, True), ("10.0.0.1", 8080, False), ("10.0.0.2", 8080, True), ("10.0.0.2", 80, False),
+          ("10.0.0.3", 80, False), ("10.0.0.3", 9090, False), ("10.0.0.3", 8080, False)]
+    for dst, port, expected in ok:
+        assert model_allows(m, "10.0.0.9", dst, "TCP", port) is expected, (dst, port)
+    # the client's own "http" (7070) is not a target of the policy: it is never in the set
+    assert not any(e[0] == "10.0.0.9" for e in named_elements(m, "x/p", "ingress"))
+
+
+def test_named_port_ingress_dual_stack_target():
+    m = model_of(*NAMED, netpol("x/p", labels(app="web"), ingress=[{"ports": [{"port": "http"}]}]))
+    by_family = {s.family: s.elements for s in rule_sets(m, "x/p", "ingress", "named_port")}
+    assert by_family == {"ipv4": (("10.0.0.1", "tcp", 80), ("10.0.0.2", "tcp", 8080)), "ipv6": (("fd00::2", "tcp", 8080),)}
+
+
+@pytest.mark.parametrize("entry, expected", [
+    pytest.param({"port": "dns", "protocol": "UDP"}, {("10.0.0.1", "udp", 53)}, id="udp-only-where-udp"),
+    pytest.param({"port": "dns"}, {("10.0.0.2", "tcp", 53), ("fd00::2", "tcp", 53)}, id="tcp-default-only-where-tcp"),
+    pytest.param({"port": "dns", "protocol": "SCTP"}, set(), id="no-sctp-dns"),
+    pytest.param({"port": "nothing"}, set(), id="unknown-name"),
+])
+def test_named_port_protocol_must_match(entry, expected):
+    m = model_of(*NAMED, netpol("x/p", labels(app="web"), ingress=[{"ports": [entry]}]))
+    assert named_elements(m, "x/p", "ingress") == expected
+    assert model_allows(m, "10.0.0.9", "10.0.0.1", entry.get("protocol", "TCP"), 53) is (("10.0.0.1", "udp", 53) in expected)
+
+
+def test_named_port_ingress_with_peers_and_ports():
+    m = model_of(*NAMED, netpol("x/p", labels(app="web"),
+                                ingress=[{"from": [{"podSelector": labels(app="client")}], "ports": [{"port": "http"}]}]))
+    assert model_allows(m, "10.0.0.9", "10.0.0.1", "TCP", 80)
+    assert not model_allows(m, "10.0.0.3", "10.0.0.1", "TCP", 80)  # not a peer
+    assert not model_allows(m, "10.0.0.9", "10.0.0.1", "TCP", 8080)  # x/b's http, not x/a's
+
+
+def test_named_port_egress_resolves_on_peer_pods():
+    m = model_of(*NAMED, netpol("x/p", labels(app="client"), egress=[{"to": [{"podSelector": labels(app="web")}],
+                                                                       "ports": [{"port": "http"}]}]))
+    # peers x/a, x/b (x/c lacks the name; y/d is in another namespace); the client's own http never counts
+    assert named_elements(m, "x/p", "egress") == {("10.0.0.1", "tcp", 80), ("10.0.0.2", "tcp", 8080), ("fd00::2", "tcp", 8080)}
+    for dst, port, expected in [("10.0.0.1", 80, True), ("10.0.0.1", 8080, False), ("10.0.0.2", 8080, True),
+                                ("10.0.0.3", 9090, False), ("10.0.1.4", 8443, False), ("10.0.0.9", 7070, False)]:
+        assert model_allows(m, "10.0.0.9", dst, "TCP", port) is expected, (dst, port)
+
+
+def test_named_port_egress_without_peers_resolves_on_every_pod():
+    m = model_of(*NAMED, netpol("x/p", labels(app="client"), egress=[{"ports": [{"port": "http"}]}]))
+    assert named_elements(m, "x/p", "egress") == {("10.0.0.1", "tcp", 80), ("10.0.0.2", "tcp", 8080), ("fd00::2", "tcp", 8080),
+                                                  ("10.0.0.9", "tcp", 7070), ("10.0.1.4", "tcp", 8443)}
+    assert model_allows(m, "10.0.0.9", "10.0.1.4", "TCP", 8443)
+    assert not model_allows(m, "10.0.0.9", "203.0.113.1", "TCP", 80)
+
+
+def test_named_port_egress_with_namespace_peer_and_ipblock():
+    m = model_of(*NAMED, netpol("x/p", labels(app="client"), egress=[{"to": [{"namespaceSelector": labels(team="blue")},
+                                                                              ip_block("10.0.0.0/30")],
+                                                                       "ports": [{"port": "http"}]}]))
+    # y/d by namespace; x/a by ipBlock (x/b 10.0.0.2 is in the block too, but fd00::2 is not)
+    assert named_elements(m, "x/p", "egress") == {("10.0.1.4", "tcp", 8443), ("10.0.0.1", "tcp", 80), ("10.0.0.2", "tcp", 8080)}
+
+
+def test_named_and_numeric_ports_in_one_rule():
+    m = model_of(*NAMED, netpol("x/p", labels(app="web"), ingress=[{"ports": [{"port": "http"}, {"port": 9090}]}]))
+    assert model_allows(m, "10.0.0.9", "10.0.0.3", "TCP", 9090)
+    assert model_allows(m, "10.0.0.9", "10.0.0.1", "TCP", 80)
+    assert not model_allows(m, "10.0.0.9", "10.0.0.3", "TCP", 80)
+
+
+# --------------------------------------------------------------------------- node filtering
+
+NODE_OBJECTS = (
+    pod("x/a1", "10.0.0.1", node="n1", app="a"), pod("x/a2", "10.0.0.2", node="n2", app="a"),
+    pod("x/b2", "10.0.0.3", node="n2", app="b"), pod("x/c1", "10.0.0.4", node="n1", app="c"),
+    netpol("x/pa", labels(app="a"), ingress=[{"from": [{"podSelector": labels(app="b")}]}]),
+    netpol("x/pb", labels(app="b"), egress=[{}]),
+    netpol("x/pc", labels(app="c"), types=["Egress"]),
+)
+
+
+@pytest.mark.parametrize("node, policies, pods", [
+    ("n1", {("x/pa", "ingress"), ("x/pc", "egress")}, {"x/a1", "x/c1"}),
+    ("n2", {("x/pa", "ingress"), ("x/pb", "ingress"), ("x/pb", "egress")}, {"x/a2", "x/b2"}),
+    ("n3", set(), set()),
+    (None, {("x/pa", "ingress"), ("x/pb", "ingress"), ("x/pb", "egress"), ("x/pc", "egress")}, {"x/a1", "x/a2", "x/b2", "x/c1"}),
+])
+def test_only_policies_selecting_a_local_pod_are_rendered(node, policies, pods):
+    m = model_of(*NODE_OBJECTS, node=node)
+    assert {(c.policy, c.direction) for c in m.policy_chains} == policies
+    assert {pc.pod for pc in m.pod_chains} == pods
+
+
+def test_remote_peers_still_in_sets():
+    m = model_of(*NODE_OBJECTS, node="n1")
+    (addr,) = rule_sets(m, "x/pa", "ingress", "addr")
+    assert addr.elements == ("10.0.0.3",)  # x/b2 lives on n2 but is a peer
+    assert model_allows(m, "10.0.0.3", "10.0.0.1")
+    assert not model_allows(m, "10.0.0.4", "10.0.0.1")
+
+
+def test_pod_chain_carries_every_address():
+    m = model_of(pod("x/a", "fd00::1", "10.0.0.1", app="a"), netpol("x/p", labels(app="a")))
+    assert pod_chain(m, "x/a").ips == ("10.0.0.1", "fd00::1")
+
+
+# --------------------------------------------------------------------------- names and comments
+
+STABLE_OBJECTS = [
+    ns("x", team="red"), ns("y", team="blue"),
+    pod("x/a", "10.0.0.1", "fd00::1", app="a", tier="fe", ports=(("http", 80, "TCP"),)),
+    pod("x/b", "10.0.0.2", app="b", ports=(("http", 8080, "TCP"),)),
+    pod("y/c", "10.0.1.3", app="c", node="n2"),
+    netpol("x/p1", labels(app="a"), ingress=[{"from": [{"podSelector": labels(app="b")}, ip_block("10.9.0.0/16", "10.9.1.0/24")],
+                                              "ports": [{"port": "http"}, {"port": 443}]}]),
+    netpol("x/p2", {}, egress=[{"to": [{"namespaceSelector": labels(team="blue")}], "ports": [{"port": "http"}]}]),
+    netpol("y/p3", {}, ingress=[{"from": [{"namespaceSelector": {}}]}]),
+]
+
+
+def _relabel(obj: dict[str, Any]) -> dict[str, Any]:
+    """The same object with its label maps in reverse insertion order."""
+    obj = {**obj, "metadata": dict(obj["metadata"])}
+    if "labels" in obj["metadata"]:
+        obj["metadata"]["labels"] = dict(reversed(list(obj["metadata"]["labels"].items())))
+    return obj
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("node", [None, "n1"])
+def test_model_independent_of_input_order(seed, node):
+    reference = model_of(*STABLE_OBJECTS, node=node)
+    shuffled = [_relabel(o) for o in STABLE_OBJECTS]
+    random.Random(seed).shuffle(shuffled)
+    assert model_of(*shuffled, node=node) == reference
+    assert reference.policy_chains and reference.sets and reference.pod_chains
+
+
+def test_model_is_deterministic_and_sorted():
+    m = model_of(*STABLE_OBJECTS)
+    assert [s.name for s in m.sets] == sorted(s.name for s in m.sets)
+    assert [c.name for c in m.policy_chains] == sorted(c.name for c in m.policy_chains)
+    assert [c.name for c in m.pod_chains] == sorted(c.name for c in m.pod_chains)
+    assert len({s.name for s in m.sets}) == len(m.sets)
+    assert len({c.name for c in m.policy_chains}) == len(m.policy_chains)
+
+
+NAME_RE = re.compile(r"^(KUBE-POD-FW-|KUBE-NWPLCY-|KUBE-SRC-|KUBE-DST-)[A-Z2-7]{16}$")
+
+
+def test_every_generated_name_has_prefix_and_16_base32_chars():
+    m = model_of(*STABLE_OBJECTS)
+    names = [s.name for s in m.sets] + [c.name for c in m.policy_chains] + [c.name for c in m.pod_chains]
+    assert names and all(NAME_RE.match(n) for n in names), names
+    assert {n.split("-")[1] for n in names} >= {"POD", "NWPLCY", "SRC", "DST"}
+
+
+@pytest.mark.parametrize("prefix, identity", [
+    ("KUBE-NWPLCY-", ("x", "p", "ingress")),
+    ("KUBE-POD-FW-", ("x", "a")),
+    ("KUBE-SRC-", ("ns", "name", "ingress", "0", "ipv4", "addr")),
+    ("KUBE-DST-", ()),
+])
+def test_hashed_name_deterministic(prefix, identity):
+    name = hashed_name(prefix, *identity)
+    assert name == hashed_name(prefix, *identity)
+    assert name.startswith(prefix) and len(name) == len(prefix) + 16
+    assert re.fullmatch(r"[A-Z2-7]{16}", name[len(prefix):])
+
+
+def test_hashed_name_known_value_and_separation():
+    # base32(sha256("x\0p\0ingress"))[:16], computed independently
+    import base64
+    import hashlib
+    expected = "KUBE-NWPLCY-" + base64.b32encode(hashlib.sha256(b"x\x00p\x00ingress").digest()).decode()[:16]
+    assert hashed_name("KUBE-NWPLCY-", "x", "p", "ingress") == expected
+    assert hashed_name("P-", "ab", "c") != hashed_name("P-", "a", "bc")
+    assert hashed_name("P-", "x", "p", "ingress") != hashed_name("P-", "x", "p", "egress")
+
+
+def test_names_do_not_depend_on_unrelated_changes():
+    base = model_of(*STABLE_OBJECTS)
+    more = model_of(*STABLE_OBJECTS, pod("y/new", "10.0.1.99", app="zzz"), netpol("y/other", labels(app="nothing")))
+    assert {c.name for c in base.policy_chains} <= {c.name for c in more.policy_chains}
+    assert pod_chain(base, "x/a").name == pod_chain(more, "x/a").name
+
+
+@pytest.mark.parametrize("text", [
+    "a" * 200,
+    "é" * 100,
+    "a" + "é" * 100,
+    "€" * 60,
+    "x/" + "😀" * 40 + " ingress",
+    "short",
+])
+def test_comment_never_exceeds_limit_and_never_cuts_a_character(text):
+    out = comment(text)
+    assert len(out.encode()) <= COMMENT_MAX_BYTES
+    assert text.startswith(out)
+    if len(text.encode()) <= COMMENT_MAX_BYTES:
+        assert out == text
+    else:
+        # as long as possible: the next character would not have fitted
+        assert len(out.encode()) + len(text[len(out)].encode()) > COMMENT_MAX_BYTES
+
+
+def test_comments_of_long_multibyte_names_fit():
+    long_ns, long_name = "ñ" * 70, "名前" * 30
+    m = model_of(
+        pod(f"{long_ns}/{'ポッド' * 30}", "10.0.0.1", app="a", ports=(("http", 80, "TCP"),)),
+        pod(f"{long_ns}/b", "10.0.0.2", app="b"),
+        netpol(f"{long_ns}/{long_name}", labels(app="a"),
+               ingress=[{"from": [{"podSelector": labels(app="b")}, ip_block("10.1.0.0/16")], "ports": [{"port": "http"}]}],
+               egress=[{"to": [{"podSelector": {}}], "ports": [{"port": "http"}]}]),
+    )
+    comments = ([s.comment for s in m.sets] + [c.comment for c in m.policy_chains] + [c.comment for c in m.pod_chains]
+                + [r.comment for c in m.policy_chains for r in c.rules])
+    assert len(comments) > 8
+    for text in comments:
+        assert len(text.encode()) <= COMMENT_MAX_BYTES
+        assert text.startswith(long_ns[:10])
+    assert any(len(t.encode()) > 120 for t in comments)
+
+
+def test_comment_text_format():
+    m = model_of(*ISO_PODS, netpol("x/p", labels(app="a"), ingress=[{"from": [{"podSelector": {}}]}]))
+    assert policy_chain(m, "x/p", "ingress").comment == "x/p ingress"
+    assert pod_chain(m, "x/a").comment == "x/a pod"
+    assert policy_chain(m, "x/p", "ingress").rules[0].comment == "x/p ingress rule 0"
+
+
+# --------------------------------------------------------------------------- size
+
+
+def sized_cluster(remote: int) -> RuleModel:
+    objects = [
+        ns("x"), ns("y", team="blue"),
+        pod("x/a", "10.0.0.1", node="n1", app="a", ports=(("http", 80, "TCP"),)),
+        pod("x/b", "10.0.0.2", node="n1", app="b"),
+        netpol("x/pa", labels(app="a"), ingress=[{"from": [{"podSelector": {}}, {"namespaceSelector": {}}], "ports": [{"port": "http"}]}],
+               egress=[{"to": [{"podSelector": {}}], "ports": [{"port": "http"}, {"port": 53, "protocol": "UDP"}]}]),
+        netpol("x/pb", labels(app="b"), ingress=[{"from": [{"namespaceSelector": labels(team="blue")}]}]),
+        # a policy that selects only remote pods of its own label: never local on n1
+        netpol("y/remote-only", labels(app="selected-remote")),
+        pod("y/sr", "10.1.255.1", node="n2", app="selected-remote"),
+    ]
+    for i in range(remote):
+        namespace = "x" if i % 2 else "y"
+        objects.append(pod(f"{namespace}/r{i}", f"10.1.{i // 250}.{i % 250 + 1}", node=f"n{2 + i % 3}", app="other",
+                           ports=(("http", 8080, "TCP"),)))
+    return model_of(*objects, node="n1")
+
+
+def _size(m: RuleModel) -> tuple[int, int, int, int]:
+    return (len(m.pod_chains), len(m.policy_chains), sum(len(c.rules) for c in m.policy_chains), len(m.sets))
+
+
+@pytest.mark.parametrize("n", [10, 150])
+def test_rule_count_does_not_grow_with_unselected_remote_pods(n):
+    small, big = sized_cluster(n), sized_cluster(2 * n)
+    assert _size(small) == _size(big)
+    assert _size(small)[2] > 0
+    # the peers did grow: only set elements scale with remote pods
+    assert sum(len(s.elements) for s in big.sets) > sum(len(s.elements) for s in small.sets)
+    assert {c.policy for c in big.policy_chains} == {"x/pa", "x/pb"}
+
+
+# --------------------------------------------------------------------------- property: model vs reference evaluator
+
+
+def _ref_selector(sel: dict | None, lbls: dict[str, str]) -> bool:
+    sel = sel or {}
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if lbls.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        ok = {"In": k in lbls and lbls[k] in vals, "NotIn": not (k in lbls and lbls[k] in vals),
+              "Exists": k in lbls, "DoesNotExist": k not in lbls}[op]
+        if not ok:
+            return False
+    return True
+
+
+def reference_allows(objects: list[dict], src: str, dst: str, protocol: str, port: int) -> bool:
+    """The NetworkPolicy API reference, straight from the manifests (no nftpolicy code)."""
+    ns_labels = {o["metadata"]["name"]: {**(o["metadata"].get("labels") or {}), NAMESPACE_NAME_LABEL: o["metadata"]["name"]}
+                 for o in objects if o["kind"] == "Namespace"}
+    pods = [o for o in objects if o["kind"] == "Pod" and o["status"].get("podIPs")
+            and not o["spec"].get("hostNetwork") and o["status"].get("phase", "Running") not in ("Succeeded", "Failed")]
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+
+    def pod_at(ip: str):
+        a = ipaddress.ip_address(ip)
+        return next((p for p in pods if any(ipaddress.ip_address(e["ip"]) == a for e in p["status"]["podIPs"])), None)
+
+    def labels_of_ns(name: str):
+        return ns_labels.get(name, {NAMESPACE_NAME_LABEL: name})
+
+    def peer_matches(policy, peer, ip: str) -> bool:
+        if "ipBlock" in peer:
+            a = ipaddress.ip_address(ip)
+            cidr = ipaddress.ip_network(peer["ipBlock"]["cidr"], strict=False)
+            if a.version != cidr.version or a not in cidr:
+                return False
+            return not any(a in ipaddress.ip_network(x, strict=False) for x in peer["ipBlock"].get("except") or [])
+        p = pod_at(ip)
+        if p is None:
+            return False
+        pns = p["metadata"]["namespace"]
+        if "namespaceSelector" in peer:
+            if not _ref_selector(peer["namespaceSelector"], labels_of_ns(pns)):
+                return False
+        elif pns != policy["metadata"]["namespace"]:
+            return False
+        return "podSelector" not in peer or _ref_selector(peer["podSelector"], p["metadata"].get("labels") or {})
+
+    def port_matches(entry, dst_pod) -> bool:
+        if entry.get("protocol", "TCP") != protocol:
+            return False
+        want = entry.get("port")
+        if want is None:
+            return True
+        if isinstance(want, int):
+            return want <= port <= entry.get("endPort", want)
+        if dst_pod is None:
+            return False
+        return any(cp.get("name") == want and cp.get("protocol", "TCP") == protocol and cp["containerPort"] == port
+                   for c in dst_pod["spec"]["containers"] for cp in c.get("ports") or [])
+
+    def types_of(policy):
+        spec = policy["spec"]
+        return spec.get("policyTypes") or (["Ingress", "Egress"] if spec.get("egress") else ["Ingress"])
+
+    def direction_allows(target_ip: str, ptype: str, peer_ip: str) -> bool:
+        target = pod_at(target_ip)
+        if target is None:
+            return True
+        selecting = [pol for pol in policies if pol["metadata"]["namespace"] == target["metadata"]["namespace"]
+                     and _ref_selector(pol["spec"]["podSelector"], target["metadata"].get("labels") or {})
+                     and ptype in types_of(pol)]
+        if not selecting:
+            return True
+        key, peers_key = ("ingress", "from") if ptype == "Ingress" else ("egress", "to")
+        for pol in selecting:
+            for rule in pol["spec"].get(key) or []:
+                peers = rule.get(peers_key) or []
+                if peers and not any(peer_matches(pol, pe, peer_ip) for pe in peers):
+                    continue
+                ports = rule.get("ports") or []
+                if ports and not any(port_matches(e, pod_at(dst)) for e in ports):
+                    continue
+                return True
+        return False
+
+    return direction_allows(src, "Egress", dst) and direction_allows(dst, "Ingress", src)
+
+
+POD_V4 = [f"10.0.0.{i}" for i in range(1, 7)]
+POD_V6 = [f"fd00::{i}" for i in range(1, 7)]
+EXTERNAL = ["10.0.0.200", "10.0.1.7", "192.168.0.99", "203.0.113.5", "fd00::99", "2001:db8::7"]
+BLOCKS = [
+    {"cidr": "10.0.0.0/24", "except": ["10.0.0.0/30"]},
+    {"cidr": "10.0.0.2/32"},
+    {"cidr": "10.0.0.4/30"},
+    {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]},
+    {"cidr": "0.0.0.0/0"},
+    {"cidr": "10.0.0.0/16", "except": ["10.0.0.0/24"]},
+    {"cidr": "fd00::/64", "except": ["fd00::1/128", "fd00::2/127"]},
+    {"cidr": "::/0"},
+    {"cidr": "192.168.0.0/16"},
+]
+LABEL_VALUES = ["a", "b", "c"]
+
+selectors = st.one_of(
+    st.just({}),
+    st.builds(lambda v: {"matchLabels": {"app": v}}, st.sampled_from(LABEL_VALUES)),
+    st.builds(lambda op, vals: {"matchExpressions": [{"key": "app", "operator": op, "values": vals}]},
+              st.sampled_from(["In", "NotIn"]), st.lists(st.sampled_from(LABEL_VALUES), min_size=1, max_size=2, unique=True)),
+    st.builds(lambda op: {"matchExpressions": [{"key": "app", "operator": op}]}, st.sampled_from(["Exists", "DoesNotExist"])),
+)
+ns_selectors = st.one_of(
+    st.just({}),
+    st.builds(lambda v: {"matchLabels": {"team": v}}, st.sampled_from(["red", "blue"])),
+    st.builds(lambda v: {"matchLabels": {NAMESPACE_NAME_LABEL: v}}, st.sampled_from(["x", "y"])),
+)
+peers = st.one_of(
+    st.builds(lambda s: {"podSelector": s}, selectors),
+    st.builds(lambda s: {"namespaceSelector": s}, ns_selectors),
+    st.builds(lambda a, b: {"namespaceSelector": a, "podSelector": b}, ns_selectors, selectors),
+    st.builds(lambda b: {"ipBlock": b}, st.sampled_from(BLOCKS)),
+)
+port_entries = st.sampled_from([
+    {"port": 80}, {"protocol": "UDP", "port": 53}, {"port": 80, "endPort": 90}, {"protocol": "UDP"},
+    {"port": "http"}, {"port": "dns", "protocol": "UDP"}, {"port": "dns"},
+])
+
+
+@st.composite
+def rules_lists(draw, peers_key: str):
+    rules = []
+    for _ in range(draw(st.integers(0, 2))):
+        rule: dict[str, Any] = {}
+        if draw(st.booleans()):
+            rule[peers_key] = draw(st.lists(peers, max_size=2))
+        if draw(st.booleans()):
+            rule["ports"] = draw(st.lists(port_entries, max_size=2))
+        rules.append(rule)
+    return rules
+
+
+@st.composite
+def clusters(draw):
+    objects: list[dict] = [ns("x", team=draw(st.sampled_from(["red", "blue"]))), ns("y", team=draw(st.sampled_from(["red", "blue"])))]
+    for i in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["v4", "v4", "v4", "dual", "pending", "done", "host"]))
+        # a finished pod may hold an address that a running pod (index 0) reuses
+        ips = {"v4": (POD_V4[i],), "dual": (POD_V4[i], POD_V6[i]), "pending": (),
+               "done": (POD_V4[draw(st.sampled_from([0, i]))],), "host": (POD_V4[i],)}[kind]
+        ports = []
+        http = draw(st.sampled_from([None, ("http", 80, "TCP"), ("http", 85, "TCP"), ("http", 8080, "UDP")]))
+        dns = draw(st.sampled_from([None, ("dns", 53, "UDP"), ("dns", 53, "TCP")]))
+        ports = tuple(p for p in (http, dns) if p)
+        lbl = draw(st.sampled_from([None, *LABEL_VALUES]))
+        objects.append(pod(f"{draw(st.sampled_from(['x', 'y']))}/p{i}", *ips,
+                           phase={"pending": "Pending", "done": "Succeeded"}.get(kind),
+                           host_network=kind == "host", ports=ports, **({"app": lbl} if lbl else {})))
+    for i in range(draw(st.integers(1, 3))):
+        spec: dict[str, Any] = {}
+        if draw(st.booleans()):
+            spec["ingress"] = draw(rules_lists("from"))
+        if draw(st.booleans()):
+            spec["egress"] = draw(rules_lists("to"))
+        types = draw(st.sampled_from([None, ["Ingress"], ["Egress"], ["Ingress", "Egress"]]))
+        objects.append(netpol(f"{draw(st.sampled_from(['x', 'y']))}/np{i}", draw(selectors), types=types, **spec))
+    return objects
+
+
+ADDRESSES = POD_V4 * 3 + POD_V6 + EXTERNAL
+probes = st.lists(st.tuples(st.sampled_from(ADDRESSES), st.sampled_from(ADDRESSES), st.sampled_from(["TCP", "UDP"]),
+                            st.sampled_from([53, 80, 85, 90, 91, 8080])), min_size=1, max_size=25)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(objects=clusters(), probe_list=probes)
+def test_rule_model_agrees_with_reference_evaluator(objects, probe_list):
+    m = model_of(*objects)
+    for src, dst, proto, port in probe_list:
+        if src == dst or family_of(src) != family_of(dst):
+            continue
+        expected = reference_allows(objects, src, dst, proto, port)
+        assert model_allows(m, src, dst, proto, port) is expected, (src, dst, proto, port)
