@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from nftpolicy.translators.manifests import (
     InvalidField,
     ManifestError,
@@ -101,7 +100,7 @@ def build_ok(*objects: Any):
 
 
 def the_error(*objects: Any) -> ManifestError:
-    cluster, errors = build(*objects)
+    _, errors = build(*objects)
     assert len(errors) == 1, [str(e) for e in errors]
     return errors[0]
 
@@ -225,18 +224,8 @@ INVALID_PORTS = [
     pytest.param({"port": "ht_tp"}, "port", "invalid port name 'ht_tp'", id="name-underscore"),
     pytest.param({"port": "ht.tp"}, "port", "invalid port name 'ht.tp'", id="name-dot"),
     pytest.param({"port": ""}, "port", "invalid port name ''", id="name-empty"),
-    pytest.param(
-        {"port": "http\n"}, "port", "invalid port name 'http\\n'", id="name-trailing-newline",
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "BUG: _IANA_SVC_NAME ends in '$' and is used with re.match, and '$' also matches before a "
-            "final newline, so 'http\\n' is accepted as a port name (use re.fullmatch or \\Z)")),
-    ),
-    pytest.param(
-        {"port": "a--b"}, "port", "invalid port name 'a--b'", id="name-consecutive-dashes",
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "BUG: IANA service names (RFC 6335, k8s validation.IsValidPortName) must not contain "
-            "consecutive hyphens; _IANA_SVC_NAME accepts 'a--b'")),
-    ),
+    pytest.param({"port": "http\n"}, "port", "invalid port name 'http\\n'", id="name-trailing-newline"),
+    pytest.param({"port": "a--b"}, "port", "invalid port name 'a--b'", id="name-consecutive-dashes"),
     pytest.param({"port": "http", "endPort": 90}, "endPort", "may only be set with a numeric port", id="endPort-named-port"),
     pytest.param({"endPort": 90}, "endPort", "may only be set with a numeric port", id="endPort-without-port"),
     pytest.param({"protocol": "UDP", "endPort": 90}, "endPort", "may only be set with a numeric port", id="endPort-protocol-only"),
@@ -602,9 +591,6 @@ def test_json_input(indent):
     assert cluster.policies["x/p"].policy_types == {"ingress", "egress"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: parse_documents reads JSON with yaml.safe_load_all; PyYAML rejects tab characters used as "
-    "whitespace, so valid tab-indented JSON (e.g. `jq --tab`) is reported as 'not valid YAML/JSON'"))
 def test_json_input_with_tab_indentation():
     objects, errors = parse_documents(json.dumps(namespace("x"), indent="\t"), "in.json")
     assert errors == []

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import (
     NAMESPACE_NAME_LABEL,
@@ -132,9 +131,7 @@ def model_allows(m: RuleModel, src: str, dst: str, protocol: str = "TCP", port: 
                 return False
             if rule.port.first is not None and not rule.port.first <= port <= rule.port.last:
                 return False
-        if rule.named_port_set is not None and not _in_set(sets[rule.named_port_set], (dst, protocol.lower(), port)):
-            return False
-        return True
+        return rule.named_port_set is None or _in_set(sets[rule.named_port_set], (dst, protocol.lower(), port))
 
     def direction_allows(pod_ip: str, direction: str, peer: str) -> bool:
         pc = pod_chain_of.get(ipaddress.ip_address(pod_ip))
@@ -1039,6 +1036,7 @@ BLOCKS = [
     {"cidr": "192.168.0.0/16"},
 ]
 LABEL_VALUES = ["a", "b", "c"]
+NODES = ["n1", "n2"]
 
 selectors = st.one_of(
     st.just({}),
@@ -1090,7 +1088,7 @@ def clusters(draw):
         dns = draw(st.sampled_from([None, ("dns", 53, "UDP"), ("dns", 53, "TCP")]))
         ports = tuple(p for p in (http, dns) if p)
         lbl = draw(st.sampled_from([None, *LABEL_VALUES]))
-        objects.append(pod(f"{draw(st.sampled_from(['x', 'y']))}/p{i}", *ips,
+        objects.append(pod(f"{draw(st.sampled_from(['x', 'y']))}/p{i}", *ips, node=draw(st.sampled_from(NODES)),
                            phase={"pending": "Pending", "done": "Succeeded"}.get(kind),
                            host_network=kind == "host", ports=ports, **({"app": lbl} if lbl else {})))
     for i in range(draw(st.integers(1, 3))):
@@ -1109,12 +1107,16 @@ probes = st.lists(st.tuples(st.sampled_from(ADDRESSES), st.sampled_from(ADDRESSE
                             st.sampled_from([53, 80, 85, 90, 91, 8080])), min_size=1, max_size=25)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(objects=clusters(), probe_list=probes)
 def test_rule_model_agrees_with_reference_evaluator(objects, probe_list):
+    """Every pod local (node None), and per node: the source's node enforces its egress and the
+    destination's node its ingress, so the AND over every node's model is the cluster's verdict."""
     m = model_of(*objects)
+    per_node = [model_of(*objects, node=n) for n in NODES]
     for src, dst, proto, port in probe_list:
         if src == dst or family_of(src) != family_of(dst):
             continue
         expected = reference_allows(objects, src, dst, proto, port)
         assert model_allows(m, src, dst, proto, port) is expected, (src, dst, proto, port)
+        assert all(model_allows(mn, src, dst, proto, port) for mn in per_node) is expected, ("per node", src, dst, proto, port)

@@ -15,6 +15,7 @@ must be a strict subset of its ``cidr``.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -39,7 +40,9 @@ from .model import (
 )
 
 KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
-_IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")
+# IANA service name (RFC 6335, Kubernetes' IsValidPortName): 1-15 of [a-z0-9-], at least one
+# letter, no leading, trailing or doubled hyphen.
+_IANA_SVC_NAME = re.compile(r"(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
 
 
 class InvalidField(ValueError):
@@ -65,12 +68,18 @@ class ManifestError:
 
 
 def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
-    """Split YAML or JSON text into ``(origin, object)`` pairs, flattening ``kind: List``.
+    """Split YAML or JSON text into ``(origin, object)`` pairs, flattening ``kind: List`` and
+    top-level arrays.
 
     Returns the objects and, for unparseable text, one error naming ``origin``.
     """
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
+        docs = [json.loads(text)] if text.lstrip()[:1] in ("{", "[") else []
+    except ValueError:
+        docs = []
+    try:
+        docs = docs or [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         return [], [ManifestError("file", origin, f"not valid YAML/JSON: {exc}".replace("\n", " "))]
     objects: list[tuple[str, Any]] = []
@@ -78,6 +87,8 @@ def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str,
         doc = docs.pop(0)
         if isinstance(doc, Mapping) and doc.get("kind") == "List":
             docs[0:0] = list(doc.get("items") or [])
+        elif isinstance(doc, list):  # a top-level JSON array or YAML sequence of objects
+            docs[0:0] = doc
         else:
             objects.append((origin, doc))
     return objects, []
@@ -266,7 +277,7 @@ def _port(value: Any, path: str) -> PolicyPort:
         raise InvalidField(f"{path}.port", f"must be a number or a port name, got {port!r}")
     if isinstance(port, int) and not 1 <= port <= 65535:
         raise InvalidField(f"{path}.port", f"must be between 1 and 65535, got {port}")
-    if isinstance(port, str) and not _IANA_SVC_NAME.match(port):
+    if isinstance(port, str) and not _IANA_SVC_NAME.fullmatch(port):
         raise InvalidField(f"{path}.port", f"invalid port name {port!r} (IANA service name: 1-15 lower-case letters, digits and '-')")
     if end_port is not None:
         if isinstance(end_port, bool) or not isinstance(end_port, int) or not 1 <= end_port <= 65535:
