@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from importlib.metadata import version
@@ -16,8 +17,39 @@ from nftpolicy.translators.cases import Case, CaseError, format_matrix, is_case,
 from nftpolicy.translators.rules import Config, build_rule_model
 
 from .manifests import load_cluster, manifest_files
-from .nftables import NftError
+from .nftables import NftError, remove_table
 from .sandbox import ProbeSpec, Sandbox, SandboxError, replay
+
+
+ENV_PREFIX = "NFTPOLICY_"
+
+
+def env_name(flag: str) -> str:
+    """The environment variable that sets ``--flag``: ``NFTPOLICY_`` + upper-case, ``-`` -> ``_``."""
+    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+class EnvDefaults(argparse.ArgumentParser):
+    """An ArgumentParser whose options take their default from ``NFTPOLICY_<FLAG>`` when set
+    (so every flag can be given by the Helm chart as an environment variable). Repeatable flags
+    read a comma-separated list; boolean flags read ``true``/``false``."""
+
+    def add_argument(self, *names, **kwargs):  # type: ignore[override]
+        flag = next((n for n in names if n.startswith("--")), None)
+        if flag and flag not in ("--help", "--version"):
+            env = env_name(flag)
+            kwargs["help"] = (kwargs.get("help") or "") + f" [env {env}]"
+            if env in os.environ:
+                raw = os.environ[env]
+                convert = kwargs.get("type") or str
+                if kwargs.get("action") == "append":
+                    kwargs["default"] = [convert(v) for v in raw.split(",") if v]
+                elif kwargs.get("action") == "store_true":
+                    kwargs["default"] = raw.lower() in ("1", "true", "yes")
+                else:
+                    kwargs["default"] = convert(raw)
+                kwargs.pop("required", None)
+        return super().add_argument(*names, **kwargs)
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -42,7 +74,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`."""
     defaults = Config()
     parser.add_argument("--table", default=defaults.table, help="name of our inet table (default %(default)s)")
-    parser.add_argument("--priority", type=int, default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
+    parser.add_argument("--priority", type=lambda t: int(t, 0), default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
     parser.add_argument("--policy-mark", type=_mark, default=defaults.policy_mark, help="mark bit set by an allowing policy (default 0x10000)")
     parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
     parser.add_argument("--service-cidr", action="append", help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
@@ -130,11 +162,26 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    from .daemon import run_agent  # imports the Kubernetes client only for this command
+
+    if not args.node:
+        print("nftpolicy: --node (or $NODE_NAME) is required", file=sys.stderr)
+        return 2
+    return run_agent(args, config_from(args))
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    removed = remove_table(args.table, args.netns)
+    print(f"removed table inet {args.table}" if removed else f"no table inet {args.table}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     top = argparse.ArgumentParser(prog="nftpolicy", description="Kubernetes NetworkPolicy on nftables, in kube-router's chain topology.")
     top.add_argument("--version", action="version", version=f"nftpolicy {version('nftpolicy')}")
-    sub = top.add_subparsers(dest="command", required=True)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=EnvDefaults)
 
     render = sub.add_parser("render", help="print the ruleset for one node's pods")
     render.add_argument("paths", nargs="+", metavar="PATH", help="manifest files or directories, '-' for stdin")
@@ -155,6 +202,27 @@ def parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
     add_config_arguments(sandbox)
     sandbox.set_defaults(func=cmd_sandbox)
+
+    agent = sub.add_parser("agent", help="the node agent: reconcile our nftables table from the Kubernetes API (or a manifests directory)")
+    source = agent.add_mutually_exclusive_group()
+    source.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    source.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
+    agent.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
+    agent.add_argument("--min-sync-interval", type=float, default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
+    agent.add_argument("--resync-interval", type=float, default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
+    agent.add_argument("--api-timeout", type=float, default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
+    agent.add_argument("--watch-timeout", type=int, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
+    agent.add_argument("--http-address", default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
+    agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
+    agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
+    agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
+    add_config_arguments(agent)
+    agent.set_defaults(func=cmd_agent)
+
+    cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")
+    cleanup.add_argument("--table", default=Config().table, help="name of our inet table (default %(default)s)")
+    cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
+    cleanup.set_defaults(func=cmd_cleanup)
     return top
 
 

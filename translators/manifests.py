@@ -350,3 +350,28 @@ def policy_from(obj: Mapping[str, Any]) -> NetworkPolicy:
         ingress=ingress,
         egress=egress,
     )
+
+
+def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
+    """For a NetworkPolicy that failed validation: a policy with no rules that isolates the pods
+    it selects, for the directions it names (DESIGN.md section 4: an unrenderable policy fails
+    closed for its pods and never blocks other policies).
+
+    An unreadable podSelector selects every pod of the namespace; unreadable policyTypes mean
+    both directions. None when the object has no name at all.
+    """
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    try:
+        selector = selector_from(spec.get("podSelector"), "spec.podSelector")
+    except InvalidField:
+        selector = LabelSelector()
+    types = spec.get("policyTypes")
+    directions = {t.lower() for t in types if t in ("Ingress", "Egress")} if isinstance(types, list) else set()
+    return NetworkPolicy(
+        namespace=str(meta.get("namespace") or "default"), name=name, pod_selector=selector,
+        policy_types=frozenset(directions or {"ingress", "egress"}),  # type: ignore[arg-type]
+    )

@@ -340,3 +340,91 @@ def to_text(model: RuleModel) -> str:
     for chain, body_lines in chains.items():
         lines.extend([f"\tchain {chain} {{", *body_lines, "\t}"])
     return "\n".join(lines + ["}", ""])
+
+
+# ---- incremental updates ------------------------------------------------------------------------
+
+def _key(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+class TableState:
+    """Our table as a set of comparable parts, built from :func:`ruleset_objects`.
+
+    ``containers``: set or map name -> (definition without elements, {element key: element});
+    ``chains``: chain name -> (definition, rule objects in order).
+    """
+
+    def __init__(self, objects: list[Json]) -> None:
+        self.table: Json = {}
+        self.containers: dict[str, tuple[tuple[str, Json], dict[str, Any]]] = {}
+        self.chains: dict[str, tuple[Json, list[Json]]] = {}
+        for obj in objects:
+            (kind, body), = obj.items()
+            if kind == "table":
+                self.table = obj
+            elif kind in ("set", "map"):
+                definition = {k: v for k, v in body.items() if k != "elem"}
+                elements = {_key(e[0] if kind == "map" else e): e for e in body.get("elem", [])}
+                self.containers[body["name"]] = ((kind, definition), elements)
+            elif kind == "chain":
+                self.chains[body["name"]] = (obj, [])
+            else:
+                self.chains[body["chain"]][1].append(obj)
+
+    def counts(self) -> dict[str, int]:
+        """Chains, rules, sets (and maps) and their elements, for metrics."""
+        return {"chains": len(self.chains), "rules": sum(len(r) for _, r in self.chains.values()),
+                "sets": len(self.containers), "elements": sum(len(e) for _, e in self.containers.values())}
+
+
+def incremental_transaction(old: TableState, new: TableState) -> Json | None:
+    """The smallest batch that turns ``old`` (what the kernel holds) into ``new``, as one
+    libnftables transaction; None when only a full replace can do it (the table or a base chain,
+    set type or map type changed).
+
+    Order (each step only references what exists by then): add new sets, maps and chains;
+    delete stale elements (before additions, so a changed interval or map value never conflicts);
+    add new elements; flush and refill every changed chain and fill new ones; flush then delete
+    removed chains; delete removed sets and maps.
+    """
+    if old.table != new.table:
+        return None
+    table = {"family": "inet", "table": new.table["table"]["name"]}
+    cmds: list[Json] = [{"add": new.table}]
+    for name, ((kind, definition), elements) in new.containers.items():
+        if name in old.containers and old.containers[name][0] != (kind, definition):
+            return None
+        if name not in old.containers:
+            body = {**definition, "elem": list(elements.values())} if elements else definition
+            cmds.append({"add": {kind: body}})
+    for name, (chain, _) in new.chains.items():
+        if name in old.chains and old.chains[name][0] != chain:
+            return None
+        if name not in old.chains:
+            cmds.append({"add": chain})
+    additions = []
+    for name, ((kind, _), elements) in new.containers.items():
+        if name not in old.containers:
+            continue
+        before = old.containers[name][1]
+        stale = [before[k] for k in before if k not in elements or _key(before[k]) != _key(elements[k])]
+        fresh = [elements[k] for k in elements if k not in before or _key(before[k]) != _key(elements[k])]
+        if stale:
+            cmds.append({"delete": {"element": {**table, "name": name, "elem": [e[0] if kind == "map" else e for e in stale]}}})
+        if fresh:
+            additions.append({"add": {"element": {**table, "name": name, "elem": fresh}}})
+    cmds.extend(additions)
+    for name, (chain, rules) in new.chains.items():
+        if name in old.chains and [_key(r) for r in old.chains[name][1]] == [_key(r) for r in rules]:
+            continue
+        if name in old.chains:
+            cmds.append({"flush": {"chain": {**table, "name": name}}})
+        cmds.extend({"add": rule} for rule in rules)
+    removed = [name for name in old.chains if name not in new.chains]
+    cmds.extend({"flush": {"chain": {**table, "name": name}}} for name in removed)
+    cmds.extend({"delete": {"chain": {**table, "name": name}}} for name in removed)
+    for name, ((kind, _), _) in old.containers.items():
+        if name not in new.containers:
+            cmds.append({"delete": {kind: {**table, "name": name}}})
+    return {"nftables": cmds}

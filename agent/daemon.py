@@ -1,0 +1,60 @@
+"""``nftpolicy agent``: wires the sources, the reconcile loop, health, metrics and signals together."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from contextlib import nullcontext
+
+from nftpolicy.translators.rules import Config
+
+from . import netns
+from .nftables import missing_features
+from .ops import Health, Metrics, serve_http, setup_logging
+from .reconcile import HEARTBEAT, Reconciler
+from .sources import KubeSource, ManifestsSource, Store
+
+log = logging.getLogger("nftpolicy.agent")
+
+
+def run_agent(args: argparse.Namespace, config: Config) -> int:
+    """Run until SIGTERM or SIGINT; the ruleset stays in the kernel afterwards. Returns the exit
+    code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound."""
+    setup_logging(args.log_format, args.log_level)
+    with netns.entered(args.netns) if args.netns else nullcontext():
+        missing = missing_features()
+    if missing:
+        for feature in missing:
+            log.error("nftables feature missing: %s", feature)
+        log.error("this kernel or libnftables cannot run nftpolicy; nothing was changed")
+        return 1
+    stop = threading.Event()
+    metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
+    store = Store(metrics)
+    try:
+        server = serve_http(args.http_address, metrics, health)
+    except OSError as exc:
+        log.error("cannot serve HTTP on %s: %s", args.http_address, exc)
+        return 1
+
+    def shutdown(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)
+        stop.set()
+        store.changed.set()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    if args.manifests:
+        ManifestsSource(store, args.manifests, stop).start()
+        source = f"manifests {args.manifests}"
+    else:
+        KubeSource(store, metrics, args.node, args.kubeconfig, args.api_timeout, args.watch_timeout, stop).start()
+        source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
+    log.info("nftpolicy agent for node %s: source %s, table inet %s, http %s:%d", args.node, source, config.table,
+             *server.server_address[:2])
+    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, args.netns)
+    reconciler.run(stop)
+    server.shutdown()
+    return 0

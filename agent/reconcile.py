@@ -1,0 +1,132 @@
+"""The reconcile loop: cluster snapshot -> desired table -> one libnftables transaction (DESIGN.md section 4).
+
+* The first sync waits until every source has listed, and is a full replace (``add table``,
+  ``delete table``, everything) in one transaction: the old ruleset stays in force until the
+  new one is committed, so a restart opens no window.
+* Later syncs commit only what changed since the last committed state (chains, rules, set and
+  map elements); a full replace again on the resync timer and after any failure.
+* Changes are coalesced: two syncs are at least ``min_interval`` seconds apart.
+* A refused transaction leaves the kernel as it was; it is logged with libnftables' reason and
+  retried with exponential backoff (full replace).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from contextlib import nullcontext
+from typing import Callable
+
+from nftpolicy.translators import nft
+from nftpolicy.translators.rules import Config, build_rule_model
+
+from . import netns
+from .nftables import NftError, run_json
+from .ops import Health, Metrics
+from .sources import Store
+
+log = logging.getLogger("nftpolicy.reconcile")
+HEARTBEAT = 5.0
+MAX_RETRY_DELAY = 30.0
+
+
+class Reconciler:
+    """Keeps our table equal to what ``store`` describes, for node ``node``.
+
+    ``target_netns``: commit inside this named network namespace (None: the agent's own).
+    ``commit`` is the function that commits a JSON batch (libnftables by default).
+    """
+
+    def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
+                 min_interval: float, resync_interval: float, target_netns: str | None = None,
+                 commit: Callable[[dict], object] = run_json) -> None:
+        self.store, self.config, self.node = store, config, node
+        self.metrics, self.health = metrics, health
+        self.min_interval, self.resync_interval = min_interval, resync_interval
+        self.target_netns, self.commit = target_netns, commit
+        self.applied: nft.TableState | None = None
+        self.failures = 0
+
+    def _commit(self, batch: dict) -> None:
+        with netns.entered(self.target_netns) if self.target_netns else nullcontext():
+            self.commit(batch)
+
+    def sync(self, full: bool) -> bool:
+        """Render the current snapshot and commit it; True when the kernel took it."""
+        started = time.monotonic()
+        cluster, since = self.store.take()
+        model = build_rule_model(cluster, self.node, self.config)
+        objects = nft.ruleset_objects(model)
+        state = nft.TableState(objects)
+        batch = None if full or self.applied is None else nft.incremental_transaction(self.applied, state)
+        mode = "incremental" if batch is not None else "full"
+        if batch is None:
+            batch = {"nftables": [{"add": {"table": {"family": "inet", "name": self.config.table}}},
+                                  {"delete": {"table": {"family": "inet", "name": self.config.table}}}]
+                     + [{"add": o} for o in objects]}
+        commands = len(batch["nftables"])
+        if mode == "incremental" and commands == 1:  # only "add table": nothing changed
+            if since is not None:
+                self.metrics.event_to_kernel.observe(time.monotonic() - since)
+            return True
+        try:
+            self._commit(batch)
+        except (NftError, OSError) as exc:
+            self.failures += 1
+            self.applied = None  # the next attempt is a full replace
+            self.metrics.sync_failures.labels(mode).inc()
+            if since is not None and self.store.pending_since is None:
+                self.store.pending_since = since  # still owed to the kernel
+            log.error("sync failed, the kernel keeps the previous ruleset: %s", str(exc).strip(),
+                      extra={"mode": mode, "commands": commands})
+            return False
+        took = time.monotonic() - started
+        self.failures = 0
+        self.applied = state
+        counts = state.counts()
+        self.metrics.sync_duration.labels(mode).observe(took)
+        self.metrics.transaction_commands.labels(mode).observe(commands)
+        self.metrics.last_success.set(time.time())
+        for kind, value in counts.items():
+            self.metrics.table_objects.labels(kind).set(value)
+        if since is not None:
+            self.metrics.event_to_kernel.observe(time.monotonic() - since)
+        changed = Counter(f"{verb} {next(iter(body))}" for c in batch["nftables"] for verb, body in c.items())
+        log.info("sync %s in %.1f ms: %s; table has %d pod chains, %d policy chains, %d set elements", mode, took * 1000,
+                 ", ".join(f"{n} {what}" for what, n in sorted(changed.items())), len(model.pod_chains),
+                 len(model.policy_chains), counts["elements"],
+                 extra={"mode": mode, "commands": commands, "duration_ms": round(took * 1000, 1)})
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until ``stop`` is set; rules are left in place when it ends."""
+        while not self.store.listed() and not stop.wait(0.05):
+            self.health.beat()
+        last_sync = last_full = 0.0
+        retry_at: float | None = 0.0  # a full sync is due at once
+        while not stop.is_set():
+            self.health.beat()
+            now = time.monotonic()
+            if retry_at is not None:
+                if now < retry_at:
+                    stop.wait(min(HEARTBEAT, retry_at - now))
+                    continue
+            else:
+                resync_at = last_full + self.resync_interval
+                if not self.store.changed.is_set() and now < resync_at:
+                    self.store.changed.wait(min(HEARTBEAT, resync_at - now))
+                    continue
+                if now - last_sync < self.min_interval:  # coalesce a burst of changes
+                    stop.wait(self.min_interval - (now - last_sync))
+                    continue
+            full = self.applied is None or now - last_full >= self.resync_interval
+            last_sync = time.monotonic()
+            if self.sync(full):
+                retry_at = None
+                if full:
+                    last_full = last_sync
+                    self.health.ready = True
+            else:
+                retry_at = time.monotonic() + min(MAX_RETRY_DELAY, 0.5 * 2 ** (self.failures - 1))

@@ -1,0 +1,329 @@
+"""Sources of the cluster model: the Kubernetes API (list + watch) and a manifests directory.
+
+Both feed a :class:`Store`, which keeps only model objects (the fields the translator needs),
+built by the same validation as ``nftpolicy render`` (:mod:`nftpolicy.translators.manifests`).
+
+The API source follows the list/watch protocol of the Kubernetes API concepts page: list, then
+watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; ``410 Gone`` (or an
+``ERROR`` event) means relist; a watch that ends or times out reconnects from the last
+resourceVersion; every request has a client-side timeout. 429 (honouring ``Retry-After``), 5xx
+and connection errors are retried with exponential backoff and jitter (tenacity); other 4xx are
+reported and the kind is relisted only after the longest backoff.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import tenacity
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.watch.watch import iter_resp_lines
+
+from nftpolicy.translators.manifests import (
+    InvalidField,
+    fail_closed_policy,
+    namespace_from,
+    node_from,
+    parse_documents,
+    pod_from,
+    policy_from,
+)
+from nftpolicy.translators.model import Cluster
+
+from .manifests import manifest_files
+from .ops import Metrics
+
+log = logging.getLogger("nftpolicy.sources")
+
+KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
+CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
+}
+MAX_BACKOFF = 30.0
+
+
+def object_key(kind: str, obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` for namespaced kinds, ``name`` otherwise."""
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if kind in ("Pod", "NetworkPolicy") else str(meta.get("name"))
+
+
+class Store:
+    """The in-memory cluster: model objects per kind, thread-safe, with change notification.
+
+    ``changed`` is set on every change; ``pending_since`` is the monotonic time of the oldest
+    change not yet taken by :meth:`take` (for the event-to-kernel latency).
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+        self._invalid: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
+        self._listed: set[str] = set()
+        self.changed = threading.Event()
+        self.pending_since: float | None = None
+
+    def _convert(self, kind: str, key: str, obj: Mapping[str, Any]) -> Any:
+        try:
+            model = CONVERT[kind](obj)
+            self._invalid[kind].pop(key, None)
+            return model
+        except InvalidField as exc:
+            message = f"{kind} {key}: {exc}"
+            if self._invalid[kind].get(key) != message:
+                log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
+            self._invalid[kind][key] = message
+            return fail_closed_policy(obj) if kind == "NetworkPolicy" else None
+
+    def _touch(self) -> None:
+        if self.pending_since is None:
+            self.pending_since = time.monotonic()
+        for kind in KINDS:
+            self.metrics.watched_objects.labels(kind).set(len(self._objects[kind]))
+            self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
+        self.changed.set()
+
+    def replace(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
+        """A full list of ``kind``: replaces every object of that kind and marks it listed."""
+        with self._lock:
+            self._invalid[kind].clear()
+            converted = {}
+            for obj in objects:
+                key = object_key(kind, obj)
+                model = self._convert(kind, key, obj)
+                if model is not None:
+                    converted[key] = model
+            self._objects[kind] = converted
+            self._listed.add(kind)
+            self._touch()
+
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``."""
+        key = object_key(kind, obj)
+        with self._lock:
+            model = None if event == "DELETED" else self._convert(kind, key, obj)
+            if event == "DELETED":
+                self._invalid[kind].pop(key, None)
+            if model is None:
+                self._objects[kind].pop(key, None)
+            else:
+                self._objects[kind][key] = model
+            self._touch()
+
+    def listed(self, kinds: tuple[str, ...] = KINDS) -> bool:
+        """True once every kind in ``kinds`` has been listed."""
+        with self._lock:
+            return set(kinds) <= self._listed
+
+    def take(self) -> tuple[Cluster, float | None]:
+        """A consistent snapshot of the cluster and the time of the oldest change it includes."""
+        with self._lock:
+            self.changed.clear()
+            since, self.pending_since = self.pending_since, None
+            objects = self._objects
+            return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
+                           policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"])), since
+
+
+# ---- the Kubernetes API -------------------------------------------------------------------------
+
+class RelistNeeded(Exception):
+    """The watch cannot continue from its resourceVersion (410 Gone or an ERROR event)."""
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RelistNeeded):
+        return "410"
+    if isinstance(exc, k8s.ApiException):
+        return str(exc.status) if exc.status and exc.status < 500 else "5xx"
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):  # a subclass of ConnectTimeoutError
+        return "connection"
+    if isinstance(exc, (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ConnectTimeoutError, TimeoutError)):
+        return "timeout"
+    return "connection"
+
+
+def describe(exc: BaseException | None) -> str:
+    """One line for a log: ``429 Too Many Requests`` or the exception's first line."""
+    if isinstance(exc, k8s.ApiException):
+        return f"{exc.status} {exc.reason}"
+    return str(exc).strip().splitlines()[0] if exc and str(exc).strip() else type(exc).__name__
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, k8s.ApiException):
+        return exc.status == 429 or (exc.status or 0) >= 500 or exc.status == 0
+    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError, ValueError))
+
+
+def _retry_after(state: tenacity.RetryCallState) -> float | None:
+    exc = state.outcome.exception() if state.outcome else None
+    if isinstance(exc, k8s.ApiException) and exc.status == 429 and exc.headers:
+        try:
+            return float(exc.headers.get("Retry-After"))
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+class KubeSource:
+    """List and watch Pods (all namespaces), Namespaces, NetworkPolicies and this Node.
+
+    One thread per kind. ``api_timeout`` bounds every request (seconds, client side; a watch's
+    read timeout is ``watch_timeout`` + ``api_timeout``, so a dead connection cannot hang).
+    """
+
+    def __init__(self, store: Store, metrics: Metrics, node: str, kubeconfig: str | None,
+                 api_timeout: float, watch_timeout: int, stop: threading.Event) -> None:
+        configuration = k8s.Configuration()
+        if kubeconfig:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        configuration.retries = False  # tenacity decides
+        api = k8s.ApiClient(configuration)
+        core, networking = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)
+        self.calls: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
+            "Namespace": (core.list_namespace, {}),
+            "Pod": (core.list_pod_for_all_namespaces, {}),
+            "NetworkPolicy": (networking.list_network_policy_for_all_namespaces, {}),
+            "Node": (core.list_node, {"field_selector": f"metadata.name={node}"}),
+        }
+        self.store, self.metrics, self.stop = store, metrics, stop
+        self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
+        self.versions: dict[str, str] = {}
+
+    def start(self) -> list[threading.Thread]:
+        """Start one daemon thread per kind; they run until ``stop`` is set."""
+        threads = [threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True) for kind in self.calls]
+        for t in threads:
+            t.start()
+        return threads
+
+    def _retrying(self, kind: str) -> tenacity.Retrying:
+        def wait(state: tenacity.RetryCallState) -> float:
+            return _retry_after(state) or tenacity.wait_exponential_jitter(initial=0.2, max=MAX_BACKOFF)(state)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            reason = _reason(exc) if exc else "unknown"
+            self.metrics.api_retries.labels(kind, reason).inc()
+            log.warning("API %s request failed (%s), retry %d in %.1fs", kind, describe(exc), state.attempt_number,
+                        state.next_action.sleep if state.next_action else 0, extra={"kind": kind, "reason": reason})
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda e: _retryable(e) and not self.stop.is_set()),
+            wait=wait, sleep=self.stop.wait, before_sleep=before_sleep, reraise=True,
+            after=lambda state: self.metrics.api_errors.labels(kind, _reason(state.outcome.exception())).inc()
+            if state.outcome and state.outcome.failed else None,
+        )
+
+    def _run(self, kind: str) -> None:
+        while not self.stop.is_set():
+            try:
+                self._retrying(kind)(self._list, kind)
+                while not self.stop.is_set():
+                    self._retrying(kind)(self._watch, kind)
+            except RelistNeeded as exc:
+                log.info("relisting %s: %s", kind, exc, extra={"kind": kind})
+            except Exception as exc:  # a non-retryable API error (403, 404, ...): report, relist later
+                if self.stop.is_set():
+                    return
+                self.metrics.api_errors.labels(kind, _reason(exc)).inc()
+                log.error("API %s request failed, not retryable: %s; relisting in %.0fs", kind, describe(exc), MAX_BACKOFF,
+                          extra={"kind": kind, "reason": _reason(exc)})
+                self.stop.wait(MAX_BACKOFF)
+
+    def _list(self, kind: str) -> None:
+        call, kwargs = self.calls[kind]
+        response = call(_preload_content=False, _request_timeout=self.api_timeout, **kwargs)
+        body = json.loads(response.data)
+        self.store.replace(kind, body.get("items") or [])
+        self.versions[kind] = (body.get("metadata") or {}).get("resourceVersion") or ""
+        log.debug("listed %s: %d objects at resourceVersion %s", kind, len(body.get("items") or []), self.versions[kind])
+
+    def _watch(self, kind: str) -> None:
+        """One watch from the last seen resourceVersion until the server ends it."""
+        call, kwargs = self.calls[kind]
+        version = self.versions[kind]
+        try:
+            response = call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
+                            _preload_content=False, _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
+        except k8s.ApiException as exc:
+            if exc.status == 410:
+                raise RelistNeeded(f"resourceVersion {version} is gone") from None
+            raise
+        try:
+            for line in iter_resp_lines(response):
+                if self.stop.is_set():
+                    break
+                event = json.loads(line)
+                kind_of_event, obj = event.get("type"), event.get("object") or {}
+                if kind_of_event == "ERROR":
+                    raise RelistNeeded(f"watch error: {obj.get('code')} {obj.get('message')}")
+                if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
+                    self.store.apply(kind, kind_of_event, obj)
+                self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
+        finally:
+            response.release_conn()
+
+
+# ---- a manifests directory ----------------------------------------------------------------------
+
+class ManifestsSource:
+    """Reads every manifest under ``directory`` and re-reads them all when a file changes
+    (polled every ``interval`` seconds: names, sizes and modification times)."""
+
+    def __init__(self, store: Store, directory: str, stop: threading.Event, interval: float = 1.0) -> None:
+        self.store, self.directory, self.stop, self.interval = store, directory, stop, interval
+
+    def _signature(self) -> list[tuple[str, int, int]]:
+        signature = []
+        for name in manifest_files([self.directory]):
+            stat = Path(name).stat()
+            signature.append((name, stat.st_size, stat.st_mtime_ns))
+        return signature
+
+    def _read(self) -> None:
+        objects, errors = [], []
+        for name in manifest_files([self.directory]):
+            docs, errs = parse_documents(Path(name).read_text(), name)
+            objects.extend(docs)
+            errors.extend(errs)
+        for error in errors:
+            log.error("unreadable manifest: %s", error)
+        by_kind: dict[str, list[Any]] = {kind: [] for kind in KINDS}
+        for _, obj in objects:
+            if isinstance(obj, Mapping) and obj.get("kind") in by_kind:
+                by_kind[obj["kind"]].append(obj)
+        for kind, items in by_kind.items():
+            self.store.replace(kind, items)
+
+    def start(self) -> list[threading.Thread]:
+        """Read once now, then poll from a daemon thread until ``stop`` is set."""
+        self._read()
+        seen = self._signature()
+
+        def poll() -> None:
+            nonlocal seen
+            while not self.stop.wait(self.interval):
+                try:
+                    current = self._signature()
+                    if current != seen:
+                        seen = current
+                        self._read()
+                except OSError as exc:
+                    log.error("cannot read manifests in %s: %s", self.directory, exc)
+
+        thread = threading.Thread(target=poll, name="manifests", daemon=True)
+        thread.start()
+        return [thread]
+

@@ -1,0 +1,284 @@
+"""An in-repo fake Kubernetes API server: the real list/watch HTTP protocol, with fault injection.
+
+Serves what the agent reads, to the official ``kubernetes`` client, over plain HTTP on 127.0.0.1:
+
+* ``GET /api/v1/namespaces``, ``/api/v1/pods``, ``/api/v1/nodes`` (``fieldSelector=metadata.name=X``),
+  ``/apis/networking.k8s.io/v1/networkpolicies``: a list with ``metadata.resourceVersion``;
+* the same with ``watch=true``: a chunked stream of ``{"type", "object"}`` lines from
+  ``resourceVersion``, ``BOOKMARK`` events when ``allowWatchBookmarks``, closed after
+  ``timeoutSeconds``; a resourceVersion older than the history gives an ``ERROR`` event with a
+  410 Status (the API concepts page, "Efficient detection of changes").
+
+Faults: :meth:`fail` (the next N requests answer a status, e.g. 500, or 429 with Retry-After),
+:meth:`hang` (the next N requests are accepted and never answered), :meth:`cut_watches` (open
+watch streams are cut mid-stream), :meth:`outage` (the port refuses connections; events made
+meanwhile are lost from the history, so watchers must relist).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
+from urllib.parse import parse_qs, urlsplit
+
+PATHS = {
+    "/api/v1/namespaces": "Namespace",
+    "/api/v1/pods": "Pod",
+    "/api/v1/nodes": "Node",
+    "/apis/networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
+}
+API_VERSION = {"Namespace": "v1", "Pod": "v1", "Node": "v1", "NetworkPolicy": "networking.k8s.io/v1"}
+
+
+class FakeApiServer:
+    """Start with :meth:`start`; change the cluster with :meth:`put` and :meth:`delete`."""
+
+    def __init__(self, bookmark_interval: float = 1.0) -> None:
+        self.lock = threading.Condition()
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.history: list[tuple[int, str, str, dict]] = []  # (resourceVersion, type, kind, object)
+        self.version = 1
+        self.oldest = 1  # events at or below this version are forgotten
+        self.bookmark_interval = bookmark_interval
+        self.requests: list[tuple[float, str, int]] = []  # (time, path with query, status)
+        self._faults: list[tuple[int, dict | None]] = []  # per coming request: (status, headers) or "hang"
+        self._hangs = 0
+        self._cuts = 0
+        self._released = threading.Event()
+        self.server: ThreadingHTTPServer | None = None
+        self.port = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Listen on 127.0.0.1 (a free port the first time, the same port after an outage)."""
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.url
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop listening and cut every open stream."""
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        self.cut_watches()
+        self._released.set()
+
+    def kubeconfig(self, path: str) -> str:
+        """Write a kubeconfig for this server to ``path`` and return the path."""
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }
+        with open(path, "w") as f:
+            json.dump(config, f)
+        return path
+
+    # ---- the cluster --------------------------------------------------------------------------
+
+    def put(self, obj: dict) -> dict:
+        """Create or replace an object (ADDED or MODIFIED); returns the stored copy."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        key = (obj["kind"], meta.get("namespace", "") if obj["kind"] in ("Pod", "NetworkPolicy") else "", meta["name"])
+        with self.lock:
+            self.version += 1
+            meta["resourceVersion"] = str(self.version)
+            event = "MODIFIED" if key in self.objects else "ADDED"
+            self.objects[key] = obj
+            self.history.append((self.version, event, obj["kind"], obj))
+            self.lock.notify_all()
+        return obj
+
+    def delete(self, kind: str, name: str, namespace: str = "") -> None:
+        """Delete an object (DELETED event with its last state)."""
+        with self.lock:
+            obj = self.objects.pop((kind, namespace, name))
+            self.version += 1
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
+            self.history.append((self.version, "DELETED", kind, obj))
+            self.lock.notify_all()
+
+    # ---- faults -------------------------------------------------------------------------------
+
+    def fail(self, status: int, count: int = 1, retry_after: int | None = None) -> None:
+        """The next ``count`` requests answer ``status`` (with ``Retry-After`` if given)."""
+        with self.lock:
+            self._faults.extend([(status, {"Retry-After": str(retry_after)} if retry_after is not None else None)] * count)
+
+    def hang(self, count: int = 1) -> None:
+        """The next ``count`` requests are read and never answered (until :meth:`stop`)."""
+        with self.lock:
+            self._hangs += count
+
+    def cut_watches(self) -> None:
+        """Close every open watch stream abruptly, without the final chunk."""
+        with self.lock:
+            self._cuts += 1
+            self.lock.notify_all()
+
+    def compact(self) -> None:
+        """Forget the history: a watch from an older resourceVersion gets 410 Gone."""
+        with self.lock:
+            self.oldest = self.version
+            self.history.clear()
+
+    @contextmanager
+    def outage(self) -> Iterator[None]:
+        """The server is unreachable inside the block; changes made meanwhile reach clients only
+        through a relist (the history is compacted when it comes back)."""
+        self.stop()
+        try:
+            yield
+        finally:
+            self.compact()
+            self._released.clear()
+            self.start()
+
+    # ---- HTTP ---------------------------------------------------------------------------------
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                url = urlsplit(self.path)
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                with fake.lock:
+                    fault = fake._faults.pop(0) if fake._faults else None
+                    hang = fake._hangs > 0
+                    fake._hangs -= 1 if hang else 0
+                if hang:
+                    fake.requests.append((time.monotonic(), self.path, 0))
+                    fake._released.wait()
+                    self.close_connection = True
+                    return
+                if fault:
+                    return self._status(fault[0], fault[1])
+                kind = PATHS.get(url.path)
+                if kind is None:
+                    return self._status(404)
+                if query.get("watch") in ("true", "1"):
+                    return self._watch(kind, query)
+                with fake.lock:
+                    items = [o for (k, _, _), o in sorted(fake.objects.items()) if k == kind and _selected(o, query)]
+                    body = {"kind": f"{kind}List", "apiVersion": API_VERSION[kind],
+                            "metadata": {"resourceVersion": str(fake.version)}, "items": items}
+                self._json(200, body)
+
+            def _status(self, code: int, headers: dict | None = None) -> None:
+                body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "message": f"injected {code}"}
+                self._json(code, body, headers)
+
+            def _json(self, code: int, body: dict, headers: dict | None = None) -> None:
+                data = json.dumps(body).encode()
+                fake.requests.append((time.monotonic(), self.path, code))
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _chunk(self, event: dict) -> None:
+                data = json.dumps(event).encode() + b"\n"
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _watch(self, kind: str, query: dict[str, str]) -> None:
+                fake.requests.append((time.monotonic(), self.path, 200))
+                since = int(query.get("resourceVersion") or 0)
+                deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+                bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                with fake.lock:
+                    cuts = fake._cuts
+                    if since < fake.oldest:
+                        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+                                "code": 410, "message": f"too old resource version: {since} ({fake.oldest})"}
+                        self._chunk({"type": "ERROR", "object": gone})
+                        self.wfile.write(b"0\r\n\r\n")
+                        return
+                next_bookmark = time.monotonic() + fake.bookmark_interval
+                try:
+                    while time.monotonic() < deadline:
+                        with fake.lock:
+                            if fake._cuts != cuts:
+                                break
+                            events = [(v, t, o) for v, t, k, o in fake.history if k == kind and v > since and _selected(o, query)]
+                            if not events:
+                                fake.lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                                events = [(v, t, o) for v, t, k, o in fake.history if k == kind and v > since and _selected(o, query)]
+                            if fake._cuts != cuts:
+                                break
+                            current = fake.version
+                        for version, event_type, obj in events:
+                            self._chunk({"type": event_type, "object": obj})
+                            since = version
+                        if bookmarks and time.monotonic() >= next_bookmark:
+                            since = max(since, current) if not events else since
+                            self._chunk({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": API_VERSION[kind],
+                                                                         "metadata": {"resourceVersion": str(since)}}})
+                            next_bookmark = time.monotonic() + fake.bookmark_interval
+                    else:
+                        self.wfile.write(b"0\r\n\r\n")  # timeoutSeconds reached: a clean end
+                        return
+                    self.connection.shutdown(socket.SHUT_RDWR)  # cut mid-stream
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    pass
+                self.close_connection = True
+
+        return Handler
+
+
+def _selected(obj: dict, query: dict[str, str]) -> bool:
+    selector = query.get("fieldSelector")
+    if not selector:
+        return True
+    field, _, value = selector.partition("=")
+    return field != "metadata.name" or obj["metadata"]["name"] == value
+
+
+def namespace(name: str, **labels: str) -> dict[str, Any]:
+    """A Namespace object."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **labels}}}
+
+
+def pod(namespace: str, name: str, ip: str | None, node: str = "node1", phase: str = "Running",
+        ports: tuple[int, ...] = (80,), **labels: str) -> dict[str, Any]:
+    """A Pod object with ``status.podIPs`` (None: no IP yet, phase Pending unless given)."""
+    status: dict[str, Any] = {"phase": phase if ip else ("Pending" if phase == "Running" else phase)}
+    if ip:
+        status.update(podIP=ip, podIPs=[{"ip": ip}])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name, "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [{"containerPort": p} for p in ports]}]},
+            "status": status}
+
+
+def node(name: str) -> dict[str, Any]:
+    """A Node object."""
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}, "status": {}}
