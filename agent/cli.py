@@ -1,9 +1,12 @@
-"""The ``nftpolicy`` command line: ``render`` and ``sandbox``."""
+"""The ``nftpolicy`` command line: ``render``, ``sandbox``, ``compare`` and the node agent."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
 import os
+import re
 import signal
 import sys
 from importlib.metadata import version
@@ -12,16 +15,25 @@ from pathlib import Path
 
 import yaml
 
+from nftpolicy.translators import iptables as iptables_render
 from nftpolicy.translators import nft
+from nftpolicy.translators.kuberouter import DumpError, select
 from nftpolicy.translators.cases import Case, CaseError, format_matrix, is_case, parse_case
 from nftpolicy.translators.rules import Config, build_rule_model
 
 from .manifests import load_cluster, manifest_files
+from .netns import NetnsError
 from .nftables import NftError, remove_table
-from .sandbox import ProbeSpec, Sandbox, SandboxError, replay
+from .compare import compare, format_report
+from .iptables import IptablesError
+from .sandbox import ProbeSpec, Sandbox, SandboxError, disagreements, replay_twins
 
 
 ENV_PREFIX = "NFTPOLICY_"
+
+
+class UsageError(ValueError):
+    """Flags that parse one by one but do not fit together."""
 
 
 def env_name(flag: str) -> str:
@@ -63,8 +75,28 @@ def _port_range(text: str) -> tuple[int, int]:
     return first, last
 
 
+def _cidr(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text, strict=False)) if "/" in text and "%" not in text else _bad_cidr(text)
+    except ValueError:
+        return _bad_cidr(text)
+
+
+def _bad_cidr(text: str) -> str:
+    raise argparse.ArgumentTypeError(f"invalid CIDR {text!r} (expected ADDRESS/PREFIX)")
+
+
+def _table(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", text):
+        raise argparse.ArgumentTypeError(f"invalid table name {text!r} (a letter, then letters, digits, '-' or '_')")
+    return text
+
+
 def _mark(text: str) -> int:
-    value = int(text, 0)
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid mark {text!r}") from None
     if value <= 0 or value & (value - 1) or value > 0x80000000:
         raise argparse.ArgumentTypeError(f"a mark must be one bit, got {text}")
     return value
@@ -73,17 +105,19 @@ def _mark(text: str) -> int:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`."""
     defaults = Config()
-    parser.add_argument("--table", default=defaults.table, help="name of our inet table (default %(default)s)")
+    parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
     parser.add_argument("--priority", type=lambda t: int(t, 0), default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
     parser.add_argument("--policy-mark", type=_mark, default=defaults.policy_mark, help="mark bit set by an allowing policy (default 0x10000)")
     parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
-    parser.add_argument("--service-cidr", action="append", help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
+    parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
-    parser.add_argument("--external-cidr", action="append", default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
+    parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
 
 
 def config_from(args: argparse.Namespace) -> Config:
-    """Build the :class:`Config` from parsed flags."""
+    """Build the :class:`Config` from parsed flags. Raises UsageError when the marks collide."""
+    if args.policy_mark == args.passed_mark:
+        raise UsageError(f"--policy-mark and --passed-mark must differ (both {args.policy_mark:#x})")
     return Config(
         table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
@@ -103,7 +137,14 @@ def _load(args: argparse.Namespace):
 def cmd_render(args: argparse.Namespace) -> int:
     cluster = _load(args)
     model = build_rule_model(cluster, args.node, config_from(args))
-    sys.stdout.write(nft.to_text(model) if args.format == "nft" else nft.to_json(model) + "\n")
+    if args.format == "iptables":
+        sys.stdout.write(iptables_render.to_restore(model, "ipv4"))
+    elif args.format == "ip6tables":
+        sys.stdout.write(iptables_render.to_restore(model, "ipv6"))
+    elif args.format == "ipset":
+        sys.stdout.write(iptables_render.to_ipset(model))
+    else:
+        sys.stdout.write(nft.to_text(model) if args.format == "nft" else nft.to_json(model) + "\n")
     return 0
 
 
@@ -130,6 +171,22 @@ def _print_matrices(sandbox: Sandbox, results: dict) -> None:
         print(format_matrix(pods, matrix))
 
 
+def _dataplanes(args: argparse.Namespace) -> tuple[str, ...]:
+    iptables = f"iptables-{args.iptables_loader}"
+    return {"nft": ("nft",), "iptables": (iptables,), "both": ("nft", iptables)}[args.dataplane]
+
+
+def _print_disagreements(label: str, dataplanes: tuple[str, ...], cells) -> int:
+    for spec, family, src, dst, a, b in cells:
+        print(f"DISAGREE {label}{spec.protocol}/{spec.port} {family} {src} -> {dst}: "
+              f"{dataplanes[0]} {_verdict(a)}, {dataplanes[1]} {_verdict(b)}")
+    return len(cells)
+
+
+def _verdict(value) -> str:
+    return "not probed" if value is None else "allowed" if value else "blocked"
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -137,29 +194,76 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     families = ("ipv4", "ipv6") if args.dual_stack else ("ipv6",) if args.ipv6 else ("ipv4",)
     nodes = args.node or ["node1"]
     config = config_from(args)
+    dataplanes = _dataplanes(args)
     if cases is None:
         cluster = _load(args)
         node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
-        with Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout) as sandbox:
-            sandbox.apply(cluster)
-            specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandbox.pods.values() for p in pod.ports},
+        with contextlib.ExitStack() as stack:
+            sandboxes = [stack.enter_context(Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d))
+                         for d in dataplanes]
+            for sandbox in sandboxes:
+                sandbox.apply(cluster)
+            specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
                            key=lambda s: (s.port, s.protocol))
-            _print_matrices(sandbox, sandbox.probe(specs, families))
+            results = [sandbox.probe(specs, families) for sandbox in sandboxes]
+            if len(dataplanes) > 1:
+                print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
+            _print_matrices(sandboxes[0], results[0])
+        if len(dataplanes) > 1:
+            disagree = _print_disagreements("", dataplanes, disagreements(results[0], results[1]))
+            print(f"\n{disagree} cells differ between {dataplanes[0]} and {dataplanes[1]}" if disagree
+                  else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
+            return 1 if disagree else 0
         return 0
-    failures = 0
-    for sandbox, step in replay(cases, nodes, families, config, args.timeout):
-        for error in step.errors:
+    failures = disagree = 0
+    for sandboxes, steps, cells in replay_twins(cases, nodes, families, config, args.timeout, dataplanes):
+        for error in steps[0].errors:
             print(f"nftpolicy: skipped {error}", file=sys.stderr)
-        print(f"== {step.case.name}")
-        _print_matrices(sandbox, step.results)
-        for spec, family in step.not_probed:
+        print(f"== {steps[0].case.name}")
+        _print_matrices(sandboxes[0], steps[0].results)
+        for spec, family in steps[0].not_probed:
             print(f"{spec.protocol}/{spec.port} {family}: not probed (the kernel has no {spec.protocol})")
-        for spec, family, src, dst, want, got in step.differences:
-            failures += 1
-            print(f"DIFF {step.case.name} {spec.protocol}/{spec.port} {family} {src} -> {dst}: "
-                  f"expected {'allowed' if want else 'blocked'}, got {'allowed' if got else 'blocked'}")
+        for dataplane, step in zip(dataplanes, steps):
+            for spec, family, src, dst, want, got in step.differences:
+                failures += 1
+                where = f" ({dataplane})" if len(dataplanes) > 1 else ""
+                print(f"DIFF {step.case.name} {spec.protocol}/{spec.port} {family} {src} -> {dst}: "
+                      f"expected {'allowed' if want else 'blocked'}, got {'allowed' if got else 'blocked'}{where}")
+        for other in cells:
+            disagree += _print_disagreements(f"{steps[0].case.name} ", dataplanes, other)
     print(f"\n{failures} cells differ from the expected matrices" if failures else "\nall cells match the expected matrices")
-    return 1 if failures else 0
+    if len(dataplanes) > 1:
+        print(f"{disagree} cells differ between {dataplanes[0]} and {dataplanes[1]}" if disagree
+              else f"{dataplanes[0]} and {dataplanes[1]} agree on every cell")
+    return 1 if failures or disagree else 0
+
+
+def _probe_spec(text: str) -> ProbeSpec:
+    protocol, _, port = text.upper().partition("/")
+    if not port:
+        protocol, port = "TCP", protocol
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r} (expected [TCP|UDP|SCTP/]PORT)") from None
+    if protocol not in ("TCP", "UDP", "SCTP") or not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r} (expected [TCP|UDP|SCTP/]PORT)")
+    return ProbeSpec(number, protocol)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    cluster = _load(args)
+    saves = {"ipv4": Path(args.iptables_save).read_text()} if args.iptables_save else {}
+    if args.ip6tables_save:
+        saves["ipv6"] = Path(args.ip6tables_save).read_text()
+    if not saves:
+        print("nftpolicy: give --iptables-save and/or --ip6tables-save", file=sys.stderr)
+        return 2
+    dump = select(saves, Path(args.ipset_save).read_text(), args.ipset_save)
+    report = compare(cluster, args.node, dump, config_from(args), args.timeout, args.loader, args.port or (), args.icmp)
+    print(format_report(report))
+    return 1 if report.differences else 0
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -167,6 +271,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     if not args.node:
         print("nftpolicy: --node (or $NODE_NAME) is required", file=sys.stderr)
+        return 2
+    if args.kubeconfig and args.manifests:
+        print("nftpolicy: --kubeconfig and --manifests exclude each other", file=sys.stderr)
         return 2
     return run_agent(args, config_from(args))
 
@@ -186,7 +293,9 @@ def parser() -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="print the ruleset for one node's pods")
     render.add_argument("paths", nargs="+", metavar="PATH", help="manifest files or directories, '-' for stdin")
     render.add_argument("--node", help="node whose pods are rendered (default: every pod counts as local)")
-    render.add_argument("--format", choices=("nft", "json"), default="nft", help="nft -f text or libnftables JSON")
+    render.add_argument("--format", choices=("nft", "json", "iptables", "ip6tables", "ipset"), default="nft",
+                        help="nft -f text, libnftables JSON, or the iptables variant: iptables-restore / ip6tables-restore input "
+                             "(the filter table) and ipset restore input (its sets; load them first)")
     render.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
     add_config_arguments(render)
     render.set_defaults(func=cmd_render)
@@ -200,13 +309,31 @@ def parser() -> argparse.ArgumentParser:
     stack.add_argument("--ipv6", action="store_true", help="allocate IPv6 addresses only")
     sandbox.add_argument("--timeout", type=float, default=1.0, help="seconds per probe (default %(default)s)")
     sandbox.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
+    sandbox.add_argument("--dataplane", choices=("nft", "iptables", "both"), default="nft",
+                         help="nft ruleset, the iptables variant, or both in twin sandboxes (every disagreeing cell printed, exit 1)")
+    sandbox.add_argument("--iptables-loader", choices=("nft", "legacy"), default="nft",
+                         help="iptables-nft-restore or iptables-legacy-restore for the iptables variant (default %(default)s)")
     add_config_arguments(sandbox)
     sandbox.set_defaults(func=cmd_sandbox)
 
+    cmp = sub.add_parser("compare", help="replay a kube-router node's iptables-save/ipset dump and nftpolicy's ruleset in twin sandboxes, report every difference")
+    cmp.add_argument("paths", nargs="+", metavar="MANIFESTS", help="kubectl get pods,namespaces,networkpolicies,nodes -A -o yaml output (files, directories, '-')")
+    cmp.add_argument("--node", required=True, help="the node the dump was taken on")
+    cmp.add_argument("--iptables-save", metavar="FILE", help="iptables-save output of that node")
+    cmp.add_argument("--ip6tables-save", metavar="FILE", help="ip6tables-save output of that node (dual-stack / IPv6)")
+    cmp.add_argument("--ipset-save", metavar="FILE", required=True, help="ipset save output of that node")
+    cmp.add_argument("--loader", choices=("nft", "legacy"), help="iptables-restore flavour for the dump (default: as its header says, else nft)")
+    cmp.add_argument("--port", action="append", type=_probe_spec, metavar="[PROTO/]PORT",
+                     help="also probe this port (repeatable; container ports and policy ports are always probed)")
+    cmp.add_argument("--icmp", action="store_true", help="also probe ICMP echo (kube-router always allows it: a deliberate difference)")
+    cmp.add_argument("--timeout", type=float, default=1.0, help="seconds per probe (default %(default)s)")
+    cmp.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
+    add_config_arguments(cmp)
+    cmp.set_defaults(func=cmd_compare)
+
     agent = sub.add_parser("agent", help="the node agent: reconcile our nftables table from the Kubernetes API (or a manifests directory)")
-    source = agent.add_mutually_exclusive_group()
-    source.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
-    source.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
+    agent.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    agent.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
     agent.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
     agent.add_argument("--min-sync-interval", type=float, default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
     agent.add_argument("--resync-interval", type=float, default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
@@ -220,7 +347,7 @@ def parser() -> argparse.ArgumentParser:
     agent.set_defaults(func=cmd_agent)
 
     cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")
-    cleanup.add_argument("--table", default=Config().table, help="name of our inet table (default %(default)s)")
+    cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
     cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
     cleanup.set_defaults(func=cmd_cleanup)
     return top
@@ -230,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, CaseError, NftError, SandboxError) as exc:
+    except (FileNotFoundError, CaseError, NftError, SandboxError, IptablesError, DumpError, NetnsError, UsageError) as exc:
         print(f"nftpolicy: {exc}", file=sys.stderr)
         return 2
 

@@ -37,7 +37,11 @@ def load_cluster(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[Clust
     the objects (or files) left out."""
     objects, errors = [], []
     for name in manifest_files(paths):
-        text = stdin.read() if name == "-" else Path(name).read_text()
+        try:
+            text = stdin.read() if name == "-" else Path(name).read_bytes().decode()
+        except UnicodeDecodeError as exc:
+            errors.append(ManifestError("file", name, f"not UTF-8 text: {exc.reason} at byte {exc.start}"))
+            continue
         docs, errs = parse_documents(text, "<stdin>" if name == "-" else name)
         objects.extend(docs)
         errors.extend(errs)

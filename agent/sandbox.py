@@ -11,12 +11,19 @@ Topology (every namespace is named ``nftp-<run>-...`` and removed by :meth:`Sand
 
 Pods serve every probed port (TCP accept, UDP echo, SCTP where the kernel has it); a probe is a
 new connection from a fresh source port, so conntrack never carries an old verdict into a new
-probe. Node rulesets are applied through libnftables inside each node's namespace.
+probe. ICMP probes (``ProbeSpec(0, "ICMP")``) are echo requests from a ping socket.
+
+Dataplanes: ``nft`` applies each node's ruleset through libnftables inside the node's namespace;
+``iptables-nft`` and ``iptables-legacy`` load the iptables variant of the same rule model
+(:mod:`nftpolicy.translators.iptables`) with that ``iptables-restore`` and ``ipset restore``, also
+inside the node's namespace. :func:`replay_twins` runs the same steps on twin sandboxes (same
+pods, same addresses), one per dataplane, and reports every cell where they disagree.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import itertools
@@ -31,7 +38,7 @@ from nftpolicy.translators.model import Cluster, Family, Pod, Protocol
 from nftpolicy.translators.nft import full_transaction
 from nftpolicy.translators.rules import Config, build_rule_model
 
-from . import netns
+from . import iptables, netns
 from .nftables import run_json
 
 NETNS_PREFIX = "nftp-"
@@ -39,6 +46,8 @@ GATEWAY_V4 = "169.254.1.1"
 GATEWAY_V6 = "fe80::1"
 SOURCE_PORTS = range(32768, 61000)
 SOCKET_PROTO = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": getattr(socket, "IPPROTO_SCTP", 132)}
+DATAPLANES = ("nft", "iptables-nft", "iptables-legacy")
+ICMP_ECHO = {socket.AF_INET: (8, 0), socket.AF_INET6: (128, 129)}  # (request, reply) types
 NODE_SYSCTLS = {
     "net.ipv4.ip_forward": "1",
     "net.ipv6.conf.all.forwarding": "1",
@@ -61,10 +70,11 @@ def sctp_supported() -> bool:
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """A destination port and protocol to probe between every pod pair."""
+    """A destination port and protocol to probe between every pod pair; ``ProbeSpec(0, "ICMP")``
+    is an ICMP (ICMPv6) echo request."""
 
     port: int
-    protocol: Protocol
+    protocol: Protocol | str
 
 
 @dataclass(frozen=True)
@@ -84,14 +94,17 @@ class Sandbox:
 
     ``pods``: the pods to build (hostNetwork and finished pods are left out); pods with no
     ``node`` are spread round-robin over ``default_nodes``; pods with no addresses get one per
-    family in ``families``. ``timeout`` (seconds) bounds each probe.
+    family in ``families``. ``timeout`` (seconds) bounds each probe. ``dataplane`` is one of
+    :data:`DATAPLANES`: how :meth:`apply` loads each node's ruleset.
     """
 
     def __init__(self, pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
                  families: Sequence[Family] = ("ipv4",), node_addresses: dict[str, Sequence[str]] | None = None,
-                 config: Config = Config(), timeout: float = 1.0) -> None:
+                 config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft") -> None:
+        if dataplane not in DATAPLANES:
+            raise SandboxError(f"unknown dataplane {dataplane!r} (one of {', '.join(DATAPLANES)})")
         self.run = secrets.token_hex(3)
-        self.config, self.timeout = config, timeout
+        self.config, self.timeout, self.dataplane = config, timeout, dataplane
         self.pods: dict[str, Pod] = {}
         spread = itertools.cycle(default_nodes)
         for pod in sorted((p for p in pods if not p.host_network and p.phase not in ("Succeeded", "Failed")), key=lambda p: p.key):
@@ -203,29 +216,56 @@ class Sandbox:
                 pods[key] = dataclasses.replace(pods[key], node=built.node, ips=built.ips, phase="Running")
         return dataclasses.replace(cluster, pods=pods)
 
-    def apply(self, cluster: Cluster) -> None:
-        """Render each node's ruleset from ``cluster`` and commit it inside that node's namespace.
+    def apply(self, cluster: Cluster, nodes: Iterable[str] | None = None) -> None:
+        """Render each node's ruleset from ``cluster`` and load it inside that node's namespace
+        with this sandbox's dataplane (``nodes``: only these; default every node).
 
-        Raises NftError (the node keeps its previous ruleset).
+        Raises NftError or IptablesError (nft: the node keeps its previous ruleset).
         """
         cluster = self.with_sandbox_pods(cluster)
+        chosen = None if nodes is None else set(nodes)
         for node in self.nodes.values():
-            batch = full_transaction(build_rule_model(cluster, node.name, self.config))
-            with netns.entered(node.netns):
-                run_json(batch)
+            if chosen is not None and node.name not in chosen:
+                continue
+            model = build_rule_model(cluster, node.name, self.config)
+            if self.dataplane == "nft":
+                batch = full_transaction(model)
+                with netns.entered(node.netns):
+                    run_json(batch)
+            else:
+                iptables.apply(node.netns, model, self.dataplane.removeprefix("iptables-"))  # type: ignore[arg-type]
+
+    def node_netns(self, name: str) -> str:
+        """The network namespace of node ``name`` (to load rules into it directly)."""
+        return self.nodes[name].netns
 
     # ---- probes --------------------------------------------------------------------------
 
-    def probe(self, specs: Iterable[ProbeSpec], families: Sequence[Family] = ("ipv4", "ipv6")) -> dict[tuple[ProbeSpec, Family], Matrix]:
-        """Connect from every pod to every pod on each spec, once per address family.
+    def probe(self, specs: Iterable[ProbeSpec], families: Sequence[Family] = ("ipv4", "ipv6"),
+              pairs: Iterable[tuple[str, str]] | None = None) -> dict[tuple[ProbeSpec, Family], Matrix]:
+        """Connect from every pod to every pod on each spec, once per address family
+        (``pairs``: only these ``(from, to)`` pod keys).
 
         Returns ``{(spec, family): {(from, to): connected}}`` for the families the pods have.
         SCTP specs are left out when the kernel has no SCTP.
         """
         specs = [s for s in specs if s.protocol != "SCTP" or sctp_supported()]
-        return self.loop.run_until_complete(self._probe_all(specs, families))
+        wanted = set(pairs) if pairs is not None else None
+        return self.loop.run_until_complete(self._probe_all(specs, families, wanted))
 
-    async def _probe_all(self, specs: list[ProbeSpec], families: Sequence[Family]) -> dict[tuple[ProbeSpec, Family], Matrix]:
+    def connect(self, src: str, address: str, spec: ProbeSpec) -> bool:
+        """One new connection from sandbox pod ``src`` to ``address`` (every pod serves ``spec``
+        from then on); True when it connected (TCP, SCTP) or got its echo back (UDP)."""
+        return self.loop.run_until_complete(self._connect_once(src, address, spec))
+
+    async def _connect_once(self, src: str, address: str, spec: ProbeSpec) -> bool:
+        if spec not in self._served:
+            await self._serve(spec)
+            self._served.add(spec)
+        return await self._connect(asyncio.Semaphore(1), src, address, spec)
+
+    async def _probe_all(self, specs: list[ProbeSpec], families: Sequence[Family],
+                         wanted: set[tuple[str, str]] | None = None) -> dict[tuple[ProbeSpec, Family], Matrix]:
         for spec in specs:
             if spec not in self._served:
                 await self._serve(spec)
@@ -235,6 +275,8 @@ class Sandbox:
         for spec in specs:
             for family in families:
                 for src, dst in itertools.product(self.pods.values(), repeat=2):
+                    if wanted is not None and (src.key, dst.key) not in wanted:
+                        continue
                     targets = dst.addresses(family)
                     if src.addresses(family) and targets:
                         jobs.append(((spec, family), (src.key, dst.key), self._connect(limit, src.key, targets[0], spec)))
@@ -251,6 +293,11 @@ class Sandbox:
         return sock
 
     async def _serve(self, spec: ProbeSpec) -> None:
+        if spec.protocol == "ICMP":
+            # Ping sockets (no raw sockets needed) for root's group, in every pod.
+            for name in self.pod_netns.values():
+                netns.write_sysctl(name, "net.ipv4.ping_group_range", "0 2147483647")
+            return
         kind = socket.SOCK_DGRAM if spec.protocol == "UDP" else socket.SOCK_STREAM
         for key in self.pods:
             sock = self._socket(key, socket.AF_INET6, kind, spec.protocol)
@@ -268,8 +315,28 @@ class Sandbox:
         served = {s.port for s in self._served}
         return next(p for p in self._source_ports if p not in served)
 
+    async def _ping(self, src: str, address: str) -> bool:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        request, reply_type = ICMP_ECHO[family]
+        with netns.entered(self.pod_netns[src]):
+            sock = socket.socket(family, socket.SOCK_DGRAM, socket.IPPROTO_ICMP if family == socket.AF_INET else socket.IPPROTO_ICMPV6)
+        sock.setblocking(False)
+        try:
+            sock.connect((address, 0))
+            # The checksum and identifier are filled in by the kernel's ping socket.
+            await self.loop.sock_sendall(sock, bytes([request, 0, 0, 0, 0, 0, 0, 1]) + b"nftpolicy-probe")
+            reply = await asyncio.wait_for(self.loop.sock_recv(sock, 128), self.timeout)
+            return len(reply) >= 8 and reply[0] == reply_type
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            sock.close()
+
     async def _connect(self, limit: asyncio.Semaphore, src: str, address: str, spec: ProbeSpec) -> bool:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        if spec.protocol == "ICMP":
+            async with limit:
+                return await self._ping(src, address)
         async with limit:
             sock = self._socket(src, family, socket.SOCK_DGRAM if spec.protocol == "UDP" else socket.SOCK_STREAM, spec.protocol)
             try:
@@ -334,7 +401,7 @@ class StepResult:
 
 
 def replay(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: Sequence[Family] = ("ipv4",),
-           config: Config = Config(), timeout: float = 1.0) -> Iterator[tuple[Sandbox, StepResult]]:
+           config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft") -> Iterator[tuple[Sandbox, StepResult]]:
     """Replay conformance cases in one sandbox, in order, as a live sequence of steps.
 
     The pods of the first case are built once; each case's namespaces, labels and policies are
@@ -342,21 +409,59 @@ def replay(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: S
     compared with the expected matrices (diagonal ignored). Yields after every step, while the
     sandbox still exists.
     """
+    for sandboxes, steps, _ in replay_twins(cases, nodes, families, config, timeout, (dataplane,)):
+        yield sandboxes[0], steps[0]
+
+
+# (spec, family, from, to, verdict of the first dataplane, verdict of the other)
+Disagreement = tuple[ProbeSpec, Family, str, str, bool | None, bool | None]
+
+
+def disagreements(first: dict[tuple[ProbeSpec, Family], Matrix], other: dict[tuple[ProbeSpec, Family], Matrix]) -> list[Disagreement]:
+    """Every cell (diagonal included) where two probe results differ, or that only one has."""
+    found = []
+    for key in sorted(set(first) | set(other), key=lambda k: (k[0].port, k[0].protocol, k[1])):
+        a, b = first.get(key, {}), other.get(key, {})
+        for cell in sorted(set(a) | set(b)):
+            if a.get(cell) != b.get(cell):
+                found.append((key[0], key[1], cell[0], cell[1], a.get(cell), b.get(cell)))
+    return found
+
+
+def replay_twins(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: Sequence[Family] = ("ipv4",),
+                 config: Config = Config(), timeout: float = 1.0, dataplanes: Sequence[str] = ("nft", "iptables-nft"),
+                 ) -> Iterator[tuple[list[Sandbox], list[StepResult], list[list[Disagreement]]]]:
+    """:func:`replay` on twin sandboxes, one per dataplane (same pods, same addresses).
+
+    Yields after every step: the sandboxes, one :class:`StepResult` per dataplane, and for each
+    dataplane after the first the cells where it disagrees with the first.
+    """
     pods_only = dataclasses.replace(cases[0], policies=())
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(pods_only, {}))
-    with Sandbox(skeleton.pods.values(), nodes, families, None, config, timeout) as sandbox:
+    with contextlib.ExitStack() as stack:
+        sandboxes = [stack.enter_context(Sandbox(skeleton.pods.values(), nodes, families, None, config, timeout, d))
+                     for d in dataplanes]
+        for other in sandboxes[1:]:
+            if {k: p.ips for k, p in other.pods.items()} != {k: p.ips for k, p in sandboxes[0].pods.items()}:
+                raise SandboxError("twin sandboxes got different pod addresses")
         for case in cases:
-            ips = {key: list(pod.ips) for key, pod in sandbox.pods.items()}
-            cluster, errors = build_cluster((f"case {case.name}", o) for o in case_manifests(case, ips))
-            sandbox.apply(cluster)
-            results = sandbox.probe([ProbeSpec(p.port, p.protocol) for p in case.probes], families)
-            diffs, not_probed = [], []
-            for probe in case.probes:
-                spec = ProbeSpec(probe.port, probe.protocol)
-                for family in families:
-                    actual = results.get((spec, family))
-                    if actual is None:
-                        not_probed.append((spec, family))
-                    else:
-                        diffs.extend((spec, family, *d) for d in differences(probe.expected, actual))
-            yield sandbox, StepResult(case, results, diffs, not_probed, errors)
+            steps = [_step(sandbox, case, families) for sandbox in sandboxes]
+            yield sandboxes, steps, [disagreements(steps[0].results, s.results) for s in steps[1:]]
+
+
+def _step(sandbox: Sandbox, case: Case, families: Sequence[Family]) -> StepResult:
+    """Apply one case over the sandbox's current state, probe it and compare with the case."""
+    ips = {key: list(pod.ips) for key, pod in sandbox.pods.items()}
+    cluster, errors = build_cluster((f"case {case.name}", o) for o in case_manifests(case, ips))
+    sandbox.apply(cluster)
+    results = sandbox.probe([ProbeSpec(p.port, p.protocol) for p in case.probes], families)
+    diffs, not_probed = [], []
+    for probe in case.probes:
+        spec = ProbeSpec(probe.port, probe.protocol)
+        for family in families:
+            actual = results.get((spec, family))
+            if actual is None:
+                not_probed.append((spec, family))
+            else:
+                diffs.extend((spec, family, *d) for d in differences(probe.expected, actual))
+    return StepResult(case, results, diffs, not_probed, errors)

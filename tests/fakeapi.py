@@ -121,6 +121,11 @@ class FakeApiServer:
         with self.lock:
             self._faults.extend([(status, {"Retry-After": str(retry_after)} if retry_after is not None else None)] * count)
 
+    def heal(self) -> None:
+        """Drop every fault still queued by :meth:`fail`."""
+        with self.lock:
+            self._faults.clear()
+
     def hang(self, count: int = 1) -> None:
         """The next ``count`` requests are read and never answered (until :meth:`stop`)."""
         with self.lock:

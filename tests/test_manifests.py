@@ -483,14 +483,23 @@ def test_non_mapping_object_is_reported():
     {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "x"}, "spec": {"ports": [{"port": 0}]}},
     {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}},
     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": "not even a mapping"},
-    {"metadata": {"name": "no-kind"}},
-    {"kind": "networkpolicy", "metadata": {"name": "lower"}, "spec": {}},
 ])
 def test_unknown_kinds_are_ignored_silently(obj):
     cluster, errors = build(obj, namespace("x"))
     assert errors == []
     assert list(cluster.namespaces) == ["x"]
     assert not cluster.pods and not cluster.policies and not cluster.nodes
+
+
+@pytest.mark.parametrize(("obj", "text"), [
+    ({"metadata": {"name": "no-kind"}}, "object no-kind: kind: required"),
+    ({"kind": "networkpolicy", "metadata": {"name": "lower"}, "spec": {}},
+     "networkpolicy lower: unknown kind 'networkpolicy', did you mean NetworkPolicy?"),
+])
+def test_missing_or_miscased_kind_is_reported(obj, text):
+    cluster, errors = build(obj, namespace("x"))
+    assert [str(e).split(" (")[0] for e in errors] == [text]
+    assert list(cluster.namespaces) == ["x"]
 
 
 # --------------------------------------------------------------------------- documents: YAML, JSON, List
@@ -608,10 +617,22 @@ def test_invalid_yaml_is_reported_with_origin(text):
     assert objects == []
     assert len(errors) == 1
     error = errors[0]
-    assert (error.kind, error.ref) == ("file", "broken.yaml")
+    assert (error.kind, error.ref, error.origin) == ("document", "#1", "broken.yaml")
     assert error.message.startswith("not valid YAML/JSON: ")
     assert "\n" not in str(error)
-    assert str(error).startswith("file broken.yaml: not valid YAML/JSON: ")
+    assert str(error).startswith("document #1: not valid YAML/JSON: ") and str(error).endswith("(broken.yaml)")
+
+
+def test_a_broken_document_loses_only_itself():
+    text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n---\nkey: [unclosed\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n"
+    objects, errors = parse_documents(text, "three.yaml")
+    assert [o["metadata"]["name"] for _, o in objects] == ["x", "y"]
+    assert [(e.kind, e.ref) for e in errors] == [("document", "#2")]
+
+
+def test_list_items_must_be_a_list():
+    objects, errors = parse_documents("kind: List\nitems: 5\n", "l.yaml")
+    assert objects == [] and [str(e) for e in errors] == ["List -: items: must be a list, got int (l.yaml)"]
 
 
 def test_scalar_document_is_an_object_error():

@@ -869,10 +869,10 @@ def test_comment_never_exceeds_limit_and_never_cuts_a_character(text):
         assert len(out.encode()) + len(text[len(out)].encode()) > COMMENT_MAX_BYTES
 
 
-def test_comments_of_long_multibyte_names_fit():
-    long_ns, long_name = "ñ" * 70, "名前" * 30
+def test_comments_of_long_names_fit():
+    long_ns, long_name = "n" * 63, "q" * 200
     m = model_of(
-        pod(f"{long_ns}/{'ポッド' * 30}", "10.0.0.1", app="a", ports=(("http", 80, "TCP"),)),
+        pod(f"{long_ns}/{'p' * 200}", "10.0.0.1", app="a", ports=(("http", 80, "TCP"),)),
         pod(f"{long_ns}/b", "10.0.0.2", app="b"),
         netpol(f"{long_ns}/{long_name}", labels(app="a"),
                ingress=[{"from": [{"podSelector": labels(app="b")}, ip_block("10.1.0.0/16")], "ports": [{"port": "http"}]}],
@@ -884,7 +884,14 @@ def test_comments_of_long_multibyte_names_fit():
     for text in comments:
         assert len(text.encode()) <= COMMENT_MAX_BYTES
         assert text.startswith(long_ns[:10])
-    assert any(len(t.encode()) > 120 for t in comments)
+    assert any(len(t.encode()) == COMMENT_MAX_BYTES for t in comments)
+
+
+@pytest.mark.parametrize("text", ["ñ" * 70, "名前" * 30, "a" * 127 + "é", "x" * 200])
+def test_comment_cuts_at_128_bytes_never_mid_character(text):
+    cut = comment(text)
+    assert len(cut.encode()) <= COMMENT_MAX_BYTES and text.startswith(cut)
+    assert len(cut.encode()) > COMMENT_MAX_BYTES - 4
 
 
 def test_comment_text_format():

@@ -42,6 +42,20 @@ from .model import (
 KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
 # IANA service name (RFC 6335, Kubernetes' IsValidPortName): 1-15 of [a-z0-9-], at least one
 # letter, no leading, trailing or doubled hyphen.
+# Object names and labels, as the API server validates them (k8s.io/apimachinery validation).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+# Fields each part of a NetworkPolicy may have: anything else is refused, as kubectl's strict
+# field validation does (an "egress: [{from: ...}]" typo must not become "allow all").
+_FIELDS = {
+    "spec": {"podSelector", "policyTypes", "ingress", "egress"},
+    "ingress": {"from", "ports"}, "egress": {"to", "ports"},
+    "peer": {"podSelector", "namespaceSelector", "ipBlock"}, "ipBlock": {"cidr", "except"},
+    "port": {"protocol", "port", "endPort"}, "selector": {"matchLabels", "matchExpressions"},
+    "requirement": {"key", "operator", "values"},
+}
 _IANA_SVC_NAME = re.compile(r"(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
 
 
@@ -67,31 +81,47 @@ class ManifestError:
         return f"{self.kind} {self.ref}: {self.message}{where}"
 
 
-def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
-    """Split YAML or JSON text into ``(origin, object)`` pairs, flattening ``kind: List`` and
-    top-level arrays.
+def _load_yaml(text: str, origin: str) -> tuple[list[Any], list[ManifestError]]:
+    """All documents of ``text``; when one is broken, every other document is still returned."""
+    try:
+        return [d for d in yaml.safe_load_all(text) if d is not None], []
+    except (yaml.YAMLError, RecursionError):
+        pass
+    docs, errors = [], []
+    for i, chunk in enumerate(re.split(r"(?m)^---[ \t]*(?:#.*)?$", text)):
+        try:
+            docs.extend(d for d in yaml.safe_load_all(chunk) if d is not None)
+        except (yaml.YAMLError, RecursionError) as exc:
+            reason = str(exc).replace("\n", " ") if isinstance(exc, yaml.YAMLError) else "nested too deeply"
+            errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON: {reason}", origin))
+    return docs, errors
 
-    Returns the objects and, for unparseable text, one error naming ``origin``.
+
+def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
+    """Split YAML or JSON text into ``(origin, object)`` pairs, flattening ``kind: List``,
+    ``kind: <Kind>List`` (raw API list output) and top-level arrays.
+
+    Returns the objects and one error per document that cannot be parsed (the others are kept).
     """
     try:
         # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
-        docs = [json.loads(text)] if text.lstrip()[:1] in ("{", "[") else []
-    except ValueError:
-        docs = []
-    try:
-        docs = docs or [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        return [], [ManifestError("file", origin, f"not valid YAML/JSON: {exc}".replace("\n", " "))]
+        docs, errors = ([json.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
+    except (ValueError, RecursionError):
+        docs, errors = _load_yaml(text, origin)
     objects: list[tuple[str, Any]] = []
     while docs:
         doc = docs.pop(0)
-        if isinstance(doc, Mapping) and doc.get("kind") == "List":
-            docs[0:0] = list(doc.get("items") or [])
+        if isinstance(doc, Mapping) and isinstance(doc.get("kind"), str) and doc["kind"].endswith("List"):
+            items = doc.get("items") or []
+            if not isinstance(items, list):
+                errors.append(ManifestError(doc["kind"], "-", f"items: must be a list, got {type(items).__name__}", origin))
+                continue
+            docs[0:0] = items
         elif isinstance(doc, list):  # a top-level JSON array or YAML sequence of objects
             docs[0:0] = doc
         else:
             objects.append((origin, doc))
-    return objects, []
+    return objects, errors
 
 
 def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[ManifestError]]:
@@ -110,6 +140,11 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
             continue
         kind = obj.get("kind")
         if kind not in KINDS:
+            near = [k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower()]
+            if kind is None or near:
+                hint = f"unknown kind {kind!r}, did you mean {near[0]}?" if near else "kind: required"
+                name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
+                errors.append(ManifestError(str(kind or "object"), str(name), hint, origin))
             continue
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
         ref = f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if kind in ("Pod", "NetworkPolicy") else str(meta.get("name"))
@@ -147,11 +182,35 @@ def _list(value: Any, path: str) -> list[Any]:
     return value
 
 
-def _name(obj: Mapping[str, Any]) -> str:
+def _known_fields(value: Mapping[str, Any], part: str, path: str) -> None:
+    unknown = sorted(str(k) for k in value if k not in _FIELDS[part])
+    if unknown:
+        raise InvalidField(f"{path}.{unknown[0]}", f"unknown field (expected one of {', '.join(sorted(_FIELDS[part]))})")
+
+
+def _name(obj: Mapping[str, Any], pattern: re.Pattern = _DNS_SUBDOMAIN) -> str:
     name = _mapping(obj.get("metadata"), "metadata").get("name")
     if not isinstance(name, str) or not name:
         raise InvalidField("metadata.name", "required")
+    if not pattern.fullmatch(name):
+        raise InvalidField("metadata.name", f"invalid name {name!r} (a lower-case RFC 1123 name)")
     return name
+
+
+def _namespace(obj: Mapping[str, Any]) -> str:
+    namespace = obj["metadata"].get("namespace") or "default"
+    if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
+        raise InvalidField("metadata.namespace", f"invalid namespace {namespace!r} (a lower-case RFC 1123 label)")
+    return namespace
+
+
+def _label_key(key: Any, path: str) -> str:
+    if not isinstance(key, str):
+        raise InvalidField(path, f"label keys must be strings, got {key!r}")
+    prefix, _, name = key.rpartition("/")
+    if (prefix and not _DNS_SUBDOMAIN.fullmatch(prefix)) or not _LABEL_NAME.fullmatch(name):
+        raise InvalidField(path, f"invalid label key {key!r}")
+    return key
 
 
 def _labels(value: Any, path: str) -> dict[str, str]:
@@ -159,12 +218,15 @@ def _labels(value: Any, path: str) -> dict[str, str]:
     for k, v in labels.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidField(f"{path}.{k}", "label keys and values must be strings")
+        _label_key(k, f"{path}.{k}")
+        if not _LABEL_VALUE.fullmatch(v):
+            raise InvalidField(f"{path}.{k}", f"invalid label value {v!r}")
     return dict(labels)
 
 
 def namespace_from(obj: Mapping[str, Any]) -> Namespace:
     """A Namespace object -> :class:`Namespace`; adds the automatic ``kubernetes.io/metadata.name`` label."""
-    name = _name(obj)
+    name = _name(obj, _DNS_LABEL)
     labels = _labels(obj["metadata"].get("labels"), "metadata.labels")
     labels[NAMESPACE_NAME_LABEL] = name
     return Namespace(name=name, labels=labels)
@@ -187,6 +249,8 @@ def node_from(obj: Mapping[str, Any]) -> Node:
 
 
 def _is_ip(text: str) -> bool:
+    if "%" in text:  # an IPv6 zone (scope) is never a pod or node address
+        return False
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -220,13 +284,13 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
                 raise InvalidField(f"{path}.containerPort", f"must be a number 1-65535, got {number!r}")
             ports.append(ContainerPort(name=p.get("name"), port=number, protocol=_protocol(p.get("protocol"), f"{path}.protocol")))
     return Pod(
-        namespace=meta.get("namespace") or "default",
+        namespace=_namespace(obj),
         name=name,
         labels=_labels(meta.get("labels"), "metadata.labels"),
         node=spec.get("nodeName"),
         ips=tuple(ips),
         phase=str(status.get("phase") or ("Running" if ips else "Pending")),
-        host_network=bool(spec.get("hostNetwork")),
+        host_network=_boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
         ports=tuple(ports),
     )
 
@@ -239,8 +303,16 @@ def _protocol(value: Any, path: str) -> Any:
     return value
 
 
+def _boolean(value: Any, path: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidField(path, f"must be true or false, got {value!r}")
+    return value
+
+
 def _network(value: Any, path: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    if not isinstance(value, str) or "/" not in value:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F.:]+/[0-9]{1,3}", value):
         raise InvalidField(path, f"invalid CIDR {value!r}")
     try:
         return ipaddress.ip_network(value, strict=False)
@@ -251,13 +323,19 @@ def _network(value: Any, path: str) -> ipaddress.IPv4Network | ipaddress.IPv6Net
 def selector_from(value: Any, path: str) -> LabelSelector:
     """A ``meta/v1`` LabelSelector object -> :class:`LabelSelector` (validates operators and values)."""
     sel = _mapping(value, path)
+    _known_fields(sel, "selector", path)
     requirements = []
     for i, expr in enumerate(_list(sel.get("matchExpressions"), f"{path}.matchExpressions")):
         epath = f"{path}.matchExpressions[{i}]"
         expr = _mapping(expr, epath)
+        _known_fields(expr, "requirement", epath)
         op, key, values = expr.get("operator"), expr.get("key"), _list(expr.get("values"), f"{epath}.values")
         if not isinstance(key, str) or not key:
             raise InvalidField(f"{epath}.key", "required")
+        _label_key(key, f"{epath}.key")
+        for j, v in enumerate(values):
+            if not isinstance(v, str) or not _LABEL_VALUE.fullmatch(v):
+                raise InvalidField(f"{epath}.values[{j}]", f"invalid label value {v!r}")
         if op in ("In", "NotIn") and not values:
             raise InvalidField(f"{epath}.values", f"must be non-empty when operator is {op}")
         if op in ("Exists", "DoesNotExist") and values:
@@ -271,6 +349,7 @@ def selector_from(value: Any, path: str) -> LabelSelector:
 
 def _port(value: Any, path: str) -> PolicyPort:
     entry = _mapping(value, path)
+    _known_fields(entry, "port", path)
     protocol = _protocol(entry.get("protocol"), f"{path}.protocol")
     port, end_port = entry.get("port"), entry.get("endPort")
     if isinstance(port, bool) or not (port is None or isinstance(port, (int, str))):
@@ -291,6 +370,7 @@ def _port(value: Any, path: str) -> PolicyPort:
 
 def _peer(value: Any, path: str) -> Peer:
     entry = _mapping(value, path)
+    _known_fields(entry, "peer", path)
     block = entry.get("ipBlock")
     has_selector = entry.get("podSelector") is not None or entry.get("namespaceSelector") is not None
     if block is not None and has_selector:
@@ -304,6 +384,7 @@ def _peer(value: Any, path: str) -> Peer:
             if entry.get("namespaceSelector") is not None else None,
         )
     block = _mapping(block, f"{path}.ipBlock")
+    _known_fields(block, "ipBlock", f"{path}.ipBlock")
     cidr = _network(block.get("cidr"), f"{path}.ipBlock.cidr")
     excepts = []
     for i, text in enumerate(_list(block.get("except"), f"{path}.ipBlock.except")):
@@ -319,6 +400,7 @@ def _rules(value: Any, path: str, peers_key: str) -> tuple[PolicyRule, ...]:
     for i, rule in enumerate(_list(value, path)):
         rpath = f"{path}[{i}]"
         rule = _mapping(rule, rpath)
+        _known_fields(rule, "ingress" if peers_key == "from" else "egress", rpath)
         peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]") for j, p in enumerate(_list(rule.get(peers_key), f"{rpath}.{peers_key}")))
         ports = tuple(_port(p, f"{rpath}.ports[{j}]") for j, p in enumerate(_list(rule.get("ports"), f"{rpath}.ports")))
         rules.append(PolicyRule(peers=peers, ports=ports))
@@ -332,6 +414,7 @@ def policy_from(obj: Mapping[str, Any]) -> NetworkPolicy:
     """
     name = _name(obj)
     spec = _mapping(obj.get("spec"), "spec")
+    _known_fields(spec, "spec", "spec")
     if "podSelector" not in spec:
         raise InvalidField("spec.podSelector", "required")
     ingress = _rules(spec.get("ingress"), "spec.ingress", "from")
@@ -343,7 +426,7 @@ def policy_from(obj: Mapping[str, Any]) -> NetworkPolicy:
     if not types:
         types = ["Ingress", "Egress"] if egress else ["Ingress"]
     return NetworkPolicy(
-        namespace=obj["metadata"].get("namespace") or "default",
+        namespace=_namespace(obj),
         name=name,
         pod_selector=selector_from(spec["podSelector"], "spec.podSelector"),
         policy_types=frozenset(t.lower() for t in types),  # type: ignore[misc]
@@ -357,8 +440,9 @@ def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
     it selects, for the directions it names (DESIGN.md section 4: an unrenderable policy fails
     closed for its pods and never blocks other policies).
 
-    An unreadable podSelector selects every pod of the namespace; unreadable policyTypes mean
-    both directions. None when the object has no name at all.
+    An unreadable podSelector selects every pod of the namespace; policyTypes default as the API
+    server does (Ingress, plus Egress when egress rules are present). None when the object has no
+    name at all.
     """
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     name = meta.get("name")
@@ -370,8 +454,10 @@ def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
     except InvalidField:
         selector = LabelSelector()
     types = spec.get("policyTypes")
-    directions = {t.lower() for t in types if t in ("Ingress", "Egress")} if isinstance(types, list) else set()
+    directions = {t.lower() for t in types if t in ("Ingress", "Egress")} if isinstance(types, list) and types else set()
+    if not directions:  # the API server's defaulting
+        directions = {"ingress", "egress"} if isinstance(spec.get("egress"), list) and spec["egress"] else {"ingress"}
     return NetworkPolicy(
         namespace=str(meta.get("namespace") or "default"), name=name, pod_selector=selector,
-        policy_types=frozenset(directions or {"ingress", "egress"}),  # type: ignore[arg-type]
+        policy_types=frozenset(directions),  # type: ignore[arg-type]
     )

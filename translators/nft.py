@@ -38,6 +38,7 @@ ESSENTIAL_ICMP = ["destination-unreachable", "time-exceeded", "parameter-problem
 ESSENTIAL_ICMPV6 = ["destination-unreachable", "packet-too-big", "time-exceeded", "parameter-problem",
                     "nd-router-solicit", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"]
 
+LOG_PREFIX_MAX_BYTES = 127  # the kernel's NF_LOG_PREFIXLEN, NUL included
 Json = dict[str, Any]
 MARK: Json = {"meta": {"key": "mark"}}
 L4PROTO: Json = {"meta": {"key": "l4proto"}}
@@ -163,7 +164,7 @@ class _Builder:
                     ips = [ip for ip in pod.ips if family_of(ip) == family]
                     self.rule(name, [_match(_payload(IP[family], field), _addresses(ips)), _jump(target)], f"{pod.pod} {direction}")
         unmarked = _unmarked(c.policy_mark)
-        log = {"log": {"prefix": comment(f"nftpolicy reject {pod.pod}: ")[:120], "group": c.nflog_group}}
+        log = {"log": {"prefix": comment(f"nftpolicy reject {pod.pod}: ", LOG_PREFIX_MAX_BYTES), "group": c.nflog_group}}
         self.rule(name, [unmarked, {"limit": {"rate": 10, "per": "minute", "burst": 10}}, log], f"{pod.pod} log rejected")
         self.rule(name, [unmarked, _match(L4PROTO, "tcp"), {"reject": {"type": "tcp reset"}}], f"{pod.pod} reject")
         self.rule(name, [unmarked, {"reject": None}], f"{pod.pod} reject")

@@ -135,9 +135,10 @@ def hashed_name(prefix: str, *identity: str) -> str:
     return prefix + base64.b32encode(digest).decode()[:16]
 
 
-def comment(text: str) -> str:
-    """``text`` cut to at most 128 bytes of UTF-8 (nft's comment limit), never mid-character."""
-    return text.encode()[:COMMENT_MAX_BYTES].decode(errors="ignore")
+def comment(text: str, limit: int = COMMENT_MAX_BYTES) -> str:
+    """``text`` without double quotes, cut to at most ``limit`` bytes of UTF-8 (nft's comment
+    limit is 128), never mid-character."""
+    return text.replace('"', "'").encode()[:limit].decode(errors="ignore")
 
 
 class ClusterIndex:
@@ -329,15 +330,18 @@ def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config
             for pod in local_targets:
                 selecting[pod.key].setdefault(direction, []).append(chain.name)  # type: ignore[index]
     pod_chains = []
-    for pod in local:
+    dispatched: set[str] = set()  # an address reaches one pod chain (Running pods first)
+    for pod in sorted(local, key=lambda p: (p.phase != "Running", p.key)):
         directions: Mapping[str, list[str]] = selecting[pod.key]
-        if not directions:
+        ips = tuple(ip for ip in pod.ips if ip not in dispatched)
+        dispatched.update(pod.ips)
+        if not directions or not ips:
             continue  # not isolated in either direction: nothing to enforce
         ingress, egress = directions.get("ingress"), directions.get("egress")
         pod_chains.append(PodChain(
             name=hashed_name("KUBE-POD-FW-", pod.namespace, pod.name),
             pod=pod.key,
-            ips=_sorted_ips(pod.ips),
+            ips=_sorted_ips(ips),
             ingress=tuple(ingress) if ingress is not None else None,
             egress=tuple(egress) if egress is not None else None,
             comment=comment(f"{pod.key} pod"),

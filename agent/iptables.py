@@ -1,0 +1,90 @@
+"""The iptables variant in the kernel: ``ipset restore`` and ``iptables-restore`` inside a network
+namespace that this process created.
+
+Every command runs as ``ip netns exec <name> ...`` with a namespace from ``ip netns add`` (the
+sandbox's, a test's or a benchmark's), never in the machine's own namespace: :func:`run` refuses
+a name that is not in ``/run/netns`` or that is the caller's own namespace. ipset sets, like the
+iptables tables (legacy and nft), belong to one network namespace (the kernel's ``ip_set``
+module keeps them per netns since Linux 3.13; ``tests/test_iptables_load.py`` checks it).
+
+Loaders: ``nft`` (``iptables-nft-restore``: the rules become nft ``ip filter`` / ``ip6 filter``
+tables with xt compat matches) and ``legacy`` (``iptables-legacy-restore``: x_tables).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Literal, Sequence
+
+from nftpolicy.translators import iptables as render
+from nftpolicy.translators.model import Family
+from nftpolicy.translators.rules import RuleModel
+
+from . import netns
+
+Loader = Literal["nft", "legacy"]
+LOADERS: tuple[Loader, ...] = ("nft", "legacy")
+OUR_SET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-", render.TMP_PREFIX + "KUBE-")
+
+
+class IptablesError(RuntimeError):
+    """ipset or iptables-restore failed; the message holds the command and its output."""
+
+
+def restore_command(family: Family, loader: Loader) -> str:
+    """``iptables-nft-restore``, ``ip6tables-legacy-restore``, ..."""
+    return f"{'iptables' if family == 'ipv4' else 'ip6tables'}-{loader}-restore"
+
+
+def _check_namespace(name: str) -> None:
+    path = f"{netns.NETNS_DIR}/{name}"
+    if name not in netns.existing(name):
+        raise IptablesError(f"no network namespace {name!r} (ip netns add it first)")
+    here, there = os.stat("/proc/thread-self/ns/net"), os.stat(path)
+    if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+        raise IptablesError(f"namespace {name!r} is this process's own: refusing to change its firewall")
+
+
+def run(netns_name: str, argv: Sequence[str], stdin: str | None = None) -> str:
+    """Run ``argv`` inside ``netns_name`` and return its stdout; raises IptablesError."""
+    _check_namespace(netns_name)
+    full = ["ip", "netns", "exec", netns_name, *argv]
+    result = subprocess.run(full, input=stdin, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise IptablesError(f"{' '.join(argv)} in {netns_name} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def set_list(netns_name: str) -> list[str]:
+    """Names of every ipset set in the namespace."""
+    return run(netns_name, ["ipset", "list", "-n"]).split()
+
+
+def load_text(netns_name: str, ipset_text: str, restore: dict[Family, str], loader: Loader = "nft") -> None:
+    """Load ``ipset restore`` input, then each family's ``iptables-restore`` input (sets first:
+    rules refer to them)."""
+    if ipset_text.strip():
+        run(netns_name, ["ipset", "restore"], ipset_text)
+    for family, text in restore.items():
+        run(netns_name, [restore_command(family, loader)], text)
+
+
+def apply(netns_name: str, model: RuleModel, loader: Loader = "nft", families: Sequence[Family] = ("ipv4", "ipv6")) -> None:
+    """Load the iptables variant of ``model`` into ``netns_name``: sets (swapped in atomically),
+    the filter table of each family (one atomic table replace each), then destroy our sets that
+    the new rules no longer reference."""
+    load_text(netns_name, render.to_ipset(model, families), {f: render.to_restore(model, f) for f in families}, loader)
+    wanted = set(render.set_names(model, families))
+    for name in set_list(netns_name):
+        if name.startswith(OUR_SET_PREFIXES) and name not in wanted:
+            run(netns_name, ["ipset", "destroy", name])
+
+
+def unload(netns_name: str, loader: Loader = "nft", families: Sequence[Family] = ("ipv4", "ipv6")) -> None:
+    """Empty the filter table of each family (policies ACCEPT, no chains), then destroy every set
+    in the namespace."""
+    empty = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+    for family in families:
+        run(netns_name, [restore_command(family, loader)], empty)
+    run(netns_name, ["ipset", "destroy"])

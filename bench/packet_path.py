@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Benchmark: the packet path. New TCP connections per second between two sandbox pods on one
+node, with no rules, with the nft ruleset and with the iptables variant, side by side in one run.
+
+Usage (as root)::
+
+    .venv/bin/python bench/packet_path.py                 # table on stdout
+    .venv/bin/python bench/packet_path.py --json          # + JSON on stdout (the table goes to stderr)
+    .venv/bin/python bench/packet_path.py --seconds 2 --rounds 3
+
+The cluster is ``synthetic.generate(10,000 pods, 1,000 policies, 100 namespaces)`` with 110 pods
+on ``node-0`` (see ``synthetic.py``). Four sandboxes are built with the same 110 local pods (one
+network namespace per pod, routed through the node's namespace, as ``nftpolicy sandbox`` builds
+them): ``none`` (no ruleset), ``nft`` (our table, through libnftables), ``iptables-nft`` and
+``iptables-legacy`` (the iptables variant of the same rule model with that loader, plus its
+ipsets). The client and the server are two local pods that policies isolate in both directions
+and that a policy allows on a TCP port, so every new connection walks the dispatch, both pods'
+chains and their policy chains with set lookups.
+
+Load: ``--clients`` processes in the client pod's namespace open and close (SO_LINGER 0, so RST and
+no TIME_WAIT) TCP connections in a loop; one process in the server pod accepts and closes. Each
+measurement is ``--warmup`` seconds not counted, then ``--seconds`` counted; ``--rounds`` rounds
+run the four variants in rotating order, and the median of each is reported with its ratio to
+``none``. The traffic only goes between namespaces this script creates (``nftp-<run>-*``), is
+bounded in time, and everything is removed at the end, also on Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import synthetic  # noqa: E402
+
+from nftpolicy.agent import netns  # noqa: E402
+from nftpolicy.agent.sandbox import Sandbox  # noqa: E402
+from nftpolicy.translators import iptables as iptables_render  # noqa: E402
+from nftpolicy.translators.nft import ruleset_objects  # noqa: E402
+from nftpolicy.translators.rules import AddressSet, PolicyChain, RuleModel, build_rule_model  # noqa: E402
+
+VARIANTS = ("none", "nft", "iptables-nft", "iptables-legacy")
+TARGET_RATIO = 0.95
+
+
+def log(*args: Any) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+# ---- choosing the pair ------------------------------------------------------------------------
+
+def _in_set(s: AddressSet, ip: str) -> bool:
+    if s.kind == "addr":
+        return ip in s.elements
+    return any(ipaddress.ip_address(ip) in ipaddress.ip_network(n) for n in s.elements)
+
+
+def _chain_allows(chain: PolicyChain, sets: dict[str, AddressSet], src: str, dst: str, port: int) -> bool:
+    """Whether one policy chain of the rule model allows TCP src -> dst:port (IPv4)."""
+    peer = src if chain.direction == "ingress" else dst
+    for rule in chain.rules:
+        if rule.family not in (None, "ipv4"):
+            continue
+        if rule.peer_set and not _in_set(sets[rule.peer_set], peer):
+            continue
+        if rule.named_port_set and (dst, "tcp", port) not in sets[rule.named_port_set].elements:
+            continue
+        if rule.port and (rule.port.protocol != "TCP" or (rule.port.first is not None and not rule.port.first <= port <= rule.port.last)):  # type: ignore[operator]
+            continue
+        return True
+    return False
+
+
+def choose_pair(cluster, model: RuleModel) -> tuple[str, str, int]:
+    """(client pod, server pod, TCP port): both isolated by policies in the direction they are used,
+    and allowed by both, first in name order."""
+    sets = {s.name: s for s in model.sets}
+    chains = {c.name: c for c in model.policy_chains}
+    pods = {c.pod: c for c in model.pod_chains}
+    for server_key in sorted(pods):
+        server = pods[server_key]
+        if not server.ingress:
+            continue
+        dst = cluster.pods[server_key].addresses("ipv4")[0]
+        ports = sorted({p.port for p in cluster.pods[server_key].ports if p.protocol == "TCP"})
+        for client_key in sorted(pods):
+            client = pods[client_key]
+            if client_key == server_key or not client.egress:
+                continue
+            src = cluster.pods[client_key].addresses("ipv4")[0]
+            for port in ports:
+                if any(_chain_allows(chains[c], sets, src, dst, port) for c in server.ingress) and \
+                        any(_chain_allows(chains[c], sets, src, dst, port) for c in client.egress):
+                    return client_key, server_key, port
+    raise SystemExit("no allowed pair of policy-isolated local pods in this cluster")
+
+
+# ---- load ----------------------------------------------------------------------------------------
+
+def _fork(body) -> tuple[int, int]:
+    """Run ``body() -> dict`` in a child process; returns (pid, read end of its result pipe)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        code = 0
+        try:
+            result = body()
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            result, code = {"error": repr(exc)}, 1
+        os.write(write, json.dumps(result).encode())
+        os._exit(code)
+    os.close(write)
+    return pid, read
+
+
+def _collect(pid: int, fd: int) -> dict:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks) or b"{}")
+
+
+def _server(pod_netns: str, port: int, until: float) -> dict:
+    netns._setns(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", port))
+    srv.listen(4096)
+    srv.settimeout(0.2)
+    accepted = 0
+    while time.monotonic() < until:
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            continue
+        conn.close()
+        accepted += 1
+    return {"accepted": accepted}
+
+
+def _client(pod_netns: str, address: str, port: int, start: float, count_from: float, end: float) -> dict:
+    netns._setns(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
+    linger = struct.pack("ii", 1, 0)
+    counted = failed = 0
+    while time.monotonic() < start:
+        time.sleep(0.001)
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            break
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        sock.settimeout(1.0)
+        try:
+            sock.connect((address, port))
+            ok = True
+        except OSError:
+            ok = False
+        sock.close()
+        if now >= count_from:
+            counted += ok
+            failed += not ok
+    return {"connections": counted, "failed": failed}
+
+
+def measure(sandbox: Sandbox, client: str, server: str, port: int, clients: int, warmup: float, seconds: float) -> dict:
+    """New connections per second from ``client`` to ``server``:``port`` in one sandbox."""
+    address = sandbox.pods[server].addresses("ipv4")[0]
+    start = time.monotonic() + 0.3
+    count_from, end = start + warmup, start + warmup + seconds
+    srv = _fork(lambda: _server(sandbox.pod_netns[server], port, end + 0.5))
+    workers = [_fork(lambda: _client(sandbox.pod_netns[client], address, port, start, count_from, end)) for _ in range(clients)]
+    results = [_collect(*w) for w in workers]
+    served = _collect(*srv)
+    errors = [r["error"] for r in results + [served] if "error" in r]
+    if errors:
+        raise RuntimeError(f"load generator failed: {errors[0]}")
+    total = sum(r["connections"] for r in results)
+    return {"rate": total / seconds, "failed": sum(r["failed"] for r in results)}
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    cpu = None
+    with contextlib.suppress(OSError):
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), None)
+    return {"kernel": platform.release(), "cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version()}
+
+
+def print_table(out, report: dict[str, Any]) -> None:
+    r = report
+    print(f"packet path: new TCP connections/s, {r['client']} -> {r['server']} TCP/{r['port']} on {r['node']}", file=out)
+    print(f"cluster: {r['pods']} pods, {r['policies']} policies; {r['local_pods']} local pods, "
+          f"{r['isolated_pods']} isolated, {r['policy_chains']} policy chains on the node", file=out)
+    print(f"rulesets: nft {r['nft_rules']} rules + {r['nft_elements']} set/map elements; iptables variant "
+          f"{r['iptables_rules']} rules + {r['ipset_elements']} ipset elements", file=out)
+    print(f"{r['rounds']} rounds x {r['seconds']} s (+{r['warmup']} s warm-up), {r['clients']} client processes, median:", file=out)
+    print(f"  {'variant':<16} {'conn/s':>9} {'vs none':>8}   runs", file=out)
+    for name in r["variants"]:
+        v = r["results"][name]
+        print(f"  {name:<16} {v['median']:>9.0f} {v['ratio']:>7.1%}   {' '.join(f'{x:.0f}' for x in v['runs'])}", file=out)
+    t = r["target"]
+    print(f"nft keeps {t['nft_vs_none']:.1%} of the no-rules rate (target {TARGET_RATIO:.0%}: {'met' if t['kept'] else 'MISSED'}); "
+          f"nft / iptables-nft = {t['nft_vs_iptables_nft']:.2f}x, nft / iptables-legacy = {t['nft_vs_iptables_legacy']:.2f}x "
+          f"({'beats' if t['beats'] else 'does NOT beat'} the iptables variant)", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0, help="counted seconds per measurement (default %(default)s)")
+    ap.add_argument("--warmup", type=float, default=0.5, help="uncounted seconds before each (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over the four variants (default %(default)s)")
+    ap.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="client processes (default: cores - 1)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (the table goes to stderr)")
+    args = ap.parse_args(argv)
+    if args.seconds * args.rounds * len(VARIANTS) > 600:
+        ap.error("keep the run under 10 minutes of load (seconds x rounds x 4 <= 600)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    out = sys.stderr if args.json else sys.stdout
+
+    syn = synthetic.generate(pods=10000, policies=1000, namespaces=100, node_pods=110, seed=args.seed)
+    cluster = syn.cluster
+    model = build_rule_model(cluster, synthetic.NODE)
+    client, server, port = choose_pair(cluster, model)
+    local = [p for p in cluster.pods.values() if p.node == synthetic.NODE and p.enforceable]
+    chains, ipt_rules = iptables_render.filter_table(model, "ipv4")
+    objects = ruleset_objects(model)
+    report: dict[str, Any] = {
+        "machine": machine(), "node": synthetic.NODE, "pods": len(cluster.pods), "policies": len(cluster.policies),
+        "local_pods": len(local), "isolated_pods": len(model.pod_chains), "policy_chains": len(model.policy_chains),
+        "client": client, "server": server, "port": port, "rounds": args.rounds, "seconds": args.seconds,
+        "warmup": args.warmup, "clients": args.clients, "variants": list(VARIANTS),
+        "nft_rules": sum(1 for o in objects if "rule" in o),
+        "nft_elements": sum(len(o.get("set", o.get("map", {})).get("elem", [])) for o in objects),
+        "iptables_rules": len(ipt_rules),
+        "ipset_elements": sum(len(iptables_render.ipset_elements(s)) for s in model.sets if s.family == "ipv4"),
+    }
+    node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
+    runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    failed: dict[str, int] = {v: 0 for v in VARIANTS}
+    with contextlib.ExitStack() as stack:
+        sandboxes = {}
+        for variant in VARIANTS:
+            dataplane = "nft" if variant == "none" else variant
+            sandbox = stack.enter_context(Sandbox(local, (synthetic.NODE,), ("ipv4",), node_addresses, timeout=1.0, dataplane=dataplane))
+            if variant != "none":
+                sandbox.apply(cluster)
+            netns.write_sysctl(sandbox.pod_netns[client], "net.ipv4.ip_local_port_range", "1024 65000")
+            sandboxes[variant] = sandbox
+            log(f"built sandbox {variant} ({len(local)} pods){'' if variant == 'none' else ', ruleset loaded'}")
+        for i in range(args.rounds):
+            order = VARIANTS[i % len(VARIANTS):] + VARIANTS[:i % len(VARIANTS)]
+            for variant in order:
+                result = measure(sandboxes[variant], client, server, port, args.clients, args.warmup, args.seconds)
+                runs[variant].append(result["rate"])
+                failed[variant] += result["failed"]
+                log(f"round {i + 1} {variant}: {result['rate']:.0f} conn/s" + (f", {result['failed']} failed" if result["failed"] else ""))
+    if any(failed.values()):
+        raise SystemExit(f"connections failed during the measurement: {failed} (the pair must be allowed)")
+    none = statistics.median(runs["none"])
+    report["results"] = {v: {"median": statistics.median(r), "ratio": statistics.median(r) / none, "runs": r} for v, r in runs.items()}
+    med = {v: report["results"][v]["median"] for v in VARIANTS}
+    report["target"] = {
+        "nft_vs_none": med["nft"] / none, "kept": med["nft"] / none >= TARGET_RATIO,
+        "nft_vs_iptables_nft": med["nft"] / med["iptables-nft"], "nft_vs_iptables_legacy": med["nft"] / med["iptables-legacy"],
+        "beats": med["nft"] > max(med["iptables-nft"], med["iptables-legacy"]),
+    }
+    print_table(out, report)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

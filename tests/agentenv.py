@@ -1,0 +1,106 @@
+"""End-to-end harness: the fake API server, sandbox pods on one node, and ``nftpolicy agent``
+running as a real process that commits inside the sandbox node's network namespace."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
+from nftpolicy.translators.model import Pod
+
+from .fakeapi import FakeApiServer, namespace, node
+
+NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AgentEnv:
+    """``slots`` maps sandbox pod keys (``ns/name``) to their IPs; all live on ``node1``.
+
+    The API objects are independent of the slots: a test puts Pods whose IPs point at slots.
+    """
+
+    def __init__(self, tmp_path: Path, slots: dict[str, str], extra_args: tuple[str, ...] = ()) -> None:
+        self.api = FakeApiServer(bookmark_interval=0.5)
+        self.api.start()
+        self.kubeconfig = self.api.kubeconfig(str(tmp_path / "kubeconfig.json"))
+        self.api.put(node("node1"))
+        for ns in sorted({key.split("/")[0] for key in slots}):
+            self.api.put(namespace(ns))
+        pods = [Pod(namespace=k.split("/")[0], name=k.split("/")[1], labels={}, node="node1", ips=(ip,)) for k, ip in slots.items()]
+        self.sandbox = Sandbox(pods, timeout=0.5).__enter__()
+        self.netns = self.sandbox.nodes["node1"].netns
+        self.port = free_port()
+        self.log_path = tmp_path / "agent.log"
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen | None = None
+
+    def start_agent(self, wait_ready: bool = True) -> None:
+        args = [NFTPOLICY, "agent", "--kubeconfig", self.kubeconfig, "--node", "node1", "--netns", self.netns,
+                "--http-address", f"127.0.0.1:{self.port}", "--min-sync-interval", "0.05", "--api-timeout", "2",
+                "--watch-timeout", "20", "--log-format", "json", *self.extra_args]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"))
+        if wait_ready:
+            self.eventually(lambda: self.http("/readyz")[0], 200, timeout=15)
+
+    def stop_agent(self) -> int:
+        assert self.proc
+        self.proc.terminate()
+        code = self.proc.wait(timeout=15)
+        self.proc = None
+        return code
+
+    def close(self) -> None:
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+        self.sandbox.close()
+        self.api.stop()
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError:
+            return 0, ""
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of /metrics (0 when absent)."""
+        _, text = self.http("/metrics")
+        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+        for line in text.splitlines():
+            sample, _, value = line.rpartition(" ")
+            if sample == wanted or (not labels and sample == name):
+                return float(value)
+        return 0.0
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def connects(self, src: str, dst_ip: str, port: int = 80, protocol: str = "TCP") -> bool:
+        """One real connection from sandbox pod ``src`` to ``dst_ip``."""
+        return self.sandbox.connect(src, dst_ip, ProbeSpec(port, protocol))  # type: ignore[arg-type]
+
+    @staticmethod
+    def eventually(check: Callable[[], object], expected: object, timeout: float = 10.0) -> None:
+        """Poll ``check`` until it returns ``expected``; fail with the last value after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        value = check()
+        while value != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            value = check()
+        assert value == expected, f"still {value!r} after {timeout}s (expected {expected!r})"

@@ -1,0 +1,67 @@
+"""Bad input never costs the node its ruleset: each invalid object gets one line naming it, every
+other object still renders, and the output loads in the kernel (inputs from adversarial review,
+kept in tests/bad_input/)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from .conftest import REPO, nft
+from .test_cli import run
+
+BAD = REPO / "tests" / "bad_input"
+EXPECTED = {
+    "r1-list-items": "List -: items: must be a list, got int",
+    "r2-ns-int": "Pod 5/p: metadata.namespace: invalid namespace 5",
+    "r3-latin1": "not UTF-8 text: invalid continuation byte",
+    "r3b-deep": "document #1: not valid YAML/JSON: nested too deeply",
+    "r4-zone": "Pod default/p: status.podIPs[0]: invalid IP address 'fd00::5%eth0'",
+    "r4b-zone-cidr": "spec.ingress[0].from[0].ipBlock.cidr: invalid CIDR 'fe80::%eth0/64'",
+    "r5-dup-ip": None,  # valid objects: two pods share an IP; the Running one owns the dispatch
+    "r6-unicode-name": "metadata.name: invalid name",
+    "r6b-quote-name": "Pod default/a\"b: metadata.name: invalid name",
+    "r6c-dollar-name": "Pod default/a$b: metadata.name: invalid name",
+    "r7-hostnetwork-string": "Pod default/p: spec.hostNetwork: must be true or false, got 'false'",
+    "r8-multidoc-syntax": "document #3: not valid YAML/JSON",
+}
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bad_input_is_named_and_the_rest_loads(name, make_netns):
+    out = run("render", str(BAD / f"{name}.yaml"))
+    assert out.returncode == 0
+    assert "Traceback" not in out.stderr
+    if EXPECTED[name] is None:
+        assert out.stderr == ""
+    else:
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and EXPECTED[name] in lines[0], out.stderr
+        assert run("render", "--strict", str(BAD / f"{name}.yaml")).returncode == 2
+    ns = make_netns()
+    nft(ns, "-f", "-", stdin=out.stdout)
+    assert "KUBE-ROUTER-FORWARD" in nft(ns, "list", "table", "inet", "nftpolicy")
+
+
+def test_a_broken_document_keeps_the_policy_beside_it():
+    out = run("render", str(BAD / "r8-multidoc-syntax.yaml"))
+    assert "KUBE-POD-FW-" in out.stdout  # the deny-all in document 2 still isolates its pod
+
+
+def test_duplicate_ip_dispatches_to_the_running_pod():
+    out = run("render", str(BAD / "r5-dup-ip.yaml"))
+    assert out.stdout.count(": jump KUBE-POD-FW-") == 1
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--service-cidr", "foo"], "argument --service-cidr: invalid CIDR 'foo'"),
+    (["--external-cidr", "::1/200"], "argument --external-cidr: invalid CIDR '::1/200'"),
+    (["--table", "a;b"], "argument --table: invalid table name 'a;b'"),
+    (["--policy-mark", "0x20000"], "--policy-mark and --passed-mark must differ (both 0x20000)"),
+    (["--policy-mark", "0x3"], "a mark must be one bit, got 0x3"),
+])
+def test_bad_flags_are_refused_with_one_line(flags, message):
+    out = run("render", *flags, str(REPO / "examples" / "shop"))
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,340 @@
+"""The container image (Containerfile): hadolint, a real build with buildah, and the built image
+run.
+
+No image registry is reachable, so the base is a minimal Debian bookworm made with debootstrap
+(variant minbase) and imported as a local image, then given as ``--build-arg BASE``. The rootfs,
+the base image and buildah's layer cache live in a storage of their own under
+``$NFTPOLICY_CI_CACHE`` (default ``/var/cache/nftpolicy-ci``), outside the repository and apart
+from the machine's own container storage, and are reused by later runs. buildah runs with
+``--isolation chroot`` (no OCI runtime needed) on the overlay driver.
+
+Everything the image runs that touches networking runs inside a network namespace the test
+creates, and the test checks that it is there before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from nftpolicy.agent import cli, netns
+
+from .conftest import REPO, nft
+from .test_chart import agent_container, env_of, render
+
+CONTAINERFILE = REPO / "Containerfile"
+CACHE = Path(os.environ.get("NFTPOLICY_CI_CACHE", "/var/cache/nftpolicy-ci"))
+ROOTFS = CACHE / "bookworm-minbase"
+MIRROR = os.environ.get("NFTPOLICY_CI_MIRROR", "http://deb.debian.org/debian")
+BASE_IMAGE = "localhost/nftpolicy-ci-base:bookworm"
+IMAGE = "localhost/nftpolicy:test"
+# The host's CA bundle, for pip inside the build (a proxy with its own CA); a build argument
+# and a volume, so nothing of it stays in the image.
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+BUILD_CA = "/run/nftpolicy-build-ca.crt"
+
+
+def buildah(*args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """buildah on the test's own storage."""
+    command = ["buildah", "--root", str(CACHE / "containers"), "--runroot", "/run/nftpolicy-ci",
+               "--storage-driver", "overlay", *args]
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check:
+        assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    return result
+
+
+def base_rootfs() -> None:
+    """debootstrap once; an interrupted run leaves only the .tmp directory, redone next time."""
+    if (ROOTFS / "etc" / "debian_version").exists():
+        return
+    partial = ROOTFS.with_suffix(".tmp")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(partial), MIRROR],
+                            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for path in (partial / leftover).glob("*"):
+            if path.is_file():
+                path.unlink()
+    partial.rename(ROOTFS)
+
+
+def base_image() -> None:
+    """The rootfs as a local image (one layer), once."""
+    if buildah("inspect", "--type", "image", BASE_IMAGE, check=False).returncode == 0:
+        return
+    base_rootfs()
+    container = buildah("from", "scratch").stdout.strip()
+    try:
+        mount = buildah("mount", container).stdout.strip()
+        subprocess.run(f"tar -C {ROOTFS} -cf - . | tar -C {mount} -xf -", shell=True, check=True)
+        buildah("umount", container)
+        buildah("config", "--cmd", "/bin/bash", container)
+        buildah("commit", "--quiet", container, BASE_IMAGE)
+    finally:
+        buildah("rm", container, check=False)
+
+
+@pytest.fixture(scope="module")
+def image():
+    if os.geteuid() != 0:
+        pytest.skip("needs root (buildah, debootstrap)")
+    for tool in ("buildah", "debootstrap"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} is missing: run `bash .ci/install`")
+    base_image()
+    ca = ["--volume", f"{HOST_CA}:{BUILD_CA}:ro", "--build-arg", f"PIP_CERT={BUILD_CA}"] if HOST_CA.exists() else []
+    started = time.monotonic()
+    buildah("build", "--isolation", "chroot", "--layers", "--pull=never", "--build-arg", f"BASE={BASE_IMAGE}", *ca,
+            "--file", str(CONTAINERFILE), "--tag", IMAGE, str(REPO), timeout=1200)
+    build_seconds = time.monotonic() - started
+    # Earlier builds' images, now untagged: the layers of this one (the cache) stay.
+    buildah("rmi", "--prune", check=False)
+    container = f"nftpolicy-test-{secrets.token_hex(3)}"
+    buildah("from", "--pull=never", "--name", container, IMAGE)
+    try:
+        yield Image(container, build_seconds)
+    finally:
+        buildah("rm", container, check=False)
+
+
+# Capability bits 0-31 (linux/capability.h), to read /proc/PID/status.
+CAPABILITIES = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
+                "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO "
+                "SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME "
+                "SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP").split()
+
+
+def capabilities(status: str, field: str = "CapEff") -> set[str]:
+    """The capability names of one line of /proc/PID/status."""
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith(field + ":")), 16)
+    return {name for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1} | ({"bit>31"} if mask >> 32 else set())
+
+
+class Image:
+    def __init__(self, container: str, build_seconds: float) -> None:
+        self.container = container
+        self.build_seconds = build_seconds
+        self._default_caps: set[str] | None = None
+
+    def cap_args(self, caps: list[str]) -> list[str]:
+        """buildah's run options for exactly ``caps`` (a pod's ``drop: [ALL]`` plus ``add``):
+        buildah applies ``--cap-drop ALL`` after ``--cap-add``, so its defaults are dropped one
+        by one instead."""
+        if self._default_caps is None:
+            self._default_caps = capabilities(buildah(*self.run_args("cat", "/proc/self/status")).stdout, "CapBnd")
+        args = [a for cap in caps for a in ("--cap-add", f"CAP_{cap}")]
+        drop = sorted(self._default_caps - set(caps))
+        return args + (["--cap-drop", ",".join(f"CAP_{cap}" for cap in drop)] if drop else [])
+
+    def run_args(self, *command: str, volumes: dict[str, str] | None = None, env: dict[str, str] | None = None,
+                 caps: list[str] | None = None) -> list[str]:
+        mounts = [a for host, inside in (volumes or {}).items() for a in ("--volume", f"{host}:{inside}")]
+        envs = [a for name, value in (env or {}).items() for a in ("--env", f"{name}={value}")]
+        cap_args = self.cap_args(caps) if caps is not None else []
+        return ["run", "--isolation", "chroot", *mounts, *envs, *cap_args, self.container, "--", *command]
+
+    def run(self, *command: str, check: bool = True, volumes: dict[str, str] | None = None, env: dict[str, str] | None = None,
+            caps: list[str] | None = None, netns_name: str | None = None) -> subprocess.CompletedProcess:
+        """``command`` in the image, with only ``caps`` when given; inside ``netns_name`` when given
+        (chroot isolation keeps the caller's network namespace)."""
+        args = self.run_args(*command, volumes=volumes, env=env, caps=caps)
+        if netns_name is None:
+            return buildah(*args, check=check)
+        result = subprocess.run(["ip", "netns", "exec", netns_name, *buildah_command(*args)],
+                                capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        if check:
+            assert result.returncode == 0, f"{command} in {netns_name}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        return result
+
+    def config(self, field: str) -> str:
+        return buildah("inspect", "--type", "image", "--format", "{{.OCIv1.Config.%s}}" % field, IMAGE).stdout.strip()
+
+
+def buildah_command(*args: str) -> list[str]:
+    return ["buildah", "--root", str(CACHE / "containers"), "--runroot", "/run/nftpolicy-ci", "--storage-driver", "overlay", *args]
+
+
+def in_test_namespace(image: Image, ns: str) -> None:
+    """The image's processes run in ``ns``, not in the machine's namespace: checked first."""
+    inside = image.run("readlink", "/proc/self/ns/net", netns_name=ns).stdout.strip()
+    assert inside == f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]", inside
+    assert inside != os.readlink("/proc/self/ns/net")
+
+
+# --- the Containerfile -----------------------------------------------------------------------
+
+def test_hadolint():
+    hadolint = Path(sys.executable).parent / "hadolint"
+    out = subprocess.run([str(hadolint), str(CONTAINERFILE)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_base_is_an_argument_of_both_stages():
+    lines = [line.split() for line in CONTAINERFILE.read_text().splitlines() if line and not line.startswith("#")]
+    assert lines[0][:1] == ["ARG"] and lines[0][1].startswith("BASE=") and "debian" in lines[0][1]
+    assert [line[1] for line in lines if line[0] == "FROM"] == ["${BASE}", "${BASE}"]
+
+
+# --- the built image -------------------------------------------------------------------------
+
+def test_version(image):
+    assert image.run("nftpolicy", "--version").stdout.strip() == f"nftpolicy {version('nftpolicy')}"
+
+
+def test_render_in_the_image_is_the_golden_ruleset(image):
+    out = image.run("nftpolicy", "render", "/examples/shop", "--node", "node1", volumes={str(REPO / "examples"): "/examples:ro"})
+    assert out.stdout == (REPO / "tests" / "golden" / "shop-node1.nft").read_text()
+
+
+def test_entrypoint_is_the_agent_as_root(image):
+    assert image.config("Entrypoint") == "[/opt/nftpolicy/bin/nftpolicy agent]"
+    assert image.config("User") == "0:0"
+    assert "PATH=/opt/nftpolicy/bin:" in image.config("Env")
+
+
+def test_the_venv_sees_the_distribution_nftables(image):
+    out = image.run("python3", "-c", "import sys, nftables; print(sys.prefix, nftables.__file__)").stdout.split()
+    assert out == ["/opt/nftpolicy", "/usr/lib/python3/dist-packages/nftables/__init__.py"]
+    versions = image.run("dpkg-query", "-W", "-f", "${Package} ${Version}\n", "nftables", "python3-nftables", "libnftables1").stdout
+    assert len({line.split()[1] for line in versions.splitlines()}) == 1, versions  # one nftables release
+
+
+def test_no_build_tools_in_the_image(image):
+    assert image.run("sh", "-c", "command -v gcc cc make pip pip3 dpkg-dev; true").stdout == ""
+    assert image.run("/opt/nftpolicy/bin/python", "-c", "import pip", check=False).returncode != 0
+    assert image.run("find", "/var/lib/apt/lists", "/var/cache/apt", "-type", "f", "!", "-name", "lock").stdout == ""
+    packages = set(image.run("dpkg-query", "-W", "-f", "${Package}\n").stdout.split())
+    assert "python3-nftables" in packages
+    assert not packages & {"python3-pip", "python3-venv", "python3-setuptools", "build-essential", "gcc", "make", "dpkg-dev"}
+
+
+def test_build_time(image):
+    # A cold build (no cached layers) takes about a minute here; keep the suite well under ten.
+    assert image.build_seconds < 300, image.build_seconds
+
+
+# --- the image against the kernel, in a test namespace ---------------------------------------
+
+def pod_capabilities() -> list[str]:
+    """The capabilities the chart gives the agent (after dropping ALL)."""
+    security = agent_container(render("default"))["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    return security["capabilities"]["add"]
+
+
+@pytest.mark.kernel
+def test_image_loads_the_ruleset_and_cleanup_removes_it(image, make_netns):
+    """With the chart's capabilities only, the image's nft loads the image's render, and the
+    image's ``nftpolicy cleanup`` removes the table (what the README's uninstall step runs)."""
+    ns = make_netns()
+    in_test_namespace(image, ns)
+    caps = pod_capabilities()
+    assert capabilities(image.run("cat", "/proc/self/status", caps=caps).stdout) == set(caps)
+    volumes = {str(REPO / "examples"): "/examples:ro"}
+    image.run("sh", "-c", "nftpolicy render /examples/shop --node node1 | nft -f -", volumes=volumes, caps=caps, netns_name=ns)
+    assert "table inet nftpolicy" in nft(ns, "list", "tables")
+    assert image.run("nftpolicy", "cleanup", caps=caps, netns_name=ns).stdout.strip() == "removed table inet nftpolicy"
+    assert "nftpolicy" not in nft(ns, "list", "tables")
+
+
+def _get(ns: str, port: int, path: str) -> tuple[int, str]:
+    with netns.entered(ns):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+        except OSError:
+            return 0, ""
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _is_agent(argv: list[bytes]) -> bool:
+    """The agent's interpreter (not buildah's exec wrapper, whose argv holds the same command)."""
+    return b"python" in argv[0] and argv[1:3] == [b"/opt/nftpolicy/bin/nftpolicy", b"agent"]
+
+
+def _written(root: Path, since: float) -> list[str]:
+    """Files under ``root`` changed since ``since``, outside the mounts a pod has (/tmp and the
+    kernel's file systems)."""
+    changed = []
+    for top in root.iterdir():
+        if top.name in ("tmp", "proc", "sys", "dev", "run"):
+            continue
+        for path in [top] if not top.is_dir() or top.is_symlink() else top.rglob("*"):
+            if path.is_file() and not path.is_symlink() and path.stat().st_mtime >= since:
+                changed.append(str(path.relative_to(root)))
+    return changed
+
+
+@pytest.mark.kernel
+def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_path):
+    """The image's agent, with the default chart's environment and capabilities and the example
+    as manifests, inside a test namespace: passes its nft feature check, loads the ruleset,
+    answers the chart's probes, and writes nothing outside /tmp (the chart's root filesystem is
+    read-only)."""
+    ns = make_netns()
+    in_test_namespace(image, ns)
+    subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+    container = agent_container(render("default"))
+    port = container["ports"][0]["containerPort"]
+    root = Path(buildah("mount", image.container).stdout.strip())
+    started = time.time() - 1
+    log = tmp_path / "agent.log"
+    # --manifests on the command line: see test_chart.SOURCE_FLAGS.
+    args = image.run_args("nftpolicy", "agent", "--manifests", "/examples/shop", env=env_of(container),
+                          volumes={str(REPO / "examples"): "/examples:ro"}, caps=pod_capabilities())
+    with log.open("w") as output:
+        agent = subprocess.Popen(["ip", "netns", "exec", ns, *buildah_command(*args)],
+                                 stdin=subprocess.DEVNULL, stdout=output, stderr=output)
+    try:
+        deadline = time.monotonic() + 60
+        while _get(ns, port, container["readinessProbe"]["httpGet"]["path"])[0] != 200:
+            assert agent.poll() is None, f"agent exited {agent.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"/readyz never 200:\n{log.read_text()}"
+            time.sleep(0.3)
+        assert _get(ns, port, container["livenessProbe"]["httpGet"]["path"])[0] == 200
+        assert _get(ns, port, "/metrics")[0] == 200
+        assert f"table inet {env_of(container)[cli.env_name('--table')]}" in nft(ns, "list", "tables")
+        # SIGTERM to the agent itself, as the kubelet sends it (buildah would SIGKILL it).
+        [pid] = [p for p in _descendants(agent.pid) if _is_agent(Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0"))]
+        os.kill(pid, signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert "nftables feature missing" not in log.read_text()
+    assert _written(root, started) == []

@@ -1,0 +1,191 @@
+"""The Kubernetes API source against the fake API server: the list/watch protocol and its faults,
+through the official client. No kernel needed: these check the in-memory store."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from nftpolicy.agent.ops import Metrics
+from nftpolicy.agent.sources import KubeSource, ManifestsSource, Store
+
+from .fakeapi import FakeApiServer, namespace, node, pod
+
+
+def eventually(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert check()
+
+
+@pytest.fixture
+def api(tmp_path):
+    server = FakeApiServer(bookmark_interval=0.2)
+    server.start()
+    server.put(namespace("x"))
+    server.put(node("node1"))
+    server.put(node("node2"))
+    server.put(pod("x", "a", "10.0.0.1", app="a"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def source(api, tmp_path):
+    """Start a KubeSource on the fake server; returns (store, metrics, start)."""
+    stop = threading.Event()
+    metrics = Metrics()
+    store = Store(metrics)
+
+    def start(watch_timeout: int = 30, api_timeout: float = 2.0) -> KubeSource:
+        src = KubeSource(store, metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), api_timeout, watch_timeout, stop)
+        src.start()
+        eventually(store.listed)
+        return src
+
+    yield store, metrics, start
+    stop.set()
+
+
+def pods(store: Store) -> dict:
+    return store.take()[0].pods
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_list_then_watch_and_only_this_node(api, source):
+    store, _, start = source
+    start()
+    cluster = store.take()[0]
+    assert set(cluster.pods) == {"x/a"} and set(cluster.nodes) == {"node1"}
+    api.put(pod("x", "b", "10.0.0.2", app="b"))
+    eventually(lambda: "x/b" in pods(store))
+    api.put(pod("x", "b", "10.0.0.3", app="b"))
+    eventually(lambda: pods(store)["x/b"].ips == ("10.0.0.3",))
+    api.delete("Pod", "b", "x")
+    eventually(lambda: "x/b" not in pods(store))
+    watches = [p for _, p, _ in api.requests if "watch=true" in p]
+    assert watches and all("allowWatchBookmarks=true" in p and "resourceVersion=" in p for p in watches)
+    assert any("fieldSelector=metadata.name%3Dnode1" in p for _, p, _ in api.requests if "/nodes" in p)
+
+
+def test_watch_timeout_reconnects_from_the_last_version(api, source):
+    store, _, start = source
+    start(watch_timeout=1)
+    time.sleep(2.5)
+    api.put(pod("x", "late", "10.0.0.9"))
+    eventually(lambda: "x/late" in pods(store))
+    pod_watches = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" in p]
+    assert len(pod_watches) >= 3 and all("timeoutSeconds=1" in p for p in pod_watches)
+    lists = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" not in p]
+    assert len(lists) == 1  # reconnecting a watch never relists
+
+
+def test_bookmarks_advance_the_resource_version(api, source):
+    store, _, start = source
+    src = start(watch_timeout=1)
+    listed_at = int(src.versions["Pod"])
+    api.put(namespace("other"))  # bumps the version; no Pod event follows
+    eventually(lambda: int(src.versions["Pod"]) > listed_at)
+
+
+def test_cut_watch_is_retried_without_losing_events(api, source):
+    store, metrics, start = source
+    start()
+    api.cut_watches()
+    api.put(pod("x", "b", "10.0.0.2"))
+    eventually(lambda: "x/b" in pods(store))
+    assert sample(metrics, "nftpolicy_api_retries_total", kind="Pod", reason="connection") >= 1
+
+
+def test_410_gone_relists_and_catches_up_deletes(api, source):
+    store, _, start = source
+    start()
+    with api.outage():
+        api.delete("Pod", "a", "x")
+        api.put(pod("x", "b", "10.0.0.2"))
+    eventually(lambda: set(pods(store)) == {"x/b"}, timeout=20)
+    pod_lists = [p for _, p, code in api.requests if "/pods" in p and "watch=true" not in p and code == 200]
+    assert len(pod_lists) >= 2
+
+
+def test_429_honours_retry_after(api, source):
+    store, metrics, start = source
+    start()
+    api.cut_watches()
+    api.fail(429, count=1, retry_after=2)
+    eventually(lambda: sample(metrics, "nftpolicy_api_retries_total", kind=_first_429_kind(api), reason="429") >= 1, timeout=5)
+    failed_at = next(t for t, _, code in api.requests if code == 429)
+    path = next(p for _, p, code in api.requests if code == 429)
+    kind_path = path.split("?")[0]
+    eventually(lambda: any(t > failed_at and p.split("?")[0] == kind_path for t, p, _ in api.requests), timeout=6)
+    retried_at = next(t for t, p, _ in api.requests if t > failed_at and p.split("?")[0] == kind_path)
+    assert retried_at - failed_at >= 1.9
+
+
+def _first_429_kind(api) -> str:
+    paths = [p for _, p, code in api.requests if code == 429]
+    if not paths:
+        return "none"
+    return {"namespaces": "Namespace", "pods": "Pod", "nodes": "Node", "networkpolicies": "NetworkPolicy"}[paths[0].split("?")[0].rsplit("/", 1)[1]]
+
+
+def test_hanging_request_times_out_and_is_retried(api, source):
+    """A request that is never answered ends after the client-side timeout (a watch's read
+    timeout is watch_timeout + api_timeout) and is retried."""
+    store, metrics, start = source
+    start(watch_timeout=1, api_timeout=1.0)
+    api.hang(count=1)
+    api.cut_watches()
+    api.put(pod("x", "b", "10.0.0.2"))
+    eventually(lambda: "x/b" in pods(store), timeout=15)
+    eventually(lambda: sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="timeout")
+                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) >= 1, timeout=10)
+    hung = next(t for t, _, code in api.requests if code == 0)
+    api.put(pod("x", "c", "10.0.0.3"))  # every kind watches again after its timeout
+    eventually(lambda: "x/c" in pods(store))
+    assert time.monotonic() - hung < 15
+
+
+def test_other_4xx_is_reported_not_retried(api, source):
+    store, metrics, start = source
+    start()
+    api.cut_watches()
+    api.fail(403, count=4)
+    eventually(lambda: sum(sample(metrics, "nftpolicy_api_errors_total", kind=k, reason="403")
+                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) >= 1, timeout=5)
+    time.sleep(1.0)
+    assert sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="403")
+               for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) == 0
+
+
+def test_invalid_objects_are_counted_and_policies_fail_closed(api, source):
+    store, metrics, start = source
+    api.put({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "bad"},
+             "spec": {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"ports": [{"port": 70000}]}]}})
+    start()
+    policy = store.take()[0].policies["x/bad"]
+    assert policy.policy_types == {"ingress"} and policy.ingress == ()
+    assert sample(metrics, "nftpolicy_invalid_objects", kind="NetworkPolicy") == 1
+    api.delete("NetworkPolicy", "bad", "x")
+    eventually(lambda: sample(metrics, "nftpolicy_invalid_objects", kind="NetworkPolicy") == 0)
+
+
+def test_manifests_directory_is_reread_on_change(tmp_path):
+    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
+    stop = threading.Event()
+    store = Store(Metrics())
+    ManifestsSource(store, str(tmp_path), stop, interval=0.05).start()
+    try:
+        assert store.listed() and set(store.take()[0].namespaces) == {"x"}
+        (tmp_path / "b.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n")
+        eventually(lambda: set(store.take()[0].namespaces) == {"x", "y"})
+        (tmp_path / "a.yaml").unlink()
+        eventually(lambda: set(store.take()[0].namespaces) == {"y"})
+    finally:
+        stop.set()

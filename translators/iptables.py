@@ -1,0 +1,375 @@
+"""Rule model -> the iptables variant: ``iptables-restore`` input for the filter table and
+``ipset restore`` input for its sets, in kube-router's chain topology.
+
+The same :class:`~nftpolicy.translators.rules.RuleModel` as :mod:`nftpolicy.translators.nft`, so
+the same names and the same semantics (DESIGN.md sections 2 and 3); only the syntax and the
+dispatch differ. It exists so an operator can compare verdicts with kube-router's iptables network
+policy controller before switching a node (``nftpolicy sandbox --dataplane both`` and
+``nftpolicy compare``).
+
+Shape of one family's filter table (``to_restore(model, "ipv4")``; ``"ipv6"`` is the same for
+``ip6tables-restore``)::
+
+    *filter
+    :INPUT ACCEPT [0:0]                      (likewise FORWARD, OUTPUT)
+    :KUBE-ROUTER-INPUT - [0:0]               (likewise every chain below)
+    -A INPUT -j KUBE-ROUTER-INPUT            (FORWARD, OUTPUT: their KUBE-ROUTER-* chain)
+    -A KUBE-ROUTER-INPUT -d <service cidr> -j RETURN
+    -A KUBE-ROUTER-INPUT -p tcp -m addrtype --dst-type LOCAL -m multiport --dports 30000:32767 -j RETURN   (udp, sctp)
+    -A KUBE-ROUTER-INPUT -s <pod ip> -j KUBE-POD-FW-<hash>                       (one rule per local pod address)
+    -A KUBE-ROUTER-FORWARD -d <pod ip> -j KUBE-POD-FW-<hash>, then -s <pod ip> ... (OUTPUT the same)
+    -A KUBE-POD-FW-<hash> -j KUBE-NWPLCY-COMMON
+    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x0/0x10000                        (start unmarked)
+    -A KUBE-POD-FW-<hash> -d <pod ip> -m addrtype --src-type LOCAL -j ACCEPT     (the node itself)
+    -A KUBE-POD-FW-<hash> -d <pod ip> -j KUBE-NWPLCY-<ingress hash>              (or KUBE-NWPLCY-DEFAULT)
+    -A KUBE-POD-FW-<hash> -s <pod ip> -j KUBE-NWPLCY-<egress hash>               (or KUBE-NWPLCY-DEFAULT)
+    -A KUBE-POD-FW-<hash> -m mark ! --mark 0x10000/0x10000 -m limit --limit 10/min --limit-burst 10 -j NFLOG --nflog-group 100
+    -A KUBE-POD-FW-<hash> -p tcp -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with tcp-reset
+    -A KUBE-POD-FW-<hash> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable
+    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x0/0x10000
+    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x20000/0x20000                    (passed)
+    -A KUBE-NWPLCY-<hash> [-p tcp] -m set --match-set KUBE-SRC-<hash> src [-m tcp --dport 80[:90]] -j MARK --set-xmark 0x10000/0x10000
+    -A KUBE-NWPLCY-<hash> <the same matches> -m mark --mark 0x10000/0x10000 -j RETURN
+    COMMIT
+
+Sources: the layout, the two-rule MARK/RETURN pairs, the ``--set-xmark`` marks, NFLOG group 100
+and REJECT are kube-router's network policy controller (``pkg/controllers/netpol``); the match and
+target options are iptables-extensions(8) (``set``, ``mark``, ``addrtype``, ``multiport``,
+``conntrack``, ``icmp``/``icmp6``, ``limit``, ``comment``; ``MARK``, ``NFLOG``, ``REJECT``).
+Deliberately unlike kube-router, and like our nft ruleset: a policy chain is jumped only for its
+own direction (``-d`` for ingress, ``-s`` for egress, also for policies with both types), ICMP echo
+is left to the policies, the KUBE-ROUTER-* chains end without kube-router's ``KUBE-NWPLCY-TAIL``
+ACCEPT (we only ever reject; everything else is left to the rest of the table), and there are no
+``physdev`` rules (pods are routed, not bridged).
+
+The file replaces the whole filter table: it is meant for a namespace (or a node) where nothing
+else owns it, as kube-router's controller assumes too.
+
+Sets (``to_ipset(model)``, ipset(8) ``restore`` syntax, both families in one file): pod addresses
+``hash:ip``, ipBlocks ``hash:net`` (the CIDR, its excepts as ``nomatch`` entries: see
+:func:`lpm_entries`), named ports ``hash:ip,port`` (``10.0.0.1,tcp:8080``, matched ``dst,dst``).
+IPv6 sets are ``family inet6``. Each set is filled as a ``TMP-<name>`` copy and swapped in, so a
+reload changes every set atomically, as kube-router does. Names fit ipset's 31 characters.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ipaddress
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .model import Family, family_of
+from .rules import AddressSet, AllowRule, PodChain, PolicyChain, RuleModel
+
+BASE_CHAINS = {"INPUT": "KUBE-ROUTER-INPUT", "FORWARD": "KUBE-ROUTER-FORWARD", "OUTPUT": "KUBE-ROUTER-OUTPUT"}
+COMMON_CHAIN = "KUBE-NWPLCY-COMMON"
+DEFAULT_CHAIN = "KUBE-NWPLCY-DEFAULT"
+IPSET_FAMILY: dict[Family, str] = {"ipv4": "inet", "ipv6": "inet6"}
+HOST_PREFIX: dict[Family, int] = {"ipv4": 32, "ipv6": 128}
+ICMP: dict[Family, tuple[str, str]] = {"ipv4": ("icmp", "--icmp-type"), "ipv6": ("ipv6-icmp", "--icmpv6-type")}
+PORT_UNREACHABLE: dict[Family, str] = {"ipv4": "icmp-port-unreachable", "ipv6": "icmp6-port-unreachable"}
+# Essential ICMP, as the nft ruleset's KUBE-NWPLCY-COMMON (RFC 4890 for ICMPv6); echo is left to the
+# policies. Names as iptables-extensions(8) spells them (``iptables -p icmp -h``).
+ESSENTIAL_ICMP: dict[Family, tuple[str, ...]] = {
+    "ipv4": ("destination-unreachable", "time-exceeded", "parameter-problem"),
+    "ipv6": ("destination-unreachable", "packet-too-big", "time-exceeded", "parameter-problem",
+             "router-solicitation", "router-advertisement", "neighbour-solicitation", "neighbour-advertisement"),
+}
+IPSET_TYPE = {"addr": "hash:ip", "interval": "hash:net", "named_port": "hash:ip,port"}
+# Fixed, so that ``create -exist`` of an existing set always matches (ipset compares maxelem);
+# the hash grows as needed, maxelem reserves nothing.
+IPSET_OPTIONS = "hashsize 1024 maxelem 1048576"
+TMP_PREFIX = "TMP-"
+IPSET_NAME_MAX = 31
+CHAIN_NAME_MAX = 28  # XT_EXTENSION_MAXNAMELEN - 1
+NFLOG_PREFIX_MAX = 63
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``-A <chain> <args...>`` line; ``args`` are the arguments after the chain name."""
+
+    chain: str
+    args: tuple[str, ...]
+
+
+def _quote(text: str) -> str:
+    """A double-quoted iptables-restore word (our comments never need quotes or backslashes)."""
+    return '"' + text.replace("\\", "/").replace('"', "'") + '"'
+
+
+def _comment(text: str) -> tuple[str, ...]:
+    return ("-m", "comment", "--comment", _quote(text)) if text else ()
+
+
+def _mark(bits: int) -> str:
+    return f"0x{bits:x}/0x{bits:x}"
+
+
+def _host(ip: str) -> str:
+    return f"{ip}/{HOST_PREFIX[family_of(ip)]}"
+
+
+class _Table:
+    """Collects one family's chains and rules in order."""
+
+    def __init__(self, model: RuleModel, family: Family) -> None:
+        self.model, self.family, self.config = model, family, model.config
+        self.chains: list[str] = []
+        self.rules: list[Rule] = []
+
+    def chain(self, name: str) -> None:
+        if len(name) > CHAIN_NAME_MAX:
+            raise ValueError(f"chain name {name!r} is longer than iptables' {CHAIN_NAME_MAX} characters")
+        self.chains.append(name)
+
+    def add(self, chain: str, *args: str) -> None:
+        self.rules.append(Rule(chain, tuple(args)))
+
+    def ips(self, pod: PodChain) -> list[str]:
+        return [ip for ip in pod.ips if family_of(ip) == self.family]
+
+    def build(self) -> "_Table":
+        m, c = self.model, self.config
+        for name in BASE_CHAINS.values():
+            self.chain(name)
+        self.chain(COMMON_CHAIN)
+        self.chain(DEFAULT_CHAIN)
+        for chain in m.policy_chains:
+            self.chain(chain.name)
+        pods = [p for p in m.pod_chains if self.ips(p)]
+        for pod in pods:
+            self.chain(pod.name)
+        for builtin, ours in BASE_CHAINS.items():
+            self.add(builtin, *_comment("nftpolicy: kube-router network policy"), "-j", ours)
+        self._common()
+        self.add(DEFAULT_CHAIN, *_comment("allow a direction that no policy isolates"), "-j", "MARK", "--set-xmark", _mark(c.policy_mark))
+        sets = {s.name: s for s in m.sets}
+        for chain in m.policy_chains:
+            for allow in chain.rules:
+                if allow.family in (None, self.family):
+                    self._allow(chain, allow, sets)
+        for pod in pods:
+            self._pod_chain(pod)
+        self._input_exemptions()
+        dispatch = {"KUBE-ROUTER-INPUT": ("-s",), "KUBE-ROUTER-FORWARD": ("-d", "-s"), "KUBE-ROUTER-OUTPUT": ("-d", "-s")}
+        for name, flags in dispatch.items():
+            for flag in flags:
+                for pod in pods:
+                    for ip in self.ips(pod):
+                        what = "to" if flag == "-d" else "from"
+                        self.add(name, flag, _host(ip), *_comment(f"{pod.pod} traffic {what} the pod"), "-j", pod.name)
+        return self
+
+    def _common(self) -> None:
+        self.add(COMMON_CHAIN, *_comment("drop invalid conntrack state"), "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+        self.add(COMMON_CHAIN, *_comment("allow established and related connections"),
+                 "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
+        proto, option = ICMP[self.family]
+        module = "icmp" if self.family == "ipv4" else "icmp6"
+        for kind in ESSENTIAL_ICMP[self.family]:
+            self.add(COMMON_CHAIN, "-p", proto, *_comment(f"allow essential ICMP: {kind}"), "-m", module, option, kind, "-j", "ACCEPT")
+
+    def _allow(self, chain: PolicyChain, allow: AllowRule, sets: dict[str, AddressSet]) -> None:
+        matches: list[str] = []
+        if allow.port:
+            matches += ["-p", allow.port.protocol.lower()]
+        matches += _comment(allow.comment)
+        if allow.peer_set:
+            matches += ["-m", "set", "--match-set", allow.peer_set, "src" if chain.direction == "ingress" else "dst"]
+        if allow.named_port_set:
+            matches += ["-m", "set", "--match-set", allow.named_port_set, "dst,dst"]
+        if allow.port and allow.port.first is not None:
+            first, last = allow.port.first, allow.port.last
+            proto = allow.port.protocol.lower()
+            matches += ["-m", proto, "--dport", str(first) if first == last else f"{first}:{last}"]
+        mark = _mark(self.config.policy_mark)
+        self.add(chain.name, *matches, "-j", "MARK", "--set-xmark", mark)
+        self.add(chain.name, *matches, "-m", "mark", "--mark", mark, "-j", "RETURN")
+
+    def _pod_chain(self, pod: PodChain) -> None:
+        c, name, ips = self.config, pod.name, self.ips(pod)
+        unmarked = ("-m", "mark", "!", "--mark", _mark(c.policy_mark))
+        self.add(name, *_comment(f"{pod.pod} common"), "-j", COMMON_CHAIN)
+        self.add(name, *_comment(f"{pod.pod} start unmarked"), "-j", "MARK", "--set-xmark", f"0x0/0x{c.policy_mark:x}")
+        for ip in ips:
+            self.add(name, "-d", _host(ip), *_comment(f"{pod.pod} from the local node"), "-m", "addrtype", "--src-type", "LOCAL", "-j", "ACCEPT")
+        for direction, chains, flag in (("ingress", pod.ingress, "-d"), ("egress", pod.egress, "-s")):
+            for target in chains if chains is not None else (DEFAULT_CHAIN,):
+                for ip in ips:
+                    self.add(name, flag, _host(ip), *_comment(f"{pod.pod} {direction}"), "-j", target)
+        prefix = f"nftpolicy reject {pod.pod}: ".encode()[:NFLOG_PREFIX_MAX].decode(errors="ignore")
+        self.add(name, *_comment(f"{pod.pod} log rejected"), *unmarked, "-m", "limit", "--limit", "10/min", "--limit-burst", "10",
+                 "-j", "NFLOG", "--nflog-group", str(c.nflog_group), "--nflog-prefix", _quote(prefix))
+        self.add(name, "-p", "tcp", *_comment(f"{pod.pod} reject"), *unmarked, "-j", "REJECT", "--reject-with", "tcp-reset")
+        self.add(name, *_comment(f"{pod.pod} reject"), *unmarked, "-j", "REJECT", "--reject-with", PORT_UNREACHABLE[self.family])
+        self.add(name, *_comment(f"{pod.pod} clear policy mark"), "-j", "MARK", "--set-xmark", f"0x0/0x{c.policy_mark:x}")
+        self.add(name, *_comment(f"{pod.pod} passed"), "-j", "MARK", "--set-xmark", _mark(c.passed_mark))
+
+    def _input_exemptions(self) -> None:
+        c = self.config
+        for cidr in c.service_cidrs:
+            if family_of(cidr) == self.family:
+                self.add("KUBE-ROUTER-INPUT", "-d", cidr, *_comment("allow traffic to service cluster IPs"), "-j", "RETURN")
+        if c.node_port_range:
+            low, high = c.node_port_range
+            for proto in ("tcp", "udp", "sctp"):
+                self.add("KUBE-ROUTER-INPUT", "-p", proto, *_comment(f"allow {proto} node ports on local addresses"),
+                         "-m", "addrtype", "--dst-type", "LOCAL", "-m", "multiport", "--dports", f"{low}:{high}", "-j", "RETURN")
+        for cidr in c.external_cidrs:
+            if family_of(cidr) == self.family:
+                self.add("KUBE-ROUTER-INPUT", "-d", cidr, *_comment("allow traffic to external and load-balancer IPs"), "-j", "RETURN")
+
+
+def filter_table(model: RuleModel, family: Family) -> tuple[list[str], list[Rule]]:
+    """The chains we declare (besides INPUT/FORWARD/OUTPUT) and every rule, in order, for one family."""
+    table = _Table(model, family).build()
+    return table.chains, table.rules
+
+
+def rule_line(rule: Rule) -> str:
+    """``-A <chain> <args>`` as iptables-restore reads it."""
+    return " ".join(("-A", rule.chain) + rule.args)
+
+
+def to_restore(model: RuleModel, family: Family = "ipv4") -> str:
+    """``iptables-restore`` (``ipv4``) or ``ip6tables-restore`` (``ipv6``) input that replaces the
+    filter table with our chains. Load the sets (:func:`to_ipset`) first: rules name them."""
+    chains, rules = filter_table(model, family)
+    tool = "iptables-restore" if family == "ipv4" else "ip6tables-restore"
+    lines = [f"# nftpolicy iptables variant ({family}): {tool} input, replaces the filter table", "*filter"]
+    lines += [f":{builtin} ACCEPT [0:0]" for builtin in BASE_CHAINS]
+    lines += [f":{name} - [0:0]" for name in chains]
+    lines += [rule_line(r) for r in rules]
+    return "\n".join(lines + ["COMMIT", ""])
+
+
+# ---- ipset ------------------------------------------------------------------------------------
+
+def lpm_entries(networks: Iterable[str], family: Family) -> list[tuple[str, bool]]:
+    """The fewest ``hash:net`` entries whose longest-prefix match is exactly ``networks``.
+
+    ``networks`` are disjoint CIDRs (an ipBlock minus its excepts, as the rule model holds them).
+    Returns ``(cidr, nomatch)`` pairs in address order: ipset(8) ``hash:net`` looks up the most
+    specific prefix first, and a ``nomatch`` entry makes that lookup fail, so an ipBlock comes out as
+    kube-router writes it (``10.0.0.0/8`` plus ``10.1.0.0/16 nomatch`` for its except), while peers
+    that overlap never cancel each other (their excepts were applied per peer before). ipset cannot
+    store a /0, so the whole space is two /1 entries.
+
+    The method is the two-colour case of ORTC (Draves et al., "Constructing optimal IP routing
+    tables", 1999): a dynamic programme over the binary trie of the boundaries, where each node
+    costs the fewest entries below it given the colour it inherits.
+    """
+    bits = HOST_PREFIX[family]
+    spans = sorted((int(n.network_address), int(n.broadcast_address))
+                   for n in (ipaddress.ip_network(text) for text in networks))
+    starts = [s for s, _ in spans]
+    ends = [e for _, e in spans]
+    before = [0]
+    for s, e in spans:
+        before.append(before[-1] + e - s + 1)
+
+    def covered(low: int, high: int) -> int:
+        """Addresses of [low, high] inside the networks (disjoint and sorted: prefix sums)."""
+        i = bisect.bisect_left(ends, low)  # first span ending at or after low
+        j = bisect.bisect_right(starts, high)  # spans[i:j] overlap [low, high]
+        if i >= j:
+            return 0
+        total = before[j] - before[i]
+        total -= max(0, low - spans[i][0])
+        total -= max(0, spans[j - 1][1] - high)
+        return total
+
+    memo: dict[tuple[int, int], tuple[str, dict[bool, int]]] = {}
+
+    def cost(value: int, length: int) -> tuple[str, dict[bool, int]]:
+        """(kind, {inherited colour: fewest entries}) of the node value/length; kind is 'in', 'out' or 'mixed'."""
+        key = (value, length)
+        if key in memo:
+            return memo[key]
+        size = 1 << (bits - length)
+        inside = covered(value, value + size - 1)
+        if inside == size:
+            result = ("in", {True: 0, False: 1})
+        elif inside == 0:
+            result = ("out", {True: 1, False: 0})
+        else:
+            half = size >> 1
+            left, right = cost(value, length + 1)[1], cost(value + half, length + 1)[1]
+            below = {colour: left[colour] + right[colour] for colour in (True, False)}
+            result = ("mixed", {colour: min(below[colour], 1 + below[not colour]) for colour in (True, False)})
+        memo[key] = result
+        return result
+
+    entries: list[tuple[int, int, bool]] = []
+
+    def emit(value: int, length: int, inherited: bool, may_write: bool) -> None:
+        kind, costs = cost(value, length)
+        if kind != "mixed":
+            if (kind == "in") != inherited:
+                entries.append((value, length, kind == "out"))
+            return
+        half = 1 << (bits - length - 1)
+        left, right = cost(value, length + 1)[1], cost(value + half, length + 1)[1]
+        keep = left[inherited] + right[inherited]
+        colour = inherited
+        if may_write and 1 + left[not inherited] + right[not inherited] < keep:
+            colour = not inherited
+            entries.append((value, length, not colour))
+        emit(value, length + 1, colour, True)
+        emit(value + half, length + 1, colour, True)
+
+    if spans:
+        # The root (/0) cannot be an entry: it is "no match", and each /1 may be written.
+        kind, _ = cost(0, 0)
+        if kind == "in":
+            entries = [(0, 1, False), (1 << (bits - 1), 1, False)]
+        else:
+            emit(0, 0, False, False)
+    address = ipaddress.IPv4Address if family == "ipv4" else ipaddress.IPv6Address
+    out = []
+    for value, length, nomatch in sorted(entries):
+        text = str(address(value)) if length == bits else f"{address(value)}/{length}"
+        out.append((text, nomatch))
+    return out
+
+
+def ipset_elements(s: AddressSet) -> list[str]:
+    """The ``add`` arguments of one set: addresses, ``cidr [nomatch]``, or ``ip,proto:port``."""
+    if s.kind == "addr":
+        return list(s.elements)
+    if s.kind == "named_port":
+        return [f"{ip},{proto}:{port}" for ip, proto, port in s.elements]
+    return [f"{cidr} nomatch" if nomatch else cidr for cidr, nomatch in lpm_entries(s.elements, s.family)]
+
+
+def set_names(model: RuleModel, families: Sequence[Family] = ("ipv4", "ipv6")) -> list[str]:
+    """Names of the sets :func:`to_ipset` creates (without the temporary copies)."""
+    return [s.name for s in model.sets if s.family in families]
+
+
+def to_ipset(model: RuleModel, families: Sequence[Family] = ("ipv4", "ipv6")) -> str:
+    """``ipset restore`` input that creates or atomically refills every set of ``families``.
+
+    Per set: ``create TMP-<name> ... -exist``, ``flush``, ``add`` each element, ``create <name>
+    ... -exist``, ``swap TMP-<name> <name>``, ``destroy TMP-<name>``. Rules that reference
+    ``<name>`` see the new content at once (ipset(8), ``swap``). Sets the model no longer has are
+    not named here: remove them after the rules stop referring to them.
+    """
+    lines = ["# nftpolicy iptables variant: ipset restore input (each set refilled in a copy and swapped in)"]
+    for s in model.sets:
+        if s.family not in families:
+            continue
+        tmp = TMP_PREFIX + s.name
+        if len(tmp) > IPSET_NAME_MAX:
+            raise ValueError(f"set name {tmp!r} is longer than ipset's {IPSET_NAME_MAX} characters")
+        header = f"{IPSET_TYPE[s.kind]} family {IPSET_FAMILY[s.family]} {IPSET_OPTIONS}"
+        lines.append(f"# {s.comment}")
+        lines.append(f"create {tmp} {header} -exist")
+        lines.append(f"flush {tmp}")
+        lines.extend(f"add {tmp} {element}" for element in ipset_elements(s))
+        lines.append(f"create {s.name} {header} -exist")
+        lines.append(f"swap {tmp} {s.name}")
+        lines.append(f"destroy {tmp}")
+    return "\n".join(lines + [""])
