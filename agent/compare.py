@@ -149,6 +149,8 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
     if not local:
         raise SandboxError(f"no running pod with an IP on node {node!r} in the manifests")
     families: list[Family] = [f for f in ("ipv4", "ipv6") if f in dump.kept and any(p.addresses(f) for p in pods)]  # type: ignore[misc]
+    if not families:
+        raise SandboxError(f"no pod has an address of the dump's families ({', '.join(sorted(dump.kept)) or 'none'})")
     specs = probe_specs(cluster, extra, icmp)
     pairs = [(a.key, b.key) for a in pods for b in pods if a.key != b.key and node in (a.node, b.node)]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}

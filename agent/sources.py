@@ -118,6 +118,11 @@ class Store:
                 self._objects[kind][key] = model
             self._touch()
 
+    def get(self, kind: str, key: str) -> Any:
+        """The model object of ``kind`` called ``key`` (``ns/name`` or ``name``), or None."""
+        with self._lock:
+            return self._objects[kind].get(key)
+
     def listed(self, kinds: tuple[str, ...] = KINDS) -> bool:
         """True once every kind in ``kinds`` has been listed."""
         with self._lock:

@@ -135,3 +135,29 @@ def test_cli_compare(tmp_path):
     missing = subprocess.run(args[:2] + ["--node", "node1", "--ipset-save", str(EXAMPLE / "node1.ipset-save"), str(EXAMPLE)],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "--iptables-save" in missing.stderr
+
+
+@pytest.mark.kernel
+def test_a_dual_stack_dump_saved_from_a_node(make_netns):
+    """IPv4 and IPv6 together (``--ip6tables-save``), from real ``iptables-legacy-save``,
+    ``ip6tables-legacy-save`` and ``ipset save`` output: our own iptables variant, loaded into a
+    namespace and saved, is recognised as kube-router's layout and gives nftpolicy's verdicts."""
+    from nftpolicy.agent import iptables
+    from nftpolicy.translators.rules import build_rule_model
+
+    cluster = example_cluster()
+    pods = {}
+    for key, pod in cluster.pods.items():
+        _, _, x, y = pod.ips[0].split(".") if pod.ips else ("", "", "", "")
+        pods[key] = dataclasses.replace(pod, ips=pod.ips + ((f"fd00:10:244:{x}::{y}",) if pod.ips else ()))
+    cluster = dataclasses.replace(cluster, pods=pods)
+    ns = make_netns()
+    iptables.apply(ns, build_rule_model(cluster, "node1"), "legacy")
+    saved = {f: subprocess.run(["ip", "netns", "exec", ns, tool, "-t", "filter"], capture_output=True, text=True, check=True).stdout
+             for f, tool in (("ipv4", "iptables-legacy-save"), ("ipv6", "ip6tables-legacy-save"))}
+    ipset_save = subprocess.run(["ip", "netns", "exec", ns, "ipset", "save"], capture_output=True, text=True, check=True).stdout
+    dump = select(saved, ipset_save)
+    assert dump.loader == "legacy" and dump.left_out == [] and "family inet6" in dump.ipset()
+    report = compare(cluster, "node1", dump)
+    assert report.families == ["ipv4", "ipv6"] and report.cells == 2 * 9 * 24
+    assert report.differences == [], format_report(report)

@@ -14,6 +14,7 @@ creates, and the test checks that it is there before anything is loaded.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -21,36 +22,40 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import cli, netns
+from nftpolicy.agent import cli
 
 from .conftest import REPO, nft
-from .test_chart import agent_container, env_of, render
+from .test_chart import agent_container, env_of, http_get, render
 
 CONTAINERFILE = REPO / "Containerfile"
 CACHE = Path(os.environ.get("NFTPOLICY_CI_CACHE", "/var/cache/nftpolicy-ci"))
 ROOTFS = CACHE / "bookworm-minbase"
 MIRROR = os.environ.get("NFTPOLICY_CI_MIRROR", "http://deb.debian.org/debian")
+# buildah's state (locks, mounts) for that storage, one per cache directory.
+RUNROOT = f"/run/nftpolicy-ci/{hashlib.sha256(str(CACHE).encode()).hexdigest()[:12]}"
 BASE_IMAGE = "localhost/nftpolicy-ci-base:bookworm"
 IMAGE = "localhost/nftpolicy:test"
+BUILD_STAGE = "localhost/nftpolicy-build:test"
 # The host's CA bundle, for pip inside the build (a proxy with its own CA); a build argument
 # and a volume, so nothing of it stays in the image.
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 BUILD_CA = "/run/nftpolicy-build-ca.crt"
 
 
+def buildah_command(*args: str) -> list[str]:
+    return ["buildah", "--root", str(CACHE / "containers"), "--runroot", RUNROOT, "--storage-driver", "overlay", *args]
+
+
 def buildah(*args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
     """buildah on the test's own storage."""
-    command = ["buildah", "--root", str(CACHE / "containers"), "--runroot", "/run/nftpolicy-ci",
-               "--storage-driver", "overlay", *args]
+    command = buildah_command(*args)
     kwargs.setdefault("stdin", subprocess.DEVNULL)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, **kwargs)
     if check:
         assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
     return result
@@ -64,7 +69,7 @@ def base_rootfs() -> None:
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(partial), MIRROR],
-                            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+                            check=False, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for path in (partial / leftover).glob("*"):
@@ -98,11 +103,15 @@ def image():
             pytest.fail(f"{tool} is missing: run `bash .ci/install`")
     base_image()
     ca = ["--volume", f"{HOST_CA}:{BUILD_CA}:ro", "--build-arg", f"PIP_CERT={BUILD_CA}"] if HOST_CA.exists() else []
+    build = ["build", "--isolation", "chroot", "--layers", "--pull=never", "--build-arg", f"BASE={BASE_IMAGE}", *ca,
+             "--file", str(CONTAINERFILE)]
     started = time.monotonic()
-    buildah("build", "--isolation", "chroot", "--layers", "--pull=never", "--build-arg", f"BASE={BASE_IMAGE}", *ca,
-            "--file", str(CONTAINERFILE), "--tag", IMAGE, str(REPO), timeout=1200)
+    # The build stage first, tagged, so that pruning keeps its cached layers (apt) too; the full
+    # build then reuses them.
+    buildah(*build, "--target", "build", "--tag", BUILD_STAGE, str(REPO), timeout=1200)
+    buildah(*build, "--tag", IMAGE, str(REPO), timeout=1200)
     build_seconds = time.monotonic() - started
-    # Earlier builds' images, now untagged: the layers of this one (the cache) stay.
+    # Earlier builds' images, now untagged, go; the layers under the two tags (the cache) stay.
     buildah("rmi", "--prune", check=False)
     container = f"nftpolicy-test-{secrets.token_hex(3)}"
     buildah("from", "--pull=never", "--name", container, IMAGE)
@@ -156,17 +165,15 @@ class Image:
         if netns_name is None:
             return buildah(*args, check=check)
         result = subprocess.run(["ip", "netns", "exec", netns_name, *buildah_command(*args)],
-                                capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                                check=False, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         if check:
             assert result.returncode == 0, f"{command} in {netns_name}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
         return result
 
     def config(self, field: str) -> str:
-        return buildah("inspect", "--type", "image", "--format", "{{.OCIv1.Config.%s}}" % field, IMAGE).stdout.strip()
+        return buildah("inspect", "--type", "image", "--format", f"{{{{.OCIv1.Config.{field}}}}}", IMAGE).stdout.strip()
 
 
-def buildah_command(*args: str) -> list[str]:
-    return ["buildah", "--root", str(CACHE / "containers"), "--runroot", "/run/nftpolicy-ci", "--storage-driver", "overlay", *args]
 
 
 def in_test_namespace(image: Image, ns: str) -> None:
@@ -180,7 +187,7 @@ def in_test_namespace(image: Image, ns: str) -> None:
 
 def test_hadolint():
     hadolint = Path(sys.executable).parent / "hadolint"
-    out = subprocess.run([str(hadolint), str(CONTAINERFILE)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([str(hadolint), str(CONTAINERFILE)], check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -252,17 +259,6 @@ def test_image_loads_the_ruleset_and_cleanup_removes_it(image, make_netns):
     assert "nftpolicy" not in nft(ns, "list", "tables")
 
 
-def _get(ns: str, port: int, path: str) -> tuple[int, str]:
-    with netns.entered(ns):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
-                return reply.status, reply.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-        except OSError:
-            return 0, ""
-
-
 def _descendants(pid: int) -> list[int]:
     """The processes under ``pid`` (from /proc)."""
     children: dict[int, list[int]] = {}
@@ -313,20 +309,20 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
     root = Path(buildah("mount", image.container).stdout.strip())
     started = time.time() - 1
     log = tmp_path / "agent.log"
-    # --manifests on the command line: see test_chart.SOURCE_FLAGS.
-    args = image.run_args("nftpolicy", "agent", "--manifests", "/examples/shop", env=env_of(container),
+    env = env_of(container) | {cli.env_name("--manifests"): "/examples/shop"}
+    args = image.run_args("nftpolicy", "agent", env=env,
                           volumes={str(REPO / "examples"): "/examples:ro"}, caps=pod_capabilities())
     with log.open("w") as output:
         agent = subprocess.Popen(["ip", "netns", "exec", ns, *buildah_command(*args)],
                                  stdin=subprocess.DEVNULL, stdout=output, stderr=output)
     try:
         deadline = time.monotonic() + 60
-        while _get(ns, port, container["readinessProbe"]["httpGet"]["path"])[0] != 200:
+        while http_get(ns, port, container["readinessProbe"]["httpGet"]["path"])[0] != 200:
             assert agent.poll() is None, f"agent exited {agent.returncode}:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"/readyz never 200:\n{log.read_text()}"
             time.sleep(0.3)
-        assert _get(ns, port, container["livenessProbe"]["httpGet"]["path"])[0] == 200
-        assert _get(ns, port, "/metrics")[0] == 200
+        assert http_get(ns, port, container["livenessProbe"]["httpGet"]["path"])[0] == 200
+        assert http_get(ns, port, "/metrics")[0] == 200
         assert f"table inet {env_of(container)[cli.env_name('--table')]}" in nft(ns, "list", "tables")
         # SIGTERM to the agent itself, as the kubelet sends it (buildah would SIGKILL it).
         [pid] = [p for p in _descendants(agent.pid) if _is_agent(Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0"))]

@@ -96,7 +96,7 @@ def test_example_renders_kube_routers_topology():
     _check_table(text, sets)
     api = next(p for p in model.pod_chains if p.pod.endswith("api-5f6b7c9d4-q8w2n"))
     ingress = api.ingress[0]
-    assert f"-A KUBE-ROUTER-FORWARD -d 10.244.1.11/32" in text and f"-A KUBE-ROUTER-INPUT -s 10.244.1.11/32" in text
+    assert "-A KUBE-ROUTER-FORWARD -d 10.244.1.11/32" in text and "-A KUBE-ROUTER-INPUT -s 10.244.1.11/32" in text
     # Direction: the ingress policy chain only for traffic to the pod, DEFAULT for its egress.
     assert re.search(rf"-A {api.name} -d 10.244.1.11/32 .* -j {ingress}$", text, re.M)
     assert re.search(rf"-A {api.name} -s 10.244.1.11/32 .* -j KUBE-NWPLCY-DEFAULT$", text, re.M)

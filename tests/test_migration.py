@@ -24,7 +24,7 @@ from nftpolicy.translators.kuberouter import select
 from nftpolicy.translators.model import Cluster, NetworkPolicy, Pod
 
 from .conftest import REPO, cluster_from_yaml, example_cluster
-from .test_direction import EXPECTED
+from .test_direction import EXPECTED, PODS
 
 SYNC_VERSION = "1795953600123456789"
 EXAMPLE = REPO / "examples" / "shop"
@@ -96,7 +96,7 @@ def kube_router_dump(cluster: Cluster, node: str) -> tuple[str, str]:
         body = chains[chain] = []
         targets = [p for p in pods if selects(policy, p)]
 
-        def add(proto: str | None, text: str, matches: str, port: str | None) -> None:
+        def add(proto: str | None, text: str, matches: str, port: str | None, chain=chain, key=key, body=body) -> None:
             head = f"-A {chain}" + (f" -p {proto}" if proto else "") + f' -m comment --comment "{key} {text}" {matches}'
             tail = f" -m {proto} --dport {port}" if port else ""
             body.append(f"{head}{tail} -j MARK --set-xmark {MARK}")
@@ -233,23 +233,14 @@ def test_direction_for_policies_with_both_types(case):
     assert report.differences[0].policies == ("x/both (ingress of x/b)", "x/both (egress of x/a)")
 
 
-IPBLOCK_OVERLAP = """
-apiVersion: v1
-kind: Namespace
-metadata: {name: x}
----
-""" + "\n---\n".join(
-    f"""apiVersion: v1
-kind: Pod
-metadata: {{namespace: x, name: {name}, labels: {{pod: {name}}}}}
-spec: {{nodeName: node1, containers: [{{name: c, ports: [{{containerPort: 80}}]}}]}}
-status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}""" for name, ip in (("a", "10.244.1.10"), ("b", "10.244.1.11"), ("s", "10.244.1.12"))) + """
+# x/c serves; x/a (10.244.1.10 once placed) is allowed by the first peer and excepted by the second.
+IPBLOCK_OVERLAP = PODS + """
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {namespace: x, name: blocks}
 spec:
-  podSelector: {matchLabels: {pod: s}}
+  podSelector: {matchLabels: {pod: c}}
   ingress:
   - from:
     - ipBlock: {cidr: 10.244.1.10/32}
@@ -263,12 +254,12 @@ def test_one_ipblock_peers_except_never_cancels_another_peer():
     (``ipset restore -exist``), so when one peer's except equals another peer's CIDR the later
     ``nomatch`` wins and the address is denied, although the other peer allows it (the API: each
     except applies to its own peer). nftpolicy applies each except to its own peer."""
-    cluster = cluster_from_yaml(IPBLOCK_OVERLAP)
+    cluster = _placed(cluster_from_yaml(IPBLOCK_OVERLAP), "node1")
     _, ipset_save = kube_router_dump(cluster, "node1")
     assert "10.244.1.10 timeout 0 nomatch" in ipset_save
     report = _compare(cluster, "node1")
     assert [(d.spec, d.src, d.dst, d.kube_router, d.nftpolicy) for d in report.differences] == [
-        (ProbeSpec(80, "TCP"), "x/a", "x/s", False, True)]
+        (ProbeSpec(80, "TCP"), "x/a", "x/c", False, True)]
     assert report.differences[0].note == IPBLOCK_NOTE.format("x/blocks")
 
 

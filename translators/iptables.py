@@ -145,11 +145,10 @@ class _Table:
             self.add(builtin, *_comment("nftpolicy: kube-router network policy"), "-j", ours)
         self._common()
         self.add(DEFAULT_CHAIN, *_comment("allow a direction that no policy isolates"), "-j", "MARK", "--set-xmark", _mark(c.policy_mark))
-        sets = {s.name: s for s in m.sets}
         for chain in m.policy_chains:
             for allow in chain.rules:
                 if allow.family in (None, self.family):
-                    self._allow(chain, allow, sets)
+                    self._allow(chain, allow)
         for pod in pods:
             self._pod_chain(pod)
         self._input_exemptions()
@@ -171,7 +170,7 @@ class _Table:
         for kind in ESSENTIAL_ICMP[self.family]:
             self.add(COMMON_CHAIN, "-p", proto, *_comment(f"allow essential ICMP: {kind}"), "-m", module, option, kind, "-j", "ACCEPT")
 
-    def _allow(self, chain: PolicyChain, allow: AllowRule, sets: dict[str, AddressSet]) -> None:
+    def _allow(self, chain: PolicyChain, allow: AllowRule) -> None:
         matches: list[str] = []
         if allow.port:
             matches += ["-p", allow.port.protocol.lower()]

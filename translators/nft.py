@@ -345,20 +345,30 @@ def to_text(model: RuleModel) -> str:
 
 # ---- incremental updates ------------------------------------------------------------------------
 
-def _key(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+def _element_key(element: Any) -> Any:
+    """A hashable key of a set element: the address, ``addr/len`` of a prefix, the tuple of a
+    concatenation, or (for a map element ``[key, verdict]``) the key's."""
+    if isinstance(element, list):
+        return _element_key(element[0])
+    if isinstance(element, dict):
+        if "prefix" in element:
+            return f"{element['prefix']['addr']}/{element['prefix']['len']}"
+        if "concat" in element:
+            return tuple(element["concat"])
+        return json.dumps(element, sort_keys=True)
+    return element
 
 
 class TableState:
     """Our table as a set of comparable parts, built from :func:`ruleset_objects`.
 
-    ``containers``: set or map name -> (definition without elements, {element key: element});
-    ``chains``: chain name -> (definition, rule objects in order).
+    ``containers``: set or map name -> (kind, definition without elements, {element key: element});
+    ``chains``: chain name -> (chain object, rule objects in order).
     """
 
     def __init__(self, objects: list[Json]) -> None:
         self.table: Json = {}
-        self.containers: dict[str, tuple[tuple[str, Json], dict[str, Any]]] = {}
+        self.containers: dict[str, tuple[str, Json, dict[Any, Any]]] = {}
         self.chains: dict[str, tuple[Json, list[Json]]] = {}
         for obj in objects:
             (kind, body), = obj.items()
@@ -366,8 +376,7 @@ class TableState:
                 self.table = obj
             elif kind in ("set", "map"):
                 definition = {k: v for k, v in body.items() if k != "elem"}
-                elements = {_key(e[0] if kind == "map" else e): e for e in body.get("elem", [])}
-                self.containers[body["name"]] = ((kind, definition), elements)
+                self.containers[body["name"]] = (kind, definition, {_element_key(e): e for e in body.get("elem", ())})
             elif kind == "chain":
                 self.chains[body["name"]] = (obj, [])
             else:
@@ -376,7 +385,7 @@ class TableState:
     def counts(self) -> dict[str, int]:
         """Chains, rules, sets (and maps) and their elements, for metrics."""
         return {"chains": len(self.chains), "rules": sum(len(r) for _, r in self.chains.values()),
-                "sets": len(self.containers), "elements": sum(len(e) for _, e in self.containers.values())}
+                "sets": len(self.containers), "elements": sum(len(e) for _, _, e in self.containers.values())}
 
 
 def incremental_transaction(old: TableState, new: TableState) -> Json | None:
@@ -393,8 +402,8 @@ def incremental_transaction(old: TableState, new: TableState) -> Json | None:
         return None
     table = {"family": "inet", "table": new.table["table"]["name"]}
     cmds: list[Json] = [{"add": new.table}]
-    for name, ((kind, definition), elements) in new.containers.items():
-        if name in old.containers and old.containers[name][0] != (kind, definition):
+    for name, (kind, definition, elements) in new.containers.items():
+        if name in old.containers and old.containers[name][:2] != (kind, definition):
             return None
         if name not in old.containers:
             body = {**definition, "elem": list(elements.values())} if elements else definition
@@ -405,19 +414,23 @@ def incremental_transaction(old: TableState, new: TableState) -> Json | None:
         if name not in old.chains:
             cmds.append({"add": chain})
     additions = []
-    for name, ((kind, _), elements) in new.containers.items():
-        if name not in old.containers:
+    for name, (kind, _, elements) in new.containers.items():
+        before = old.containers[name][2] if name in old.containers else None
+        if before is None or before == elements:
             continue
-        before = old.containers[name][1]
-        stale = [before[k] for k in before if k not in elements or _key(before[k]) != _key(elements[k])]
-        fresh = [elements[k] for k in elements if k not in before or _key(before[k]) != _key(elements[k])]
+        stale = [before[k] for k in before.keys() - elements.keys()]
+        fresh = [elements[k] for k in elements.keys() - before.keys()]
+        if kind == "map":  # same key, another verdict: replace the element
+            moved = [k for k in before.keys() & elements.keys() if before[k] != elements[k]]
+            stale += [before[k] for k in moved]
+            fresh += [elements[k] for k in moved]
         if stale:
             cmds.append({"delete": {"element": {**table, "name": name, "elem": [e[0] if kind == "map" else e for e in stale]}}})
         if fresh:
             additions.append({"add": {"element": {**table, "name": name, "elem": fresh}}})
     cmds.extend(additions)
     for name, (chain, rules) in new.chains.items():
-        if name in old.chains and [_key(r) for r in old.chains[name][1]] == [_key(r) for r in rules]:
+        if name in old.chains and old.chains[name][1] == rules:
             continue
         if name in old.chains:
             cmds.append({"flush": {"chain": {**table, "name": name}}})
@@ -425,7 +438,7 @@ def incremental_transaction(old: TableState, new: TableState) -> Json | None:
     removed = [name for name in old.chains if name not in new.chains]
     cmds.extend({"flush": {"chain": {**table, "name": name}}} for name in removed)
     cmds.extend({"delete": {"chain": {**table, "name": name}}} for name in removed)
-    for name, ((kind, _), _) in old.containers.items():
+    for name, (kind, _, _) in old.containers.items():
         if name not in new.containers:
             cmds.append({"delete": {kind: {**table, "name": name}}})
     return {"nftables": cmds}

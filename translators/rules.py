@@ -142,22 +142,38 @@ def comment(text: str, limit: int = COMMENT_MAX_BYTES) -> str:
 
 
 class ClusterIndex:
-    """Selector lookups over a cluster, cached per selector (pure, built once per render).
+    """Selector lookups over a cluster, cached per selector (pure).
 
     Pods are grouped by (namespace, labels) so a selector is evaluated once per distinct label
-    set, not once per pod.
+    set, not once per pod. Given the ``previous`` index (of an earlier snapshot of the same
+    cluster), results for namespaces whose pods are the same objects as before are carried over,
+    so a sync after one pod change re-evaluates selectors only in that pod's namespace.
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, previous: "ClusterIndex | None" = None) -> None:
         self.cluster = cluster
-        self._groups: dict[str, dict[frozenset, list[Pod]]] = {}
+        changed = _changed_namespaces(previous.cluster.pods, cluster.pods) if previous else None
+        self._groups: dict[str, dict[frozenset, tuple[Mapping[str, str], list[Pod]]]] = (
+            {} if previous is None else {n: g for n, g in previous._groups.items() if n not in changed})  # type: ignore[operator]
         for key in sorted(cluster.pods):
             pod = cluster.pods[key]
-            if pod.enforceable:
-                self._groups.setdefault(pod.namespace, {}).setdefault(frozenset(pod.labels.items()), []).append(pod)
+            if pod.enforceable and (changed is None or pod.namespace in changed):
+                groups = self._groups.setdefault(pod.namespace, {})
+                groups.setdefault(frozenset(pod.labels.items()), (pod.labels, []))[1].append(pod)
         self.namespaces = sorted(set(cluster.namespaces) | set(self._groups))
-        self._pods: dict[tuple[str, LabelSelector | None], tuple[Pod, ...]] = {}
-        self._namespaces: dict[LabelSelector, tuple[str, ...]] = {}
+        same_namespaces = (previous is not None and previous.namespaces == self.namespaces
+                           and previous.cluster.namespaces.keys() == cluster.namespaces.keys()
+                           and all(previous.cluster.namespaces[n] is v for n, v in cluster.namespaces.items()))
+        self._pods: dict[tuple[str, LabelSelector | None], tuple[Pod, ...]] = (
+            {} if previous is None else {k: v for k, v in previous._pods.items() if k[0] not in changed})  # type: ignore[operator]
+        self._namespaces: dict[LabelSelector, tuple[str, ...]] = dict(previous._namespaces) if same_namespaces else {}  # type: ignore[union-attr]
+        self._peers: dict[tuple[str, Peer], tuple[tuple[Pod, ...], tuple[str, ...]]] = {}
+        if previous is not None and same_namespaces:
+            self._peers = {k: v for k, v in previous._peers.items() if not changed.intersection(v[1])}  # type: ignore[union-attr]
+        self._all = previous._all if previous is not None and not changed and same_namespaces else None
+        # Earlier results, handed back when a recomputed lookup finds the very same pods.
+        self._earlier_peers = previous._peers if previous is not None else {}
+        self._earlier_all = previous._all if previous is not None else None
 
     def pods(self, namespace: str, selector: LabelSelector | None) -> tuple[Pod, ...]:
         """Enforceable pods of ``namespace`` matching ``selector`` (None: all of them)."""
@@ -165,8 +181,8 @@ class ClusterIndex:
         if key not in self._pods:
             self._pods[key] = tuple(
                 pod
-                for labels, group in self._groups.get(namespace, {}).items()
-                if selector is None or selector.matches(dict(labels))
+                for labels, group in self._groups.get(namespace, {}).values()
+                if selector is None or selector.matches(labels)
                 for pod in group
             )
         return self._pods[key]
@@ -179,15 +195,42 @@ class ClusterIndex:
 
     def all_pods(self) -> tuple[Pod, ...]:
         """Every enforceable pod."""
-        return tuple(p for n in self.namespaces for p in self.pods(n, None))
+        if self._all is None:
+            self._all = _same_or(self._earlier_all, tuple(p for n in self.namespaces for p in self.pods(n, None)))
+        return self._all
 
     def peer_pods(self, policy: NetworkPolicy, peer: Peer) -> tuple[Pod, ...]:
         """Pods a selector peer names (NetworkPolicyPeer: selectors in one peer are AND'ed;
         no namespaceSelector means the policy's namespace). An ipBlock peer names no pods here."""
         if peer.ip_block is not None:
             return ()
-        namespaces = (policy.namespace,) if peer.namespace_selector is None else self.namespaces_matching(peer.namespace_selector)
-        return tuple(p for n in namespaces for p in self.pods(n, peer.pod_selector))
+        key = (policy.namespace, peer)
+        if key not in self._peers:
+            namespaces = (policy.namespace,) if peer.namespace_selector is None else self.namespaces_matching(peer.namespace_selector)
+            pods = tuple(p for n in namespaces for p in self.pods(n, peer.pod_selector))
+            earlier = self._earlier_peers.get(key)
+            self._peers[key] = (_same_or(earlier[0] if earlier else None, pods), namespaces)
+        return self._peers[key][0]
+
+
+def _same_or(earlier: tuple[Pod, ...] | None, pods: tuple[Pod, ...]) -> tuple[Pod, ...]:
+    """``earlier`` when it holds the very same pod objects as ``pods``, else ``pods``."""
+    if earlier is not None and len(earlier) == len(pods) and all(a is b for a, b in zip(earlier, pods)):
+        return earlier
+    return pods
+
+
+def _changed_namespaces(old: Mapping[str, Pod], new: Mapping[str, Pod]) -> set[str]:
+    """Namespaces with a pod added, removed or replaced by another object."""
+    changed = set()
+    for key, pod in new.items():
+        before = old.get(key)
+        if before is not pod:
+            changed.add(pod.namespace)
+            if before is not None:
+                changed.add(before.namespace)
+    changed.update(old[key].namespace for key in old.keys() - new.keys())
+    return changed
 
 
 def _port_match(port: PolicyPort) -> PortMatch:
@@ -210,10 +253,11 @@ def _named_port_elements(pods: tuple[Pod, ...], port: PolicyPort, family: Family
     return tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _address_order(ip: str) -> tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address]:
+@functools.lru_cache(maxsize=1 << 17)
+def _address_order(ip: str) -> tuple[int, int]:
+    """Sort key of an address: family, then numeric value."""
     address = ipaddress.ip_address(ip)
-    return address.version, address
+    return address.version, int(address)
 
 
 def _sorted_ips(ips) -> tuple[str, ...]:
@@ -229,6 +273,13 @@ class _PolicyRenderer:
         self.targets, self.families = targets, families
         self.sets: list[AddressSet] = []
         self.peer_prefix = "KUBE-SRC-" if direction == "ingress" else "KUBE-DST-"
+        self.lookups: list[tuple[Peer | None, tuple[Pod, ...]]] = []  # what the result depends on
+
+    def _peer_pods(self, peer: Peer | None) -> tuple[Pod, ...]:
+        """Pods of a selector peer (None: every pod), recorded as an input of this render."""
+        pods = self.index.all_pods() if peer is None else self.index.peer_pods(self.policy, peer)
+        self.lookups.append((peer, pods))
+        return pods
 
     def _set(self, family: Family, kind: str, elements: tuple, rule_index: int, what: str, *extra: str) -> str:
         name = hashed_name(self.peer_prefix if kind != "named_port" else "KUBE-DST-",
@@ -250,7 +301,7 @@ class _PolicyRenderer:
         options: list[tuple[Family | None, str | None]] = []
         selector_peers = [p for p in rule.peers if p.ip_block is None]
         if selector_peers:
-            pods = [pod for peer in selector_peers for pod in self.index.peer_pods(self.policy, peer)]
+            pods = [pod for peer in selector_peers for pod in self._peer_pods(peer)]
             for family in self.families:
                 ips = _sorted_ips(ip for pod in pods for ip in pod.addresses(family))
                 options.append((family, self._set(family, "addr", ips, i, "pods")))
@@ -287,28 +338,62 @@ class _PolicyRenderer:
 
     def _egress_named(self, i: int, j: int, rule: PolicyRule, port: PolicyPort, text: str) -> list[AllowRule]:
         if not rule.peers:
-            pods, blocks = self.index.all_pods(), []
+            pods, blocks = self._peer_pods(None), []
         else:
-            pods = tuple(pod for peer in rule.peers for pod in self.index.peer_pods(self.policy, peer))
+            pods = tuple(pod for peer in rule.peers for pod in self._peer_pods(peer))
             blocks = [p.ip_block for p in rule.peers if p.ip_block is not None]
         allows = []
         for family in self.families:
             elements = set(_named_port_elements(pods, port, family))
             if blocks:
-                elements |= set(_named_port_elements(self.index.all_pods(), port, family, lambda ip: any(b.contains(ip) for b in blocks)))
+                elements |= set(_named_port_elements(self._peer_pods(None), port, family, lambda ip: any(b.contains(ip) for b in blocks)))
             ordered = tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
             allows.append(AllowRule(family, None, None, self._set(family, "named_port", ordered, i, f"port {port.port}", str(j)), text))
         return allows
 
 
-def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config()) -> RuleModel:
+@dataclass
+class _Rendered:
+    """One (policy, direction) as rendered, with every input it was rendered from."""
+
+    policy: NetworkPolicy
+    targets: tuple[Pod, ...]
+    families: tuple[Family, ...]
+    lookups: list[tuple[Peer | None, tuple[Pod, ...]]]
+    chain: PolicyChain
+    sets: list[AddressSet]
+
+    def still_valid(self, index: ClusterIndex, policy: NetworkPolicy, targets: tuple[Pod, ...], families: tuple[Family, ...]) -> bool:
+        """True when every input is the same object as when this was rendered."""
+        return (self.policy is policy and self.families == families and len(self.targets) == len(targets)
+                and all(a is b for a, b in zip(self.targets, targets))
+                and all((index.all_pods() if peer is None else index.peer_pods(policy, peer)) is pods for peer, pods in self.lookups))
+
+
+class RenderCache:
+    """What one render of a node lends the next one (the agent keeps one across syncs).
+
+    Holds the last :class:`ClusterIndex` and every policy chain with its sets; a policy whose
+    inputs (the policy, its local targets, its peers' pods) are the same objects as last time is
+    not rendered again. The model objects must be immutable (they are frozen dataclasses) and
+    a changed object must be a new object, as the agent's store guarantees.
+    """
+
+    def __init__(self) -> None:
+        self.index: ClusterIndex | None = None
+        self.rendered: dict[tuple[str, str], _Rendered] = {}
+
+
+def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config(), cache: RenderCache | None = None) -> RuleModel:
     """Render the desired ruleset of ``node`` (None: every pod counts as local).
 
     Returns a :class:`RuleModel` with every tuple in a stable order, so equal clusters give equal
-    models whatever the input order.
+    models whatever the input order. With a ``cache``, the work of the previous render is reused
+    where its inputs are unchanged; the result is the same as without it.
     """
-    index = ClusterIndex(cluster)
+    index = ClusterIndex(cluster, cache.index if cache else None)
     families = tuple(f for f in FAMILIES if any(p.addresses(f) for p in index.all_pods())) or ("ipv4",)
+    rendered: dict[tuple[str, str], _Rendered] = {}
     local = [p for p in index.all_pods() if node is None or p.node == node]
     local_keys = {p.key for p in local}
     selecting: dict[str, dict[Direction, list[str]]] = {p.key: {} for p in local}
@@ -323,10 +408,14 @@ def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config
         for direction in ("ingress", "egress"):
             if direction not in policy.policy_types:
                 continue
-            renderer = _PolicyRenderer(index, policy, direction, local_targets, families)  # type: ignore[arg-type]
-            chain = renderer.chain()
+            done = cache.rendered.get((key, direction)) if cache else None
+            if done is None or not done.still_valid(index, policy, local_targets, families):
+                renderer = _PolicyRenderer(index, policy, direction, local_targets, families)  # type: ignore[arg-type]
+                done = _Rendered(policy, local_targets, families, renderer.lookups, renderer.chain(), renderer.sets)
+            rendered[(key, direction)] = done
+            chain = done.chain
             policy_chains.append(chain)
-            sets.extend(renderer.sets)
+            sets.extend(done.sets)
             for pod in local_targets:
                 selecting[pod.key].setdefault(direction, []).append(chain.name)  # type: ignore[index]
     pod_chains = []
@@ -346,6 +435,8 @@ def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config
             egress=tuple(egress) if egress is not None else None,
             comment=comment(f"{pod.key} pod"),
         ))
+    if cache is not None:
+        cache.index, cache.rendered = index, rendered
     return RuleModel(
         config=config,
         sets=tuple(sorted(sets, key=lambda s: s.name)),
