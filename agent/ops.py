@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,7 +63,8 @@ class Health:
 
 
 def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
-    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port`` from a daemon thread.
+    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port`` (``[::]:port`` for IPv6)
+    from a daemon thread.
 
     Port 0 picks a free port (``server.server_address`` tells which). Raises OSError when the
     address cannot be bound.
@@ -91,7 +93,9 @@ def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPS
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
+    host = host.strip("[]") or "0.0.0.0"
+    server_class = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6}) if ":" in host else ThreadingHTTPServer
+    server = server_class((host, int(port)), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

@@ -214,8 +214,10 @@ class KubeSource:
         return threads
 
     def _retrying(self, kind: str) -> tenacity.Retrying:
+        backoff = tenacity.wait_exponential_jitter(multiplier=0.2, max=MAX_BACKOFF)
+
         def wait(state: tenacity.RetryCallState) -> float:
-            return _retry_after(state) or tenacity.wait_exponential_jitter(initial=0.2, max=MAX_BACKOFF)(state)
+            return _retry_after(state) or backoff(state)
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None

@@ -20,9 +20,7 @@ builds them):
 * ``nft``: our table (``nft.full_transaction``, through libnftables);
 * ``iptables-nft`` and ``iptables-legacy``: the iptables variant of the same rule model, with its
   ipsets, loaded with that ``iptables-restore``;
-* with ``--proposed``, ``nft-established-first``: our table plus ``ct state established,related
-  accept`` as the first rule of each base chain (same verdicts; established packets skip the
-  dispatch), a candidate change to ``translators/nft.py`` measured here before it is made. The client and the server are two local pods that policies isolate in both directions
+The client and the server are two local pods that policies isolate in both directions
 and that a policy allows on a TCP port, so every new connection walks the dispatch, both pods'
 chains and their policy chains with set lookups.
 
@@ -59,11 +57,10 @@ from nftpolicy.agent import netns  # noqa: E402
 from nftpolicy.agent.nftables import run_json  # noqa: E402
 from nftpolicy.agent.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
-from nftpolicy.translators.nft import full_transaction, ruleset_objects  # noqa: E402
+from nftpolicy.translators.nft import ruleset_objects  # noqa: E402
 from nftpolicy.translators.rules import AddressSet, PolicyChain, RuleModel, build_rule_model  # noqa: E402
 
 VARIANTS = ("none", "conntrack", "nft", "iptables-nft", "iptables-legacy")
-PROPOSED = "nft-established-first"
 BENCH_TABLE = "nftpolicy-bench-conntrack"
 TARGET_RATIO = 0.95
 
@@ -131,17 +128,6 @@ def conntrack_only() -> dict:
     chain = {"family": "inet", "table": BENCH_TABLE, "name": "forward", "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}
     return {"nftables": [{"add": {"table": table}}, {"add": {"chain": chain}},
                          {"add": {"rule": {"family": "inet", "table": BENCH_TABLE, "chain": "forward", "expr": ESTABLISHED}}}]}
-
-
-def established_first(model: RuleModel) -> dict:
-    """Our transaction with ``ct state established,related accept`` first in each base chain."""
-    out = []
-    for obj in full_transaction(model)["nftables"]:
-        out.append(obj)
-        chain = obj.get("add", {}).get("chain")
-        if chain and "hook" in chain:
-            out.append({"add": {"rule": {"family": "inet", "table": chain["table"], "chain": chain["name"], "expr": ESTABLISHED}}})
-    return {"nftables": out}
 
 
 # ---- load ----------------------------------------------------------------------------------------
@@ -268,10 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="rounds over the four variants (default %(default)s)")
     ap.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="client processes (default: cores - 1)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--proposed", action="store_true", help=f"also measure {PROPOSED} (a candidate nft.py change)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (the table goes to stderr)")
     args = ap.parse_args(argv)
-    variants = VARIANTS + ((PROPOSED,) if args.proposed else ())
+    variants = VARIANTS
     if args.seconds * args.rounds * len(variants) > 600:
         ap.error("keep the run under 10 minutes of load (seconds x rounds x variants <= 600)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -306,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 sandbox.apply(cluster)
             elif variant != "none":
                 with netns.entered(sandbox.node_netns(synthetic.NODE)):
-                    run_json(conntrack_only() if variant == "conntrack" else established_first(model))
+                    run_json(conntrack_only())
             netns.write_sysctl(sandbox.pod_netns[client], "net.ipv4.ip_local_port_range", "1024 65000")
             # A server stalled by the machine's other work must not overflow its accept queue.
             netns.write_sysctl(sandbox.pod_netns[server], "net.core.somaxconn", "65535")

@@ -4,7 +4,6 @@ kept in tests/bad_input/)."""
 
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 

@@ -189,3 +189,25 @@ def test_manifests_directory_is_reread_on_change(tmp_path):
         eventually(lambda: set(store.take()[0].namespaces) == {"y"})
     finally:
         stop.set()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "[::1]:0"])
+def test_health_server_on_ipv4_and_ipv6(address):
+    import urllib.request
+
+    from nftpolicy.agent.ops import Health, serve_http
+
+    health = Health(window=60)
+    server = serve_http(address, Metrics(), health)
+    try:
+        host = "[::1]" if address.startswith("[") else "127.0.0.1"
+        url = f"http://{host}:{server.server_address[1]}"
+        assert urllib.request.urlopen(url + "/healthz").status == 200
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url + "/readyz")
+        assert err.value.code == 503
+        health.ready = True
+        assert urllib.request.urlopen(url + "/readyz").status == 200
+        assert b"nftpolicy_sync_failures_total" in urllib.request.urlopen(url + "/metrics").read()
+    finally:
+        server.shutdown()

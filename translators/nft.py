@@ -190,6 +190,9 @@ class _Builder:
                       "allow traffic to external and load-balancer IPs")
         dispatch = {"KUBE-ROUTER-INPUT": ("saddr",), "KUBE-ROUTER-FORWARD": ("daddr", "saddr"), "KUBE-ROUTER-OUTPUT": ("daddr", "saddr")}
         for name, fields in dispatch.items():
+            # Same verdict as KUBE-NWPLCY-COMMON gives them, without the map lookups and jumps.
+            self.rule(name, [_match({"ct": {"key": "state"}}, ["established", "related"], "in"), {"accept": None}],
+                      "allow established and related connections")
             for field in fields:
                 for family, pod_map in POD_MAPS.items():
                     what = "to" if field == "daddr" else "from"
