@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from importlib.metadata import version
 
 from pathlib import Path
@@ -188,8 +189,16 @@ def _verdict(value) -> str:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed; an interrupt
+    # that Python swallowed (raised inside a __del__ or a weakref callback) stops the next step.
+    interrupted = threading.Event()
+
+    def interrupt(signum: int, _frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(143)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     cases = _read_cases(args.paths)
     families = ("ipv4", "ipv6") if args.dual_stack else ("ipv6",) if args.ipv6 else ("ipv4",)
     nodes = args.node or ["node1"]
@@ -206,6 +215,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
                            key=lambda s: (s.port, s.protocol))
             results = [sandbox.probe(specs, families) for sandbox in sandboxes]
+            for family in families:
+                if not any(pod.addresses(family) for pod in sandboxes[0].pods.values()):
+                    print(f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses "
+                          f"their manifests give)", file=sys.stderr)
             if len(dataplanes) > 1:
                 print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
             _print_matrices(sandboxes[0], results[0])
@@ -215,23 +228,28 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                   else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
             return 1 if disagree else 0
         return 0
-    failures = disagree = 0
-    for sandboxes, steps, cells in replay_twins(cases, nodes, families, config, args.timeout, dataplanes):
-        for error in steps[0].errors:
-            print(f"nftpolicy: skipped {error}", file=sys.stderr)
-        print(f"== {steps[0].case.name}")
-        _print_matrices(sandboxes[0], steps[0].results)
-        for spec, family in steps[0].not_probed:
-            print(f"{spec.protocol}/{spec.port} {family}: not probed (the kernel has no {spec.protocol})")
-        for dataplane, step in zip(dataplanes, steps):
-            for spec, family, src, dst, want, got in step.differences:
-                failures += 1
-                where = f" ({dataplane})" if len(dataplanes) > 1 else ""
-                print(f"DIFF {step.case.name} {spec.protocol}/{spec.port} {family} {src} -> {dst}: "
-                      f"expected {'allowed' if want else 'blocked'}, got {'allowed' if got else 'blocked'}{where}")
-        for other in cells:
-            disagree += _print_disagreements(f"{steps[0].case.name} ", dataplanes, other)
-    print(f"\n{failures} cells differ from the expected matrices" if failures else "\nall cells match the expected matrices")
+    failures = disagree = compared = 0
+    with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes)) as replayed:  # cleaned up on any exception
+        for sandboxes, steps, cells in replayed:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+            for error in steps[0].errors:
+                print(f"nftpolicy: skipped {error}", file=sys.stderr)
+            print(f"== {steps[0].case.name}")
+            _print_matrices(sandboxes[0], steps[0].results)
+            compared += sum(1 for matrix in steps[0].results.values() for src, dst in matrix if src != dst)
+            for spec, family in steps[0].not_probed:
+                print(f"{spec.protocol}/{spec.port} {family}: not probed (the kernel has no {spec.protocol})")
+            for dataplane, step in zip(dataplanes, steps):
+                for spec, family, src, dst, want, got in step.differences:
+                    failures += 1
+                    where = f" ({dataplane})" if len(dataplanes) > 1 else ""
+                    print(f"DIFF {step.case.name} {spec.protocol}/{spec.port} {family} {src} -> {dst}: "
+                          f"expected {'allowed' if want else 'blocked'}, got {'allowed' if got else 'blocked'}{where}")
+            for other in cells:
+                disagree += _print_disagreements(f"{steps[0].case.name} ", dataplanes, other)
+    print(f"\n{failures} cells differ from the expected matrices" if failures
+          else f"\nall {compared} probed cells match the expected matrices" if compared else "\nno cell could be probed")
     if len(dataplanes) > 1:
         print(f"{disagree} cells differ between {dataplanes[0]} and {dataplanes[1]}" if disagree
               else f"{dataplanes[0]} and {dataplanes[1]} agree on every cell")
@@ -357,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print("nftpolicy: interrupted", file=sys.stderr)
+        return 130
     except (FileNotFoundError, CaseError, NftError, SandboxError, IptablesError, DumpError, NetnsError, UsageError) as exc:
         print(f"nftpolicy: {exc}", file=sys.stderr)
         return 2

@@ -152,13 +152,22 @@ class Sandbox:
         return [self.fabric] + [n.netns for n in self.nodes.values()] + list(self.pod_netns.values())
 
     def close(self) -> None:
-        """Stop the servers and delete every namespace of this run (idempotent)."""
-        for server in self._servers:
-            server.close()
-        self._servers.clear()
-        if not self.loop.is_closed():
-            self.loop.close()
-        netns.delete(netns.existing(f"{NETNS_PREFIX}{self.run}-"))
+        """Stop the servers and delete every namespace of this run (idempotent; the namespaces
+        are deleted even when a second Ctrl-C interrupts the rest)."""
+        try:
+            for server in self._servers:
+                server.close()
+            self._servers.clear()
+            if not self.loop.is_closed():
+                pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+                for task in pending:  # probes cut short by Ctrl-C or SIGTERM
+                    task.cancel()
+                if pending and not self.loop.is_running():
+                    with contextlib.suppress(BaseException):
+                        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                self.loop.close()
+        finally:
+            netns.delete(netns.existing(f"{NETNS_PREFIX}{self.run}-"))
 
     def _build(self) -> None:
         netns.ip_batch([f"netns add {name}" for name in self.namespaces()])

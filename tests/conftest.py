@@ -67,3 +67,17 @@ def example_cluster():
     cluster, errors = load_cluster([str(REPO / "examples" / "shop")])
     assert not errors
     return cluster
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_namespaces(request):
+    """Every namespace a test creates is gone when it ends; one left behind is deleted and the
+    test is named in a warning (a safety net: the code under test must clean up itself)."""
+    before = set(netns.existing("nftp-"))
+    yield
+    leaked = sorted(set(netns.existing("nftp-")) - before)
+    if leaked:
+        netns.delete(leaked)
+        import warnings
+
+        warnings.warn(f"{request.node.nodeid} left network namespaces {leaked[:3]}{'...' if len(leaked) > 3 else ''}")

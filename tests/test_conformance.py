@@ -7,6 +7,8 @@ ignoreLoopback); SCTP rules must render and load even where the kernel cannot pr
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import re
 from collections import defaultdict
 
@@ -34,16 +36,17 @@ LAYOUTS = {
 
 def _check(steps, layout: str) -> None:
     compared = 0
-    for _, step in replay(steps, *LAYOUTS[layout]):
-        assert not step.errors, [str(e) for e in step.errors]
-        assert step.differences == [], "\n".join(
-            f"{step.case.name} {s.protocol}/{s.port} {fam} {a} -> {b}: expected {'allowed' if w else 'blocked'}"
-            for s, fam, a, b, w, _ in step.differences)
-        for (spec, _), matrix in step.results.items():
-            assert spec.protocol in ("TCP", "UDP") or sctp_supported()
-            compared += sum(1 for a, b in matrix if a != b)
-        unprobed = {spec.protocol for spec, _ in step.not_probed}
-        assert unprobed <= ({"SCTP"} if not sctp_supported() else set())
+    with closing(replay(steps, *LAYOUTS[layout])) as replayed:  # the sandbox goes even when an assertion fails
+        for _, step in replayed:
+            assert not step.errors, [str(e) for e in step.errors]
+            assert step.differences == [], "\n".join(
+                f"{step.case.name} {s.protocol}/{s.port} {fam} {a} -> {b}: expected {'allowed' if w else 'blocked'}"
+                for s, fam, a, b, w, _ in step.differences)
+            for (spec, _), matrix in step.results.items():
+                assert spec.protocol in ("TCP", "UDP") or sctp_supported()
+                compared += sum(1 for a, b in matrix if a != b)
+            unprobed = {spec.protocol for spec, _ in step.not_probed}
+            assert unprobed <= ({"SCTP"} if not sctp_supported() else set())
     assert compared > 0 or all(p.protocol == "SCTP" for s in steps for p in s.probes)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 
 from nftpolicy.agent.sandbox import ProbeSpec, Sandbox, replay
@@ -20,10 +22,11 @@ DUAL_STACK_CASES = ["003-allow-from-same-ns-podselector", "006-allow-only-from-o
 @pytest.mark.parametrize("name", DUAL_STACK_CASES)
 def test_conformance_case_over_both_families(name):
     case = load_case((CONFORMANCE / f"{name}.yaml").read_text())
-    for sandbox, step in replay([case], ("node1", "node2"), ("ipv4", "ipv6")):
-        assert all(len(p.ips) == 2 for p in sandbox.pods.values())
-        assert {family for _, family in step.results} == {"ipv4", "ipv6"}
-        assert step.differences == []
+    with closing(replay([case], ("node1", "node2"), ("ipv4", "ipv6"))) as replayed:  # the sandbox goes even when an assertion fails
+        for sandbox, step in replayed:
+            assert all(len(p.ips) == 2 for p in sandbox.pods.values())
+            assert {family for _, family in step.results} == {"ipv4", "ipv6"}
+            assert step.differences == []
 
 
 IPBLOCK_BY_FAMILY = """

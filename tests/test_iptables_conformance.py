@@ -11,6 +11,8 @@ the nft loader.
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 
 from nftpolicy.agent.sandbox import replay_twins
@@ -26,16 +28,17 @@ TWO_NODES = ("node1", "node2")
 def _check(paths, families, dataplanes) -> None:
     steps = [load_case(p.read_text()) for p in paths]
     probed = 0
-    for _, results, disagreements in replay_twins(steps, TWO_NODES, families, dataplanes=dataplanes):
-        for dataplane, step in zip(dataplanes, results):
-            assert not step.errors, [str(e) for e in step.errors]
-            assert step.differences == [], f"{dataplane}: " + "\n".join(
-                f"{step.case.name} {s.protocol}/{s.port} {fam} {a} -> {b}: expected {'allowed' if w else 'blocked'}"
-                for s, fam, a, b, w, _ in step.differences)
-        for dataplane, cells in zip(dataplanes[1:], disagreements):
-            assert cells == [], f"{dataplane} disagrees with {dataplanes[0]}: " + "\n".join(
-                f"{s.protocol}/{s.port} {fam} {a} -> {b}: {x} vs {y}" for s, fam, a, b, x, y in cells)
-        probed += sum(len(m) for m in results[0].results.values())
+    with closing(replay_twins(steps, TWO_NODES, families, dataplanes=dataplanes)) as replayed:  # the sandbox goes even when an assertion fails
+        for _, results, disagreements in replayed:
+            for dataplane, step in zip(dataplanes, results):
+                assert not step.errors, [str(e) for e in step.errors]
+                assert step.differences == [], f"{dataplane}: " + "\n".join(
+                    f"{step.case.name} {s.protocol}/{s.port} {fam} {a} -> {b}: expected {'allowed' if w else 'blocked'}"
+                    for s, fam, a, b, w, _ in step.differences)
+            for dataplane, cells in zip(dataplanes[1:], disagreements):
+                assert cells == [], f"{dataplane} disagrees with {dataplanes[0]}: " + "\n".join(
+                    f"{s.protocol}/{s.port} {fam} {a} -> {b}: {x} vs {y}" for s, fam, a, b, x, y in cells)
+            probed += sum(len(m) for m in results[0].results.values())
     assert probed > 0 or all(p.protocol == "SCTP" for s in steps for p in s.probes)
 
 
