@@ -7,14 +7,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
 from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
 from nftpolicy.translators.model import Pod
 
+from .conftest import http_get
 from .fakeapi import FakeApiServer, namespace, node
 
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
@@ -70,13 +69,7 @@ class AgentEnv:
         self.api.stop()
 
     def http(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError:
-            return 0, ""
+        return http_get(f"http://127.0.0.1:{self.port}{path}")
 
     def metric(self, name: str, **labels: str) -> float:
         """A sample of /metrics (0 when absent)."""

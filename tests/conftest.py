@@ -54,6 +54,20 @@ def nft(ns: str, *args: str, stdin: str | None = None) -> str:
     return result.stdout
 
 
+def http_get(url: str) -> tuple[int, str]:
+    """GET ``url``: (status, body), including error statuses; (0, "") when nothing answers."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError:
+        return 0, ""
+
+
 def cluster_from_yaml(text: str):
     """A Cluster from YAML text; fails the test on any invalid object."""
     objects, errors = parse_documents(text)

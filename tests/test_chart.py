@@ -18,8 +18,6 @@ import subprocess
 import sys
 import time
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import jsonschema
@@ -29,6 +27,7 @@ import yaml
 from nftpolicy.agent import cli, netns
 
 from .conftest import REPO, nft
+from .conftest import http_get as conftest_http_get
 
 CHART = REPO / "charts" / "nftpolicy"
 HELM = REPO / ".tools" / "bin" / "helm"
@@ -439,13 +438,7 @@ def test_the_ci_values_set_every_flag_away_from_its_default(monkeypatch):
 def http_get(ns: str, port: int, path: str) -> tuple[int, str]:
     """GET http://127.0.0.1:PORT/PATH inside namespace ``ns``: (status, body), (0, "") when refused."""
     with netns.entered(ns):  # the socket is made in the test's namespace
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
-                return reply.status, reply.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-        except OSError:
-            return 0, ""
+        return conftest_http_get(f"http://127.0.0.1:{port}{path}")
 
 
 @pytest.mark.kernel
