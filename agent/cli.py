@@ -87,6 +87,19 @@ def _bad_cidr(text: str) -> str:
     raise argparse.ArgumentTypeError(f"invalid CIDR {text!r} (expected ADDRESS/PREFIX)")
 
 
+def _seconds(minimum: float, inclusive: bool = True):
+    """An argparse type: a number of seconds >= minimum (> minimum when not inclusive)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+        if value < minimum or (not inclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum:g} seconds, got {text}")
+        return value
+    return parse
+
+
 def _table(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", text):
         raise argparse.ArgumentTypeError(f"invalid table name {text!r} (a letter, then letters, digits, '-' or '_')")
@@ -353,10 +366,10 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
     agent.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
     agent.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
-    agent.add_argument("--min-sync-interval", type=float, default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
-    agent.add_argument("--resync-interval", type=float, default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
-    agent.add_argument("--api-timeout", type=float, default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
-    agent.add_argument("--watch-timeout", type=int, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
+    agent.add_argument("--min-sync-interval", type=_seconds(0), default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
+    agent.add_argument("--resync-interval", type=_seconds(0, inclusive=False), default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
+    agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
+    agent.add_argument("--watch-timeout", type=lambda t: int(_seconds(1)(t)), default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
     agent.add_argument("--http-address", default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")

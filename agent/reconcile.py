@@ -55,6 +55,18 @@ class Reconciler:
         with netns.entered(self.target_netns) if self.target_netns else nullcontext():
             self.commit(batch)
 
+    def _table_lost(self) -> bool:
+        """True when what we committed is no longer in the kernel: our table or its FORWARD base
+        chain is missing (a cheap look-up, done while idle)."""
+        if self.applied is None:
+            return False
+        probe = {"nftables": [{"list": {"chain": {"family": "inet", "table": self.config.table, "name": "KUBE-ROUTER-FORWARD"}}}]}
+        try:
+            self._commit(probe)
+        except (NftError, OSError):
+            return True
+        return False
+
     def sync(self, full: bool) -> bool:
         """Render the current snapshot and commit it; True when the kernel took it."""
         started = time.monotonic()
@@ -125,10 +137,12 @@ class Reconciler:
             else:
                 resync_at = last_full + self.resync_interval
                 if not self.store.changed.is_set() and now < resync_at:
-                    self.store.changed.wait(min(HEARTBEAT, resync_at - now))
+                    if not self.store.changed.wait(min(HEARTBEAT, resync_at - now)) and self._table_lost():
+                        log.warning("our table is gone or incomplete (another tool flushed the ruleset?): restoring it")
+                        self.applied, retry_at = None, time.monotonic()
                     continue
                 if now - last_sync < self.min_interval:  # coalesce a burst of changes
-                    stop.wait(self.min_interval - (now - last_sync))
+                    stop.wait(min(HEARTBEAT, self.min_interval - (now - last_sync)))
                     continue
             full = self.applied is None or now - last_full >= self.resync_interval
             last_sync = time.monotonic()

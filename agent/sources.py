@@ -47,6 +47,7 @@ CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
 }
 MAX_BACKOFF = 30.0
+QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
 
 
 def object_key(kind: str, obj: Mapping[str, Any]) -> str:
@@ -141,12 +142,17 @@ class Store:
 # ---- the Kubernetes API -------------------------------------------------------------------------
 
 class RelistNeeded(Exception):
-    """The watch cannot continue from its resourceVersion (410 Gone or an ERROR event)."""
+    """The watch cannot continue from its resourceVersion (410 Gone or an ERROR event with
+    the HTTP ``code`` of its Status)."""
+
+    def __init__(self, message: str, code: int = 410) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, RelistNeeded):
-        return "410"
+        return "5xx" if exc.code >= 500 else str(exc.code)
     if isinstance(exc, k8s.ApiException):
         return str(exc.status) if exc.status and exc.status < 500 else "5xx"
     if isinstance(exc, urllib3.exceptions.NewConnectionError):  # a subclass of ConnectTimeoutError
@@ -154,6 +160,11 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ConnectTimeoutError, TimeoutError)):
         return "timeout"
     return "connection"
+
+
+def _next_pause(pause: float, lasted: float) -> float:
+    """No pause after a list/watch that lasted a while; else double it (0.2 s to MAX_BACKOFF)."""
+    return 0.0 if lasted >= QUICK else min(MAX_BACKOFF, max(0.2, 2 * pause))
 
 
 def describe(exc: BaseException | None) -> str:
@@ -234,13 +245,22 @@ class KubeSource:
         )
 
     def _run(self, kind: str) -> None:
+        pause = 0.0  # grows while lists or watches end as soon as they start, so a faulty
+        # server never gets a tight loop of cluster-wide lists from every node
         while not self.stop.is_set():
+            started = time.monotonic()
             try:
                 self._retrying(kind)(self._list, kind)
                 while not self.stop.is_set():
+                    started = time.monotonic()
                     self._retrying(kind)(self._watch, kind)
+                    pause = _next_pause(pause, time.monotonic() - started)
+                    self.stop.wait(pause)
             except RelistNeeded as exc:
-                log.info("relisting %s: %s", kind, exc, extra={"kind": kind})
+                self.metrics.api_errors.labels(kind, _reason(exc)).inc()
+                pause = _next_pause(pause, time.monotonic() - started)
+                log.info("relisting %s in %.1fs: %s", kind, pause, exc, extra={"kind": kind})
+                self.stop.wait(pause)
             except Exception as exc:  # a non-retryable API error (403, 404, ...): report, relist later
                 if self.stop.is_set():
                     return
@@ -251,7 +271,9 @@ class KubeSource:
 
     def _list(self, kind: str) -> None:
         call, kwargs = self.calls[kind]
-        response = call(_preload_content=False, _request_timeout=self.api_timeout, **kwargs)
+        # resourceVersion "0": served from the API server's watch cache, as client-go's informers
+        # list (the following watch catches up from the version it returns).
+        response = call(resource_version="0", _preload_content=False, _request_timeout=self.api_timeout, **kwargs)
         body = json.loads(response.data)
         self.store.replace(kind, body.get("items") or [])
         self.versions[kind] = (body.get("metadata") or {}).get("resourceVersion") or ""
@@ -275,7 +297,8 @@ class KubeSource:
                 event = json.loads(line)
                 kind_of_event, obj = event.get("type"), event.get("object") or {}
                 if kind_of_event == "ERROR":
-                    raise RelistNeeded(f"watch error: {obj.get('code')} {obj.get('message')}")
+                    code = obj.get("code") if isinstance(obj.get("code"), int) else 410
+                    raise RelistNeeded(f"watch error: {code} {obj.get('message')}", code)
                 if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
                     self.store.apply(kind, kind_of_event, obj)
                 self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
@@ -300,6 +323,8 @@ class ManifestsSource:
         return signature
 
     def _read(self) -> None:
+        """Read every file; when one cannot be parsed (a typo, a file caught half written) the
+        last good state is kept, so a broken policy file never lifts its isolation."""
         objects, errors = [], []
         for name in manifest_files([self.directory]):
             docs, errs = parse_documents(Path(name).read_text(), name)
@@ -307,6 +332,9 @@ class ManifestsSource:
             errors.extend(errs)
         for error in errors:
             log.error("unreadable manifest: %s", error)
+        if errors and self.store.listed():
+            log.error("keeping the last readable state of %s until every file parses", self.directory)
+            return
         by_kind: dict[str, list[Any]] = {kind: [] for kind in KINDS}
         for _, obj in objects:
             if isinstance(obj, Mapping) and obj.get("kind") in by_kind:

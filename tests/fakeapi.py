@@ -49,6 +49,8 @@ class FakeApiServer:
         self.requests: list[tuple[float, str, int]] = []  # (time, path with query, status)
         self._faults: list[tuple[int, dict | None]] = []  # per coming request: (status, headers) or "hang"
         self._hangs = 0
+        self._watch_errors = 0
+        self._watch_error_code = 500
         self._cuts = 0
         self._released = threading.Event()
         self.server: ThreadingHTTPServer | None = None
@@ -120,6 +122,12 @@ class FakeApiServer:
         """The next ``count`` requests answer ``status`` (with ``Retry-After`` if given)."""
         with self.lock:
             self._faults.extend([(status, {"Retry-After": str(retry_after)} if retry_after is not None else None)] * count)
+
+    def fail_watches(self, count: int, code: int = 500) -> None:
+        """The next ``count`` watches answer a single ``ERROR`` event with ``code`` and end."""
+        with self.lock:
+            self._watch_errors += count
+            self._watch_error_code = code
 
     def heal(self) -> None:
         """Drop every fault still queued by :meth:`fail`."""
@@ -222,9 +230,12 @@ class FakeApiServer:
                 self.end_headers()
                 with fake.lock:
                     cuts = fake._cuts
-                    if since < fake.oldest:
-                        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
-                                "code": 410, "message": f"too old resource version: {since} ({fake.oldest})"}
+                    injected = fake._watch_errors > 0
+                    fake._watch_errors -= 1 if injected else 0
+                    if injected or since < fake.oldest:
+                        code = fake._watch_error_code if injected else 410
+                        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired" if code == 410 else "InternalError",
+                                "code": code, "message": f"too old resource version: {since} ({fake.oldest})" if code == 410 else f"injected {code}"}
                         self._chunk({"type": "ERROR", "object": gone})
                         self.wfile.write(b"0\r\n\r\n")
                         return

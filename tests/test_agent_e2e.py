@@ -176,6 +176,16 @@ def test_malformed_policy_fails_closed_and_the_rest_is_enforced(env):
     assert "NetworkPolicy x/broken: spec.ingress[0].from[0].ipBlock.cidr: invalid CIDR '10.0.0.0/33'" in env.log()
 
 
+def test_a_flushed_ruleset_is_restored(env):
+    env.api.put(policy("deny-b", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}))
+    env.start_agent()
+    assert not env.connects("x/c", B)
+    nft(env.netns, "flush", "ruleset")  # what a distribution's nftables service reload does
+    assert env.connects("x/c", B)
+    env.eventually(lambda: env.connects("x/c", B), False, timeout=15)
+    assert "our table is gone or incomplete" in env.log()
+
+
 def test_health_and_readiness(tmp_path):
     env = AgentEnv(tmp_path, {"x/a": A})
     try:

@@ -57,3 +57,26 @@ def test_unchanged_policies_are_not_rendered_again():
     reused = {k for k in before if cache.rendered[k] is before[k]}
     # ops/debug is a peer of no policy, so every rendered policy is reused as it was.
     assert reused == set(before) and before
+
+
+def test_equal_addresses_written_differently_are_one_address():
+    from nftpolicy.translators.manifests import pod_from
+
+    a = pod_from({"metadata": {"name": "a", "namespace": "x"}, "status": {"podIPs": [{"ip": "FD00::A"}, {"ip": "10.0.0.1"}]}})
+    assert a.ips == ("fd00::a", "10.0.0.1")
+
+
+def test_renaming_a_named_port_stays_incremental():
+    from nftpolicy.translators import nft
+    from nftpolicy.translators.manifests import policy_from
+
+    cluster = example_cluster()
+    obj = {"metadata": {"namespace": "shop", "name": "api-ingress"},
+           "spec": {"podSelector": {"matchLabels": {"app": "api"}}, "ingress": [{"ports": [{"port": "metrics"}]}]}}
+    renamed = {**obj, "spec": {**obj["spec"], "ingress": [{"ports": [{"port": "http"}]}]}}
+    before = nft.TableState(nft.ruleset_objects(build_rule_model(
+        dataclasses.replace(cluster, policies={**cluster.policies, "shop/api-ingress": policy_from(obj)}), "node1")))
+    after = nft.TableState(nft.ruleset_objects(build_rule_model(
+        dataclasses.replace(cluster, policies={**cluster.policies, "shop/api-ingress": policy_from(renamed)}), "node1")))
+    batch = nft.incremental_transaction(before, after)
+    assert batch is not None and any("delete" in c and "set" in c["delete"] for c in batch["nftables"])

@@ -176,6 +176,42 @@ def test_invalid_objects_are_counted_and_policies_fail_closed(api, source):
     eventually(lambda: sample(metrics, "nftpolicy_invalid_objects", kind="NetworkPolicy") == 0)
 
 
+def test_failing_watches_back_off_instead_of_relisting_in_a_loop(api, source):
+    store, metrics, start = source
+    start()
+    api.fail_watches(1000)
+    api.cut_watches()
+    time.sleep(3.0)
+    pod_lists = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" not in p]
+    assert 2 <= len(pod_lists) <= 8, len(pod_lists)  # 0.2 + 0.4 + 0.8 + 1.6 s of backoff, not ~60 lists
+    assert sample(metrics, "nftpolicy_api_errors_total", kind="Pod", reason="5xx") >= 2
+    api._watch_errors = 0
+    api.put(pod("x", "b", "10.0.0.2"))
+    eventually(lambda: "x/b" in pods(store), timeout=40)
+
+
+def test_lists_are_served_from_the_watch_cache(api, source):
+    start = source[2]
+    start()
+    lists = [p for _, p, _ in api.requests if "watch=true" not in p]
+    assert lists and all("resourceVersion=0" in p for p in lists)
+
+
+def test_a_manifest_that_does_not_parse_keeps_the_last_good_state(tmp_path):
+    (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
+    stop = threading.Event()
+    store = Store(Metrics())
+    ManifestsSource(store, str(tmp_path), stop, interval=0.05).start()
+    try:
+        (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: [unclosed\n")
+        time.sleep(0.3)
+        assert set(store.take()[0].namespaces) == {"x"}
+        (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n")
+        eventually(lambda: set(store.take()[0].namespaces) == {"y"})
+    finally:
+        stop.set()
+
+
 def test_manifests_directory_is_reread_on_change(tmp_path):
     (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
     stop = threading.Event()

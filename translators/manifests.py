@@ -241,7 +241,7 @@ def node_from(obj: Mapping[str, Any]) -> Node:
     for i, a in enumerate(_list(status.get("addresses"), "status.addresses")):
         address = _mapping(a, f"status.addresses[{i}]").get("address")
         if isinstance(address, str) and _is_ip(address):
-            addresses.append(address)
+            addresses.append(str(ipaddress.ip_address(address)))
     cidrs = _list(spec.get("podCIDRs"), "spec.podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
     for i, c in enumerate(cidrs):
         _network(c, f"spec.podCIDRs[{i}]")
@@ -273,6 +273,8 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
     for i, ip in enumerate(ips):
         if not _is_ip(ip):
             raise InvalidField(f"status.podIPs[{i}]", f"invalid IP address {ip!r}")
+    # The kernel compares addresses, not text: "FD00::A" and "fd00::a" must be one element.
+    ips = [str(ipaddress.ip_address(ip)) for ip in ips]
     ports = []
     for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
         cpath = f"spec.containers[{ci}]"

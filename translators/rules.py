@@ -328,7 +328,7 @@ class _PolicyRenderer:
                     for fam in (self.families if family is None else (family,)):
                         if fam not in named:
                             elements = _named_port_elements(self.targets, port, fam)
-                            named[fam] = self._set(fam, "named_port", elements, i, f"port {port.port}", str(j))
+                            named[fam] = self._set(fam, "named_port", elements, i, f"port {port.port}", str(j), port.port)
                         allows.append(AllowRule(fam, peer_set, None, named[fam], text))
             else:
                 # Named ports of an egress rule resolve on the peer pods; the set holds only
@@ -348,7 +348,7 @@ class _PolicyRenderer:
             if blocks:
                 elements |= set(_named_port_elements(self._peer_pods(None), port, family, lambda ip: any(b.contains(ip) for b in blocks)))
             ordered = tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
-            allows.append(AllowRule(family, None, None, self._set(family, "named_port", ordered, i, f"port {port.port}", str(j)), text))
+            allows.append(AllowRule(family, None, None, self._set(family, "named_port", ordered, i, f"port {port.port}", str(j), port.port), text))
         return allows
 
 
