@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Iterable, TextIO
+from typing import Any, Iterable, TextIO
 
 from nftpolicy.translators.manifests import ManifestError, build_cluster, parse_documents
 from nftpolicy.translators.model import Cluster
@@ -32,9 +32,9 @@ def manifest_files(paths: Iterable[str]) -> list[str]:
     return files
 
 
-def load_cluster(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[Cluster, list[ManifestError]]:
-    """Read every manifest under ``paths`` into one :class:`Cluster`; returns it and the errors of
-    the objects (or files) left out."""
+def read_objects(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[list[tuple[str, Any]], list[ManifestError]]:
+    """Every object in the manifests under ``paths`` as ``(origin, object)`` pairs, and one error
+    per file that is not UTF-8 or document that does not parse (the rest is still returned)."""
     objects, errors = [], []
     for name in manifest_files(paths):
         try:
@@ -45,5 +45,12 @@ def load_cluster(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[Clust
         docs, errs = parse_documents(text, "<stdin>" if name == "-" else name)
         objects.extend(docs)
         errors.extend(errs)
+    return objects, errors
+
+
+def load_cluster(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[Cluster, list[ManifestError]]:
+    """Read every manifest under ``paths`` into one :class:`Cluster`; returns it and the errors of
+    the objects (or files) left out."""
+    objects, errors = read_objects(paths, stdin)
     cluster, invalid = build_cluster(objects)
     return cluster, errors + invalid

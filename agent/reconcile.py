@@ -79,9 +79,7 @@ class Reconciler:
         batch = None if full or self.applied is None else nft.incremental_transaction(self.applied, state)
         mode = "incremental" if batch is not None else "full"
         if batch is None:
-            batch = {"nftables": [{"add": {"table": {"family": "inet", "name": self.config.table}}},
-                                  {"delete": {"table": {"family": "inet", "name": self.config.table}}}]
-                     + [{"add": o} for o in objects]}
+            batch = nft.replace_transaction(self.config.table, objects)
         commands = len(batch["nftables"])
         if mode == "incremental" and commands == 1:  # only "add table": nothing changed
             if since is not None:

@@ -418,8 +418,9 @@ def replay(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: S
     compared with the expected matrices (diagonal ignored). Yields after every step, while the
     sandbox still exists.
     """
-    for sandboxes, steps, _ in replay_twins(cases, nodes, families, config, timeout, (dataplane,)):
-        yield sandboxes[0], steps[0]
+    with contextlib.closing(replay_twins(cases, nodes, families, config, timeout, (dataplane,))) as twins:
+        for sandboxes, steps, _ in twins:
+            yield sandboxes[0], steps[0]
 
 
 # (spec, family, from, to, verdict of the first dataplane, verdict of the other)

@@ -31,13 +31,12 @@ from nftpolicy.translators.manifests import (
     fail_closed_policy,
     namespace_from,
     node_from,
-    parse_documents,
     pod_from,
     policy_from,
 )
 from nftpolicy.translators.model import Cluster
 
-from .manifests import manifest_files
+from .manifests import manifest_files, read_objects
 from .ops import Metrics
 
 log = logging.getLogger("nftpolicy.sources")
@@ -325,11 +324,7 @@ class ManifestsSource:
     def _read(self) -> None:
         """Read every file; when one cannot be parsed (a typo, a file caught half written) the
         last good state is kept, so a broken policy file never lifts its isolation."""
-        objects, errors = [], []
-        for name in manifest_files([self.directory]):
-            docs, errs = parse_documents(Path(name).read_text(), name)
-            objects.extend(docs)
-            errors.extend(errs)
+        objects, errors = read_objects([self.directory])
         for error in errors:
             log.error("unreadable manifest: %s", error)
         if errors and self.store.listed():

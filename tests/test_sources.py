@@ -247,3 +247,18 @@ def test_health_server_on_ipv4_and_ipv6(address):
         assert b"nftpolicy_sync_failures_total" in urllib.request.urlopen(url + "/metrics").read()
     finally:
         server.shutdown()
+
+
+def test_a_file_that_is_not_utf8_keeps_the_directory_polled(tmp_path):
+    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
+    stop = threading.Event()
+    store = Store(Metrics())
+    ManifestsSource(store, str(tmp_path), stop, interval=0.05).start()
+    try:
+        (tmp_path / "b.yaml").write_bytes(b"kind: Namespace\nmetadata: {name: caf\xe9}\n")
+        time.sleep(0.3)
+        assert set(store.take()[0].namespaces) == {"x"}  # the last readable state is kept
+        (tmp_path / "b.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n")
+        eventually(lambda: set(store.take()[0].namespaces) == {"x", "y"})  # and polling goes on
+    finally:
+        stop.set()

@@ -152,16 +152,15 @@ class _Builder:
         self.chain(name)
         self.rule(name, [_jump(COMMON_CHAIN)], f"{pod.pod} common")
         self.rule(name, [_clear_mark(c.policy_mark)], f"{pod.pod} start unmarked")
-        families = [f for f in IP if any(family_of(ip) == f for ip in pod.ips)]
-        for family in families:
-            ips = [ip for ip in pod.ips if family_of(ip) == family]
+        by_family = {f: [ip for ip in pod.ips if family_of(ip) == f] for f in IP}
+        by_family = {f: ips for f, ips in by_family.items() if ips}
+        for family, ips in by_family.items():
             dst = _match(_payload(IP[family], "daddr"), _addresses(ips))
             local_src = _match({"fib": {"result": "type", "flags": ["saddr"]}}, "local")
             self.rule(name, [dst, local_src, {"accept": None}], f"{pod.pod} from the local node")
         for direction, chains, field in (("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr")):
             for target in chains if chains is not None else (DEFAULT_CHAIN,):
-                for family in families:
-                    ips = [ip for ip in pod.ips if family_of(ip) == family]
+                for family, ips in by_family.items():
                     self.rule(name, [_match(_payload(IP[family], field), _addresses(ips)), _jump(target)], f"{pod.pod} {direction}")
         unmarked = _unmarked(c.policy_mark)
         log = {"log": {"prefix": comment(f"nftpolicy reject {pod.pod}: ", LOG_PREFIX_MAX_BYTES), "group": c.nflog_group}}
@@ -229,11 +228,17 @@ def ruleset_objects(model: RuleModel) -> list[Json]:
     return _Builder(model).build()
 
 
+def replace_transaction(table_name: str, objects: list[Json]) -> Json:
+    """One libnftables JSON batch that atomically replaces table ``inet <table_name>`` with
+    ``objects``: ``add table`` (so a first load works), ``delete table``, then every object.
+    Other tables are never named."""
+    table = {"table": {"family": "inet", "name": table_name}}
+    return {"nftables": [{"add": table}, {"delete": table}] + [{"add": o} for o in objects]}
+
+
 def full_transaction(model: RuleModel) -> Json:
-    """One libnftables JSON batch that atomically replaces our table: ``add table`` (so a first
-    load works), ``delete table``, then every object. Other tables are never named."""
-    table = {"table": {"family": "inet", "name": model.config.table}}
-    return {"nftables": [{"add": table}, {"delete": table}] + [{"add": o} for o in ruleset_objects(model)]}
+    """:func:`replace_transaction` of the whole ruleset of ``model``."""
+    return replace_transaction(model.config.table, ruleset_objects(model))
 
 
 def to_json(model: RuleModel) -> str:

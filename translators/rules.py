@@ -250,7 +250,12 @@ def _named_port_elements(pods: tuple[Pod, ...], port: PolicyPort, family: Family
         for ip in pod.addresses(family):
             if ip_filter is None or ip_filter(ip):
                 elements.add((ip, port.protocol.lower(), number))
-    return tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
+    return tuple(sorted(elements, key=_named_port_order))
+
+
+def _named_port_order(element: tuple[str, str, int]) -> tuple:
+    """Sort key of an ``(address, protocol, port)`` element."""
+    return _address_order(element[0]), element[1], element[2]
 
 
 @functools.lru_cache(maxsize=1 << 17)
@@ -347,7 +352,7 @@ class _PolicyRenderer:
             elements = set(_named_port_elements(pods, port, family))
             if blocks:
                 elements |= set(_named_port_elements(self._peer_pods(None), port, family, lambda ip: any(b.contains(ip) for b in blocks)))
-            ordered = tuple(sorted(elements, key=lambda e: (_address_order(e[0]), e[1], e[2])))
+            ordered = tuple(sorted(elements, key=_named_port_order))
             allows.append(AllowRule(family, None, None, self._set(family, "named_port", ordered, i, f"port {port.port}", str(j), port.port), text))
         return allows
 
