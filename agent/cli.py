@@ -22,12 +22,16 @@ from nftpolicy.translators.kuberouter import DumpError, select
 from nftpolicy.translators.cases import Case, CaseError, format_matrix, is_case, parse_case
 from nftpolicy.translators.rules import Config, build_rule_model
 
-from .manifests import load_cluster, manifest_files
+from nftpolicy.translators.manifests import ManifestError, build_cluster
+from nftpolicy.translators.model import Cluster, Family
+
+from .compare import compare, explain, format_report
+from .controlplane import ControlPlane, ControlPlaneError, find_binary
+from .iptables import IptablesError
+from .manifests import load_cluster, manifest_files, read_objects
 from .netns import NetnsError
 from .nftables import NftError, remove_table
-from .compare import compare, format_report
-from .iptables import IptablesError
-from .sandbox import ProbeSpec, Sandbox, SandboxError, disagreements, replay_twins
+from .sandbox import Disagreement, ProbeSpec, Sandbox, SandboxError, disagreements, replay_twins, start_daemons
 
 
 ENV_PREFIX = "NFTPOLICY_"
@@ -139,12 +143,17 @@ def config_from(args: argparse.Namespace) -> Config:
     )
 
 
-def _load(args: argparse.Namespace):
-    cluster, errors = load_cluster(args.paths)
+def _report_skipped(errors: list[ManifestError], strict: bool) -> None:
+    """One line per object left out; with ``--strict`` any of them ends the command (exit 2)."""
     for error in errors:
         print(f"nftpolicy: skipped {error}", file=sys.stderr)
-    if errors and args.strict:
+    if errors and strict:
         raise SystemExit(2)
+
+
+def _load(args: argparse.Namespace) -> Cluster:
+    cluster, errors = load_cluster(args.paths)
+    _report_skipped(errors, args.strict)
     return cluster
 
 
@@ -185,20 +194,39 @@ def _print_matrices(sandbox: Sandbox, results: dict) -> None:
         print(format_matrix(pods, matrix))
 
 
+DATAPLANE_CHOICES = {"nft": ("nft",), "iptables": ("iptables",), "kube-router": ("kube-router",),
+                     "both": ("nft", "kube-router"), "nft,kube-router": ("nft", "kube-router"), "nft,iptables": ("nft", "iptables")}
+
+
 def _dataplanes(args: argparse.Namespace) -> tuple[str, ...]:
     iptables = f"iptables-{args.iptables_loader}"
-    return {"nft": ("nft",), "iptables": (iptables,), "both": ("nft", iptables)}[args.dataplane]
+    return tuple(iptables if d == "iptables" else d for d in DATAPLANE_CHOICES[args.dataplane])
 
 
-def _print_disagreements(label: str, dataplanes: tuple[str, ...], cells) -> int:
+def _print_disagreements(label: str, dataplanes: tuple[str, ...], cells: list[Disagreement], cluster: Cluster) -> int:
+    """Print each cell where the twins differ; against kube-router, with the documented
+    deliberate difference that explains it (:func:`compare.explain`), if one does."""
     for spec, family, src, dst, a, b in cells:
+        why = explain(cluster, spec, src, dst, b, a) if dataplanes[1] == "kube-router" else None
         print(f"DISAGREE {label}{spec.protocol}/{spec.port} {family} {src} -> {dst}: "
-              f"{dataplanes[0]} {_verdict(a)}, {dataplanes[1]} {_verdict(b)}")
+              f"{dataplanes[0]} {_verdict(a)}, {dataplanes[1]} {_verdict(b)}" + (f" ({why})" if why else ""))
     return len(cells)
 
 
-def _verdict(value) -> str:
+def _verdict(value: bool | None) -> str:
     return "not probed" if value is None else "allowed" if value else "blocked"
+
+
+def _sandbox_control_plane(args: argparse.Namespace, dataplanes: tuple[str, ...]) -> bool:
+    """True when this sandbox run goes through a real API server (asked for, or kube-router)."""
+    live = args.control_plane or "kube-router" in dataplanes
+    if live and any(d.startswith("iptables") for d in dataplanes):
+        raise UsageError("the iptables variant has no agent: --control-plane and kube-router go with nft only")
+    if args.kube_router and "kube-router" not in dataplanes:
+        raise UsageError("--kube-router needs --dataplane kube-router or both")
+    if "kube-router" in dataplanes:
+        find_binary("kube-router", args.kube_router)  # before anything starts
+    return live
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
@@ -217,32 +245,53 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     nodes = args.node or ["node1"]
     config = config_from(args)
     dataplanes = _dataplanes(args)
-    if cases is None:
-        cluster = _load(args)
-        node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
-        with contextlib.ExitStack() as stack:
-            sandboxes = [stack.enter_context(Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d))
-                         for d in dataplanes]
-            for sandbox in sandboxes:
-                sandbox.apply(cluster)
-            specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
-                           key=lambda s: (s.port, s.protocol))
-            results = [sandbox.probe(specs, families) for sandbox in sandboxes]
-            for family in families:
-                if not any(pod.addresses(family) for pod in sandboxes[0].pods.values()):
-                    print(f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses "
-                          f"their manifests give)", file=sys.stderr)
-            if len(dataplanes) > 1:
-                print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
-            _print_matrices(sandboxes[0], results[0])
-        if len(dataplanes) > 1:
-            disagree = _print_disagreements("", dataplanes, disagreements(results[0], results[1]))
-            print(f"\n{disagree} cells differ between {dataplanes[0]} and {dataplanes[1]}" if disagree
-                  else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
-            return 1 if disagree else 0
-        return 0
+    live = _sandbox_control_plane(args, dataplanes)
+    with contextlib.ExitStack() as stack:
+        control_plane = stack.enter_context(ControlPlane()) if live else None
+        if cases is None:
+            return _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes)
+        return _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted)
+
+
+def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
+                       nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...]) -> int:
+    objects, unreadable = read_objects(args.paths)
+    cluster, invalid = build_cluster(objects)
+    _report_skipped(unreadable + ([] if control_plane else invalid), args.strict)
+    node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
+    sandboxes = [stack.enter_context(Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d))
+                 for d in dataplanes]
+    if control_plane is None:
+        for sandbox in sandboxes:
+            sandbox.apply(cluster)
+    else:
+        _report_skipped(sandboxes[0].publish(control_plane, objects), args.strict)
+        for daemon in start_daemons(stack, sandboxes, control_plane, args.kube_router):
+            daemon.wait_synced()
+    specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
+                   key=lambda s: (s.port, s.protocol))
+    results = [sandbox.probe(specs, families) for sandbox in sandboxes]
+    for family in families:
+        if not any(pod.addresses(family) for pod in sandboxes[0].pods.values()):
+            print(f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses "
+                  f"their manifests give)", file=sys.stderr)
+    if len(dataplanes) > 1:
+        print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
+    _print_matrices(sandboxes[0], results[0])
+    if len(dataplanes) > 1:
+        disagree = _print_disagreements("", dataplanes, disagreements(results[0], results[1]),
+                                        sandboxes[0].with_sandbox_pods(cluster))
+        print(f"\n{disagree} cells differ between {dataplanes[0]} and {dataplanes[1]}" if disagree
+              else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
+        return 1 if disagree else 0
+    return 0
+
+
+def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: ControlPlane | None, nodes: list[str],
+                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], interrupted: threading.Event) -> int:
     failures = disagree = compared = 0
-    with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes)) as replayed:  # cleaned up on any exception
+    with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes,
+                                         control_plane, args.kube_router)) as replayed:  # cleaned up on any exception
         for sandboxes, steps, cells in replayed:
             if interrupted.is_set():
                 raise KeyboardInterrupt
@@ -260,7 +309,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                     print(f"DIFF {step.case.name} {spec.protocol}/{spec.port} {family} {src} -> {dst}: "
                           f"expected {'allowed' if want else 'blocked'}, got {'allowed' if got else 'blocked'}{where}")
             for other in cells:
-                disagree += _print_disagreements(f"{steps[0].case.name} ", dataplanes, other)
+                disagree += _print_disagreements(f"{steps[0].case.name} ", dataplanes, other, steps[0].cluster)
     print(f"\n{failures} cells differ from the expected matrices" if failures
           else f"\nall {compared} probed cells match the expected matrices" if compared else "\nno cell could be probed")
     if len(dataplanes) > 1:
@@ -340,8 +389,14 @@ def parser() -> argparse.ArgumentParser:
     stack.add_argument("--ipv6", action="store_true", help="allocate IPv6 addresses only")
     sandbox.add_argument("--timeout", type=float, default=1.0, help="seconds per probe (default %(default)s)")
     sandbox.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
-    sandbox.add_argument("--dataplane", choices=("nft", "iptables", "both"), default="nft",
-                         help="nft ruleset, the iptables variant, or both in twin sandboxes (every disagreeing cell printed, exit 1)")
+    sandbox.add_argument("--dataplane", choices=tuple(DATAPLANE_CHOICES), default="nft",
+                         help="nft ruleset, the iptables variant, the real kube-router (implies --control-plane), or two in twin "
+                              "sandboxes: both = nft,kube-router; nft,iptables (every disagreeing cell printed, exit 1)")
+    sandbox.add_argument("--control-plane", action="store_true",
+                         help="run a real etcd and kube-apiserver on loopback, load the cluster into it and enforce with one "
+                              "'nftpolicy agent' per node (steps become API updates)")
+    sandbox.add_argument("--kube-router", metavar="PATH",
+                         help="the kube-router binary for --dataplane kube-router|both (default .tools/bin/kube-router, then $PATH)")
     sandbox.add_argument("--iptables-loader", choices=("nft", "legacy"), default="nft",
                          help="iptables-nft-restore or iptables-legacy-restore for the iptables variant (default %(default)s)")
     add_config_arguments(sandbox)
@@ -391,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nftpolicy: interrupted", file=sys.stderr)
         return 130
-    except (FileNotFoundError, CaseError, NftError, SandboxError, IptablesError, DumpError, NetnsError, UsageError) as exc:
+    except (FileNotFoundError, CaseError, NftError, SandboxError, IptablesError, DumpError, NetnsError, UsageError,
+            ControlPlaneError) as exc:
         print(f"nftpolicy: {exc}", file=sys.stderr)
         return 2
 

@@ -14,12 +14,20 @@ from contextlib import contextmanager
 from typing import Iterator
 
 CLONE_NEWNET = 0x40000000
+# Set by a caller that runs many sandboxes (the test suite): every namespace and control-plane
+# directory they make carries this tag, so that caller finds and removes exactly its own.
+RUN_TAG_ENV = "NFTPOLICY_RUN_TAG"
 NETNS_DIR = "/run/netns"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class NetnsError(RuntimeError):
     """An ``ip`` command or setns(2) failed; the message holds the command and its output."""
+
+
+def run_tag() -> str:
+    """``$NFTPOLICY_RUN_TAG`` (empty when unset): the start of every run id this process makes."""
+    return os.environ.get(RUN_TAG_ENV, "")
 
 
 def _setns(fd: int) -> None:

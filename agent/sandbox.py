@@ -1,6 +1,7 @@
 """The sandbox: a cluster built from network namespaces, enforced by real nftables, probed with real packets.
 
-Topology (every namespace is named ``nftp-<run>-...`` and removed by :meth:`Sandbox.close`):
+Topology (every namespace is named ``nftp-<run>-...``, where ``<run>`` is ``$NFTPOLICY_RUN_TAG``
+plus random hex, and removed by :meth:`Sandbox.close`):
 
 * one namespace per node: IP forwarding on, an uplink ``eth1`` into a shared bridge (namespace
   ``...-fabric``), and one veth ``vp<N>`` per local pod with the gateway addresses 169.254.1.1
@@ -30,7 +31,7 @@ import itertools
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from nftpolicy.translators.cases import Case, Matrix, case_manifests, differences
 from nftpolicy.translators.manifests import ManifestError, build_cluster
@@ -39,6 +40,8 @@ from nftpolicy.translators.nft import full_transaction
 from nftpolicy.translators.rules import Config, build_rule_model
 
 from . import iptables, netns
+from .controlplane import ApiError, ControlPlane
+from .nodedaemons import NodeDaemons, daemons_for
 from .nftables import run_json
 
 NETNS_PREFIX = "nftp-"
@@ -46,7 +49,7 @@ GATEWAY_V4 = "169.254.1.1"
 GATEWAY_V6 = "fe80::1"
 SOURCE_PORTS = range(32768, 61000)
 SOCKET_PROTO = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": getattr(socket, "IPPROTO_SCTP", 132)}
-DATAPLANES = ("nft", "iptables-nft", "iptables-legacy")
+DATAPLANES = ("nft", "iptables-nft", "iptables-legacy", "kube-router")
 ICMP_ECHO = {socket.AF_INET: (8, 0), socket.AF_INET6: (128, 129)}  # (request, reply) types
 NODE_SYSCTLS = {
     "net.ipv4.ip_forward": "1",
@@ -103,7 +106,8 @@ class Sandbox:
                  config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft") -> None:
         if dataplane not in DATAPLANES:
             raise SandboxError(f"unknown dataplane {dataplane!r} (one of {', '.join(DATAPLANES)})")
-        self.run = secrets.token_hex(3)
+        self.run = netns.run_tag() + secrets.token_hex(3)
+        self.prefix = f"{NETNS_PREFIX}{self.run}-"
         self.config, self.timeout, self.dataplane = config, timeout, dataplane
         self.pods: dict[str, Pod] = {}
         spread = itertools.cycle(default_nodes)
@@ -113,7 +117,7 @@ class Sandbox:
         self.nodes: dict[str, _Node] = {}
         for i, name in enumerate(names):
             given = {ipaddress.ip_address(a).version: a for a in (node_addresses or {}).get(name, ())}
-            self.nodes[name] = _Node(name, f"{NETNS_PREFIX}{self.run}-n{i}", i, {
+            self.nodes[name] = _Node(name, f"{self.prefix}n{i}", i, {
                 "ipv4": given.get(4, f"172.31.{i // 250}.{i % 250 + 2}"),
                 "ipv6": given.get(6, f"fd00:172:31::{i + 2:x}"),
             })
@@ -127,8 +131,8 @@ class Sandbox:
                 if "ipv6" in families:
                     ips.append(f"fd00:10:244:{node.index:x}::{n:x}")
                 self.pods[key] = dataclasses.replace(pod, ips=tuple(ips))
-        self.pod_netns = {key: f"{NETNS_PREFIX}{self.run}-p{i}" for i, key in enumerate(self.pods)}
-        self.fabric = f"{NETNS_PREFIX}{self.run}-fabric"
+        self.pod_netns = {key: f"{self.prefix}p{i}" for i, key in enumerate(self.pods)}
+        self.fabric = f"{self.prefix}fabric"
         self.loop = asyncio.new_event_loop()
         self._served: set[ProbeSpec] = set()
         self._servers: list = []
@@ -167,7 +171,7 @@ class Sandbox:
                         self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 self.loop.close()
         finally:
-            netns.delete(netns.existing(f"{NETNS_PREFIX}{self.run}-"))
+            netns.delete(netns.existing(self.prefix))
 
     def _build(self) -> None:
         netns.ip_batch([f"netns add {name}" for name in self.namespaces()])
@@ -237,12 +241,64 @@ class Sandbox:
             if chosen is not None and node.name not in chosen:
                 continue
             model = build_rule_model(cluster, node.name, self.config)
+            if self.dataplane == "kube-router":
+                raise SandboxError("kube-router takes its rules from the API server: run it with a control plane")
             if self.dataplane == "nft":
                 batch = full_transaction(model)
                 with netns.entered(node.netns):
                     run_json(batch)
             else:
                 iptables.apply(node.netns, model, self.dataplane.removeprefix("iptables-"))  # type: ignore[arg-type]
+
+    def publish(self, control_plane: ControlPlane, objects: Iterable[tuple[str, Any]]) -> list[ManifestError]:
+        """Bring the control plane's cluster to ``objects`` (``(origin, manifest)`` pairs), as
+        this sandbox built it: a Node per sandbox node (InternalIP = the node namespace's
+        address), each Pod on its sandbox node with its sandbox addresses, status written through
+        the status subresource. Namespaces that pods use are created; NetworkPolicies and Pods
+        that ``objects`` no longer has are deleted (a later step replaces an earlier one).
+
+        Returns one error per object the API server refused (its own reason); the rest is applied.
+        """
+        errors: list[ManifestError] = []
+        wanted: dict[str, list[tuple[str, dict[str, Any]]]] = {kind: [] for kind in ("Namespace", "Pod", "NetworkPolicy")}
+        for origin, obj in objects:
+            if isinstance(obj, dict) and obj.get("kind") in wanted:
+                wanted[obj["kind"]].append((origin, obj))
+        for node in self.nodes.values():
+            addresses = [{"type": "InternalIP", "address": node.addresses[f]} for f in ("ipv4", "ipv6")]
+            addresses.append({"type": "Hostname", "address": node.name})
+            control_plane.apply({"apiVersion": "v1", "kind": "Node",
+                                 "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name}},
+                                 "status": {"addresses": addresses}})
+        given = {(o.get("metadata") or {}).get("name") for _, o in wanted["Namespace"]}
+        for name in sorted({p.namespace for p in self.pods.values()} - given):
+            wanted["Namespace"].append(("sandbox", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
+        for i, (origin, pod) in enumerate(wanted["Pod"]):
+            meta = pod.get("metadata") or {}
+            built = self.pods.get(f"{meta.get('namespace') or 'default'}/{meta.get('name')}")
+            if built is not None:
+                host = self.nodes[built.node].addresses  # type: ignore[index]
+                host_ips = [host[f] for f in ("ipv4", "ipv6") if any(ipaddress.ip_address(ip).version == (4 if f == "ipv4" else 6) for ip in built.ips)]
+                wanted["Pod"][i] = (origin, {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": built.node},
+                                             "status": {**(pod.get("status") or {}), "phase": "Running",
+                                                        "hostIP": host_ips[0], "hostIPs": [{"ip": ip} for ip in host_ips],
+                                                        "podIP": built.ips[0], "podIPs": [{"ip": ip} for ip in built.ips]}})
+        for kind in ("Namespace", "Pod", "NetworkPolicy"):
+            keep = set()
+            for origin, obj in wanted[kind]:
+                meta = obj.get("metadata") or {}
+                ref = f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if kind != "Namespace" else str(meta.get("name"))
+                try:
+                    control_plane.apply(obj)
+                    keep.add(ref)
+                except ApiError as error:
+                    errors.append(ManifestError(kind, ref, f"the API server refused it: {error.status} {error.reason}", origin))
+            if kind != "Namespace":
+                for item in control_plane.request("GET", control_plane.path(kind).replace("/namespaces/default", ""))["items"]:
+                    meta = item["metadata"]
+                    if f"{meta['namespace']}/{meta['name']}" not in keep:
+                        control_plane.delete(kind, meta["name"], meta["namespace"])
+        return errors
 
     def node_netns(self, name: str) -> str:
         """The network namespace of node ``name`` (to load rules into it directly)."""
@@ -387,22 +443,16 @@ class _Hangup(asyncio.Protocol):
         transport.close()
 
 
-def cleanup_stale() -> list[str]:
-    """Delete namespaces left by sandboxes that were killed (``nftp-*``); returns their names."""
-    names = netns.existing(NETNS_PREFIX)
-    netns.delete(names)
-    return names
-
-
 @dataclass
 class StepResult:
     """One replayed case (or step): the measured matrices and every cell that differs.
 
-    ``differences`` rows are ``(spec, family, from, to, expected, actual)``; ``not_probed`` lists
+    ``cluster`` is the step's cluster with the sandbox's pod addresses; ``differences`` rows are ``(spec, family, from, to, expected, actual)``; ``not_probed`` lists
     the (spec, family) pairs the kernel could not probe (SCTP without kernel support).
     """
 
     case: Case
+    cluster: Cluster
     results: dict[tuple[ProbeSpec, Family], Matrix]
     differences: list[tuple[ProbeSpec, Family, str, str, bool, bool | None]]
     not_probed: list[tuple[ProbeSpec, Family]]
@@ -410,15 +460,16 @@ class StepResult:
 
 
 def replay(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: Sequence[Family] = ("ipv4",),
-           config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft") -> Iterator[tuple[Sandbox, StepResult]]:
+           config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft",
+           control_plane: ControlPlane | None = None, kube_router: str | None = None) -> Iterator[tuple[Sandbox, StepResult]]:
     """Replay conformance cases in one sandbox, in order, as a live sequence of steps.
 
     The pods of the first case are built once; each case's namespaces, labels and policies are
-    applied over the previous ones (one transaction per node), then its probes are run and
-    compared with the expected matrices (diagonal ignored). Yields after every step, while the
-    sandbox still exists.
+    applied over the previous ones (one transaction per node; with ``control_plane``, as API
+    writes that the node daemons pick up), then its probes are run and compared with the
+    expected matrices (diagonal ignored). Yields after every step, while the sandbox still exists.
     """
-    with contextlib.closing(replay_twins(cases, nodes, families, config, timeout, (dataplane,))) as twins:
+    with contextlib.closing(replay_twins(cases, nodes, families, config, timeout, (dataplane,), control_plane, kube_router)) as twins:
         for sandboxes, steps, _ in twins:
             yield sandboxes[0], steps[0]
 
@@ -440,11 +491,15 @@ def disagreements(first: dict[tuple[ProbeSpec, Family], Matrix], other: dict[tup
 
 def replay_twins(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: Sequence[Family] = ("ipv4",),
                  config: Config = Config(), timeout: float = 1.0, dataplanes: Sequence[str] = ("nft", "iptables-nft"),
+                 control_plane: ControlPlane | None = None, kube_router: str | None = None,
                  ) -> Iterator[tuple[list[Sandbox], list[StepResult], list[list[Disagreement]]]]:
     """:func:`replay` on twin sandboxes, one per dataplane (same pods, same addresses).
 
-    Yields after every step: the sandboxes, one :class:`StepResult` per dataplane, and for each
-    dataplane after the first the cells where it disagrees with the first.
+    With ``control_plane``, every step is written to that API server once, and each twin's
+    node daemons (:func:`~.nodedaemons.daemons_for`: nftpolicy agents for ``nft``, the real
+    kube-router, from ``kube_router`` or the default binary) enforce it; probes start when every
+    daemon has synced. Yields after every step: the sandboxes, one :class:`StepResult` per
+    dataplane, and for each dataplane after the first the cells where it disagrees with the first.
     """
     pods_only = dataclasses.replace(cases[0], policies=())
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(pods_only, {}))
@@ -454,16 +509,45 @@ def replay_twins(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), famil
         for other in sandboxes[1:]:
             if {k: p.ips for k, p in other.pods.items()} != {k: p.ips for k, p in sandboxes[0].pods.items()}:
                 raise SandboxError("twin sandboxes got different pod addresses")
+        daemons: list[NodeDaemons] = []
         for case in cases:
-            steps = [_step(sandbox, case, families) for sandbox in sandboxes]
+            ips = {key: list(pod.ips) for key, pod in sandboxes[0].pods.items()}
+            objects = [(f"case {case.name}", o) for o in case_manifests(case, ips)]
+            if control_plane is None:
+                steps = [_step(sandbox, case, families, objects) for sandbox in sandboxes]
+            else:
+                errors = sandboxes[0].publish(control_plane, objects)
+                daemons = daemons or start_daemons(stack, sandboxes, control_plane, kube_router)
+                for daemon in daemons:
+                    daemon.wait_synced()
+                steps = [_step(sandbox, case, families, objects, errors) for sandbox in sandboxes]
             yield sandboxes, steps, [disagreements(steps[0].results, s.results) for s in steps[1:]]
 
 
-def _step(sandbox: Sandbox, case: Case, families: Sequence[Family]) -> StepResult:
-    """Apply one case over the sandbox's current state, probe it and compare with the case."""
-    ips = {key: list(pod.ips) for key, pod in sandbox.pods.items()}
-    cluster, errors = build_cluster((f"case {case.name}", o) for o in case_manifests(case, ips))
-    sandbox.apply(cluster)
+def start_daemons(stack: contextlib.ExitStack, sandboxes: Sequence[Sandbox], control_plane: ControlPlane,
+                  kube_router: str | None = None) -> list[NodeDaemons]:
+    """Start each sandbox's node daemons against ``control_plane`` (nftpolicy agents for an
+    ``nft`` sandbox, kube-router for a ``kube-router`` one); ``stack`` stops them before the
+    sandboxes go."""
+    daemons: list[NodeDaemons] = []
+    for sandbox in sandboxes:
+        daemon = daemons_for(sandbox.dataplane, sandbox, control_plane, kube_router)
+        stack.callback(daemon.close)
+        daemon.start()
+        daemons.append(daemon)
+    return daemons
+
+
+def _step(sandbox: Sandbox, case: Case, families: Sequence[Family], objects: list[tuple[str, Any]],
+          api_errors: list[ManifestError] | None = None) -> StepResult:
+    """Apply one case over the sandbox's current state (unless node daemons enforce what the API
+    server took: ``api_errors`` then lists what it refused), probe it and compare with the case."""
+    cluster, errors = build_cluster(objects)
+    cluster = sandbox.with_sandbox_pods(cluster)
+    if api_errors is None:
+        sandbox.apply(cluster)
+    else:
+        errors = api_errors
     results = sandbox.probe([ProbeSpec(p.port, p.protocol) for p in case.probes], families)
     diffs, not_probed = [], []
     for probe in case.probes:
@@ -474,4 +558,4 @@ def _step(sandbox: Sandbox, case: Case, families: Sequence[Family]) -> StepResul
                 not_probed.append((spec, family))
             else:
                 diffs.extend((spec, family, *d) for d in differences(probe.expected, actual))
-    return StepResult(case, results, diffs, not_probed, errors)
+    return StepResult(case, cluster, results, diffs, not_probed, errors)

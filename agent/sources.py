@@ -167,9 +167,15 @@ def _next_pause(pause: float, lasted: float) -> float:
 
 
 def describe(exc: BaseException | None) -> str:
-    """One line for a log: ``429 Too Many Requests`` or the exception's first line."""
+    """One line for a log: ``429 Too Many Requests``, with the API's Status message when it
+    sent one (a 403 names the verb and the resource: ``pods is forbidden: User "..." cannot
+    watch resource "pods" ...``), or the exception's first line."""
     if isinstance(exc, k8s.ApiException):
-        return f"{exc.status} {exc.reason}"
+        try:
+            message = json.loads(exc.body or "").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
     return str(exc).strip().splitlines()[0] if exc and str(exc).strip() else type(exc).__name__
 
 

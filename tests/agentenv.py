@@ -1,15 +1,17 @@
-"""End-to-end harness: the fake API server, sandbox pods on one node, and ``nftpolicy agent``
-running as a real process that commits inside the sandbox node's network namespace."""
+"""End-to-end harness: an API server (the in-repo fake for fault injection, or the real
+kube-apiserver of a :class:`ControlPlane` through :class:`RealApi`), sandbox pods on one node, and
+``nftpolicy agent`` running as a real process that commits inside the sandbox node's network
+namespace."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from nftpolicy.agent.controlplane import ControlPlane, free_port
 from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
 from nftpolicy.translators.model import Pod
 
@@ -19,10 +21,24 @@ from .fakeapi import FakeApiServer, namespace, node
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class RealApi:
+    """The fake API server's interface (``put``, ``delete``, ``kubeconfig``) over a real
+    :class:`ControlPlane`, which its fixture starts and stops."""
+
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.control_plane = control_plane
+
+    def put(self, obj: dict) -> dict:
+        return self.control_plane.apply(obj)
+
+    def delete(self, kind: str, name: str, namespace: str = "") -> None:
+        self.control_plane.delete(kind, name, namespace or None)
+
+    def kubeconfig(self, path: str) -> str:
+        return self.control_plane.kubeconfig
+
+    def stop(self) -> None:
+        """Nothing: the control plane outlives this environment."""
 
 
 class AgentEnv:
@@ -31,9 +47,12 @@ class AgentEnv:
     The API objects are independent of the slots: a test puts Pods whose IPs point at slots.
     """
 
-    def __init__(self, tmp_path: Path, slots: dict[str, str], extra_args: tuple[str, ...] = ()) -> None:
-        self.api = FakeApiServer(bookmark_interval=0.5)
-        self.api.start()
+    def __init__(self, tmp_path: Path, slots: dict[str, str], extra_args: tuple[str, ...] = (),
+                 api: FakeApiServer | RealApi | None = None) -> None:
+        if api is None:
+            api = FakeApiServer(bookmark_interval=0.5)
+            api.start()
+        self.api = api
         self.kubeconfig = self.api.kubeconfig(str(tmp_path / "kubeconfig.json"))
         self.api.put(node("node1"))
         for ns in sorted({key.split("/")[0] for key in slots}):

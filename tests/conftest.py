@@ -11,11 +11,18 @@ from pathlib import Path
 import pytest
 
 from nftpolicy.agent import netns
+from nftpolicy.agent.netns import RUN_TAG_ENV
 from nftpolicy.agent.manifests import load_cluster
 from nftpolicy.translators.manifests import build_cluster, parse_documents
 
 REPO = Path(__file__).resolve().parent.parent
+# Every network namespace this test run makes (sandboxes, also in subprocesses, and make_netns)
+# starts with nftp-<RUN_TAG>; the safety net below removes only those, never another run's.
+RUN_TAG = f"t{secrets.token_hex(2)}"
+os.environ[RUN_TAG_ENV] = RUN_TAG
+OURS = f"nftp-{RUN_TAG}"
 CONFORMANCE = REPO / "tests" / "conformance" / "upstream"
+OWN_CASES = REPO / "tests" / "conformance" / "own"  # our cases, in the same format
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,7 +44,7 @@ def make_netns():
     created: list[str] = []
 
     def make() -> str:
-        name = f"nftp-test-{secrets.token_hex(3)}"
+        name = f"{OURS}test{secrets.token_hex(3)}"
         subprocess.run(["ip", "netns", "add", name], check=True)
         created.append(name)
         return name
@@ -85,11 +92,11 @@ def example_cluster():
 
 @pytest.fixture(autouse=True)
 def no_leaked_namespaces(request):
-    """Every namespace a test creates is gone when it ends; one left behind is deleted and the
-    test is named in a warning (a safety net: the code under test must clean up itself)."""
-    before = set(netns.existing("nftp-"))
+    """Every namespace a test creates is gone when it ends; one left behind (of this run: named
+    nftp-<RUN_TAG>) is deleted and the test is named in a warning (a safety net: the code under test must clean up itself)."""
+    before = set(netns.existing(OURS))
     yield
-    leaked = sorted(set(netns.existing("nftp-")) - before)
+    leaked = sorted(set(netns.existing(OURS)) - before)
     if leaked:
         netns.delete(leaked)
         import warnings

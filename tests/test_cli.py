@@ -14,7 +14,7 @@ import pytest
 
 from nftpolicy.agent import netns
 
-from .conftest import CONFORMANCE, REPO
+from .conftest import CONFORMANCE, OURS, REPO
 
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
 BAD_POLICY = """
@@ -83,7 +83,7 @@ def test_sandbox_reports_a_wrong_expectation_and_exits_nonzero(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_sandbox_removes_its_namespaces_when_interrupted(sig):
     def sandbox_namespaces() -> set[str]:
-        return {n for n in netns.existing("nftp-") if re.match(r"nftp-[0-9a-f]{6}-", n)}
+        return set(netns.existing(OURS))
 
     before = sandbox_namespaces()
     proc = subprocess.Popen([NFTPOLICY, "sandbox", "--timeout", "5", *sorted(str(p) for p in CONFORMANCE.glob("0*.yaml"))[:1] * 20],

@@ -1,4 +1,5 @@
-"""Every upstream conformance case, replayed with real packets in the sandbox.
+"""Every upstream conformance case (and each of our own, tests/conformance/own), replayed with
+real packets in the sandbox.
 
 Each file from scratch (one node and two nodes, IPv4 and IPv6), and each ``-stepN`` group as a live sequence
 of updates in one sandbox. Every TCP and UDP cell must match; the diagonal is ignored (upstream's
@@ -17,11 +18,11 @@ import pytest
 from nftpolicy.agent.sandbox import replay, sctp_supported
 from nftpolicy.translators.cases import load_case
 
-from .conftest import CONFORMANCE
+from .conftest import CONFORMANCE, OWN_CASES
 
 pytestmark = pytest.mark.kernel
 
-FILES = sorted(CONFORMANCE.glob("*.yaml"))
+FILES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(OWN_CASES.glob("*.yaml"))
 GROUPS: dict[str, list] = defaultdict(list)
 for _f in FILES:
     if (_m := re.match(r"(.*)-step\d+\.yaml$", _f.name)):

@@ -1,4 +1,4 @@
-"""``nftpolicy sandbox --dataplane nft|iptables|both``: twin sandboxes, every disagreeing cell
+"""``nftpolicy sandbox --dataplane nft|iptables|nft,iptables``: twin sandboxes, every disagreeing cell
 printed, exit code 1 on any."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_both_dataplanes_agree_on_the_example():
-    out = run("sandbox", "--dataplane", "both", "--node", "node1", "--node", "node2", EXAMPLE)
+    out = run("sandbox", "--dataplane", "nft,iptables", "--node", "node1", "--node", "node2", EXAMPLE)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "dataplanes: nft and iptables-nft (twin sandboxes)" in out.stdout
     assert "nft and iptables-nft agree on every cell" in out.stdout and "DISAGREE" not in out.stdout
@@ -37,7 +37,7 @@ def test_iptables_dataplane_replays_a_case_with_the_legacy_loader():
     out = run("sandbox", "--dataplane", "iptables", "--iptables-loader", "legacy", case)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "probed cells match the expected matrices" in out.stdout
-    both = run("sandbox", "--dataplane", "both", case)
+    both = run("sandbox", "--dataplane", "nft,iptables", case)
     assert both.returncode == 0 and "nft and iptables-nft agree on every cell" in both.stdout
 
 
@@ -54,7 +54,7 @@ def test_a_disagreement_is_printed_and_fails(monkeypatch, capsys):
     monkeypatch.setattr(render, "to_restore", broken)
     handler = signal.getsignal(signal.SIGTERM)
     try:
-        rc = cli.main(["sandbox", "--dataplane", "both", EXAMPLE])
+        rc = cli.main(["sandbox", "--dataplane", "nft,iptables", EXAMPLE])
     finally:
         signal.signal(signal.SIGTERM, handler)
     out = capsys.readouterr().out
