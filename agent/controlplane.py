@@ -93,8 +93,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when this process dies (prctl PR_SET_PDEATHSIG)."""
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when this process dies (prctl PR_SET_PDEATHSIG), so
+    no test-bed process outlives a sandbox that was killed. The kernel ties it to the spawning
+    thread: spawn from a thread that lives as long as the child (the main thread)."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
@@ -200,7 +202,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with open(self.dir / f"{name}.log", "ab") as log:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
 
     def _wait(self, name: str, proc: subprocess.Popen[bytes], ready: Any, timeout: float) -> None:
         deadline = time.monotonic() + timeout

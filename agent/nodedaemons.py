@@ -31,7 +31,7 @@ from nftpolicy.translators.nft import full_transaction
 from nftpolicy.translators.rules import Config, build_rule_model
 
 from . import netns
-from .controlplane import ControlPlane, ControlPlaneError, find_binary, free_port
+from .controlplane import ControlPlane, ControlPlaneError, die_with_parent, find_binary, free_port
 from .nftables import NftError, run_json
 from .ops import Metrics
 from .sources import KINDS, Store
@@ -96,7 +96,7 @@ class NodeDaemons:
     def _spawn(self, node: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with self.log_path(node).open("ab") as log:
             self.procs[node] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                                env={**os.environ, **(env or {})})
+                                                env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
 
     def _check_alive(self) -> None:
         for node, proc in self.procs.items():
