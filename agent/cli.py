@@ -20,7 +20,8 @@ from nftpolicy.translators import iptables as iptables_render
 from nftpolicy.translators import nft
 from nftpolicy.translators.kuberouter import DumpError, select
 from nftpolicy.translators.cases import Case, CaseError, format_matrix, is_case, parse_case
-from nftpolicy.translators.rules import Config, build_rule_model
+from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import Config
 
 from nftpolicy.translators.manifests import ManifestError, build_cluster
 from nftpolicy.translators.model import Cluster, Family

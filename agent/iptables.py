@@ -25,7 +25,7 @@ from . import netns
 
 Loader = Literal["nft", "legacy"]
 LOADERS: tuple[Loader, ...] = ("nft", "legacy")
-OUR_SET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-", render.TMP_PREFIX + "KUBE-")
+OUR_SET_PREFIXES = ("KUBE-PODS-", "KUBE-NET-", "KUBE-PORT-", render.TMP_PREFIX + "KUBE-")
 
 
 class IptablesError(RuntimeError):

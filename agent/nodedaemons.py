@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nftpolicy.translators.nft import full_transaction
-from nftpolicy.translators.rules import Config, build_rule_model
+from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import Config
 
 from . import netns
 from .controlplane import ControlPlane, ControlPlaneError, die_with_parent, find_binary, free_port

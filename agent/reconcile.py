@@ -3,8 +3,10 @@
 * The first sync waits until every source has listed, and is a full replace (``add table``,
   ``delete table``, everything) in one transaction: the old ruleset stays in force until the
   new one is committed, so a restart opens no window.
-* Later syncs commit only what changed since the last committed state (chains, rules, set and
-  map elements); a full replace again on the resync timer and after any failure.
+* Later syncs feed only the objects that changed to the node's renderer
+  (:class:`~nftpolicy.translators.noderender.NodeRenderer`) and commit only what that changed in
+  the model (set elements, sets, chains, dispatch map elements): the cost of a change is what it
+  touches, not the cluster. A full replace again on the resync timer and after any failure.
 * Changes are coalesced: two syncs are at least ``min_interval`` seconds apart.
 * A refused transaction leaves the kernel as it was; it is logged with libnftables' reason and
   retried with exponential backoff (full replace).
@@ -21,10 +23,11 @@ from contextlib import nullcontext
 from typing import Callable
 
 from nftpolicy.translators import nft
-from nftpolicy.translators.rules import Config, RenderCache, build_rule_model
+from nftpolicy.translators.noderender import NodeRenderer
+from nftpolicy.translators.rules import Config
 
 from . import netns
-from .nftables import NftError, run_json
+from .nftables import NftError, release_memory, run_json
 from .ops import Health, Metrics
 from .sources import Store
 
@@ -47,8 +50,8 @@ class Reconciler:
         self.metrics, self.health = metrics, health
         self.min_interval, self.resync_interval = min_interval, resync_interval
         self.target_netns, self.commit = target_netns, commit
-        self.applied: nft.TableState | None = None
-        self.cache = RenderCache()
+        # The model the kernel holds (None: unknown, the next sync replaces the table).
+        self.renderer: NodeRenderer | None = None
         self.failures = 0
 
     def _commit(self, batch: dict) -> None:
@@ -58,7 +61,7 @@ class Reconciler:
     def _table_lost(self) -> bool:
         """True when what we committed is no longer in the kernel: our table or its FORWARD base
         chain is missing (a cheap look-up, done while idle)."""
-        if self.applied is None:
+        if self.renderer is None:
             return False
         probe = {"nftables": [{"list": {"chain": {"family": "inet", "table": self.config.table, "name": "KUBE-ROUTER-FORWARD"}}}]}
         try:
@@ -67,29 +70,48 @@ class Reconciler:
             return True
         return False
 
-    def sync(self, full: bool) -> bool:
-        """Render the current snapshot and commit it; True when the kernel took it."""
-        started = time.monotonic()
+    def _full_batch(self) -> tuple[dict, float | None, NodeRenderer]:
+        """Render the whole snapshot from scratch: the batch replaces the table."""
         cluster, since = self.store.take()
-        if full:
-            self.cache = RenderCache()  # a full resync renders everything from scratch
-        model = build_rule_model(cluster, self.node, self.config, self.cache)
-        objects = nft.ruleset_objects(model)
-        state = nft.TableState(objects)
-        batch = None if full or self.applied is None else nft.incremental_transaction(self.applied, state)
-        mode = "incremental" if batch is not None else "full"
+        renderer = NodeRenderer(self.node, self.config).load(cluster)
+        renderer.take_changes()  # the full replace carries everything
+        return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model())), since, renderer
+
+    def _incremental_batch(self) -> tuple[dict | None, float | None]:
+        """Feed the objects that changed to the renderer; the batch of what that changed (None:
+        nothing in the table changes)."""
+        assert self.renderer is not None
+        changes, since = self.store.take_changes()
+        for kind, key, obj in changes:
+            if kind == "Pod":
+                self.renderer.set_pod(key, obj)
+            elif kind == "Namespace":
+                self.renderer.set_namespace(key, obj)
+            elif kind == "NetworkPolicy":
+                self.renderer.set_policy(key, obj)
+        delta = self.renderer.take_changes()
+        return (nft.changes_transaction(self.config, delta) if delta else None), since
+
+    def sync(self, full: bool) -> bool:
+        """Commit the changes since the last sync (everything when ``full``); True when the
+        kernel took them."""
+        started = time.monotonic()
+        mode = "full" if full or self.renderer is None else "incremental"
+        if mode == "full":
+            batch, since, renderer = self._full_batch()
+        else:
+            batch, since = self._incremental_batch()
+            renderer = self.renderer  # type: ignore[assignment]
         if batch is None:
-            batch = nft.replace_transaction(self.config.table, objects)
-        commands = len(batch["nftables"])
-        if mode == "incremental" and commands == 1:  # only "add table": nothing changed
             if since is not None:
                 self.metrics.event_to_kernel.observe(time.monotonic() - since)
             return True
+        commands = len(batch["nftables"])
         try:
             self._commit(batch)
         except (NftError, OSError) as exc:
             self.failures += 1
-            self.applied = None  # the next attempt is a full replace
+            self.renderer = None  # the kernel's state is unknown: the next attempt is a full replace
             self.metrics.sync_failures.labels(mode).inc()
             if since is not None and self.store.pending_since is None:
                 self.store.pending_since = since  # still owed to the kernel
@@ -98,24 +120,25 @@ class Reconciler:
             return False
         took = time.monotonic() - started
         self.failures = 0
-        self.applied = state
-        counts = state.counts()
+        self.renderer = renderer
         self.metrics.sync_duration.labels(mode).observe(took)
         self.metrics.transaction_commands.labels(mode).observe(commands)
         self.metrics.last_success.set(time.time())
+        counts = renderer.counts()
         for kind, value in counts.items():
             self.metrics.table_objects.labels(kind).set(value)
         if since is not None:
             self.metrics.event_to_kernel.observe(time.monotonic() - since)
         if mode == "full":
-            # The cluster model and the render cache live long: collect once, then keep them out
-            # of later collections, whose pauses would otherwise dominate the sync latency tail.
+            # The model lives long: collect once, then keep it out of later collections, whose
+            # pauses would otherwise dominate the sync latency tail; give freed memory back.
             gc.collect()
             gc.freeze()
+            release_memory()
         changed = Counter(f"{verb} {next(iter(body))}" for c in batch["nftables"] for verb, body in c.items())
-        log.info("sync %s in %.1f ms: %s; table has %d pod chains, %d policy chains, %d set elements", mode, took * 1000,
-                 ", ".join(f"{n} {what}" for what, n in sorted(changed.items())), len(model.pod_chains),
-                 len(model.policy_chains), counts["elements"],
+        log.info("sync %s in %.1f ms: %s; table has %d pod chains, %d policy chains, %d sets, %d set elements", mode,
+                 took * 1000, ", ".join(f"{n} {what}" for what, n in sorted(changed.items())), counts["pod chains"],
+                 counts["policy chains"], counts["sets"], counts["elements"],
                  extra={"mode": mode, "commands": commands, "duration_ms": round(took * 1000, 1)})
         return True
 
@@ -137,12 +160,12 @@ class Reconciler:
                 if not self.store.changed.is_set() and now < resync_at:
                     if not self.store.changed.wait(min(HEARTBEAT, resync_at - now)) and self._table_lost():
                         log.warning("our table is gone or incomplete (another tool flushed the ruleset?): restoring it")
-                        self.applied, retry_at = None, time.monotonic()
+                        self.renderer, retry_at = None, time.monotonic()
                     continue
                 if now - last_sync < self.min_interval:  # coalesce a burst of changes
                     stop.wait(min(HEARTBEAT, self.min_interval - (now - last_sync)))
                     continue
-            full = self.applied is None or now - last_full >= self.resync_interval
+            full = self.renderer is None or now - last_full >= self.resync_interval
             last_sync = time.monotonic()
             if self.sync(full):
                 retry_at = None

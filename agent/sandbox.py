@@ -37,7 +37,8 @@ from nftpolicy.translators.cases import Case, Matrix, case_manifests, difference
 from nftpolicy.translators.manifests import ManifestError, build_cluster
 from nftpolicy.translators.model import Cluster, Family, Pod, Protocol
 from nftpolicy.translators.nft import full_transaction
-from nftpolicy.translators.rules import Config, build_rule_model
+from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import Config
 
 from . import iptables, netns
 from .controlplane import ApiError, ControlPlane

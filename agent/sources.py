@@ -68,6 +68,9 @@ class Store:
         self._objects: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
         self._invalid: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
         self._listed: set[str] = set()
+        # (kind, key) -> the model object now (None: gone), for every object that changed since
+        # the last take: what an incremental sync feeds the renderer
+        self._changes: dict[tuple[str, str], Any] = {}
         self.changed = threading.Event()
         self.pending_since: float | None = None
 
@@ -101,6 +104,10 @@ class Store:
                 model = self._convert(kind, key, obj)
                 if model is not None:
                     converted[key] = model
+            old = self._objects[kind]
+            for key in old.keys() | converted.keys():
+                if old.get(key) != converted.get(key):
+                    self._changes[(kind, key)] = converted.get(key)
             self._objects[kind] = converted
             self._listed.add(kind)
             self._touch()
@@ -116,6 +123,7 @@ class Store:
                 self._objects[kind].pop(key, None)
             else:
                 self._objects[kind][key] = model
+            self._changes[(kind, key)] = model
             self._touch()
 
     def get(self, kind: str, key: str) -> Any:
@@ -128,11 +136,22 @@ class Store:
         with self._lock:
             return set(kinds) <= self._listed
 
-    def take(self) -> tuple[Cluster, float | None]:
-        """A consistent snapshot of the cluster and the time of the oldest change it includes."""
+    def take_changes(self) -> tuple[list[tuple[str, str, Any]], float | None]:
+        """Every object that changed since the last take, as ``(kind, key, model or None)``
+        (the latest state of each), and the time of the oldest change among them."""
         with self._lock:
             self.changed.clear()
             since, self.pending_since = self.pending_since, None
+            changes, self._changes = self._changes, {}
+            return [(kind, key, model) for (kind, key), model in changes.items()], since
+
+    def take(self) -> tuple[Cluster, float | None]:
+        """A consistent snapshot of the cluster and the time of the oldest change it includes
+        (it includes every change so far: the change list starts again)."""
+        with self._lock:
+            self.changed.clear()
+            since, self.pending_since = self.pending_since, None
+            self._changes = {}
             objects = self._objects
             return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
                            policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"])), since

@@ -58,7 +58,8 @@ from nftpolicy.agent.nftables import run_json  # noqa: E402
 from nftpolicy.agent.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators.nft import ruleset_objects  # noqa: E402
-from nftpolicy.translators.rules import AddressSet, PolicyChain, RuleModel, build_rule_model  # noqa: E402
+from nftpolicy.translators.noderender import build_rule_model  # noqa: E402
+from nftpolicy.translators.rules import AddressSet, PolicyChain, RuleModel
 
 VARIANTS = ("none", "conntrack", "nft", "iptables-nft", "iptables-legacy")
 BENCH_TABLE = "nftpolicy-bench-conntrack"

@@ -143,7 +143,7 @@ def test_a_dual_stack_dump_saved_from_a_node(make_netns):
     ``ip6tables-legacy-save`` and ``ipset save`` output: our own iptables variant, loaded into a
     namespace and saved, is recognised as kube-router's layout and gives nftpolicy's verdicts."""
     from nftpolicy.agent import iptables
-    from nftpolicy.translators.rules import build_rule_model
+    from nftpolicy.translators.noderender import build_rule_model
 
     cluster = example_cluster()
     pods = {}

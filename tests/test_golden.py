@@ -13,7 +13,7 @@ import yaml
 
 from nftpolicy.translators import nft
 from nftpolicy.translators.manifests import build_cluster
-from nftpolicy.translators.rules import build_rule_model
+from nftpolicy.translators.noderender import build_rule_model
 
 from .conftest import REPO
 

@@ -11,7 +11,7 @@ import pytest
 
 from nftpolicy.agent import iptables
 from nftpolicy.translators import iptables as render
-from nftpolicy.translators.rules import build_rule_model
+from nftpolicy.translators.noderender import build_rule_model
 
 from .conftest import example_cluster
 

@@ -10,7 +10,7 @@ import pytest
 from nftpolicy.agent import netns
 from nftpolicy.agent.nftables import run_json
 from nftpolicy.translators import nft as render
-from nftpolicy.translators.rules import build_rule_model
+from nftpolicy.translators.noderender import build_rule_model
 
 from .conftest import example_cluster, nft
 

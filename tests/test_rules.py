@@ -1,4 +1,5 @@
-"""Unit tests of nftpolicy.translators.rules (build_rule_model, ClusterIndex) and the model helpers.
+"""Unit tests of the rule model (nftpolicy.translators.noderender's build_rule_model, the shared
+selector sets) and the model helpers.
 
 Pure: no kernel, no root. Clusters are built from manifest dicts through ``build_cluster`` so the
 tests read like the Kubernetes API. Verdicts are checked with :func:`model_allows`, a small
@@ -27,13 +28,12 @@ from nftpolicy.translators.model import (
     Requirement,
     family_of,
 )
+from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import (
     COMMENT_MAX_BYTES,
     AddressSet,
-    ClusterIndex,
     PortMatch,
     RuleModel,
-    build_rule_model,
     comment,
     hashed_name,
 )
@@ -242,62 +242,57 @@ INDEX_OBJECTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def index() -> ClusterIndex:
-    return ClusterIndex(cluster_of(*INDEX_OBJECTS))
+INDEX_IP = {"x/a": "10.0.0.1", "x/b": "10.0.0.2", "y/a": "10.0.1.1", "y/b": "10.0.1.2", "z/a": "10.0.2.1", "w/a": "10.0.3.1"}
 
 
-def keys(pods) -> list[str]:
-    return sorted(p.key for p in pods)
+def peer_pods(peer: dict[str, Any], *extra: dict[str, Any]) -> list[str]:
+    """The pods that the shared set of one ingress peer of policy x/p holds (by address)."""
+    m = model_of(*INDEX_OBJECTS, *extra, netpol("x/p", {}, ingress=[{"from": [peer]}]))
+    (rule,) = policy_chain(m, "x/p", "ingress").rules
+    elements = set(set_named(m, rule.peer_set).elements)
+    return sorted(key for key, ip in INDEX_IP.items() if ip in elements)
 
 
 @pytest.mark.parametrize("namespace, selector, expected", [
-    ("x", None, ["x/a", "x/b"]),
-    ("x", LabelSelector(), ["x/a", "x/b"]),
-    ("x", LabelSelector((("app", "a"),)), ["x/a"]),
-    ("y", LabelSelector((("app", "b"),)), ["y/b"]),
-    ("empty", None, []),
-    ("nonexistent", None, []),
-    ("w", LabelSelector((("app", "a"),)), ["w/a"]),
+    ("x", {}, ["x/a", "x/b"]),
+    ("x", labels(app="a"), ["x/a"]),
+    ("y", labels(app="b"), ["y/b"]),
+    ("empty", {}, []),
+    ("nonexistent", {}, []),
+    ("w", labels(app="a"), ["w/a"]),
 ])
-def test_index_pods_only_enforceable(index, namespace, selector, expected):
-    assert keys(index.pods(namespace, selector)) == expected
-
-
-def test_index_all_pods_excludes_pending_finished_and_host_network(index):
-    assert keys(index.all_pods()) == ["w/a", "x/a", "x/b", "y/a", "y/b", "z/a"]
+def test_a_scope_holds_only_enforceable_pods(namespace, selector, expected):
+    peer = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}, "podSelector": selector}
+    assert peer_pods(peer) == expected
 
 
 @pytest.mark.parametrize("selector, expected", [
-    (LabelSelector(), ("empty", "w", "x", "y", "z")),
-    (LabelSelector((("team", "red"),)), ("empty", "x", "z")),
-    (LabelSelector((("team", "blue"),)), ("y",)),
-    (LabelSelector(((NAMESPACE_NAME_LABEL, "w"),)), ("w",)),  # automatic label of a namespace known only from pods
-    (LabelSelector((), (Requirement("team", "DoesNotExist"),)), ("w",)),
-    (LabelSelector((), (Requirement("team", "NotIn", frozenset({"red"})),)), ("w", "y")),
+    ({}, ["w/a", "x/a", "x/b", "y/a", "y/b", "z/a"]),
+    (labels(team="red"), ["x/a", "x/b", "z/a"]),
+    (labels(team="blue"), ["y/a", "y/b"]),
+    ({"matchLabels": {NAMESPACE_NAME_LABEL: "w"}}, ["w/a"]),  # automatic label of a namespace known only from pods
+    ({"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}, ["w/a"]),
+    ({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["red"]}]}, ["w/a", "y/a", "y/b"]),
 ])
-def test_index_namespaces_matching(index, selector, expected):
-    assert index.namespaces_matching(selector) == expected
-
-
-def _policy(index, key):
-    return index.cluster.policies[key]
+def test_namespace_selector_scopes(selector, expected):
+    assert peer_pods({"namespaceSelector": selector}) == expected
 
 
 @pytest.mark.parametrize("peer, expected", [
     pytest.param({"podSelector": labels(app="a")}, ["x/a"], id="podSelector-only-policy-namespace"),
     pytest.param({"podSelector": {}}, ["x/a", "x/b"], id="empty-podSelector-policy-namespace"),
-    pytest.param({"namespaceSelector": labels(team="red")}, ["x/a", "x/b", "z/a"], id="namespaceSelector-only-all-pods"),
-    pytest.param({"namespaceSelector": {}}, ["w/a", "x/a", "x/b", "y/a", "y/b", "z/a"], id="empty-namespaceSelector-every-pod"),
     pytest.param({"namespaceSelector": labels(team="red"), "podSelector": labels(app="a")}, ["x/a", "z/a"], id="both-AND"),
     pytest.param({"namespaceSelector": labels(team="blue"), "podSelector": labels(app="b")}, ["y/b"], id="both-AND-other"),
     pytest.param({"namespaceSelector": labels(team="green")}, [], id="no-namespace"),
-    pytest.param(ip_block("10.0.0.0/8"), [], id="ipBlock-names-no-pods"),
 ])
-def test_index_peer_pods(peer, expected):
-    idx = ClusterIndex(cluster_of(*INDEX_OBJECTS, netpol("x/p", ingress=[{"from": [peer]}])))
-    policy = _policy(idx, "x/p")
-    assert keys(idx.peer_pods(policy, policy.ingress[0].peers[0])) == expected
+def test_peer_scopes(peer, expected):
+    assert peer_pods(peer) == expected
+
+
+def test_namespace_label_change_moves_its_pods_in_and_out():
+    peer = {"namespaceSelector": labels(team="blue")}
+    assert peer_pods(peer, ns("z", team="blue")) == ["y/a", "y/b", "z/a"]
+    assert peer_pods(peer, ns("y", team="red")) == []
 
 
 # --------------------------------------------------------------------------- peers, end to end
@@ -347,18 +342,33 @@ def test_egress_peers(peers, allowed):
     assert model_allows(m, "10.0.1.2", IP["x/a"])  # ingress of x/a is not isolated by an egress-only policy
 
 
-def test_selector_peers_share_one_address_set_per_rule():
+def test_each_selector_peer_has_its_own_set_named_after_what_it_selects():
     m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[{"from": [
         {"podSelector": labels(app="b")}, {"namespaceSelector": labels(team="blue"), "podSelector": labels(app="a")}]}]))
-    (addr,) = rule_sets(m, "x/p", "ingress", "addr")
-    assert addr.elements == ("10.0.0.2", "10.0.1.1")
-    assert addr.name.startswith("KUBE-SRC-")
+    sets = rule_sets(m, "x/p", "ingress", "addr")
+    assert {s.comment: s.elements for s in sets} == {"pods in x: app=b": ("10.0.0.2",),
+                                                     "pods in namespaces team=blue: app=a": ("10.0.1.1",)}
+    assert all(s.name.startswith("KUBE-PODS-") for s in sets)
 
 
-def test_egress_address_set_is_a_destination_set():
-    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), egress=[{"to": [{"podSelector": labels(app="b")}]}]))
-    (addr,) = rule_sets(m, "x/p", "egress", "addr")
-    assert addr.name.startswith("KUBE-DST-") and addr.elements == ("10.0.0.2",)
+def test_policies_that_select_the_same_peers_share_one_set():
+    peer = {"namespaceSelector": labels(team="blue")}
+    m = model_of(*PEER_PODS, netpol("x/p1", labels(app="a"), ingress=[{"from": [peer]}]),
+                 netpol("x/p2", labels(app="b"), egress=[{"to": [peer]}], types=["Egress"]),
+                 netpol("z/p3", {}, ingress=[{"from": [peer]}, {"from": [peer], "ports": [{"port": 81}]}]))
+    users = {rule.peer_set for chain in m.policy_chains for rule in chain.rules}
+    assert len(users) == 1 and len([s for s in m.sets if s.kind == "addr"]) == 1
+    assert set_named(m, users.pop()).elements == ("10.0.1.1", "10.0.1.2")
+
+
+def test_equal_selectors_written_differently_share_one_set():
+    m = model_of(*PEER_PODS,
+                 netpol("x/p1", labels(app="a"), ingress=[{"from": [{"podSelector": {"matchLabels": {"app": "b", "tier": "x"}}}]}]),
+                 netpol("x/p2", labels(app="a"), ingress=[{"from": [{"podSelector": {"matchLabels": {"tier": "x", "app": "b"}}}]}]),
+                 netpol("x/p3", labels(app="a"), ingress=[{"from": [{"podSelector": {}}]}]),
+                 netpol("x/p4", labels(app="a"), ingress=[{"from": [{"podSelector": {"matchLabels": {}}}]}]))
+    names = {c.policy: c.rules[0].peer_set for c in m.policy_chains}
+    assert names["x/p1"] == names["x/p2"] and names["x/p3"] == names["x/p4"] and names["x/p1"] != names["x/p3"]
 
 
 def test_rules_are_ored_within_a_policy_and_across_policies():
@@ -507,29 +517,30 @@ def ipblock_model(*peers: dict[str, Any], direction: str = "ingress") -> RuleMod
                     netpol("x/p", labels(app="a"), **{direction: [{rule_key: list(peers)}]}))
 
 
-def interval_elements(m: RuleModel, direction: str = "ingress") -> dict[str, tuple]:
-    return {s.family: s.elements for s in rule_sets(m, "x/p", direction, "interval")}
+def interval_sets(m: RuleModel, direction: str = "ingress") -> dict[str, tuple]:
+    """The ipBlock sets a policy direction uses: comment -> elements."""
+    return {s.comment: s.elements for s in rule_sets(m, "x/p", direction, "interval")}
 
 
 @pytest.mark.parametrize("peers, expected", [
-    pytest.param([ip_block("0.0.0.0/0")], {"ipv4": ("0.0.0.0/0",)}, id="v4-any-exact"),
-    pytest.param([ip_block("::/0")], {"ipv6": ("::/0",)}, id="v6-any-exact"),
-    pytest.param([ip_block("0.0.0.0/0"), ip_block("::/0")], {"ipv4": ("0.0.0.0/0",), "ipv6": ("::/0",)}, id="both-any"),
-    pytest.param([ip_block("10.0.0.0/24"), ip_block("10.0.0.128/25"), ip_block("10.0.1.0/24")], {"ipv4": ("10.0.0.0/23",)},
-                 id="overlap-merged"),
-    pytest.param([ip_block("10.0.0.0/8"), ip_block("10.1.0.0/16")], {"ipv4": ("10.0.0.0/8",)}, id="nested-merged"),
-    pytest.param([ip_block("10.0.0.0/24"), ip_block("10.0.0.0/24")], {"ipv4": ("10.0.0.0/24",)}, id="duplicate-merged"),
-    pytest.param([ip_block("10.0.2.0/24"), ip_block("10.0.0.0/24")], {"ipv4": ("10.0.0.0/24", "10.0.2.0/24")}, id="sorted"),
-    pytest.param([ip_block("10.0.0.0/16", "10.0.5.0/24"), ip_block("10.0.5.0/24")], {"ipv4": ("10.0.0.0/16",)},
-                 id="other-peer-refills-except"),
-    pytest.param([ip_block("10.0.0.0/30", "10.0.0.1/32")], {"ipv4": ("10.0.0.0/32", "10.0.0.2/31")}, id="except-hole"),
-    pytest.param([ip_block("fd00::/126", "fd00::/128")], {"ipv6": ("fd00::1/128", "fd00::2/127")}, id="v6-except-hole"),
-    pytest.param([ip_block("10.0.0.0/24"), ip_block("fd00::/64")], {"ipv4": ("10.0.0.0/24",), "ipv6": ("fd00::/64",)},
-                 id="one-set-per-family"),
+    pytest.param([ip_block("0.0.0.0/0")], {"ipBlock 0.0.0.0/0": ("0.0.0.0/0",)}, id="v4-any-exact"),
+    pytest.param([ip_block("::/0")], {"ipBlock ::/0": ("::/0",)}, id="v6-any-exact"),
+    pytest.param([ip_block("0.0.0.0/0"), ip_block("::/0")], {"ipBlock 0.0.0.0/0": ("0.0.0.0/0",), "ipBlock ::/0": ("::/0",)},
+                 id="both-any"),
+    pytest.param([ip_block("10.0.0.0/24"), ip_block("10.0.0.0/24")], {"ipBlock 10.0.0.0/24": ("10.0.0.0/24",)}, id="duplicate-one-set"),
+    pytest.param([ip_block("10.0.0.0/16", "10.0.5.0/24"), ip_block("10.0.5.0/24")],
+                 {"ipBlock 10.0.0.0/16 except 10.0.5.0/24": ("10.0.0.0/22", "10.0.4.0/24", "10.0.6.0/23", "10.0.8.0/21",
+                                                              "10.0.16.0/20", "10.0.32.0/19", "10.0.64.0/18", "10.0.128.0/17"),
+                  "ipBlock 10.0.5.0/24": ("10.0.5.0/24",)}, id="each-peer-its-own-except"),
+    pytest.param([ip_block("10.0.0.0/30", "10.0.0.1/32")], {"ipBlock 10.0.0.0/30 except 10.0.0.1/32": ("10.0.0.0/32", "10.0.0.2/31")},
+                 id="except-hole"),
+    pytest.param([ip_block("fd00::/126", "fd00::/128")], {"ipBlock fd00::/126 except fd00::/128": ("fd00::1/128", "fd00::2/127")},
+                 id="v6-except-hole"),
 ])
 def test_ipblock_interval_sets(peers, expected):
-    m = ipblock_model(*peers)
-    got = interval_elements(m)
+    """One set per ipBlock (its CIDR minus its own excepts), named after it, shared by every rule
+    that names the same ipBlock; elements disjoint and in address order."""
+    got = interval_sets(ipblock_model(*peers))
     assert got == expected
     for elements in got.values():
         nets = [ipaddress.ip_network(e) for e in elements]
@@ -810,21 +821,21 @@ def test_model_is_deterministic_and_sorted():
     assert len({c.name for c in m.policy_chains}) == len(m.policy_chains)
 
 
-NAME_RE = re.compile(r"^(KUBE-POD-FW-|KUBE-NWPLCY-|KUBE-SRC-|KUBE-DST-)[A-Z2-7]{16}$")
+NAME_RE = re.compile(r"^(KUBE-POD-FW-|KUBE-NWPLCY-|KUBE-PODS-|KUBE-NET-|KUBE-PORT-)[A-Z2-7]{16}$")
 
 
 def test_every_generated_name_has_prefix_and_16_base32_chars():
     m = model_of(*STABLE_OBJECTS)
     names = [s.name for s in m.sets] + [c.name for c in m.policy_chains] + [c.name for c in m.pod_chains]
     assert names and all(NAME_RE.match(n) for n in names), names
-    assert {n.split("-")[1] for n in names} >= {"POD", "NWPLCY", "SRC", "DST"}
+    assert {n.split("-")[1] for n in names} >= {"POD", "NWPLCY", "PODS", "PORT"}
 
 
 @pytest.mark.parametrize("prefix, identity", [
     ("KUBE-NWPLCY-", ("x", "p", "ingress")),
     ("KUBE-POD-FW-", ("x", "a")),
-    ("KUBE-SRC-", ("ns", "name", "ingress", "0", "ipv4", "addr")),
-    ("KUBE-DST-", ()),
+    ("KUBE-PODS-", ("ipv4", "pods in x: app=b")),
+    ("KUBE-NET-", ()),
 ])
 def test_hashed_name_deterministic(prefix, identity):
     name = hashed_name(prefix, *identity)
@@ -878,12 +889,13 @@ def test_comments_of_long_names_fit():
                ingress=[{"from": [{"podSelector": labels(app="b")}, ip_block("10.1.0.0/16")], "ports": [{"port": "http"}]}],
                egress=[{"to": [{"podSelector": {}}], "ports": [{"port": "http"}]}]),
     )
-    comments = ([s.comment for s in m.sets] + [c.comment for c in m.policy_chains] + [c.comment for c in m.pod_chains]
-                + [r.comment for c in m.policy_chains for r in c.rules])
+    named_after_policy = ([c.comment for c in m.policy_chains] + [c.comment for c in m.pod_chains]
+                          + [r.comment for c in m.policy_chains for r in c.rules])
+    comments = [s.comment for s in m.sets] + named_after_policy
     assert len(comments) > 8
     for text in comments:
         assert len(text.encode()) <= COMMENT_MAX_BYTES
-        assert text.startswith(long_ns[:10])
+    assert all(text.startswith(long_ns[:10]) for text in named_after_policy)
     assert any(len(t.encode()) == COMMENT_MAX_BYTES for t in comments)
 
 

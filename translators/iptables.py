@@ -28,7 +28,7 @@ Shape of one family's filter table (``to_restore(model, "ipv4")``; ``"ipv6"`` is
     -A KUBE-POD-FW-<hash> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable
     -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x0/0x10000
     -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x20000/0x20000                    (passed)
-    -A KUBE-NWPLCY-<hash> [-p tcp] -m set --match-set KUBE-SRC-<hash> src [-m tcp --dport 80[:90]] -j MARK --set-xmark 0x10000/0x10000
+    -A KUBE-NWPLCY-<hash> [-p tcp] -m set --match-set KUBE-PODS-<hash> src [-m tcp --dport 80[:90]] -j MARK --set-xmark 0x10000/0x10000
     -A KUBE-NWPLCY-<hash> <the same matches> -m mark --mark 0x10000/0x10000 -j RETURN
     COMMIT
 
@@ -197,7 +197,8 @@ class _Table:
         for direction, chains, flag in (("ingress", pod.ingress, "-d"), ("egress", pod.egress, "-s")):
             for target in chains if chains is not None else (DEFAULT_CHAIN,):
                 for ip in ips:
-                    self.add(name, flag, _host(ip), *_comment(f"{pod.pod} {direction}"), "-j", target)
+                    # Only while no policy has allowed the packet yet: the first allow ends the walk.
+                    self.add(name, flag, _host(ip), *_comment(f"{pod.pod} {direction}"), *unmarked, "-j", target)
         prefix = f"nftpolicy reject {pod.pod}: ".encode()[:NFLOG_PREFIX_MAX].decode(errors="ignore")
         self.add(name, *_comment(f"{pod.pod} log rejected"), *unmarked, "-m", "limit", "--limit", "10/min", "--limit-burst", "10",
                  "-j", "NFLOG", "--nflog-group", str(c.nflog_group), "--nflog-prefix", _quote(prefix))

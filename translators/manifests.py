@@ -9,11 +9,17 @@ Validation and defaulting follow the ``networking.k8s.io/v1`` API reference and 
 validation (``pkg/apis/networking/validation``): protocol defaults to TCP, ``policyTypes``
 defaults to Ingress plus Egress when egress rules exist, ``endPort`` needs a numeric ``port`` and
 ``endPort >= port``, port names are IANA service names, CIDRs must parse and every ``except``
-must be a strict subset of its ``cidr``.
+must be a strict subset of its ``cidr``. A missing ``spec.podSelector`` is the empty selector and
+a ``metadata.generateName`` without a name gets a name, as the API server does.
+Manifests are validated as the API server validates a create (``new=True``): CIDRs with host
+bits or IPv4-mapped IPv6 addresses are refused (kube-apiserver v1.36 does); objects read from the
+API may still hold such values, stored before the API server refused them (it keeps serving them),
+and are read as the API server reads them (host bits masked).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -56,6 +62,8 @@ _FIELDS = {
     "port": {"protocol", "port", "endPort"}, "selector": {"matchLabels", "matchExpressions"},
     "requirement": {"key", "operator", "values"},
 }
+# The characters the API server appends to ``metadata.generateName`` (5 of them).
+_GENERATED_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 _IANA_SVC_NAME = re.compile(r"(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
 
 
@@ -147,7 +155,8 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 errors.append(ManifestError(str(kind or "object"), str(name), hint, origin))
             continue
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        ref = f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if kind in ("Pod", "NetworkPolicy") else str(meta.get("name"))
+        name = meta.get("name") or meta.get("generateName")
+        ref = f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else str(name)
         try:
             if kind == "Namespace":
                 ns = namespace_from(obj)
@@ -156,7 +165,7 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 pod = pod_from(obj)
                 pods[pod.key] = pod
             elif kind == "NetworkPolicy":
-                policy = policy_from(obj)
+                policy = policy_from(obj, new=True)
                 policies[policy.key] = policy
             else:
                 node = node_from(obj)
@@ -189,7 +198,15 @@ def _known_fields(value: Mapping[str, Any], part: str, path: str) -> None:
 
 
 def _name(obj: Mapping[str, Any], pattern: re.Pattern = _DNS_SUBDOMAIN) -> str:
-    name = _mapping(obj.get("metadata"), "metadata").get("name")
+    meta = _mapping(obj.get("metadata"), "metadata")
+    name, prefix = meta.get("name"), meta.get("generateName")
+    if not name and isinstance(prefix, str) and prefix:
+        # The API server appends 5 random characters (to at most 58 of the prefix); ours come
+        # from the object's content, so that reading the same file twice gives the same name.
+        if not pattern.fullmatch(prefix[:-1] + "a" if prefix.endswith("-") else prefix):
+            raise InvalidField("metadata.generateName", f"invalid name prefix {prefix!r} (a lower-case RFC 1123 name)")
+        digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).digest()
+        name = prefix[:58] + "".join(_GENERATED_SUFFIX[b % len(_GENERATED_SUFFIX)] for b in digest[:5])
     if not isinstance(name, str) or not name:
         raise InvalidField("metadata.name", "required")
     if not pattern.fullmatch(name):
@@ -204,13 +221,21 @@ def _namespace(obj: Mapping[str, Any]) -> str:
     return namespace
 
 
-def _label_key(key: Any, path: str) -> str:
+def _label_key(key: Any, path: str, what: str = "label") -> str:
     if not isinstance(key, str):
-        raise InvalidField(path, f"label keys must be strings, got {key!r}")
-    prefix, _, name = key.rpartition("/")
-    if (prefix and not _DNS_SUBDOMAIN.fullmatch(prefix)) or not _LABEL_NAME.fullmatch(name):
-        raise InvalidField(path, f"invalid label key {key!r}")
+        raise InvalidField(path, f"{what} keys must be strings, got {key!r}")
+    prefix, slash, name = key.rpartition("/")
+    if (slash and not _DNS_SUBDOMAIN.fullmatch(prefix)) or not _LABEL_NAME.fullmatch(name):
+        raise InvalidField(path, f"invalid {what} key {key!r}")
     return key
+
+
+def _annotations(value: Any, path: str) -> None:
+    """Annotation keys are label keys, compared in lower case; values are any strings."""
+    for k, v in _mapping(value, path).items():
+        if not isinstance(v, str):
+            raise InvalidField(f"{path}.{k}", "annotation values must be strings")
+        _label_key(k.lower() if isinstance(k, str) else k, f"{path}.{k}", "annotation")
 
 
 def _labels(value: Any, path: str) -> dict[str, str]:
@@ -313,13 +338,19 @@ def _boolean(value: Any, path: str) -> bool:
     return value
 
 
-def _network(value: Any, path: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _network(value: Any, path: str, new: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A CIDR; ``new``: also refuse what kube-apiserver (v1.36) refuses in a new object."""
     if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F.:]+/[0-9]{1,3}", value):
         raise InvalidField(path, f"invalid CIDR {value!r}")
     try:
-        return ipaddress.ip_network(value, strict=False)
+        network = ipaddress.ip_network(value, strict=False)
     except ValueError:
         raise InvalidField(path, f"invalid CIDR {value!r}") from None
+    if new and ipaddress.ip_interface(value).ip != network.network_address:
+        raise InvalidField(path, f"invalid CIDR {value!r}: must not have bits set beyond the prefix length (use {network})")
+    if new and isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped is not None:
+        raise InvalidField(path, f"invalid CIDR {value!r}: must not have an IPv4-mapped IPv6 address")
+    return network
 
 
 def selector_from(value: Any, path: str) -> LabelSelector:
@@ -370,7 +401,7 @@ def _port(value: Any, path: str) -> PolicyPort:
     return PolicyPort(protocol=protocol, port=port, end_port=end_port)
 
 
-def _peer(value: Any, path: str) -> Peer:
+def _peer(value: Any, path: str, new: bool) -> Peer:
     entry = _mapping(value, path)
     _known_fields(entry, "peer", path)
     block = entry.get("ipBlock")
@@ -387,41 +418,45 @@ def _peer(value: Any, path: str) -> Peer:
         )
     block = _mapping(block, f"{path}.ipBlock")
     _known_fields(block, "ipBlock", f"{path}.ipBlock")
-    cidr = _network(block.get("cidr"), f"{path}.ipBlock.cidr")
+    cidr = _network(block.get("cidr"), f"{path}.ipBlock.cidr", new)
     excepts = []
     for i, text in enumerate(_list(block.get("except"), f"{path}.ipBlock.except")):
-        hole = _network(text, f"{path}.ipBlock.except[{i}]")
+        hole = _network(text, f"{path}.ipBlock.except[{i}]", new)
         if hole.version != cidr.version or not hole.subnet_of(cidr) or hole == cidr:  # type: ignore[arg-type]
             raise InvalidField(f"{path}.ipBlock.except[{i}]", f"{text} must be a strict subset of cidr {cidr}")
         excepts.append(hole)
     return Peer(ip_block=IPBlock(cidr=cidr, excepts=tuple(excepts)))
 
 
-def _rules(value: Any, path: str, peers_key: str) -> tuple[PolicyRule, ...]:
+def _rules(value: Any, path: str, peers_key: str, new: bool) -> tuple[PolicyRule, ...]:
     rules = []
     for i, rule in enumerate(_list(value, path)):
         rpath = f"{path}[{i}]"
         rule = _mapping(rule, rpath)
         _known_fields(rule, "ingress" if peers_key == "from" else "egress", rpath)
-        peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]") for j, p in enumerate(_list(rule.get(peers_key), f"{rpath}.{peers_key}")))
+        peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]", new) for j, p in enumerate(_list(rule.get(peers_key), f"{rpath}.{peers_key}")))
         ports = tuple(_port(p, f"{rpath}.ports[{j}]") for j, p in enumerate(_list(rule.get("ports"), f"{rpath}.ports")))
         rules.append(PolicyRule(peers=peers, ports=ports))
     return tuple(rules)
 
 
-def policy_from(obj: Mapping[str, Any]) -> NetworkPolicy:
+def policy_from(obj: Mapping[str, Any], new: bool = False) -> NetworkPolicy:
     """A NetworkPolicy object -> :class:`NetworkPolicy`, defaulted and validated.
 
+    ``new``: validate as the API server validates a create (manifests); else as an object it
+    already stores (the agent's API sources), which may hold legacy CIDRs with host bits.
     Raises :class:`InvalidField` naming the first invalid field.
     """
     name = _name(obj)
+    _labels(obj["metadata"].get("labels"), "metadata.labels")
+    _annotations(obj["metadata"].get("annotations"), "metadata.annotations")
     spec = _mapping(obj.get("spec"), "spec")
     _known_fields(spec, "spec", "spec")
-    if "podSelector" not in spec:
-        raise InvalidField("spec.podSelector", "required")
-    ingress = _rules(spec.get("ingress"), "spec.ingress", "from")
-    egress = _rules(spec.get("egress"), "spec.egress", "to")
+    ingress = _rules(spec.get("ingress"), "spec.ingress", "from", new)
+    egress = _rules(spec.get("egress"), "spec.egress", "to", new)
     types = _list(spec.get("policyTypes"), "spec.policyTypes")
+    if len(types) > 2:
+        raise InvalidField("spec.policyTypes", f"may not specify more than two policyTypes, got {len(types)}")
     for i, t in enumerate(types):
         if t not in ("Ingress", "Egress"):
             raise InvalidField(f"spec.policyTypes[{i}]", f"unsupported value {t!r} (Ingress or Egress)")
@@ -430,7 +465,7 @@ def policy_from(obj: Mapping[str, Any]) -> NetworkPolicy:
     return NetworkPolicy(
         namespace=_namespace(obj),
         name=name,
-        pod_selector=selector_from(spec["podSelector"], "spec.podSelector"),
+        pod_selector=selector_from(spec.get("podSelector"), "spec.podSelector"),
         policy_types=frozenset(t.lower() for t in types),  # type: ignore[misc]
         ingress=ingress,
         egress=egress,

@@ -24,7 +24,8 @@ import json
 from typing import Any
 
 from .model import Family, family_of
-from .rules import AddressSet, AllowRule, PodChain, PolicyChain, RuleModel, comment
+from .noderender import Changes
+from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, RuleModel, comment
 
 BASE_CHAINS = {"KUBE-ROUTER-INPUT": "input", "KUBE-ROUTER-FORWARD": "forward", "KUBE-ROUTER-OUTPUT": "output"}
 COMMON_CHAIN = "KUBE-NWPLCY-COMMON"
@@ -95,19 +96,7 @@ class _Builder:
         self.objects.append({"rule": body})
 
     def address_set(self, s: AddressSet) -> None:
-        body: Json = {**self.table, "name": s.name, "comment": s.comment}
-        if s.kind == "named_port":
-            body["type"] = [ADDR_TYPE[s.family], "inet_proto", "inet_service"]
-            elements: list[Any] = [{"concat": list(e)} for e in s.elements]
-        elif s.kind == "interval":
-            body["type"], body["flags"] = ADDR_TYPE[s.family], ["interval"]
-            elements = [_prefix(e) for e in s.elements]
-        else:
-            body["type"] = ADDR_TYPE[s.family]
-            elements = list(s.elements)
-        if elements:
-            body["elem"] = elements
-        self.objects.append({"set": body})
+        self.objects.append({"set": _set_body(self.config, s)})
 
     def build(self) -> list[Json]:
         m, c = self.model, self.config
@@ -122,7 +111,7 @@ class _Builder:
         for pod in m.pod_chains:
             self._pod_chain(pod)
         for family, name in POD_MAPS.items():
-            elements = [[ip, _jump(p.name)] for p in m.pod_chains for ip in p.ips if family_of(ip) == family]
+            elements = [_dispatch(ip, p.name) for p in m.pod_chains for ip in p.ips if family_of(ip) == family]
             body: Json = {**self.table, "name": name, "type": ADDR_TYPE[family], "map": "verdict",
                           "comment": f"local isolated pods ({family}) -> KUBE-POD-FW chain"}
             if elements:
@@ -158,11 +147,14 @@ class _Builder:
             dst = _match(_payload(IP[family], "daddr"), _addresses(ips))
             local_src = _match({"fib": {"result": "type", "flags": ["saddr"]}}, "local")
             self.rule(name, [dst, local_src, {"accept": None}], f"{pod.pod} from the local node")
+        unmarked = _unmarked(c.policy_mark)
         for direction, chains, field in (("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr")):
             for target in chains if chains is not None else (DEFAULT_CHAIN,):
                 for family, ips in by_family.items():
-                    self.rule(name, [_match(_payload(IP[family], field), _addresses(ips)), _jump(target)], f"{pod.pod} {direction}")
-        unmarked = _unmarked(c.policy_mark)
+                    # Only while no policy has allowed the packet yet: the first allow ends the
+                    # walk (same verdict, one mark test instead of a policy chain per policy).
+                    self.rule(name, [_match(_payload(IP[family], field), _addresses(ips)), unmarked, _jump(target)],
+                              f"{pod.pod} {direction}")
         log = {"log": {"prefix": comment(f"nftpolicy reject {pod.pod}: ", LOG_PREFIX_MAX_BYTES), "group": c.nflog_group}}
         self.rule(name, [unmarked, {"limit": {"rate": 10, "per": "minute", "burst": 10}}, log], f"{pod.pod} log rejected")
         self.rule(name, [unmarked, _match(L4PROTO, "tcp"), {"reject": {"type": "tcp reset"}}], f"{pod.pod} reject")
@@ -197,6 +189,33 @@ class _Builder:
                     what = "to" if field == "daddr" else "from"
                     self.rule(name, [{"vmap": {"key": _payload(IP[family], field), "data": f"@{pod_map}"}}],
                               f"traffic {what} local isolated pods ({family})")
+
+
+def _set_body(config: Config, s: AddressSet) -> Json:
+    """The ``set`` object of a shared set, with its elements (libnftables-json(5) SET)."""
+    body: Json = {"family": "inet", "table": config.table, "name": s.name, "comment": s.comment}
+    if s.kind == "named_port":
+        body["type"] = [ADDR_TYPE[s.family], "inet_proto", "inet_service"]
+    elif s.kind == "interval":
+        body["type"], body["flags"] = ADDR_TYPE[s.family], ["interval"]
+    else:
+        body["type"] = ADDR_TYPE[s.family]
+    if s.elements:
+        body["elem"] = [element_json(e) for e in s.elements]
+    return body
+
+
+def _dispatch(ip: str, pod_chain: str) -> list[Any]:
+    """A verdict map element: the local pod's address -> jump to its pod chain."""
+    return [ip, _jump(pod_chain)]
+
+
+def element_json(element: Any) -> Any:
+    """A set element of the rule model as libnftables JSON: an address, a network (``prefix``)
+    or an ``address . protocol . port`` triple (``concat``)."""
+    if isinstance(element, tuple):
+        return {"concat": list(element)}
+    return _prefix(element) if "/" in element else element
 
 
 def _prefix(cidr: str) -> Json:
@@ -308,7 +327,7 @@ def _quoted(text: str) -> str:
 
 
 def rule_text(rule: Json) -> str:
-    """One rule object as nft syntax (``ip saddr @KUBE-SRC-... return comment "..."``)."""
+    """One rule object as nft syntax (``ip saddr @KUBE-PODS-... return comment "..."``)."""
     text = " ".join(_statement(s) for s in rule["expr"])
     return f"{text} comment {_quoted(rule['comment'])}" if rule.get("comment") else text
 
@@ -353,100 +372,59 @@ def to_text(model: RuleModel) -> str:
 
 # ---- incremental updates ------------------------------------------------------------------------
 
-def _element_key(element: Any) -> Any:
-    """A hashable key of a set element: the address, ``addr/len`` of a prefix, the tuple of a
-    concatenation, or (for a map element ``[key, verdict]``) the key's."""
-    if isinstance(element, list):
-        return _element_key(element[0])
-    if isinstance(element, dict):
-        if "prefix" in element:
-            return f"{element['prefix']['addr']}/{element['prefix']['len']}"
-        if "concat" in element:
-            return tuple(element["concat"])
-        return json.dumps(element, sort_keys=True)
-    return element
+def chain_objects(config: Config, chain: PolicyChain | PodChain) -> list[Json]:
+    """The ``chain`` object of one policy or pod chain followed by its rules (the same objects
+    :func:`ruleset_objects` has for it)."""
+    builder = _Builder(RuleModel(config, (), (), ()))
+    if isinstance(chain, PolicyChain):
+        builder._policy_chain(chain)
+    else:
+        builder._pod_chain(chain)
+    return builder.objects
 
 
-class TableState:
-    """Our table as a set of comparable parts, built from :func:`ruleset_objects`.
+def changes_transaction(config: Config, changes: Changes) -> Json:
+    """One libnftables JSON batch that applies ``changes`` (what the model gained and lost since
+    the kernel last took it) to our table: the cost is the size of the change, not of the table.
 
-    ``containers``: set or map name -> (kind, definition without elements, {element key: element});
-    ``chains``: chain name -> (chain object, rule objects in order).
+    Order, so that each command only references what exists by then: add new sets and new
+    (empty) chains; delete stale elements, then add new ones; flush and refill every changed
+    chain and fill new ones; move the verdict-map dispatch of changed pod chains; flush, then
+    delete removed chains (pod chains, then policy chains); delete removed sets.
     """
-
-    def __init__(self, objects: list[Json]) -> None:
-        self.table: Json = {}
-        self.containers: dict[str, tuple[str, Json, dict[Any, Any]]] = {}
-        self.chains: dict[str, tuple[Json, list[Json]]] = {}
-        for obj in objects:
-            (kind, body), = obj.items()
-            if kind == "table":
-                self.table = obj
-            elif kind in ("set", "map"):
-                definition = {k: v for k, v in body.items() if k != "elem"}
-                self.containers[body["name"]] = (kind, definition, {_element_key(e): e for e in body.get("elem", ())})
-            elif kind == "chain":
-                self.chains[body["name"]] = (obj, [])
-            else:
-                self.chains[body["chain"]][1].append(obj)
-
-    def counts(self) -> dict[str, int]:
-        """Chains, rules, sets (and maps) and their elements, for metrics."""
-        return {"chains": len(self.chains), "rules": sum(len(r) for _, r in self.chains.values()),
-                "sets": len(self.containers), "elements": sum(len(e) for _, _, e in self.containers.values())}
-
-
-def incremental_transaction(old: TableState, new: TableState) -> Json | None:
-    """The smallest batch that turns ``old`` (what the kernel holds) into ``new``, as one
-    libnftables transaction; None when only a full replace can do it (the table or a base chain,
-    set type or map type changed).
-
-    Order (each step only references what exists by then): add new sets, maps and chains;
-    delete stale elements (before additions, so a changed interval or map value never conflicts);
-    add new elements; flush and refill every changed chain and fill new ones; flush then delete
-    removed chains; delete removed sets and maps.
-    """
-    if old.table != new.table:
-        return None
-    table = {"family": "inet", "table": new.table["table"]["name"]}
-    cmds: list[Json] = [{"add": new.table}]
-    for name, (kind, definition, elements) in new.containers.items():
-        if name in old.containers and old.containers[name][:2] != (kind, definition):
-            return None
-        if name not in old.containers:
-            body = {**definition, "elem": list(elements.values())} if elements else definition
-            cmds.append({"add": {kind: body}})
-    for name, (chain, _) in new.chains.items():
-        if name in old.chains and old.chains[name][0] != chain:
-            return None
-        if name not in old.chains:
-            cmds.append({"add": chain})
-    additions = []
-    for name, (kind, _, elements) in new.containers.items():
-        before = old.containers[name][2] if name in old.containers else None
-        if before is None or before == elements:
-            continue
-        stale = [before[k] for k in before.keys() - elements.keys()]
-        fresh = [elements[k] for k in elements.keys() - before.keys()]
-        if kind == "map":  # same key, another verdict: replace the element
-            moved = [k for k in before.keys() & elements.keys() if before[k] != elements[k]]
-            stale += [before[k] for k in moved]
-            fresh += [elements[k] for k in moved]
-        if stale:
-            cmds.append({"delete": {"element": {**table, "name": name, "elem": [e[0] if kind == "map" else e for e in stale]}}})
-        if fresh:
-            additions.append({"add": {"element": {**table, "name": name, "elem": fresh}}})
-    cmds.extend(additions)
-    for name, (chain, rules) in new.chains.items():
-        if name in old.chains and old.chains[name][1] == rules:
-            continue
-        if name in old.chains:
+    table = {"family": "inet", "table": config.table}
+    cmds: list[Json] = [{"add": {"table": {"family": "inet", "name": config.table}}}]
+    cmds.extend({"add": {"set": _set_body(config, s)}} for s in changes.sets_added)
+    cmds.extend({"add": {"chain": {**table, "name": name}}} for name, (before, _) in changes.chains.items() if before is None)
+    for name, elements in changes.elements_removed.items():
+        cmds.append({"delete": {"element": {**table, "name": name, "elem": [element_json(e) for e in elements]}}})
+    for name, elements in changes.elements_added.items():
+        cmds.append({"add": {"element": {**table, "name": name, "elem": [element_json(e) for e in elements]}}})
+    for name, (before, after) in changes.chains.items():
+        if after is not None:
+            if before is not None:
+                cmds.append({"flush": {"chain": {**table, "name": name}}})
+            cmds.extend({"add": obj} for obj in chain_objects(config, after)[1:])
+    stale: dict[Family, list[Any]] = {"ipv4": [], "ipv6": []}
+    fresh: dict[Family, list[Any]] = {"ipv4": [], "ipv6": []}
+    for name, (before, after) in changes.chains.items():
+        old = {ip: name for ip in before.ips} if isinstance(before, PodChain) else {}
+        new = {ip: name for ip in after.ips} if isinstance(after, PodChain) else {}
+        stale_ips = [ip for ip in old if ip not in new]
+        for ip in stale_ips:
+            stale[family_of(ip)].append(ip)
+        for ip in new.keys() - old.keys():
+            fresh[family_of(ip)].append(_dispatch(ip, name))
+    for family, ips in stale.items():  # deletions first: an address may move to another pod chain
+        if ips:
+            cmds.append({"delete": {"element": {**table, "name": POD_MAPS[family], "elem": sorted(ips)}}})
+    for family, elements in fresh.items():
+        if elements:
+            cmds.append({"add": {"element": {**table, "name": POD_MAPS[family], "elem": sorted(elements, key=lambda e: e[0])}}})
+    removed = sorted(changes.chains.items(), key=lambda kv: isinstance(kv[1][0], PolicyChain))
+    for name, (before, after) in removed:
+        if after is None:
             cmds.append({"flush": {"chain": {**table, "name": name}}})
-        cmds.extend({"add": rule} for rule in rules)
-    removed = [name for name in old.chains if name not in new.chains]
-    cmds.extend({"flush": {"chain": {**table, "name": name}}} for name in removed)
-    cmds.extend({"delete": {"chain": {**table, "name": name}}} for name in removed)
-    for name, (kind, _, _) in old.containers.items():
-        if name not in new.containers:
-            cmds.append({"delete": {kind: {**table, "name": name}}})
+            cmds.append({"delete": {"chain": {**table, "name": name}}})
+    cmds.extend({"delete": {"set": {**table, "name": name}}} for name in changes.sets_removed)
     return {"nftables": cmds}
