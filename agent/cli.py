@@ -10,6 +10,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from importlib.metadata import version
 
 from pathlib import Path
@@ -21,9 +22,9 @@ from nftpolicy.translators import nft
 from nftpolicy.translators.kuberouter import DumpError, select
 from nftpolicy.translators.cases import Case, CaseError, format_matrix, is_case, parse_case
 from nftpolicy.translators.noderender import build_rule_model
-from nftpolicy.translators.rules import Config
+from nftpolicy.translators.rules import Config, RuleModel
 
-from nftpolicy.translators.manifests import ManifestError, build_cluster
+from nftpolicy.translators.manifests import ManifestError, build_cluster, load_yaml_documents
 from nftpolicy.translators.model import Cluster, Family
 
 from .compare import compare, explain, format_report
@@ -158,18 +159,48 @@ def _load(args: argparse.Namespace) -> Cluster:
     return cluster
 
 
+class Progress:
+    """One status line on stderr, rewritten in place, for steps that take a while; only when
+    stderr is a terminal (never in logs or pipes). :meth:`done` erases it."""
+
+    def __init__(self) -> None:
+        self.shown = sys.stderr.isatty()
+        self.started = time.monotonic()
+
+    def step(self, text: str) -> None:
+        if self.shown:
+            sys.stderr.write(f"\r\033[Knftpolicy: {text} ({time.monotonic() - self.started:.1f} s)")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 def cmd_render(args: argparse.Namespace) -> int:
+    progress = Progress()
+    progress.step("reading the manifests")
     cluster = _load(args)
+    progress.step(f"rendering {len(cluster.pods):,} pods, {len(cluster.policies):,} policies")
     model = build_rule_model(cluster, args.node, config_from(args))
-    if args.format == "iptables":
+    progress.step("printing")
+    try:
+        _print_model(args.format, model)
+    finally:
+        progress.done()
+    return 0
+
+
+def _print_model(format: str, model: RuleModel) -> None:
+    if format == "iptables":
         sys.stdout.write(iptables_render.to_restore(model, "ipv4"))
-    elif args.format == "ip6tables":
+    elif format == "ip6tables":
         sys.stdout.write(iptables_render.to_restore(model, "ipv6"))
-    elif args.format == "ipset":
+    elif format == "ipset":
         sys.stdout.write(iptables_render.to_ipset(model))
     else:
-        sys.stdout.write(nft.to_text(model) if args.format == "nft" else nft.to_json(model) + "\n")
-    return 0
+        sys.stdout.write(nft.to_text(model) if format == "nft" else nft.to_json(model) + "\n")
 
 
 def _read_cases(paths: list[str]) -> list[Case] | None:
@@ -179,7 +210,7 @@ def _read_cases(paths: list[str]) -> list[Case] | None:
         if name == "-":
             return None
         try:
-            docs = [d for d in yaml.safe_load_all(Path(name).read_text()) if d is not None]
+            docs = load_yaml_documents(Path(name).read_text())
         except yaml.YAMLError:
             return None
         if len(docs) != 1 or not is_case(docs[0]):

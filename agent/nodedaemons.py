@@ -34,8 +34,6 @@ from nftpolicy.translators.rules import Config
 from . import netns
 from .controlplane import ControlPlane, ControlPlaneError, die_with_parent, find_binary, free_port
 from .nftables import NftError, run_json
-from .ops import Metrics
-from .sources import KINDS, Store
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -60,6 +58,9 @@ def config_flags(config: Config) -> list[str]:
 def cluster_from_api(control_plane: ControlPlane) -> Any:
     """The cluster as the API holds it now, converted as the agent converts it (a
     :class:`~nftpolicy.translators.model.Cluster`)."""
+    from .ops import Metrics  # with the Kubernetes client: only when a control plane runs
+    from .sources import KINDS, Store
+
     store = Store(Metrics())
     paths = {"Namespace": "/api/v1/namespaces", "Pod": "/api/v1/pods", "Node": "/api/v1/nodes",
              "NetworkPolicy": "/apis/networking.k8s.io/v1/networkpolicies"}

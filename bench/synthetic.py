@@ -33,6 +33,7 @@ import ipaddress
 import math
 import random
 from dataclasses import dataclass, replace
+from typing import Any, Iterator
 
 from nftpolicy.translators.model import (
     NAMESPACE_NAME_LABEL,
@@ -211,8 +212,10 @@ def _workload_pods(app: App, team: str, rng: random.Random) -> list[_PodSpec]:
             labels = dict(common, **{"pod-template-hash": template, "version": "v2"})
             if canary and i == 0:
                 labels.update({"pod-template-hash": _hash(app.namespace, app.name, "canary"), "version": "canary"})
-            suffix = _hash(app.namespace, app.name, i)[:5]
-            pods.append(_PodSpec(app.namespace, f"{app.name}-{labels['pod-template-hash']}-{suffix}", labels, kind.ports))
+            name = f"{app.name}-{labels['pod-template-hash']}-{_hash(app.namespace, app.name, i)[:5]}"
+            if any(p.name == name for p in pods):  # a 5-character suffix repeats in big deployments
+                name = f"{app.name}-{labels['pod-template-hash']}-{_hash(app.namespace, app.name, i)[:10]}"
+            pods.append(_PodSpec(app.namespace, name, labels, kind.ports))
     return pods
 
 
@@ -266,7 +269,7 @@ def generate(pods: int, policies: int, namespaces: int, node_pods: int = 110, se
     specs += [_PodSpec("kube-system", f"coredns-{_hash('dns', i)[:10]}-{_hash('dnsp', i)[:5]}",
                        {"k8s-app": "kube-dns", "pod-template-hash": _hash("dns")},
                        _ports(("dns", 53, "UDP"), ("dns-tcp", 53, "TCP"), ("metrics", 9153, "TCP"))) for i in range(dns)]
-    specs += [_PodSpec("kube-system", f"kube-proxy-{_hash('kp', i)[:5]}", {"k8s-app": "kube-proxy"}, (), host_network=True)
+    specs += [_PodSpec("kube-system", f"kube-proxy-{_hash('kp', i)[:5 if nodes_needed <= 100 else 8]}", {"k8s-app": "kube-proxy"}, (), host_network=True)
               for i in range(nodes_needed - 1)]
     specs += [_PodSpec("monitoring", f"prometheus-k8s-{i}", {"app": "prometheus", "app.kubernetes.io/name": "prometheus",
                                                              "statefulset.kubernetes.io/pod-name": f"prometheus-k8s-{i}"},
@@ -612,3 +615,78 @@ def pods_matched_by_policies(cluster: Cluster, keys) -> int:
                 (p.name, p.protocol) in named for m in members for p in m.ports):
             matched += len(members)
     return matched
+
+
+# ---- the cluster as API manifests ----------------------------------------------------------------
+
+def _selector(sel: LabelSelector | None) -> dict[str, Any] | None:
+    if sel is None:
+        return None
+    out: dict[str, Any] = {}
+    if sel.match_labels:
+        out["matchLabels"] = dict(sel.match_labels)
+    if sel.match_expressions:
+        out["matchExpressions"] = [{"key": r.key, "operator": r.operator, **({"values": sorted(r.values)} if r.values else {})}
+                                   for r in sel.match_expressions]
+    return out
+
+
+def _peer(peer: Peer) -> dict[str, Any]:
+    if peer.ip_block is not None:
+        return {"ipBlock": {"cidr": str(peer.ip_block.cidr), **({"except": [str(e) for e in peer.ip_block.excepts]} if peer.ip_block.excepts else {})}}
+    out = {}
+    if peer.pod_selector is not None:
+        out["podSelector"] = _selector(peer.pod_selector)
+    if peer.namespace_selector is not None:
+        out["namespaceSelector"] = _selector(peer.namespace_selector)
+    return out
+
+
+def _port(port: PolicyPort) -> dict[str, Any]:
+    out: dict[str, Any] = {"protocol": port.protocol}
+    if port.port is not None:
+        out["port"] = port.port
+    if port.end_port is not None:
+        out["endPort"] = port.end_port
+    return out
+
+
+def _rules(rules: tuple[PolicyRule, ...], peers_key: str) -> list[dict[str, Any]]:
+    return [{**({peers_key: [_peer(p) for p in r.peers]} if r.peers else {}), **({"ports": [_port(p) for p in r.ports]} if r.ports else {})}
+            for r in rules]
+
+
+def policy_object(p: NetworkPolicy) -> dict[str, Any]:
+    """A NetworkPolicy manifest for a model policy."""
+    spec: dict[str, Any] = {"podSelector": _selector(p.pod_selector), "policyTypes": sorted(t.capitalize() for t in p.policy_types)}
+    if p.ingress:
+        spec["ingress"] = _rules(p.ingress, "from")
+    if p.egress:
+        spec["egress"] = _rules(p.egress, "to")
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": p.namespace, "name": p.name}, "spec": spec}
+
+
+def pod_object(p: Pod) -> dict[str, Any]:
+    """A Pod manifest (spec.nodeName, status.podIPs) for a model pod."""
+    status: dict[str, Any] = {"phase": p.phase}
+    if p.ips:
+        status.update(podIP=p.ips[0], podIPs=[{"ip": ip} for ip in p.ips])
+    ports = [{"containerPort": c.port, "protocol": c.protocol, **({"name": c.name} if c.name else {})} for c in p.ports]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(p.labels)},
+            "spec": {"nodeName": p.node, "hostNetwork": p.host_network, "containers": [{"name": "c", "ports": ports}]}, "status": status}
+
+
+def namespace_object(ns: Namespace) -> dict[str, Any]:
+    """A Namespace manifest for a model namespace."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": dict(ns.labels)}}
+
+
+def api_objects(cluster: Cluster) -> Iterator[dict[str, Any]]:
+    """Every namespace, pod and policy of ``cluster`` as API manifests (the inverse of
+    translators.manifests, for serving a synthetic cluster or dumping it)."""
+    for ns in cluster.namespaces.values():
+        yield namespace_object(ns)
+    for pod in cluster.pods.values():
+        yield pod_object(pod)
+    for policy in cluster.policies.values():
+        yield policy_object(policy)

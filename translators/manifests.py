@@ -89,16 +89,25 @@ class ManifestError:
         return f"{self.kind} {self.ref}: {self.message}{where}"
 
 
+# PyYAML's C loader (libyaml) when the build has it: about ten times faster on a large dump.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    """Every non-empty document of YAML ``text`` (safe loading). Raises yaml.YAMLError."""
+    return [d for d in yaml.load_all(text, Loader=YAML_LOADER) if d is not None]
+
+
 def _load_yaml(text: str, origin: str) -> tuple[list[Any], list[ManifestError]]:
     """All documents of ``text``; when one is broken, every other document is still returned."""
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None], []
+        return load_yaml_documents(text), []
     except (yaml.YAMLError, RecursionError):
         pass
     docs, errors = [], []
     for i, chunk in enumerate(re.split(r"(?m)^---[ \t]*(?:#.*)?$", text)):
         try:
-            docs.extend(d for d in yaml.safe_load_all(chunk) if d is not None)
+            docs.extend(load_yaml_documents(chunk))
         except (yaml.YAMLError, RecursionError) as exc:
             reason = str(exc).replace("\n", " ") if isinstance(exc, yaml.YAMLError) else "nested too deeply"
             errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON: {reason}", origin))
@@ -117,16 +126,17 @@ def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str,
     except (ValueError, RecursionError):
         docs, errors = _load_yaml(text, origin)
     objects: list[tuple[str, Any]] = []
-    while docs:
-        doc = docs.pop(0)
+    pending = docs[::-1]  # a stack, next document last: each document is handled once
+    while pending:
+        doc = pending.pop()
         if isinstance(doc, Mapping) and isinstance(doc.get("kind"), str) and doc["kind"].endswith("List"):
             items = doc.get("items") or []
             if not isinstance(items, list):
                 errors.append(ManifestError(doc["kind"], "-", f"items: must be a list, got {type(items).__name__}", origin))
                 continue
-            docs[0:0] = items
+            pending.extend(reversed(items))
         elif isinstance(doc, list):  # a top-level JSON array or YAML sequence of objects
-            docs[0:0] = doc
+            pending.extend(reversed(doc))
         else:
             objects.append((origin, doc))
     return objects, errors

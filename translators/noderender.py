@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import socket
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Literal, Mapping
@@ -140,7 +141,8 @@ def block_text(block: IPBlock) -> str:
 
 def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
     """The elements ``pod`` gives set ``key`` (given that it is in the key's scope)."""
-    ips = pod.addresses(key.family)
+    v6 = key.family == "ipv6"
+    ips = tuple(ip for ip in pod.ips if (":" in ip) == v6)
     if key.scope is not None and key.scope.block is not None:
         ips = tuple(ip for ip in ips if key.scope.block.contains(ip))
     if key.kind == "addr":
@@ -224,14 +226,54 @@ class NodeRenderer:
     # ---- inputs --------------------------------------------------------------------------
 
     def load(self, cluster: Cluster) -> "NodeRenderer":
-        """Take every object of ``cluster`` (namespaces, then pods, then policies); returns self."""
+        """Take every object of ``cluster`` (namespaces, then pods, then policies); returns self.
+
+        Into a renderer that has no policy yet (a full render), pods are only indexed: no set
+        exists that they could change, so each costs a few dictionary updates.
+        """
         for name, ns in cluster.namespaces.items():
             self.set_namespace(name, ns)
-        for key, pod in cluster.pods.items():
-            self.set_pod(key, pod)
+        if self.policies:
+            for key, pod in cluster.pods.items():
+                self.set_pod(key, pod)
+        else:
+            self._index_pods(cluster.pods)
         for key, policy in cluster.policies.items():
             self.set_policy(key, policy)
         return self
+
+    def _index_pods(self, pods: Mapping[str, Pod]) -> None:
+        """What :meth:`set_pod` does for new pods, when there are no sets and no policies."""
+        self.pods.update(pods)
+        v4 = v6 = 0
+        groups: dict[frozenset[tuple[str, str]], tuple[Mapping[str, str], dict[str, Pod]]] = {}
+        namespace = None
+        for key, pod in pods.items():
+            if not pod.enforceable:
+                continue
+            if pod.namespace != namespace:
+                namespace = pod.namespace
+                if namespace not in self._known_namespaces:
+                    self.set_namespace(namespace, None)
+                groups = self._groups.setdefault(namespace, {})
+            labels = frozenset(pod.labels.items())
+            group = groups.get(labels)
+            if group is None:
+                group = groups[labels] = (pod.labels, {})
+            group[1][key] = pod
+            if len(pod.ips) == 1:
+                if ":" in pod.ips[0]:
+                    v6 += 1
+                else:
+                    v4 += 1
+            else:
+                v4 += any(":" not in ip for ip in pod.ips)
+                v6 += any(":" in ip for ip in pod.ips)
+            if self.node is None or pod.node == self.node:
+                self._local.setdefault(namespace, {})[key] = pod
+        self._family_pods.update({"ipv4": v4, "ipv6": v6})
+        self._pod_chains_stale = True
+        self.families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         """A namespace's labels; one without a Namespace object has only its name label."""
@@ -412,8 +454,12 @@ class NodeRenderer:
                     self._scopes_in.setdefault(name, set()).add(scope)
         users.add(key)
         counts = self._sets[key].counts
-        for pod in self._scope_pods(scope):
-            counts.update(_elements(key, pod))
+        if key.kind == "addr" and scope.block is None:  # the common case, without a call per pod
+            v6 = key.family == "ipv6"
+            counts.update(ip for pod in self._scope_pods(scope) for ip in pod.ips if (":" in ip) == v6)
+        else:
+            for pod in self._scope_pods(scope):
+                counts.update(_elements(key, pod))
 
     def _unwatch(self, scope: Scope) -> None:
         del self._scope_sets[scope]
@@ -655,14 +701,20 @@ def _port_match(port: PolicyPort) -> PortMatch:
     return PortMatch(port.protocol, port.port, port.end_port or port.port)
 
 
+def _packed(ip: str) -> bytes:
+    """An address as its bytes: IPv4 (4 bytes) sorts before IPv6 (16), each in numeric order
+    when compared after the length."""
+    return socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+
+
 def _element_order(element: Any) -> tuple[Any, ...]:
     """Sort key of a set element: an address, a network, or an ``(address, protocol, port)``."""
     if isinstance(element, tuple):
-        return (*address_order(element[0]), element[1], element[2])
-    if "/" in element:
-        network = ipaddress.ip_network(element)
-        return network.version, int(network.network_address), network.prefixlen
-    return address_order(element)
+        packed = _packed(element[0])
+        return len(packed), packed, element[1], element[2]
+    address, _, length = element.partition("/")
+    packed = _packed(address)
+    return len(packed), packed, int(length or 0)
 
 
 def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config()) -> RuleModel:
