@@ -7,11 +7,11 @@ it lands whole or not at all.
 from __future__ import annotations
 
 import ctypes
-import json
 from contextlib import nullcontext as _nothing
 from typing import Any
 
 import nftables
+import orjson
 
 
 class NftError(RuntimeError):
@@ -25,11 +25,11 @@ def run_json(batch: dict[str, Any]) -> dict[str, Any]:
     libnftables' error text.
     """
     nft = nftables.Nftables()
-    nft.set_json_output(True)
-    rc, output, error = nft.json_cmd(batch)
+    nft.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
+    rc, output, error = nft.cmd(orjson.dumps(batch).decode())
     if rc != 0:
         raise NftError(str(error).strip() or f"libnftables returned {rc}")
-    return output if isinstance(output, dict) else (json.loads(output) if output else {})
+    return orjson.loads(output) if output else {}
 
 
 def release_memory() -> None:

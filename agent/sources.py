@@ -18,8 +18,9 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import orjson
 import tenacity
 import urllib3
 from kubernetes import client as k8s
@@ -46,6 +47,7 @@ CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
 }
 MAX_BACKOFF = 30.0
+LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
 
 
@@ -74,16 +76,18 @@ class Store:
         self.changed = threading.Event()
         self.pending_since: float | None = None
 
-    def _convert(self, kind: str, key: str, obj: Mapping[str, Any]) -> Any:
+    def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
+        """The model object, or None (a NetworkPolicy that fails validation: its fail-closed
+        stand-in); ``invalid`` (key -> message) records each invalid object."""
         try:
             model = CONVERT[kind](obj)
-            self._invalid[kind].pop(key, None)
+            invalid.pop(key, None)
             return model
         except InvalidField as exc:
             message = f"{kind} {key}: {exc}"
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
-            self._invalid[kind][key] = message
+            invalid[key] = message
             return fail_closed_policy(obj) if kind == "NetworkPolicy" else None
 
     def _touch(self) -> None:
@@ -94,16 +98,20 @@ class Store:
             self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
         self.changed.set()
 
-    def replace(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
-        """A full list of ``kind``: replaces every object of that kind and marks it listed."""
+    def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> int:
+        """A full list of ``kind`` (any iterable: pages are converted as they come): replaces
+        every object of that kind and marks it listed. Returns how many objects were listed."""
+        converted = {}
+        count = 0
+        invalid: dict[str, str] = {}
+        for obj in objects:  # outside the lock: fetching pages takes a while
+            count += 1
+            key = object_key(kind, obj)
+            model = self._convert(kind, key, obj, invalid)
+            if model is not None:
+                converted[key] = model
         with self._lock:
-            self._invalid[kind].clear()
-            converted = {}
-            for obj in objects:
-                key = object_key(kind, obj)
-                model = self._convert(kind, key, obj)
-                if model is not None:
-                    converted[key] = model
+            self._invalid[kind] = invalid
             old = self._objects[kind]
             for key in old.keys() | converted.keys():
                 if old.get(key) != converted.get(key):
@@ -111,12 +119,13 @@ class Store:
             self._objects[kind] = converted
             self._listed.add(kind)
             self._touch()
+        return count
 
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``."""
         key = object_key(kind, obj)
         with self._lock:
-            model = None if event == "DELETED" else self._convert(kind, key, obj)
+            model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind])
             if event == "DELETED":
                 self._invalid[kind].pop(key, None)
             if model is None:
@@ -294,14 +303,31 @@ class KubeSource:
                 self.stop.wait(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
+        """List ``kind`` in pages of :data:`LIST_PAGE` objects; each page is converted to model
+        objects before the next is fetched, so the agent never holds a whole cluster of API
+        objects (150,000 pods are about a gigabyte of them)."""
         call, kwargs = self.calls[kind]
-        # resourceVersion "0": served from the API server's watch cache, as client-go's informers
-        # list (the following watch catches up from the version it returns).
-        response = call(resource_version="0", _preload_content=False, _request_timeout=self.api_timeout, **kwargs)
-        body = json.loads(response.data)
-        self.store.replace(kind, body.get("items") or [])
-        self.versions[kind] = (body.get("metadata") or {}).get("resourceVersion") or ""
-        log.debug("listed %s: %d objects at resourceVersion %s", kind, len(body.get("items") or []), self.versions[kind])
+        pages = {"count": 0, "version": ""}
+
+        def items() -> Iterator[Any]:
+            token = None
+            while True:
+                # No resourceVersion: a consistent list, which the API server paginates (served
+                # from its watch cache since 1.34; with resourceVersion "0" it ignores limit).
+                response = call(limit=LIST_PAGE, _continue=token, _preload_content=False,
+                                _request_timeout=self.api_timeout, **kwargs)
+                body = orjson.loads(response.data)
+                meta = body.get("metadata") or {}
+                pages["count"] += 1
+                pages["version"] = meta.get("resourceVersion") or pages["version"]
+                yield from body.get("items") or ()
+                token = meta.get("continue")
+                if not token:
+                    return
+
+        count = self.store.replace(kind, items())
+        self.versions[kind] = pages["version"]
+        log.debug("listed %s: %d objects in %d pages at resourceVersion %s", kind, count, pages["count"], self.versions[kind])
 
     def _watch(self, kind: str) -> None:
         """One watch from the last seen resourceVersion until the server ends it."""
@@ -318,7 +344,7 @@ class KubeSource:
             for line in iter_resp_lines(response):
                 if self.stop.is_set():
                     break
-                event = json.loads(line)
+                event = orjson.loads(line)
                 kind_of_event, obj = event.get("type"), event.get("object") or {}
                 if kind_of_event == "ERROR":
                     code = obj.get("code") if isinstance(obj.get("code"), int) else 410

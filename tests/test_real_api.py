@@ -6,11 +6,14 @@ protocol truth."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 
+from nftpolicy.agent import sources
 from nftpolicy.agent.controlplane import ControlPlane
+from nftpolicy.agent.ops import Metrics
 
 from .agentenv import AgentEnv, RealApi
 from .fakeapi import namespace, pod
@@ -79,6 +82,25 @@ def test_policy_create_update_delete(env):
     env.eventually(lambda: env.connects("x/c", B), True)
     env.eventually(lambda: env.metric("nftpolicy_sync_duration_seconds_count", mode="incremental") >= 3, True)
     assert env.metric("nftpolicy_api_errors_total", kind="Pod", reason="5xx") == 0
+
+
+def test_lists_come_in_pages(control_plane, monkeypatch):
+    """The API source follows continue tokens: with pages of 2 objects, every pod arrives, and
+    the watch starts from the list's resourceVersion."""
+    control_plane.apply(namespace("y"))
+    for i in range(5):
+        control_plane.apply(pod("y", f"paged-{i}", f"10.244.0.{100 + i}", app="paged"))
+    monkeypatch.setattr(sources, "LIST_PAGE", 2)
+    metrics, stop = Metrics(), threading.Event()
+    store = sources.Store(metrics)
+    source = sources.KubeSource(store, metrics, "node1", control_plane.kubeconfig, 5.0, 30, stop)
+    try:
+        source._list("Pod")
+        assert {k for k in store.take()[0].pods if "/paged-" in k} == {f"y/paged-{i}" for i in range(5)}
+        assert int(source.versions["Pod"]) >= int(control_plane.request("GET", "/api/v1/namespaces/y/pods/paged-4")["metadata"]["resourceVersion"])
+    finally:
+        stop.set()
+        _clear(control_plane)
 
 
 def test_pod_and_namespace_label_changes(env):

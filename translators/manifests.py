@@ -19,6 +19,7 @@ and are read as the API server reads them (host bits masked).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -26,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+import orjson
 import yaml
 
 from .model import (
@@ -72,7 +74,7 @@ class InvalidField(ValueError):
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}")
-        self.path = path
+        self.path, self.message = path, message
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,8 @@ def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str,
     """
     try:
         # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
-        docs, errors = ([json.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
-    except (ValueError, RecursionError):
+        docs, errors = ([orjson.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
+    except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
         docs, errors = _load_yaml(text, origin)
     objects: list[tuple[str, Any]] = []
     pending = docs[::-1]  # a stack, next document last: each document is handled once
@@ -186,6 +188,8 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
 
 
 def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if type(value) is dict:  # what every parser gives: skip the slower abstract check
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -248,14 +252,24 @@ def _annotations(value: Any, path: str) -> None:
         _label_key(k.lower() if isinstance(k, str) else k, f"{path}.{k}", "annotation")
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _label_error(key: Any, value: Any) -> str | None:
+    """Why ``key: value`` is not a valid label, or None (cached: pods repeat their labels)."""
+    if not isinstance(key, str) or not isinstance(value, str):
+        return "label keys and values must be strings"
+    try:
+        _label_key(key, "")
+    except InvalidField as exc:
+        return exc.message
+    return None if _LABEL_VALUE.fullmatch(value) else f"invalid label value {value!r}"
+
+
 def _labels(value: Any, path: str) -> dict[str, str]:
     labels = _mapping(value, path)
     for k, v in labels.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidField(f"{path}.{k}", "label keys and values must be strings")
-        _label_key(k, f"{path}.{k}")
-        if not _LABEL_VALUE.fullmatch(v):
-            raise InvalidField(f"{path}.{k}", f"invalid label value {v!r}")
+        error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
+        if error:
+            raise InvalidField(f"{path}.{k}", error)
     return dict(labels)
 
 
@@ -283,6 +297,18 @@ def node_from(obj: Mapping[str, Any]) -> Node:
     return Node(name=name, addresses=tuple(addresses), pod_cidrs=tuple(cidrs))
 
 
+_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
+
+
+def _canonical_ip(text: str) -> str | None:
+    """The address in its canonical text, or None when it is not one. The kernel compares
+    addresses, not text: "FD00::A" and "fd00::a" must be one element. (Dotted IPv4 without
+    leading zeros is already canonical: the common case skips the parser.)"""
+    if _IPV4.fullmatch(text):
+        return text
+    return str(ipaddress.ip_address(text)) if _is_ip(text) else None
+
+
 def _is_ip(text: str) -> bool:
     if "%" in text:  # an IPv6 zone (scope) is never a pod or node address
         return False
@@ -306,10 +332,10 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
     if not ips and status.get("podIP"):
         ips.append(str(status["podIP"]))
     for i, ip in enumerate(ips):
-        if not _is_ip(ip):
+        canonical = _canonical_ip(ip)
+        if canonical is None:
             raise InvalidField(f"status.podIPs[{i}]", f"invalid IP address {ip!r}")
-    # The kernel compares addresses, not text: "FD00::A" and "fd00::a" must be one element.
-    ips = [str(ipaddress.ip_address(ip)) for ip in ips]
+        ips[i] = canonical
     ports = []
     for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
         cpath = f"spec.containers[{ci}]"

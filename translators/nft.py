@@ -20,8 +20,9 @@ mark bits survive our chains.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from .model import Family, family_of
 from .noderender import Changes
@@ -262,7 +263,7 @@ def full_transaction(model: RuleModel) -> Json:
 
 def to_json(model: RuleModel) -> str:
     """:func:`full_transaction` as indented JSON text (input for ``nft -j -f``)."""
-    return json.dumps(full_transaction(model), indent=1)
+    return orjson.dumps(full_transaction(model), option=orjson.OPT_INDENT_2).decode()
 
 
 # ---- nft(8) input syntax for the same objects -------------------------------------------------
