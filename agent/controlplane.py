@@ -12,7 +12,7 @@ into ``.tools/bin`` from the Go modules pinned in ``tools/k8s``, else from ``$PA
 Files live in one temporary directory: etcd's data, the service-account signing key, the static
 token file, kube-apiserver's self-signed serving certificate (``--cert-dir``) and the admin
 kubeconfig. :meth:`ControlPlane.close` stops both processes and removes that directory; it runs
-on any error and on Ctrl-C (both processes also get SIGTERM when this process dies).
+on any error and on Ctrl-C (both processes are also killed when this process dies).
 """
 
 from __future__ import annotations
@@ -94,10 +94,11 @@ def free_port() -> int:
 
 
 def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when this process dies (prctl PR_SET_PDEATHSIG), so
-    no test-bed process outlives a sandbox that was killed. The kernel ties it to the spawning
+    """preexec_fn: the child is killed when this process dies (prctl PR_SET_PDEATHSIG, SIGKILL:
+    kube-apiserver and kube-router can hang in a graceful shutdown once etcd is gone), so no
+    test-bed process outlives a sandbox that was killed. The kernel ties it to the spawning
     thread: spawn from a thread that lives as long as the child (the main thread)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 class ControlPlane:

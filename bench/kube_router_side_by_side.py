@@ -92,7 +92,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import synthetic  # noqa: E402
-from agent_latency import policy_object, pod_object  # noqa: E402
 
 from nftpolicy.agent import netns  # noqa: E402
 from nftpolicy.agent.controlplane import SANDBOX_IMAGE, ApiError, ControlPlane, find_binary, free_port  # noqa: E402
@@ -205,9 +204,9 @@ def namespace_object(ns: Any) -> dict[str, Any]:
 
 
 def pod_api_object(pod: Pod, cluster: Cluster) -> dict[str, Any]:
-    """``agent_latency.pod_object`` plus what the API and kube-router need: an image, and
+    """``synthetic.pod_object`` plus what the API and kube-router need: an image, and
     ``status.hostIP`` = the address of the pod's node."""
-    obj = pod_object(pod)
+    obj = synthetic.pod_object(pod)
     obj["spec"]["containers"] = [{"image": SANDBOX_IMAGE, **c} for c in obj["spec"]["containers"]]
     node = cluster.nodes.get(pod.node or "")
     if node is not None and node.addresses:
@@ -584,7 +583,7 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
         pod_objects = [pod_api_object(p, cluster) for k, p in sorted(cluster.pods.items()) if k != last_key]
         t0 = time.monotonic()
         load["namespaces_s"] = create_all(api, [namespace_object(n) for n in cluster.namespaces.values()], args.workers)
-        load["policies_s"] = create_all(api, [policy_object(p) for p in cluster.policies.values()], args.workers)
+        load["policies_s"] = create_all(api, [synthetic.policy_object(p) for p in cluster.policies.values()], args.workers)
         load["pods_s"] = create_all(api, pod_objects, args.workers)
         create(api, pod_api_object(cluster.pods[last_key], cluster))
         last_created = time.time()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,3 +102,31 @@ def test_interrupted_run_leaves_nothing(sig):
     assert dirs_after - dirs_before == set()
     assert netns_after - netns_before == set()
     assert _processes_under(directory) == []
+
+
+@pytest.mark.kernel
+def test_a_killed_sandbox_takes_its_daemons_along():
+    """SIGKILL leaves no time to clean up, but no daemon outlives the sandbox process (the test
+    removes the files and namespaces that are left)."""
+    dirs_before, netns_before = _ours()
+    proc = subprocess.Popen([NFTPOLICY, "sandbox", "--dataplane", "both", *[str(CONFORMANCE / "002-default-deny-all.yaml")] * 6],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    directory = ""
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (proc.stdout and proc.stdout.readline().startswith("== ")):
+            pass
+        (directory,) = _ours()[0] - dirs_before
+        assert _processes_under(directory)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while _processes_under(directory) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_under(directory) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
+        netns.delete(sorted(_ours()[1] - netns_before))
