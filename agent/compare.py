@@ -24,12 +24,18 @@ from nftpolicy.translators.rules import Config
 from . import iptables
 from .sandbox import ProbeSpec, Sandbox, SandboxError, disagreements
 
-ICMP_NOTE = ("deliberate: kube-router accepts every ICMP echo request in KUBE-NWPLCY-COMMON; "
-             "nftpolicy leaves echo to the policies")
+# The deliberate differences (README, "Deliberate differences"); each was seen with the real
+# kube-router v2.1.0 (tests/fixtures/kube-router-v2.1.0, tests/test_real_dumps.py) except ICMP_NOTE,
+# which only applies to a dump that has such an ACCEPT rule (Dump.accepts_icmp_echo): v2.1.0 has none.
+ICMP_NOTE = ("deliberate: this kube-router accepts every ICMP echo request before the policies "
+             "(KUBE-NWPLCY-COMMON of releases after v2.1.0); nftpolicy leaves echo to the policies")
 BOTH_TYPES_NOTE = ("deliberate: kube-router jumps to a policy with both policyTypes without a direction "
                    "check, so one selected pod's rule of one direction allows the other direction ({})")
 IPBLOCK_NOTE = ("deliberate: kube-router keeps every ipBlock peer of a rule in one hash:net set, so one peer's "
                 "except (nomatch) cancels another peer's equal CIDR ({})")
+NAMED_PORT_NOTE = ("deliberate: for an egress rule without `to`, kube-router resolves a named port on the pods "
+                   "of the policy's own namespace and allows those numbers to every destination; nftpolicy "
+                   "resolves it on each destination pod ({})")
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,40 @@ def _except_cancels_peer(rule) -> bool:
     return any(e == other.cidr for b in blocks for e in b.excepts for other in blocks if other is not b)
 
 
-def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: bool | None, ours: bool | None) -> str | None:
+def _peerless_named_port(cluster: Cluster, policy: NetworkPolicy, spec: ProbeSpec, dst: Pod | None,
+                         kube_router_allows: bool) -> bool:
+    """True when an egress rule of ``policy`` without peers names a port that kube-router v2.1.0
+    resolves otherwise than the API for ``spec`` to ``dst``.
+
+    kube-router (pkg/controllers/netpol/policy.go, buildNetworkPoliciesInfo and processEgressRules)
+    resolves such a name on the running pods of the policy's namespace and allows each number to
+    any destination; the API resolves it on the destination pod (DESIGN.md section 3). With
+    ``kube_router_allows`` the cell is one kube-router allows and the API does not, else the reverse.
+    """
+    for rule in policy.egress:
+        if rule.peers:
+            continue
+        for port in rule.ports:
+            if not isinstance(port.port, str) or port.protocol != spec.protocol:
+                continue
+            theirs = {p.resolve_port(port.port, port.protocol) for p in cluster.pods.values()
+                      if p.enforceable and p.namespace == policy.namespace}
+            ours = dst is not None and dst.resolve_port(port.port, port.protocol) == spec.port
+            if (spec.port in theirs and not ours) if kube_router_allows else (ours and spec.port not in theirs):
+                return True
+    return False
+
+
+def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: bool | None, ours: bool | None,
+            icmp_echo_accepted: bool = False) -> str | None:
     """The documented deliberate difference that accounts for a cell, if one does (README,
-    "Migration from kube-router")."""
-    if spec.protocol == "ICMP" and kube_router and not ours:
+    "Deliberate differences"), else None.
+
+    ``icmp_echo_accepted``: kube-router's rules accept every ICMP echo request before the policies
+    (:attr:`~nftpolicy.translators.kuberouter.Dump.accepts_icmp_echo`; the real kube-router v2.1.0
+    has no such rule, so a live v2.1.0 leaves it False).
+    """
+    if spec.protocol == "ICMP" and kube_router and not ours and icmp_echo_accepted:
         return ICMP_NOTE
     a, b = cluster.pods.get(src), cluster.pods.get(dst)
     if ours and kube_router is False:
@@ -105,6 +141,11 @@ def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: 
                 if p.policy_types == {"ingress", "egress"} and a and b and _selects(p, a) and _selects(p, b)]
         if both:
             return BOTH_TYPES_NOTE.format(", ".join(both))
+    if kube_router is not None and ours is not None and kube_router != ours and a:
+        named = [k for k, p in sorted(cluster.policies.items())
+                 if "egress" in p.policy_types and _selects(p, a) and _peerless_named_port(cluster, p, spec, b, kube_router)]
+        if named:
+            return NAMED_PORT_NOTE.format(", ".join(named))
     return None
 
 
@@ -167,7 +208,7 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
                     left_out=list(dump.left_out), not_built=not_built)
     for spec, family, src, dst, a, b in disagreements(kube_router, nftpolicy):
         report.differences.append(Difference(spec, family, src, dst, a, b, involved_policies(cluster, node, src, dst),
-                                             explain(cluster, spec, src, dst, a, b)))
+                                             explain(cluster, spec, src, dst, a, b, dump.accepts_icmp_echo)))
     return report
 
 

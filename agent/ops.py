@@ -6,12 +6,15 @@ counters); every metric lives in the agent's own registry.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -99,6 +102,20 @@ def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPS
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Run the body without Python's cyclic garbage collector (restored afterwards). Building a
+    cluster's worth of objects that all stay alive otherwise triggers collection after
+    collection over a growing heap: parsing a 50,000-pod dump takes 4x as long with it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class JsonFormatter(logging.Formatter):

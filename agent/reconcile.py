@@ -28,7 +28,7 @@ from nftpolicy.translators.rules import Config
 
 from . import netns
 from .nftables import NftError, release_memory, run_json
-from .ops import Health, Metrics
+from .ops import Health, Metrics, gc_paused
 from .sources import Store
 
 log = logging.getLogger("nftpolicy.reconcile")
@@ -73,9 +73,10 @@ class Reconciler:
     def _full_batch(self) -> tuple[dict, float | None, NodeRenderer]:
         """Render the whole snapshot from scratch: the batch replaces the table."""
         cluster, since = self.store.take()
-        renderer = NodeRenderer(self.node, self.config).load(cluster)
-        renderer.take_changes()  # the full replace carries everything
-        return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model())), since, renderer
+        with gc_paused():
+            renderer = NodeRenderer(self.node, self.config).load(cluster)
+            renderer.take_changes()  # the full replace carries everything
+            return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model())), since, renderer
 
     def _incremental_batch(self) -> tuple[dict | None, float | None]:
         """Feed the objects that changed to the renderer; the batch of what that changed (None:

@@ -38,7 +38,7 @@ from nftpolicy.translators.manifests import (
 from nftpolicy.translators.model import Cluster
 
 from .manifests import manifest_files, read_objects
-from .ops import Metrics
+from .ops import Metrics, gc_paused
 
 log = logging.getLogger("nftpolicy.sources")
 
@@ -104,12 +104,13 @@ class Store:
         converted = {}
         count = 0
         invalid: dict[str, str] = {}
-        for obj in objects:  # outside the lock: fetching pages takes a while
-            count += 1
-            key = object_key(kind, obj)
-            model = self._convert(kind, key, obj, invalid)
-            if model is not None:
-                converted[key] = model
+        with gc_paused():
+            for obj in objects:  # outside the lock: fetching pages takes a while
+                count += 1
+                key = object_key(kind, obj)
+                model = self._convert(kind, key, obj, invalid)
+                if model is not None:
+                    converted[key] = model
         with self._lock:
             self._invalid[kind] = invalid
             old = self._objects[kind]

@@ -11,8 +11,9 @@ with every pod on its ``spec.nodeName`` at its ``status.podIPs`` and every node 
 agent/controlplane.py) holding the cluster, and the real kube-router (agent/nodedaemons.py)
 running on every node. Once kube-router has synced, ``OUT/NAME/`` gets ``<node>.iptables-save``,
 ``<node>.ip6tables-save`` (only when a pod has an IPv6 address), ``<node>.ipset-save``, the
-manifests as ``cluster.yaml`` and a README.md naming the kube-router version and the command that
-produced them. Every namespace, process and temporary file it creates is removed at the end.
+manifests as ``cluster.yaml`` and a README.md naming the kube-router version, the commands that
+produced them and kube-router's sync version (which its chain names hash). Every namespace,
+process and temporary file it creates is removed at the end, also on Ctrl-C and SIGTERM.
 
 Exit codes: 0 written; 2 a manifest is unreadable or invalid, a pod has no node or address, the
 API server refused an object, or kube-router did not sync.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,16 +32,26 @@ from typing import Any
 
 from nftpolicy.agent.controlplane import ControlPlane, ControlPlaneError, find_binary
 from nftpolicy.agent.manifests import manifest_files, read_objects
-from nftpolicy.agent.nodedaemons import KubeRouters
+from nftpolicy.agent.nodedaemons import KUBE_ROUTER_SYNC_END, KubeRouters
 from nftpolicy.agent.sandbox import Sandbox, SandboxError
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster, Family
 
 KUBE_ROUTER_MODULE = b"github.com/cloudnativelabs/kube-router/v2"
+# kube-router's log line at the start of every sync (pkg/controllers/netpol, fullPolicySync).
+SYNC_START = "Starting sync of iptables with version:"
 
 
 class DumpsError(RuntimeError):
     """A cluster cannot be dumped; the message says which object and why."""
+
+
+class DualStackKubeRouters(KubeRouters):
+    """:class:`KubeRouters` with ``--enable-ipv6=true`` (kube-router's default is IPv4 only), for
+    clusters whose pods have IPv6 addresses."""
+
+    def _spawn(self, node: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        super()._spawn(node, argv + ["--enable-ipv6=true"], env)
 
 
 def kube_router_version(binary: str) -> str:
@@ -70,6 +82,15 @@ def check_placed(cluster: Cluster) -> list[Family]:
     return sorted(families)  # type: ignore[return-value]
 
 
+def last_sync(log: str) -> str:
+    """The version of kube-router's last finished sync in its log (``Starting sync of iptables
+    with version: N`` followed by ``sync iptables took``). Raises DumpsError when there is none."""
+    starts = list(re.finditer(rf"{SYNC_START} (\d+)", log))
+    if not starts or KUBE_ROUTER_SYNC_END not in log[starts[-1].end():]:
+        raise DumpsError("no finished sync in kube-router's log")
+    return starts[-1].group(1)
+
+
 def manifests_text(paths: list[str]) -> str:
     """The manifests as one YAML text: a single file verbatim, several joined with ``---``."""
     files = manifest_files(paths)
@@ -78,11 +99,12 @@ def manifests_text(paths: list[str]) -> str:
 
 
 def capture(objects: list[tuple[str, Any]], cluster: Cluster, node: str, families: list[Family],
-            kube_router: str | None, timeout: float) -> tuple[dict[str, str], list[str]]:
+            kube_router: str | None, timeout: float) -> tuple[dict[str, str], list[str], str]:
     """Run the real kube-router on the cluster and save ``node``'s rules.
 
-    Returns ({file name: text}, kube-router's argv on ``node``). Raises DumpsError (API refusal,
-    unknown node), ControlPlaneError (a process did not start or sync), SandboxError.
+    Returns ({file name: text}, kube-router's argv on ``node``, the sync version of its last
+    finished sync, which its chain names hash). Raises DumpsError (API refusal, unknown node, no
+    finished sync in the log), ControlPlaneError (a process did not start or sync), SandboxError.
     """
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     with contextlib.ExitStack() as stack:
@@ -94,39 +116,64 @@ def capture(objects: list[tuple[str, Any]], cluster: Cluster, node: str, familie
         refused = sandbox.publish(control_plane, objects)
         if refused:
             raise DumpsError("; ".join(str(e) for e in refused))
-        routers = KubeRouters(sandbox, control_plane, kube_router)
+        routers = (DualStackKubeRouters if "ipv6" in families else KubeRouters)(sandbox, control_plane, kube_router)
         stack.callback(routers.close)
         routers.start()
         routers.wait_synced(timeout)
+        sync_version = last_sync(routers.log(node))
         files = {f"{node}.iptables-save": routers.iptables_save(node)}
         if "ipv6" in families:
             files[f"{node}.ip6tables-save"] = routers.iptables_save(node, "ip6tables-save")
         files[f"{node}.ipset-save"] = routers.ipset_save(node)
+        if last_sync(routers.log(node)) != sync_version:
+            raise DumpsError(f"kube-router on {node} synced again while its rules were saved; run again")
         argv = [str(a) for a in routers.procs[node].args]  # type: ignore[union-attr]
         argv = [a.replace(control_plane.kubeconfig, "<admin kubeconfig>").replace(sandbox.node_netns(node), "<node netns>")
                 for a in argv]
-        return files, argv
+        return files, argv, sync_version
 
 
-def readme(name: str, node: str, version: str, binary: str, argv: list[str], sources: list[str], files: list[str]) -> str:
-    """The fixture's README.md: what produced each file."""
-    tools = ", ".join(_tool_version(argv_) for argv_ in (["iptables", "--version"], ["ipset", "--version"]))
+def _relative(text: str) -> str:
+    """``text`` with this directory's absolute path taken off (paths in READMEs stay portable)."""
+    return text.replace(f"{Path.cwd()}/", "")
+
+
+def description(text: str) -> str:
+    """The comment lines that open a manifest (``# ...`` before anything else), joined."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
+
+
+def readme(name: str, node: str, version: str, binary: str, argv: list[str], command: str, origin: str,
+           about: str, files: list[str], sync_version: str) -> str:
+    """The fixture's README.md: what the cluster is (``about``, from its opening comments), the
+    kube-router version and command line that produced each file, the command of this script,
+    the sync version and the saving tools' versions."""
+    tools = ", ".join(_tool_version(tool) for tool in (["iptables", "--version"], ["ipset", "--version"]))
+    replay = f"--iptables-save {node}.iptables-save" + (f" --ip6tables-save {node}.ip6tables-save" if f"{node}.ip6tables-save" in files else "")
     return "\n".join([
         f"# kube-router {version} dump of {node}: {name}",
         "",
+        *([about, ""] if about else []),
         f"Produced by the real kube-router {version} (`{binary}`, module {KUBE_ROUTER_MODULE.decode()} {version}) "
-        f"with `NODE_NAME={node} {' '.join(argv)}`, run by "
-        f"`tools/kube_router_dumps.py --node {node} {name}={','.join(sources)}` in a sandbox node namespace "
-        f"against a real kube-apiserver holding `cluster.yaml`; saved with {tools}.",
+        f"with `NODE_NAME={node} {' '.join(argv)}`, run by `{command}` in a sandbox node namespace against a real "
+        f"kube-apiserver holding `cluster.yaml`; saved with {tools}.",
+        "",
+        f"The dump holds kube-router's sync version {sync_version}: its `KUBE-POD-FW-` and `KUBE-NWPLCY-` chain "
+        "names hash it (a later sync renames them); set names do not.",
         "",
         "| file | content |",
         "|---|---|",
-        "| `cluster.yaml` | the cluster (copied from " + ", ".join(f"`{s}`" for s in sources) + ") |",
+        f"| `cluster.yaml` | the cluster ({origin}) |",
         *(f"| `{f}` | `{'ipset save' if f.endswith('ipset-save') else f.split('.', 1)[1]}` of {node}'s namespace, as saved |"
           for f in files),
         "",
-        "Replay: `.venv/bin/nftpolicy compare --node " + node + " --iptables-save " + node + ".iptables-save --ipset-save "
-        + node + ".ipset-save cluster.yaml` (tests/test_real_dumps.py asserts its differences).",
+        f"Replay: `.venv/bin/nftpolicy compare --node {node} {replay} --ipset-save {node}.ipset-save cluster.yaml` "
+        "(tests/test_real_dumps.py asserts its differences).",
         "",
     ])
 
@@ -140,7 +187,7 @@ def dump_cluster(name: str, sources: list[str], out: Path, node: str, kube_route
         raise DumpsError("; ".join(str(e) for e in unreadable + invalid))
     families = check_placed(cluster)
     binary = find_binary("kube-router", kube_router)
-    files, argv = capture(objects, cluster, node, families, binary, timeout)
+    files, argv, sync_version = capture(objects, cluster, node, families, binary, timeout)
     target = out / name
     target.mkdir(parents=True, exist_ok=True)
     text = manifests_text(sources)
@@ -149,8 +196,13 @@ def dump_cluster(name: str, sources: list[str], out: Path, node: str, kube_route
         cluster_file.write_text(text)
     for file_name, content in files.items():
         (target / file_name).write_text(content)
-    shown = binary if not binary.startswith(str(Path.cwd())) else str(Path(binary).relative_to(Path.cwd()))
-    (target / "README.md").write_text(readme(name, node, kube_router_version(binary), shown, argv, sources, list(files)))
+    command = _relative(f".venv/bin/python tools/kube_router_dumps.py --out {out} --node {node} {name}={','.join(sources)}"
+                        + (f" --kube-router {kube_router}" if kube_router else ""))
+    written_here = len(sources) == 1 and Path(sources[0]).resolve() == cluster_file.resolve()
+    origin = "written for this fixture" if written_here else "copied from " + ", ".join(f"`{_relative(s)}`" for s in sources)
+    (target / "README.md").write_text(readme(name, node, kube_router_version(binary), _relative(binary),
+                                             [_relative(a) for a in argv], command, origin, description(text),
+                                             list(files), sync_version))
     return target
 
 
@@ -164,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kube-router", help="kube-router binary (default .tools/bin/kube-router, then $PATH)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for kube-router's sync")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the sandbox, control plane and kube-routers always go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     jobs = []
     for item in args.clusters:
         name, sep, paths = item.partition("=")

@@ -8,13 +8,29 @@ What counts as kube-router's (its network policy controller, ``pkg/controllers/n
 
 * the ``filter`` table only (the controller writes nothing else);
 * its chains: ``KUBE-ROUTER-INPUT``, ``KUBE-ROUTER-FORWARD``, ``KUBE-ROUTER-OUTPUT``,
-  ``KUBE-POD-FW-<16 base32>``, ``KUBE-NWPLCY-<16 base32>``, ``KUBE-NWPLCY-COMMON``,
-  ``KUBE-NWPLCY-DEFAULT``, ``KUBE-NWPLCY-TAIL``;
+  ``KUBE-POD-FW-<16 base32>``, ``KUBE-NWPLCY-<16 base32>``, ``KUBE-NWPLCY-DEFAULT`` (all that
+  v2.1.0 writes), and ``KUBE-NWPLCY-COMMON``, ``KUBE-NWPLCY-TAIL`` (later releases);
 * in ``INPUT``, ``FORWARD`` and ``OUTPUT``, only the rules that jump to its ``KUBE-ROUTER-*``
   chain;
 * in its chains, rules whose target is one of its chains or a standard target (ACCEPT, DROP,
   RETURN, REJECT, MARK, NFLOG, LOG, or none) and whose ``--match-set`` names are its sets:
   ``KUBE-SRC-<16>`` / ``KUBE-DST-<16>`` (``inet6:`` in front for IPv6).
+
+The real format, as kube-router v2.1.0 leaves it (``tests/fixtures/kube-router-v2.1.0``, saved
+from the real binary by ``tools/kube_router_dumps.py``): the pod and policy chain names hash the
+sync version (``KUBE-POD-FW-`` + base32(sha256(namespace + pod + version))[:16], policy chains
+the same over namespace + policy + version + ``IPv4``/``IPv6``), so they change on every sync,
+while set names hash no version; comments are quoted, with ``\\'`` for an apostrophe (read by
+:func:`shlex.split` and given back to ``iptables-restore`` as saved); a pod chain exists for every
+local pod and begins with the conntrack rules (no ``KUBE-NWPLCY-COMMON``, so no ICMP rule: see
+:attr:`Dump.accepts_icmp_echo`); ``KUBE-ROUTER-*`` end with ``-m mark --mark 0x20000/0x20000 -j
+ACCEPT`` (no ``KUBE-NWPLCY-TAIL``). ``ipset save`` lines carry the options of the ipset that saved
+them (``timeout 0``, ``bucketsize 12``, ``initval 0x...``: kept, ``ipset restore`` takes them) and
+``nomatch`` on ipBlock excepts; kube-router's ``TMP-`` swap sets are gone by the time a sync ends.
+Its IPv6 sets are named ``inet6:KUBE-...``, but v2.1.0's ip6tables rules name them without the
+prefix, so its IPv6 restore fails as soon as a policy has a rule and its ip6tables dump holds
+only the top-level chains (cloudnativelabs/kube-router#1653); the ``inet6:`` sets are then listed
+as unreferenced.
 
 Everything else (other tables, other chains, other rules in the built-in chains, other tools'
 rules inserted into kube-router's chains, sets no kept rule references, a built-in chain policy
@@ -167,6 +183,17 @@ class Dump:
         for s in self.sets.values():
             lines += [s.create, *s.adds]
         return "\n".join(lines + [""]) if lines else ""
+
+    @property
+    def accepts_icmp_echo(self) -> bool:
+        """True when a kept rule ACCEPTs ICMP (ICMPv6) echo requests outside any policy, as the
+        ``KUBE-NWPLCY-COMMON`` chain of kube-router releases after v2.1.0 does (``-p icmp -m icmp
+        --icmp-type 8 -j ACCEPT``; ``--icmpv6-type 128`` for IPv6). kube-router v2.1.0 writes no
+        such rule: echo then goes through the policies like any other packet."""
+        echo = {("--icmp-type", "8"), ("--icmp-type", "echo-request"), ("--icmp-type", "8/0"),
+                ("--icmpv6-type", "128"), ("--icmpv6-type", "echo-request"), ("--icmpv6-type", "128/0")}
+        return any(rule.target == "ACCEPT" and not rule.sets and any(pair in echo for pair in zip(rule.words, rule.words[1:]))
+                   for _, rules in self.kept.values() for rule in rules)
 
     @property
     def rule_count(self) -> int:

@@ -338,14 +338,17 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
         ips[i] = canonical
     ports = []
     for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
-        cpath = f"spec.containers[{ci}]"
-        for pi, p in enumerate(_list(_mapping(container, cpath).get("ports"), f"{cpath}.ports")):
-            path = f"{cpath}.ports[{pi}]"
-            p = _mapping(p, path)
-            number = p.get("containerPort")
-            if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
-                raise InvalidField(f"{path}.containerPort", f"must be a number 1-65535, got {number!r}")
-            ports.append(ContainerPort(name=p.get("name"), port=number, protocol=_protocol(p.get("protocol"), f"{path}.protocol")))
+        # Paths are spelled out only for an error: this loop runs for every port of every pod.
+        container_ports = _mapping(container, f"spec.containers[{ci}]").get("ports")
+        for pi, p in enumerate(_list(container_ports, f"spec.containers[{ci}].ports") if container_ports else ()):
+            if type(p) is not dict:
+                p = _mapping(p, f"spec.containers[{ci}].ports[{pi}]")
+            number, protocol = p.get("containerPort"), p.get("protocol") or "TCP"
+            if type(number) is not int or not 1 <= number <= 65535:
+                raise InvalidField(f"spec.containers[{ci}].ports[{pi}].containerPort", f"must be a number 1-65535, got {number!r}")
+            if protocol not in PROTOCOLS:
+                _protocol(protocol, f"spec.containers[{ci}].ports[{pi}].protocol")
+            ports.append(_container_port(p.get("name"), number, protocol))
     return Pod(
         namespace=_namespace(obj),
         name=name,
@@ -356,6 +359,10 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
         host_network=_boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
         ports=tuple(ports),
     )
+
+
+# Pods of one workload name the same ports: one shared (immutable) object per distinct port.
+_container_port = functools.lru_cache(maxsize=1 << 14)(ContainerPort)
 
 
 def _protocol(value: Any, path: str) -> Any:
