@@ -76,7 +76,7 @@ class Reconciler:
         with gc_paused():
             renderer = NodeRenderer(self.node, self.config).load(cluster)
             renderer.take_changes()  # the full replace carries everything
-            return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model())), since, renderer
+            return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model(ordered=False))), since, renderer
 
     def _incremental_batch(self) -> tuple[dict | None, float | None]:
         """Feed the objects that changed to the renderer; the batch of what that changed (None:

@@ -24,6 +24,7 @@ import hashlib
 import ipaddress
 import json
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -264,20 +265,26 @@ def _label_error(key: Any, value: Any) -> str | None:
     return None if _LABEL_VALUE.fullmatch(value) else f"invalid label value {value!r}"
 
 
-def _labels(value: Any, path: str) -> dict[str, str]:
+def _labels(value: Any, path: str) -> Mapping[str, str]:
+    """Validated labels. Equal label sets are one shared object (the replicas of a workload
+    carry the same labels): never modify the result."""
     labels = _mapping(value, path)
     for k, v in labels.items():
         error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
         if error:
             raise InvalidField(f"{path}.{k}", error)
-    return dict(labels)
+    return _shared_labels(frozenset(labels.items()))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _shared_labels(items: frozenset[tuple[str, str]]) -> Mapping[str, str]:
+    return {sys.intern(k): sys.intern(v) for k, v in sorted(items)}
 
 
 def namespace_from(obj: Mapping[str, Any]) -> Namespace:
     """A Namespace object -> :class:`Namespace`; adds the automatic ``kubernetes.io/metadata.name`` label."""
     name = _name(obj, _DNS_LABEL)
-    labels = _labels(obj["metadata"].get("labels"), "metadata.labels")
-    labels[NAMESPACE_NAME_LABEL] = name
+    labels = {**_labels(obj["metadata"].get("labels"), "metadata.labels"), NAMESPACE_NAME_LABEL: name}
     return Namespace(name=name, labels=labels)
 
 
@@ -349,13 +356,14 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
             if protocol not in PROTOCOLS:
                 _protocol(protocol, f"spec.containers[{ci}].ports[{pi}].protocol")
             ports.append(_container_port(p.get("name"), number, protocol))
-    return Pod(
-        namespace=_namespace(obj),
+    node = spec.get("nodeName")
+    return Pod(  # the strings that repeat across pods are interned: one copy each in memory
+        namespace=sys.intern(_namespace(obj)),
         name=name,
         labels=_labels(meta.get("labels"), "metadata.labels"),
-        node=spec.get("nodeName"),
+        node=sys.intern(node) if isinstance(node, str) else node,
         ips=tuple(ips),
-        phase=str(status.get("phase") or ("Running" if ips else "Pending")),
+        phase=sys.intern(str(status.get("phase") or ("Running" if ips else "Pending"))),
         host_network=_boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
         ports=tuple(ports),
     )

@@ -27,7 +27,7 @@ def family_of(address: str) -> Family:
     return "ipv6" if ":" in address else "ipv4"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Requirement:
     """One ``matchExpressions`` entry: ``key``, operator ``In|NotIn|Exists|DoesNotExist``, values.
 
@@ -50,7 +50,7 @@ class Requirement:
         return self.key not in labels
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LabelSelector:
     """A ``meta/v1`` LabelSelector: ``matchLabels`` AND every ``matchExpressions`` requirement.
 
@@ -68,7 +68,7 @@ class LabelSelector:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Namespace:
     """A Namespace: name and labels (``kubernetes.io/metadata.name`` always present)."""
 
@@ -76,7 +76,7 @@ class Namespace:
     labels: Mapping[str, str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerPort:
     """A container port: optional IANA name, number 1-65535, protocol."""
 
@@ -85,7 +85,7 @@ class ContainerPort:
     protocol: Protocol
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pod:
     """A Pod as far as policy is concerned.
 
@@ -132,7 +132,7 @@ class Pod:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PolicyPort:
     """One ``ports`` entry: protocol, and a number, a range ``port..end_port`` or a name.
 
@@ -144,7 +144,7 @@ class PolicyPort:
     end_port: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IPBlock:
     """An ``ipBlock`` peer: a CIDR minus its own ``except`` list (all one family)."""
 
@@ -170,7 +170,7 @@ class IPBlock:
         return ip in self.cidr and not any(ip in hole for hole in self.excepts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Peer:
     """A ``from``/``to`` peer: pod and/or namespace selectors (AND'ed), or an ipBlock.
 
@@ -184,7 +184,7 @@ class Peer:
     ip_block: IPBlock | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PolicyRule:
     """One ingress or egress rule. Empty ``peers`` means every peer, empty ``ports`` every port."""
 
@@ -192,7 +192,7 @@ class PolicyRule:
     ports: tuple[PolicyPort, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NetworkPolicy:
     """A NetworkPolicy with defaulted ``policy_types``.
 
@@ -217,7 +217,7 @@ class NetworkPolicy:
         return self.ingress if direction == "ingress" else self.egress
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     """A Node: name, its addresses and pod CIDRs."""
 
@@ -226,7 +226,7 @@ class Node:
     pod_cidrs: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cluster:
     """Everything the translator reads, keyed by ``namespace/name`` (nodes and namespaces by name)."""
 
