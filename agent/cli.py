@@ -229,7 +229,7 @@ def _print_matrices(sandbox: Sandbox, results: dict) -> None:
 
 
 DATAPLANE_CHOICES = {"nft": ("nft",), "iptables": ("iptables",), "kube-router": ("kube-router",),
-                     "both": ("nft", "kube-router"), "nft,kube-router": ("nft", "kube-router"), "nft,iptables": ("nft", "iptables")}
+                     "both": ("nft", "kube-router"), "nft,iptables": ("nft", "iptables")}
 
 
 def _dataplanes(args: argparse.Namespace) -> tuple[str, ...]:

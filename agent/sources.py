@@ -32,6 +32,7 @@ from nftpolicy.translators.manifests import (
     fail_closed_policy,
     namespace_from,
     node_from,
+    object_ref,
     pod_from,
     policy_from,
 )
@@ -49,12 +50,6 @@ CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 MAX_BACKOFF = 30.0
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
-
-
-def object_key(kind: str, obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` for namespaced kinds, ``name`` otherwise."""
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if kind in ("Pod", "NetworkPolicy") else str(meta.get("name"))
 
 
 class Store:
@@ -107,7 +102,7 @@ class Store:
         with gc_paused():
             for obj in objects:  # outside the lock: fetching pages takes a while
                 count += 1
-                key = object_key(kind, obj)
+                key = object_ref(kind, obj)
                 model = self._convert(kind, key, obj, invalid)
                 if model is not None:
                     converted[key] = model
@@ -124,7 +119,7 @@ class Store:
 
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``."""
-        key = object_key(kind, obj)
+        key = object_ref(kind, obj)
         with self._lock:
             model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind])
             if event == "DELETED":
@@ -315,8 +310,13 @@ class KubeSource:
             while True:
                 # No resourceVersion: a consistent list, which the API server paginates (served
                 # from its watch cache since 1.34; with resourceVersion "0" it ignores limit).
-                response = call(limit=LIST_PAGE, _continue=token, _preload_content=False,
-                                _request_timeout=self.api_timeout, **kwargs)
+                try:
+                    response = call(limit=LIST_PAGE, _continue=token, _preload_content=False,
+                                    _request_timeout=self.api_timeout, **kwargs)
+                except k8s.ApiException as exc:
+                    if exc.status == 410 and token:  # the continue token expired: list again now
+                        raise RelistNeeded("the list's continue token expired") from None
+                    raise
                 body = orjson.loads(response.data)
                 meta = body.get("metadata") or {}
                 pages["count"] += 1
@@ -402,7 +402,7 @@ class ManifestsSource:
                     if current != seen:
                         seen = current
                         self._read()
-                except OSError as exc:
+                except Exception as exc:  # the poll must outlive any one bad read
                     log.error("cannot read manifests in %s: %s", self.directory, exc)
 
         thread = threading.Thread(target=poll, name="manifests", daemon=True)

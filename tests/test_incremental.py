@@ -144,7 +144,7 @@ def test_a_shared_set_goes_with_its_last_user():
     renderer = NodeRenderer(None, CONFIG).load(START)
     renderer.take_changes()
     model = renderer.model()
-    (shared,) = [s.name for s in model.sets if s.comment == "pods in namespaces team=ops: all"]
+    (shared,) = [s.name for s in model.sets if s.comment == "pods in namespaces team=ops: (any)"]
     users = sorted({c.policy for c in model.policy_chains for r in c.rules if r.peer_set == shared})
     assert len(users) >= 2
     for key in users[:-1]:

@@ -103,7 +103,7 @@ def test_example_renders_kube_routers_topology():
     assert "-j MARK --set-xmark 0x10000/0x10000" in text and "-j MARK --set-xmark 0x0/0x10000" in text
     assert "-j NFLOG --nflog-group 100" in text and "--reject-with icmp-port-unreachable" in text
     assert "--icmp-type echo-request" not in text and "KUBE-NWPLCY-TAIL" not in text
-    assert "hash:ip,port family inet" in sets and "add TMP-KUBE-PORT-K7TOHJZGTUTRJDLK 10.244.1.11,tcp:9090" in sets
+    assert "hash:ip,port family inet" in sets and "add TMP-KUBE-PORT-TDLZJ4AODB2WVLTO 10.244.1.11,tcp:9090" in sets
     node2 = iptables.to_ipset(build_rule_model(example_cluster(), "node2"))
     assert re.search(r"add (\S+) 10\.244\.1\.0/24\nadd \1 10\.244\.1\.10 nomatch\n", node2)
 

@@ -1139,3 +1139,24 @@ def test_rule_model_agrees_with_reference_evaluator(objects, probe_list):
         expected = reference_allows(objects, src, dst, proto, port)
         assert model_allows(m, src, dst, proto, port) is expected, (src, dst, proto, port)
         assert all(model_allows(mn, src, dst, proto, port) for mn in per_node) is expected, ("per node", src, dst, proto, port)
+
+
+def test_an_exists_term_on_a_key_called_all_is_not_the_empty_selector():
+    """Set names hash the selector's structure, not its words (review finding: ``all`` Exists
+    read like the empty selector, and two selections shared one kernel set)."""
+    m = model_of(*PEER_PODS, pod("x/d", "10.0.0.4", all="yes", app="d"),
+                 netpol("x/narrow", labels(app="a"), ingress=[{"from": [{"podSelector": {"matchExpressions": [{"key": "all", "operator": "Exists"}]}}]}]),
+                 netpol("x/broad", labels(app="b"), ingress=[{"from": [{"podSelector": {}}]}]))
+    narrow, broad = (policy_chain(m, k, "ingress").rules[0].peer_set for k in ("x/narrow", "x/broad"))
+    assert narrow != broad
+    assert set_named(m, narrow).elements == ("10.0.0.4",) and len(set_named(m, broad).elements) == 4
+    assert set_named(m, broad).comment == "pods in x: (any)" and set_named(m, narrow).comment == "pods in x: all"
+
+
+def test_egress_rules_with_only_named_ports_make_no_address_sets():
+    """Their named-port sets are the peer match: no unused address set (review finding)."""
+    m = model_of(*PEER_PODS, pod("x/db", "10.0.0.9", app="db", ports=(("pg", 5432, "TCP"),)),
+                 netpol("x/p", labels(app="a"), egress=[{"to": [{"namespaceSelector": {}}], "ports": [{"port": "pg"}]}], types=["Egress"]))
+    assert [s.kind for s in m.sets] == ["named_port"]
+    assert set_named(m, policy_chain(m, "x/p", "egress").rules[0].named_port_set).elements == (("10.0.0.9", "tcp", 5432),)
+

@@ -229,6 +229,18 @@ def _name(obj: Mapping[str, Any], pattern: re.Pattern = _DNS_SUBDOMAIN) -> str:
     return name
 
 
+def object_ref(kind: str, obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` for Pods and NetworkPolicies, ``name`` otherwise: what the object is
+    called (with only ``generateName``, the name :func:`_name` generates for it, so that such
+    objects never share a key); never raises (an invalid name is kept as it is)."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    try:
+        name = _name(obj)
+    except InvalidField:
+        name = str(meta.get("name"))
+    return f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else name
+
+
 def _namespace(obj: Mapping[str, Any]) -> str:
     namespace = obj["metadata"].get("namespace") or "default"
     if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
@@ -350,12 +362,14 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
         for pi, p in enumerate(_list(container_ports, f"spec.containers[{ci}].ports") if container_ports else ()):
             if type(p) is not dict:
                 p = _mapping(p, f"spec.containers[{ci}].ports[{pi}]")
-            number, protocol = p.get("containerPort"), p.get("protocol") or "TCP"
+            number, protocol, port_name = p.get("containerPort"), p.get("protocol") or "TCP", p.get("name")
+            if port_name is not None and not isinstance(port_name, str):
+                raise InvalidField(f"spec.containers[{ci}].ports[{pi}].name", f"must be a string, got {port_name!r}")
             if type(number) is not int or not 1 <= number <= 65535:
                 raise InvalidField(f"spec.containers[{ci}].ports[{pi}].containerPort", f"must be a number 1-65535, got {number!r}")
             if protocol not in PROTOCOLS:
                 _protocol(protocol, f"spec.containers[{ci}].ports[{pi}].protocol")
-            ports.append(_container_port(p.get("name"), number, protocol))
+            ports.append(_container_port(port_name, number, protocol))
     node = spec.get("nodeName")
     return Pod(  # the strings that repeat across pods are interned: one copy each in memory
         namespace=sys.intern(_namespace(obj)),

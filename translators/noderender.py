@@ -33,6 +33,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Literal, Mapping
 
+import orjson
+
 from .model import (
     NAMESPACE_NAME_LABEL,
     Cluster,
@@ -47,6 +49,7 @@ from .model import (
     PolicyPort,
     PolicyRule,
     Protocol,
+    Requirement,
     family_of,
 )
 from .rules import (
@@ -107,11 +110,11 @@ class SetKey:
 
     @functools.cached_property
     def name(self) -> str:
-        """``KUBE-PODS-``, ``KUBE-NET-`` or ``KUBE-PORT-`` + the hash of :attr:`comment` and the
-        family (the comment says exactly what the set holds; the names fit ipset's 31 characters
-        with the iptables variant's ``TMP-`` prefix)."""
+        """``KUBE-PODS-``, ``KUBE-NET-`` or ``KUBE-PORT-`` + the hash of the key's fields (with
+        canonical selectors: equal keys, equal names; different keys, different names). The
+        names fit ipset's 31 characters with the iptables variant's ``TMP-`` prefix."""
         prefix = {"addr": "KUBE-PODS-", "interval": "KUBE-NET-", "named_port": "KUBE-PORT-"}[self.kind]
-        return hashed_name(prefix, self.family, self.description)
+        return hashed_name(prefix, orjson.dumps(_identity(self)).decode())
 
     @functools.cached_property
     def description(self) -> str:
@@ -123,6 +126,17 @@ class SetKey:
         if self.kind == "named_port":
             return f"port {self.port}/{self.protocol} of {self.scope.text()}"
         return self.scope.text()
+
+
+def _identity(value: Any) -> Any:
+    """A set key as plain JSON data, fields by name (what its name hashes)."""
+    if isinstance(value, (SetKey, Scope, IPBlock, LabelSelector, Requirement)):
+        return {f: _identity(getattr(value, f)) for f in value.__dataclass_fields__}
+    if isinstance(value, (tuple, list)):
+        return [_identity(v) for v in value]
+    if isinstance(value, frozenset):
+        return sorted(value)
+    return value if value is None or isinstance(value, (str, int, bool)) else str(value)
 
 
 def canonical_selector(selector: LabelSelector | None) -> LabelSelector | None:
@@ -667,7 +681,10 @@ class _PolicyChainBuilder:
 
     def _rule(self, i: int, rule: PolicyRule) -> list[AllowRule]:
         text = comment(f"{self.policy.key} {self.direction} rule {i}")
-        peer_options = self._peer_options(rule)
+        egress_named_only = self.direction == "egress" and rule.ports and all(isinstance(p.port, str) for p in rule.ports)
+        # The peer sets, unless only egress named ports use this rule's peers (their own sets
+        # hold the peers' addresses with the port): a set exists only while a rule uses it.
+        peer_options = [] if egress_named_only else self._peer_options(rule)
         if not rule.ports:
             return [AllowRule(family, peer_set, None, None, text) for family, peer_set in peer_options]
         allows: list[AllowRule] = []

@@ -145,15 +145,16 @@ def comment(text: str, limit: int = COMMENT_MAX_BYTES) -> str:
 
 def selector_text(selector: LabelSelector | None) -> str:
     """A label selector in kubectl's words, terms sorted: ``app=b,tier in (api,web),!legacy``;
-    ``all`` for None or the empty selector (both match everything)."""
+    ``(any)`` for None or the empty selector (both match everything; no label key has
+    parentheses, so it never reads like an ``Exists`` term)."""
     if selector is None:
-        return "all"
+        return "(any)"
     terms = [f"{k}={v}" for k, v in sorted(selector.match_labels)]
     for r in sorted(selector.match_expressions, key=lambda r: (r.key, r.operator, sorted(r.values))):
         values = ",".join(sorted(r.values))
         terms.append({"In": f"{r.key} in ({values})", "NotIn": f"{r.key} notin ({values})",
                       "Exists": r.key, "DoesNotExist": f"!{r.key}"}[r.operator])
-    return ",".join(terms) or "all"
+    return ",".join(terms) or "(any)"
 
 
 @functools.lru_cache(maxsize=1 << 17)
