@@ -329,7 +329,7 @@ class ControlPlane:
             body["metadata"] = {**meta, "resourceVersion": existing["metadata"]["resourceVersion"]}
             stored = self.request("PUT", self.path(kind, namespace, name), body)
         if kind in WITH_STATUS and obj.get("status"):
-            stored["status"] = {**(stored.get("status") or {}), **obj["status"]}
+            stored["status"] = dict(obj["status"])  # the object's state as given, not merged
             stored = self.request("PUT", self.path(kind, namespace, name, "status"), stored)
         return stored
 

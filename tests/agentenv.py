@@ -16,7 +16,7 @@ from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
 from nftpolicy.translators.model import Pod
 
 from .conftest import http_get
-from .fakeapi import FakeApiServer, namespace, node
+from .fakeapi import FakeApiServer, namespace, node, pod
 
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
 
@@ -52,7 +52,7 @@ class AgentEnv:
         if api is None:
             api = FakeApiServer(bookmark_interval=0.5)
             api.start()
-        self.api = api
+        self.api, self.slots = api, slots
         self.kubeconfig = self.api.kubeconfig(str(tmp_path / "kubeconfig.json"))
         self.api.put(node("node1"))
         for ns in sorted({key.split("/")[0] for key in slots}):
@@ -64,6 +64,14 @@ class AgentEnv:
         self.log_path = tmp_path / "agent.log"
         self.extra_args = extra_args
         self.proc: subprocess.Popen | None = None
+
+    def put_slot_pods(self) -> "AgentEnv":
+        """A Running pod in the API for every slot, at the slot's address, labelled
+        ``app=<name>``; returns self."""
+        for key, ip in self.slots.items():
+            ns, name = key.split("/")
+            self.api.put(pod(ns, name, ip, app=name))
+        return self
 
     def start_agent(self, wait_ready: bool = True) -> None:
         args = [NFTPOLICY, "agent", "--kubeconfig", self.kubeconfig, "--node", "node1", "--netns", self.netns,

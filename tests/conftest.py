@@ -53,6 +53,24 @@ def make_netns():
     netns.delete(created)
 
 
+@pytest.fixture(scope="module")
+def control_plane():
+    """A real etcd and kube-apiserver (agent/controlplane.py) shared by one test module; tests
+    that use it end with :func:`clear_api`."""
+    from nftpolicy.agent.controlplane import ControlPlane
+
+    with ControlPlane() as cp:
+        yield cp
+
+
+def clear_api(cp) -> None:
+    """Delete every Pod and NetworkPolicy of a control plane (namespaces stay: no controller
+    would finalize their deletion), so the next test starts from namespaces only."""
+    for kind, path in (("NetworkPolicy", "/apis/networking.k8s.io/v1/networkpolicies"), ("Pod", "/api/v1/pods")):
+        for item in cp.request("GET", path)["items"]:
+            cp.delete(kind, item["metadata"]["name"], item["metadata"]["namespace"])
+
+
 def nft(ns: str, *args: str, stdin: str | None = None) -> str:
     """Run the nft binary inside namespace ``ns``; raises AssertionError with nft's message."""
     result = subprocess.run(["ip", "netns", "exec", ns, "nft", *args], input=stdin, capture_output=True, text=True)

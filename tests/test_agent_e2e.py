@@ -11,8 +11,8 @@ import pytest
 
 from nftpolicy.agent.sandbox import ProbeSpec
 
-from .agentenv import AgentEnv
-from .conftest import nft
+from .agentenv import AgentEnv, RealApi
+from .conftest import clear_api, nft
 from .fakeapi import namespace, pod
 
 pytestmark = pytest.mark.kernel
@@ -32,20 +32,36 @@ def only_from(labels: dict, target: dict | None = None, ns_labels: dict | None =
     return {"podSelector": {"matchLabels": target or {"app": "b"}}, "ingress": [{"from": [peer]}]}
 
 
+def _env(tmp_path, api=None) -> AgentEnv:
+    return AgentEnv(tmp_path, SLOTS, api=api).put_slot_pods()
+
+
 @pytest.fixture
 def env(tmp_path):
-    env = AgentEnv(tmp_path, SLOTS)
-    env.api.put(namespace("y"))
-    for key, ip in SLOTS.items():
-        ns, name = key.split("/")
-        env.api.put(pod(ns, name, ip, app=name))
+    """The agent on the fake API server (for the scenarios that inject faults)."""
+    env = _env(tmp_path)
     try:
         yield env
     finally:
         env.close()
 
 
-def test_policy_create_update_delete(env):
+@pytest.fixture(params=["fake API server", "kube-apiserver"])
+def either_env(request, tmp_path):
+    """The same scenario against the in-repo fake and against the real kube-apiserver."""
+    real = request.param == "kube-apiserver"
+    cp = request.getfixturevalue("control_plane") if real else None
+    env = _env(tmp_path, RealApi(cp) if real else None)
+    try:
+        yield env
+    finally:
+        env.close()
+        if real:
+            clear_api(cp)
+
+
+def test_policy_create_update_delete(either_env):
+    env = either_env
     env.start_agent()
     assert env.connects("x/c", B)
     env.api.put(policy("deny-b", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}))
@@ -59,7 +75,8 @@ def test_policy_create_update_delete(env):
     env.eventually(lambda: env.metric("nftpolicy_event_to_kernel_seconds_count") >= 3, True)
 
 
-def test_pod_and_namespace_label_changes(env):
+def test_pod_and_namespace_label_changes(either_env):
+    env = either_env
     env.api.put(policy("from-clients", only_from({"role": "client"}, ns_labels={"team": "blue"})))
     env.start_agent()
     assert not env.connects("y/d", B)
@@ -72,7 +89,8 @@ def test_pod_and_namespace_label_changes(env):
     env.eventually(lambda: env.connects("y/d", B), False)
 
 
-def test_pod_that_gets_its_ip_late(env):
+def test_pod_that_gets_its_ip_late(either_env):
+    env = either_env
     env.api.put(pod("x", "b", None, app="b"))  # Pending, no IP yet
     env.api.put(policy("deny-b", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}))
     env.api.put(policy("b-from-late", {"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "late"}}}]}]}))
@@ -87,7 +105,8 @@ def test_pod_that_gets_its_ip_late(env):
     env.eventually(lambda: env.connects("x/c", A), True)
 
 
-def test_finished_pod_releases_its_ip_to_a_new_pod(env):
+def test_finished_pod_releases_its_ip_to_a_new_pod(either_env):
+    env = either_env
     env.api.put(policy("b-from-clients", only_from({"role": "client"})))
     env.api.put(pod("x", "c", C, app="c", role="client"))
     env.start_agent()

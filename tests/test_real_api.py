@@ -1,7 +1,9 @@
 """The agent end to end against the real kube-apiserver (and etcd) of :class:`ControlPlane`:
 objects written through the API -> ``nftpolicy agent`` -> kernel -> real packets between sandbox
-pods. The in-repo fake API server stays for fault injection (test_agent_e2e.py); this is the
-protocol truth."""
+pods. The scenarios that both API servers share run on both in test_agent_e2e.py (policy
+create/update/delete, label changes, late IPs, finished pods); here is what only the real one
+shows: pagination, deletion and IP reuse through the real pod lifecycle, watches the server
+ends, a restart of kube-apiserver. The in-repo fake stays for fault injection."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from nftpolicy.agent.controlplane import ControlPlane
 from nftpolicy.agent.ops import Metrics
 
 from .agentenv import AgentEnv, RealApi
+from .conftest import clear_api
 from .fakeapi import namespace, pod
 
 pytestmark = pytest.mark.kernel
@@ -31,33 +34,8 @@ def policy(name: str, spec: dict, ns: str = "x") -> dict:
 DENY_B = {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}
 
 
-def only_from(labels: dict, ns_labels: dict | None = None) -> dict:
-    peer: dict = {"podSelector": {"matchLabels": labels}}
-    if ns_labels is not None:
-        peer["namespaceSelector"] = {"matchLabels": ns_labels}
-    return {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [{"from": [peer]}]}
-
-
-@pytest.fixture(scope="module")
-def control_plane():
-    with ControlPlane() as cp:
-        yield cp
-
-
-def _clear(cp: ControlPlane) -> None:
-    """Delete every Pod and NetworkPolicy, so the next test starts from namespaces only."""
-    for kind, path in (("NetworkPolicy", "/apis/networking.k8s.io/v1/networkpolicies"), ("Pod", "/api/v1/pods")):
-        for item in cp.request("GET", path)["items"]:
-            cp.delete(kind, item["metadata"]["name"], item["metadata"]["namespace"])
-
-
 def _env(cp: ControlPlane, tmp_path, extra_args: tuple[str, ...] = ()) -> AgentEnv:
-    env = AgentEnv(tmp_path, SLOTS, extra_args, api=RealApi(cp))
-    env.api.put(namespace("y"))
-    for key, ip in SLOTS.items():
-        ns, name = key.split("/")
-        env.api.put(pod(ns, name, ip, app=name))
-    return env
+    return AgentEnv(tmp_path, SLOTS, extra_args, api=RealApi(cp)).put_slot_pods()
 
 
 @pytest.fixture
@@ -67,21 +45,7 @@ def env(control_plane, tmp_path):
         yield env
     finally:
         env.close()
-        _clear(control_plane)
-
-
-def test_policy_create_update_delete(env):
-    env.start_agent()
-    assert env.connects("x/c", B)
-    env.api.put(policy("deny-b", DENY_B))
-    env.eventually(lambda: env.connects("x/c", B), False)
-    env.api.put(policy("deny-b", only_from({"app": "a"})))
-    env.eventually(lambda: env.connects("x/a", B), True)
-    assert not env.connects("x/c", B)
-    env.api.delete("NetworkPolicy", "deny-b", "x")
-    env.eventually(lambda: env.connects("x/c", B), True)
-    env.eventually(lambda: env.metric("nftpolicy_sync_duration_seconds_count", mode="incremental") >= 3, True)
-    assert env.metric("nftpolicy_api_errors_total", kind="Pod", reason="5xx") == 0
+        clear_api(control_plane)
 
 
 def test_lists_come_in_pages(control_plane, monkeypatch):
@@ -100,24 +64,7 @@ def test_lists_come_in_pages(control_plane, monkeypatch):
         assert int(source.versions["Pod"]) >= int(control_plane.request("GET", "/api/v1/namespaces/y/pods/paged-4")["metadata"]["resourceVersion"])
     finally:
         stop.set()
-        _clear(control_plane)
-
-
-def test_pod_and_namespace_label_changes(env):
-    env.api.put(policy("from-clients", only_from({"role": "client"}, ns_labels={"team": "blue"})))
-    env.start_agent()
-    assert not env.connects("y/d", B)
-    env.api.put(pod("y", "d", D, app="d", role="client"))  # pod label alone: y is not team=blue
-    time.sleep(0.5)
-    assert not env.connects("y/d", B)
-    env.api.put(namespace("y", team="blue"))
-    env.eventually(lambda: env.connects("y/d", B), True)
-    env.api.put(namespace("y"))  # the namespace label goes again
-    env.eventually(lambda: env.connects("y/d", B), False)
-    env.api.put(namespace("y", team="blue"))
-    env.eventually(lambda: env.connects("y/d", B), True)
-    env.api.put(pod("y", "d", D, app="d"))  # the pod label goes
-    env.eventually(lambda: env.connects("y/d", B), False)
+        clear_api(control_plane)
 
 
 def test_pod_deletion_and_ip_reuse(env):
@@ -153,7 +100,7 @@ def test_watch_that_the_api_server_ends(control_plane, tmp_path):
         assert env.metric("nftpolicy_api_errors_total", kind="NetworkPolicy", reason="410") == 0
     finally:
         env.close()
-        _clear(control_plane)
+        clear_api(control_plane)
 
 
 def test_api_server_restart_keeps_rules_and_resumes(tmp_path):
