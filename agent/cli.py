@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import ipaddress
 import os
 import re
@@ -34,6 +33,7 @@ from .iptables import IptablesError
 from .manifests import load_cluster, manifest_files, read_objects
 from .netns import NetnsError
 from .nftables import NftError, remove_table
+from .ops import gc_paused
 from .sandbox import Disagreement, ProbeSpec, Sandbox, SandboxError, disagreements, replay_twins, start_daemons
 
 
@@ -180,15 +180,15 @@ class Progress:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    gc.disable()  # one bulk load whose objects all live to the end: collections only cost time
     progress = Progress()
-    progress.step("reading the manifests")
-    cluster = _load(args)
-    progress.step(f"rendering {len(cluster.pods):,} pods, {len(cluster.policies):,} policies")
-    model = build_rule_model(cluster, args.node, config_from(args))
-    progress.step("printing")
     try:
-        _print_model(args.format, model)
+        with gc_paused():  # one bulk load whose objects all live to the end
+            progress.step("reading the manifests")
+            cluster = _load(args)
+            progress.step(f"rendering {len(cluster.pods):,} pods, {len(cluster.policies):,} policies")
+            model = build_rule_model(cluster, args.node, config_from(args))
+            progress.step("printing")
+            _print_model(args.format, model)
     finally:
         progress.done()
     return 0

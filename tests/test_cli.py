@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import netns
+from nftpolicy.agent import cli, netns
 
 from .conftest import CONFORMANCE, OURS, REPO
 
@@ -100,3 +101,23 @@ def test_sandbox_removes_its_namespaces_when_interrupted(sig):
         proc.kill()  # nothing outlives the test, whatever failed
         proc.wait()
     assert sandbox_namespaces() - before == set()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_render_shows_progress_only_on_a_terminal(monkeypatch, capsys, terminal):
+    """A status line rewritten in place on a terminal, erased at the end; nothing in a pipe."""
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert cli.main(["render", "--node", "node1", str(REPO / "examples" / "shop")]) == 0
+    assert "table inet nftpolicy" in capsys.readouterr().out
+    text = err.getvalue()
+    if terminal:
+        assert "\r\033[Knftpolicy: reading the manifests (" in text and "\r\033[Knftpolicy: rendering 6 pods, 4 policies (" in text
+        assert text.endswith("\r\033[K")
+    else:
+        assert text == ""
