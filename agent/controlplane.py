@@ -285,12 +285,17 @@ class ControlPlane:
 
     @staticmethod
     def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
-        """The API path of a collection or object of ``kind`` (one of :data:`RESOURCES`)."""
+        """The API path of a collection or object of ``kind`` (one of :data:`RESOURCES`); a
+        namespaced kind without namespace and name: its collection across all namespaces."""
         if kind not in RESOURCES:
             raise ControlPlaneError(f"kind {kind} is not handled by the sandbox control plane")
         prefix, plural, namespaced = RESOURCES[kind]
-        where = f"/namespaces/{namespace or 'default'}" if namespaced else ""
+        where = f"/namespaces/{namespace or 'default'}" if namespaced and (namespace or name) else ""
         return prefix + where + f"/{plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+    def items(self, kind: str) -> list[dict[str, Any]]:
+        """Every object of ``kind``, in all namespaces."""
+        return list(self.request("GET", self.path(kind))["items"])
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""

@@ -62,10 +62,8 @@ def cluster_from_api(control_plane: ControlPlane) -> Any:
     from .sources import KINDS, Store
 
     store = Store(Metrics())
-    paths = {"Namespace": "/api/v1/namespaces", "Pod": "/api/v1/pods", "Node": "/api/v1/nodes",
-             "NetworkPolicy": "/apis/networking.k8s.io/v1/networkpolicies"}
     for kind in KINDS:
-        store.replace(kind, control_plane.request("GET", paths[kind]).get("items") or [])
+        store.replace(kind, control_plane.items(kind))
     return store.take()[0]
 
 

@@ -84,12 +84,7 @@ class Reconciler:
         assert self.renderer is not None
         changes, since = self.store.take_changes()
         for kind, key, obj in changes:
-            if kind == "Pod":
-                self.renderer.set_pod(key, obj)
-            elif kind == "Namespace":
-                self.renderer.set_namespace(key, obj)
-            elif kind == "NetworkPolicy":
-                self.renderer.set_policy(key, obj)
+            self.renderer.apply(kind, key, obj)
         delta = self.renderer.take_changes()
         return (nft.changes_transaction(self.config, delta) if delta else None), since
 

@@ -236,14 +236,14 @@ class Sandbox:
 
         Raises NftError or IptablesError (nft: the node keeps its previous ruleset).
         """
+        if self.dataplane == "kube-router":
+            raise SandboxError("kube-router takes its rules from the API server: run it with a control plane")
         cluster = self.with_sandbox_pods(cluster)
         chosen = None if nodes is None else set(nodes)
         for node in self.nodes.values():
             if chosen is not None and node.name not in chosen:
                 continue
             model = build_rule_model(cluster, node.name, self.config)
-            if self.dataplane == "kube-router":
-                raise SandboxError("kube-router takes its rules from the API server: run it with a control plane")
             if self.dataplane == "nft":
                 batch = full_transaction(model)
                 with netns.entered(node.netns):
@@ -295,7 +295,7 @@ class Sandbox:
                 except ApiError as error:
                     errors.append(ManifestError(kind, ref, f"the API server refused it: {error.status} {error.reason}", origin))
             if kind != "Namespace":
-                for item in control_plane.request("GET", control_plane.path(kind).replace("/namespaces/default", ""))["items"]:
+                for item in control_plane.items(kind):
                     meta = item["metadata"]
                     if f"{meta['namespace']}/{meta['name']}" not in keep:
                         control_plane.delete(kind, meta["name"], meta["namespace"])

@@ -66,8 +66,8 @@ def control_plane():
 def clear_api(cp) -> None:
     """Delete every Pod and NetworkPolicy of a control plane (namespaces stay: no controller
     would finalize their deletion), so the next test starts from namespaces only."""
-    for kind, path in (("NetworkPolicy", "/apis/networking.k8s.io/v1/networkpolicies"), ("Pod", "/api/v1/pods")):
-        for item in cp.request("GET", path)["items"]:
+    for kind in ("NetworkPolicy", "Pod"):
+        for item in cp.items(kind):
             cp.delete(kind, item["metadata"]["name"], item["metadata"]["namespace"])
 
 

@@ -95,10 +95,6 @@ def _apply(cluster: Cluster, kind: str, key: str, obj: object) -> Cluster:
     return dataclasses.replace(cluster, **{field: objects})
 
 
-def _feed(renderer: NodeRenderer, kind: str, key: str, obj: object) -> None:
-    {"Pod": renderer.set_pod, "Namespace": renderer.set_namespace, "NetworkPolicy": renderer.set_policy}[kind](key, obj)  # type: ignore[operator]
-
-
 @pytest.mark.parametrize("node", ["node1", "node2", None])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 25), batch=st.integers(1, 4))
@@ -112,7 +108,7 @@ def test_incremental_equals_scratch(node, seed, steps, batch):
         for _ in range(batch):  # several changes within one sync
             kind, key, obj = _mutate(cluster, rng)
             cluster = _apply(cluster, kind, key, obj)
-            _feed(renderer, kind, key, obj)
+            renderer.apply(kind, key, obj)
         fresh = build_rule_model(cluster, node, CONFIG)
         assert renderer.model() == fresh
         changes = renderer.take_changes()

@@ -176,7 +176,6 @@ def _block_elements(key: SetKey) -> tuple[str, ...]:
 class _Set:
     """A live set: its users and how many pods give each element."""
 
-    key: SetKey
     users: int = 0
     counts: Counter[Any] = field(default_factory=Counter)
 
@@ -293,6 +292,16 @@ class NodeRenderer:
         self._family_pods.update({"ipv4": v4, "ipv6": v6})
         self._pod_chains_stale = True
         self.families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
+
+    def apply(self, kind: str, key: str, obj: Any) -> None:
+        """One changed object of ``kind`` (``Namespace``, ``Pod``, ``NetworkPolicy``; None:
+        deleted). Other kinds (``Node``) do not shape the rules and are ignored."""
+        if kind == "Pod":
+            self.set_pod(key, obj)
+        elif kind == "Namespace":
+            self.set_namespace(key, obj)
+        elif kind == "NetworkPolicy":
+            self.set_policy(key, obj)
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         """A namespace's labels; one without a Namespace object has only its name label."""
@@ -432,7 +441,7 @@ class NodeRenderer:
     def _acquire(self, key: SetKey) -> None:
         live = self._sets.get(key)
         if live is None:
-            live = self._sets[key] = _Set(key)
+            live = self._sets[key] = _Set()
             if key.scope is not None:
                 self._watch(key.scope, key)
             if key in self._dead:  # gone and back within one change window: report the difference
