@@ -32,7 +32,8 @@ from .controlplane import ControlPlane, ControlPlaneError, find_binary
 from .iptables import IptablesError
 from .manifests import load_cluster, manifest_files, read_objects
 from .netns import NetnsError
-from .nftables import NftError, remove_table
+from .dataplane import DataplaneError
+from .nftables import NftDataplane
 from .ops import gc_paused
 from .sandbox import Disagreement, ProbeSpec, Sandbox, SandboxError, disagreements, replay_twins, start_daemons
 
@@ -393,7 +394,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    removed = remove_table(args.table, args.netns)
+    removed = NftDataplane(args.table, args.netns).remove()
     print(f"removed table inet {args.table}" if removed else f"no table inet {args.table}")
     return 0
 
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nftpolicy: interrupted", file=sys.stderr)
         return 130
-    except (FileNotFoundError, CaseError, NftError, SandboxError, IptablesError, DumpError, NetnsError, UsageError,
+    except (FileNotFoundError, CaseError, DataplaneError, SandboxError, DumpError, NetnsError, UsageError,
             ControlPlaneError) as exc:
         print(f"nftpolicy: {exc}", file=sys.stderr)
         return 2

@@ -6,12 +6,10 @@ import argparse
 import logging
 import signal
 import threading
-from contextlib import nullcontext
 
 from nftpolicy.translators.rules import Config
 
-from . import netns
-from .nftables import missing_features
+from .nftables import NftDataplane
 from .ops import Health, Metrics, serve_http, setup_logging
 from .reconcile import HEARTBEAT, Reconciler
 from .sources import KubeSource, ManifestsSource, Store
@@ -23,8 +21,8 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     """Run until SIGTERM or SIGINT; the ruleset stays in the kernel afterwards. Returns the exit
     code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound."""
     setup_logging(args.log_format, args.log_level)
-    with netns.entered(args.netns) if args.netns else nullcontext():
-        missing = missing_features()
+    dataplane = NftDataplane(config.table, args.netns)
+    missing = dataplane.missing_features()
     if missing:
         for feature in missing:
             log.error("nftables feature missing: %s", feature)
@@ -54,7 +52,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
     log.info("nftpolicy agent for node %s: source %s, table inet %s, http %s:%d", args.node, source, config.table,
              *server.server_address[:2])
-    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, args.netns)
+    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
     reconciler.run(stop)
     server.shutdown()
     return 0

@@ -14,7 +14,9 @@ tables with xt compat matches) and ``legacy`` (``iptables-legacy-restore``: x_ta
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
 from nftpolicy.translators import iptables as render
@@ -22,13 +24,14 @@ from nftpolicy.translators.model import Family
 from nftpolicy.translators.rules import RuleModel
 
 from . import netns
+from .dataplane import DataplaneError
 
 Loader = Literal["nft", "legacy"]
 LOADERS: tuple[Loader, ...] = ("nft", "legacy")
 OUR_SET_PREFIXES = ("KUBE-PODS-", "KUBE-NET-", "KUBE-PORT-", render.TMP_PREFIX + "KUBE-")
 
 
-class IptablesError(RuntimeError):
+class IptablesError(DataplaneError):
     """ipset or iptables-restore failed; the message holds the command and its output."""
 
 
@@ -70,21 +73,63 @@ def load_text(netns_name: str, ipset_text: str, restore: dict[Family, str], load
         run(netns_name, [restore_command(family, loader)], text)
 
 
-def apply(netns_name: str, model: RuleModel, loader: Loader = "nft", families: Sequence[Family] = ("ipv4", "ipv6")) -> None:
-    """Load the iptables variant of ``model`` into ``netns_name``: sets (swapped in atomically),
-    the filter table of each family (one atomic table replace each), then destroy our sets that
-    the new rules no longer reference."""
-    load_text(netns_name, render.to_ipset(model, families), {f: render.to_restore(model, f) for f in families}, loader)
-    wanted = set(render.set_names(model, families))
-    for name in set_list(netns_name):
-        if name.startswith(OUR_SET_PREFIXES) and name not in wanted:
-            run(netns_name, ["ipset", "destroy", name])
+@dataclass(frozen=True)
+class IptablesBatch:
+    """One load of the iptables variant: ``ipset restore`` input, each family's
+    ``iptables-restore`` input, and the names of the sets it keeps (ours that are not here are
+    destroyed once the new rules stop naming them)."""
+
+    ipset: str
+    restore: dict[Family, str]
+    sets: frozenset[str]
 
 
-def unload(netns_name: str, loader: Loader = "nft", families: Sequence[Family] = ("ipv4", "ipv6")) -> None:
-    """Empty the filter table of each family (policies ACCEPT, no chains), then destroy every set
-    in the namespace."""
-    empty = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
-    for family in families:
-        run(netns_name, [restore_command(family, loader)], empty)
-    run(netns_name, ["ipset", "destroy"])
+class IptablesDataplane:
+    """The iptables variant in network namespace ``netns_name`` (one this process created:
+    :func:`run` refuses any other), loaded with ``iptables-<loader>-restore`` for ``families``."""
+
+    def __init__(self, netns_name: str, loader: Loader = "nft", families: Sequence[Family] = ("ipv4", "ipv6")) -> None:
+        self.netns, self.loader, self.families = netns_name, loader, tuple(families)
+
+    def __repr__(self) -> str:
+        return f"IptablesDataplane(iptables-{self.loader} in {self.netns})"
+
+    def missing_features(self) -> list[str]:
+        """The commands this dataplane runs that are not installed."""
+        commands = ["ipset"] + [restore_command(f, self.loader) for f in self.families]
+        return [f"{c}: not installed" for c in commands if shutil.which(c) is None]
+
+    def batch(self, model: RuleModel) -> IptablesBatch:
+        """The load of ``model``: its sets and each family's filter table."""
+        return IptablesBatch(render.to_ipset(model, self.families), {f: render.to_restore(model, f) for f in self.families},
+                             frozenset(render.set_names(model, self.families)))
+
+    def run(self, batch: IptablesBatch) -> None:
+        """Sets first (each swapped in atomically), then each family's filter table (one atomic
+        table replace each), then destroy our sets that the new rules no longer name."""
+        load_text(self.netns, batch.ipset, batch.restore, self.loader)
+        for name in set_list(self.netns):
+            if name.startswith(OUR_SET_PREFIXES) and name not in batch.sets:
+                run(self.netns, ["ipset", "destroy", name])
+
+    def replace(self, model: RuleModel) -> None:
+        """Load ``model`` (:meth:`batch`, :meth:`run`)."""
+        self.run(self.batch(model))
+
+    def has_table(self) -> bool:
+        """True while ``KUBE-ROUTER-FORWARD`` is in every family's filter table."""
+        save = {"ipv4": "iptables", "ipv6": "ip6tables"}
+        return all(":KUBE-ROUTER-FORWARD " in run(self.netns, [f"{save[f]}-{self.loader}-save", "-t", "filter"])
+                   for f in self.families)
+
+    def remove(self) -> bool:
+        """Empty each family's filter table (policies ACCEPT, no chains) and destroy our sets;
+        True if our chains were there."""
+        present = self.has_table()
+        empty = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+        for family in self.families:
+            run(self.netns, [restore_command(family, self.loader)], empty)
+        for name in set_list(self.netns):
+            if name.startswith(OUR_SET_PREFIXES):
+                run(self.netns, ["ipset", "destroy", name])
+        return present

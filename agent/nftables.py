@@ -1,62 +1,29 @@
-"""libnftables: the one place that talks to the kernel's nftables (through Debian's python3-nftables).
+"""libnftables: the one module that talks to the kernel's nftables (through Debian's python3-nftables).
 
-Every call takes a JSON batch (libnftables-json(5)) that the kernel commits as one transaction:
-it lands whole or not at all.
+:class:`NftDataplane` commits libnftables JSON batches (libnftables-json(5)) inside one network
+namespace; the kernel takes each batch as one transaction: it lands whole or not at all.
 """
 
 from __future__ import annotations
 
 import ctypes
-from contextlib import nullcontext as _nothing
+from contextlib import nullcontext
 from typing import Any
 
 import nftables
 import orjson
 
+from nftpolicy.translators import nft
+from nftpolicy.translators.rules import RuleModel
 
-class NftError(RuntimeError):
+from . import netns
+from .dataplane import DataplaneError
+
+Json = dict[str, Any]
+
+
+class NftError(DataplaneError):
     """libnftables refused a batch; the kernel still holds the ruleset it had before."""
-
-
-def run_json(batch: dict[str, Any]) -> dict[str, Any]:
-    """Commit ``batch`` (``{"nftables": [...]}``) in the current network namespace.
-
-    Returns libnftables' JSON answer (empty dict when it printed nothing). Raises NftError with
-    libnftables' error text.
-    """
-    nft = nftables.Nftables()
-    nft.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
-    rc, output, error = nft.cmd(orjson.dumps(batch).decode())
-    if rc != 0:
-        raise NftError(str(error).strip() or f"libnftables returned {rc}")
-    return orjson.loads(output) if output else {}
-
-
-def release_memory() -> None:
-    """Give the memory that a big commit freed back to the system (glibc ``malloc_trim(0)``):
-    libnftables' JSON parsing and netlink buffers otherwise keep the process at about twice its
-    model's size. A no-op where the C library has no malloc_trim."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
-def remove_table(table: str, netns_name: str | None = None) -> bool:
-    """Delete ``inet <table>`` if it exists (inside ``netns_name`` if given); True if it did.
-
-    Only that table is named; no other table is listed or changed.
-    """
-    from . import netns
-
-    batch = {"nftables": [{"delete": {"table": {"family": "inet", "name": table}}}]}
-    probe = {"nftables": [{"list": {"table": {"family": "inet", "name": table}}}]}
-    with netns.entered(netns_name) if netns_name else _nothing():
-        try:
-            run_json(probe)
-        except NftError:
-            return False
-        run_json(batch)
-        return True
 
 
 # Each nft feature the ruleset needs, as a batch the kernel must accept (DESIGN.md section 2).
@@ -76,20 +43,83 @@ FEATURE_PROBES = {
     "rate limit and NFLOG (nft_limit, nft_log, nfnetlink_log)":
         "add chain inet {t} probe_6\nadd rule inet {t} probe_6 limit rate 10/minute burst 10 packets log group 100",
 }
+FEATURE_TABLE = "nftpolicy-feature-check"
 
 
-def missing_features(table: str = "nftpolicy-feature-check") -> list[str]:
-    """The nft features from :data:`FEATURE_PROBES` that this kernel and libnftables refuse,
-    each with libnftables' reason; empty when all work.
+def release_memory() -> None:
+    """Give the memory that a big commit freed back to the system (glibc ``malloc_trim(0)``):
+    libnftables' JSON parsing and netlink buffers otherwise keep the process at about twice its
+    model's size. A no-op where the C library has no malloc_trim."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
-    Every probe is a dry run (``nft --check``): the kernel validates the batch and commits
-    nothing.
-    """
-    missing = []
-    for feature, commands in FEATURE_PROBES.items():
-        nft = nftables.Nftables()
-        nft.set_dry_run(True)
-        rc, _, error = nft.cmd(f"add table inet {table}\n" + commands.format(t=table))
+
+class NftDataplane:
+    """Our ``inet <table>`` through libnftables, inside network namespace ``netns`` (a name from
+    ``ip netns add``; None: this process's own). Only that table is ever named."""
+
+    def __init__(self, table: str, netns_name: str | None = None) -> None:
+        self.table, self.netns = table, netns_name
+
+    def __repr__(self) -> str:
+        return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
+
+    def _entered(self) -> Any:
+        return netns.entered(self.netns) if self.netns else nullcontext()
+
+    def run(self, batch: Json) -> None:
+        """Commit ``batch`` (``{"nftables": [...]}``); raises NftError with libnftables' reason."""
+        self._cmd(batch)
+
+    def _cmd(self, batch: Json) -> Json:
+        with self._entered():
+            ctx = nftables.Nftables()
+            ctx.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
+            rc, output, error = ctx.cmd(orjson.dumps(batch).decode())
         if rc != 0:
-            missing.append(f"{feature}: {error.strip().splitlines()[0] if error.strip() else rc}")
-    return missing
+            raise NftError(str(error).strip() or f"libnftables returned {rc}")
+        return orjson.loads(output) if output else {}
+
+    def replace(self, model: RuleModel) -> None:
+        """Replace our table with ``model``'s (:func:`nft.full_transaction`: one transaction)."""
+        self.run(nft.full_transaction(model))
+
+    def listing(self) -> list[Json]:
+        """Our table's objects as the kernel lists them (``list table``; empty when absent)."""
+        try:
+            listed = self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]})
+        except NftError:
+            return []
+        return [item for item in listed.get("nftables", []) if "metainfo" not in item]
+
+    def has_table(self) -> bool:
+        """True while our table and its FORWARD base chain are there (a cheap look-up)."""
+        probe = {"nftables": [{"list": {"chain": {"family": "inet", "table": self.table, "name": "KUBE-ROUTER-FORWARD"}}}]}
+        try:
+            self._cmd(probe)
+        except (NftError, OSError):
+            return False
+        return True
+
+    def remove(self) -> bool:
+        """Delete ``inet <table>`` if it exists; True if it did. No other table is listed or changed."""
+        try:
+            self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]})
+        except NftError:
+            return False
+        self.run({"nftables": [{"delete": {"table": {"family": "inet", "name": self.table}}}]})
+        return True
+
+    def missing_features(self) -> list[str]:
+        """The features of :data:`FEATURE_PROBES` that this kernel and libnftables refuse, each
+        with libnftables' reason. Every probe is a dry run (``nft --check``): nothing is committed."""
+        missing = []
+        with self._entered():
+            for feature, commands in FEATURE_PROBES.items():
+                ctx = nftables.Nftables()
+                ctx.set_dry_run(True)
+                rc, _, error = ctx.cmd(f"add table inet {FEATURE_TABLE}\n" + commands.format(t=FEATURE_TABLE))
+                if rc != 0:
+                    missing.append(f"{feature}: {error.strip().splitlines()[0] if error.strip() else rc}")
+        return missing

@@ -27,13 +27,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nftpolicy.translators.nft import full_transaction
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
 from . import netns
 from .controlplane import ControlPlane, ControlPlaneError, die_with_parent, find_binary, free_port
-from .nftables import NftError, run_json
+from .nftables import NftDataplane
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -138,20 +137,14 @@ class NftpolicyAgents(NodeDaemons):
                                     "--http-address", f"127.0.0.1:{self.http[node.name]}", "--min-sync-interval", "0.05",
                                     "--log-format", "json", *config_flags(self.sandbox.config)])
 
-    def _listing(self) -> str:
-        """Our table as the kernel lists it in the current namespace, in an order that does not
+    def _listing(self, netns_name: str) -> str:
+        """Our table as the kernel lists it in ``netns_name``, in an order that does not
         depend on history (a chain made by an incremental sync is listed after older ones):
         chains and sets sorted by name, set elements sorted, rules in chain order, no handles.
         Empty when the table is not there."""
-        try:
-            listed = run_json({"nftables": [{"list": {"table": {"family": "inet", "name": self.sandbox.config.table}}}]})
-        except NftError:
-            return ""
         objects: dict[str, list[str]] = {}
-        for item in listed.get("nftables", []):
+        for item in NftDataplane(self.sandbox.config.table, netns_name).listing():
             (kind, body), = item.items()
-            if kind == "metainfo":
-                continue
             body = {k: v for k, v in body.items() if k != "handle"}
             if kind == "set" and "elem" in body:
                 body["elem"] = sorted(body["elem"], key=lambda e: json.dumps(e, sort_keys=True))
@@ -163,15 +156,12 @@ class NftpolicyAgents(NodeDaemons):
     def expected(self, node: str, cluster: Any) -> str:
         """What node ``node`` must hold for ``cluster``: rendered, loaded into a scratch
         namespace of this sandbox and listed by the kernel, so both sides print the same way."""
-        batch = full_transaction(build_rule_model(cluster, node, self.sandbox.config))
-        with netns.entered(self.scratch):
-            run_json(batch)
-            return self._listing()
+        NftDataplane(self.sandbox.config.table, self.scratch).replace(build_rule_model(cluster, node, self.sandbox.config))
+        return self._listing(self.scratch)
 
     def actual(self, node: str) -> str:
         """Our table in node ``node``, listed as :meth:`expected` lists it."""
-        with netns.entered(self.sandbox.nodes[node].netns):
-            return self._listing()
+        return self._listing(self.sandbox.nodes[node].netns)
 
     def wait_synced(self, timeout: float = 60.0) -> None:
         """Wait until every node's table equals the render of what the API holds now.

@@ -19,15 +19,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from contextlib import nullcontext
-from typing import Callable
+from typing import Any
 
 from nftpolicy.translators import nft
 from nftpolicy.translators.noderender import NodeRenderer
 from nftpolicy.translators.rules import Config
 
-from . import netns
-from .nftables import NftError, release_memory, run_json
+from .dataplane import Dataplane, DataplaneError
+from .nftables import release_memory
 from .ops import Health, Metrics, gc_paused
 from .sources import Store
 
@@ -37,38 +36,23 @@ MAX_RETRY_DELAY = 30.0
 
 
 class Reconciler:
-    """Keeps our table equal to what ``store`` describes, for node ``node``.
-
-    ``target_netns``: commit inside this named network namespace (None: the agent's own).
-    ``commit`` is the function that commits a JSON batch (libnftables by default).
-    """
+    """Keeps our table in ``dataplane`` equal to what ``store`` describes, for node ``node``
+    (``dataplane`` takes libnftables JSON batches: the kernel's or the in-memory fake's)."""
 
     def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
-                 min_interval: float, resync_interval: float, target_netns: str | None = None,
-                 commit: Callable[[dict], object] = run_json) -> None:
+                 min_interval: float, resync_interval: float, dataplane: Dataplane[dict[str, Any]]) -> None:
         self.store, self.config, self.node = store, config, node
         self.metrics, self.health = metrics, health
         self.min_interval, self.resync_interval = min_interval, resync_interval
-        self.target_netns, self.commit = target_netns, commit
+        self.dataplane = dataplane
         # The model the kernel holds (None: unknown, the next sync replaces the table).
         self.renderer: NodeRenderer | None = None
         self.failures = 0
 
-    def _commit(self, batch: dict) -> None:
-        with netns.entered(self.target_netns) if self.target_netns else nullcontext():
-            self.commit(batch)
-
     def _table_lost(self) -> bool:
         """True when what we committed is no longer in the kernel: our table or its FORWARD base
         chain is missing (a cheap look-up, done while idle)."""
-        if self.renderer is None:
-            return False
-        probe = {"nftables": [{"list": {"chain": {"family": "inet", "table": self.config.table, "name": "KUBE-ROUTER-FORWARD"}}}]}
-        try:
-            self._commit(probe)
-        except (NftError, OSError):
-            return True
-        return False
+        return self.renderer is not None and not self.dataplane.has_table()
 
     def _full_batch(self) -> tuple[dict, float | None, NodeRenderer]:
         """Render the whole snapshot from scratch: the batch replaces the table."""
@@ -104,8 +88,8 @@ class Reconciler:
             return True
         commands = len(batch["nftables"])
         try:
-            self._commit(batch)
-        except (NftError, OSError) as exc:
+            self.dataplane.run(batch)
+        except (DataplaneError, OSError) as exc:
             self.failures += 1
             self.renderer = None  # the kernel's state is unknown: the next attempt is a full replace
             self.metrics.sync_failures.labels(mode).inc()

@@ -36,14 +36,15 @@ from typing import Any, Iterable, Iterator, Sequence
 from nftpolicy.translators.cases import Case, Matrix, case_manifests, differences
 from nftpolicy.translators.manifests import ManifestError, build_cluster
 from nftpolicy.translators.model import Cluster, Family, Pod, Protocol
-from nftpolicy.translators.nft import full_transaction
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
-from . import iptables, netns
+from . import netns
 from .controlplane import ApiError, ControlPlane
+from .dataplane import Dataplane
+from .iptables import IptablesDataplane
+from .nftables import NftDataplane
 from .nodedaemons import NodeDaemons, daemons_for
-from .nftables import run_json
 
 NETNS_PREFIX = "nftp-"
 GATEWAY_V4 = "169.254.1.1"
@@ -230,26 +231,26 @@ class Sandbox:
                 pods[key] = dataclasses.replace(pods[key], node=built.node, ips=built.ips, phase="Running")
         return dataclasses.replace(cluster, pods=pods)
 
+    def node_dataplane(self, name: str) -> Dataplane[Any]:
+        """The dataplane of node ``name``'s namespace that :meth:`apply` loads: libnftables, or
+        the iptables variant with ``iptables-nft-restore`` / ``iptables-legacy-restore``."""
+        if self.dataplane == "nft":
+            return NftDataplane(self.config.table, self.nodes[name].netns)
+        if self.dataplane == "kube-router":
+            raise SandboxError("kube-router takes its rules from the API server: run it with a control plane")
+        return IptablesDataplane(self.nodes[name].netns, "legacy" if self.dataplane == "iptables-legacy" else "nft")
+
     def apply(self, cluster: Cluster, nodes: Iterable[str] | None = None) -> None:
         """Render each node's ruleset from ``cluster`` and load it inside that node's namespace
         with this sandbox's dataplane (``nodes``: only these; default every node).
 
-        Raises NftError or IptablesError (nft: the node keeps its previous ruleset).
+        Raises DataplaneError (nft: the node keeps its previous ruleset).
         """
-        if self.dataplane == "kube-router":
-            raise SandboxError("kube-router takes its rules from the API server: run it with a control plane")
+        chosen = self.nodes.keys() if nodes is None else set(nodes)
+        dataplanes = {name: self.node_dataplane(name) for name in self.nodes if name in chosen}
         cluster = self.with_sandbox_pods(cluster)
-        chosen = None if nodes is None else set(nodes)
-        for node in self.nodes.values():
-            if chosen is not None and node.name not in chosen:
-                continue
-            model = build_rule_model(cluster, node.name, self.config)
-            if self.dataplane == "nft":
-                batch = full_transaction(model)
-                with netns.entered(node.netns):
-                    run_json(batch)
-            else:
-                iptables.apply(node.netns, model, self.dataplane.removeprefix("iptables-"))  # type: ignore[arg-type]
+        for name, dataplane in dataplanes.items():
+            dataplane.replace(build_rule_model(cluster, name, self.config))
 
     def publish(self, control_plane: ControlPlane, objects: Iterable[tuple[str, Any]]) -> list[ManifestError]:
         """Bring the control plane's cluster to ``objects`` (``(origin, manifest)`` pairs), as

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
 
 from nftpolicy.agent import netns  # noqa: E402
-from nftpolicy.agent.nftables import run_json  # noqa: E402
+from nftpolicy.agent.nftables import NftDataplane  # noqa: E402
 from nftpolicy.agent.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators.nft import ruleset_objects  # noqa: E402
@@ -310,8 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             elif variant in ("nft", "iptables-nft", "iptables-legacy"):
                 sandbox.apply(cluster)
             elif variant != "none":
-                with netns.entered(sandbox.node_netns(synthetic.NODE)):
-                    run_json(conntrack_only())
+                NftDataplane(BENCH_TABLE, sandbox.node_netns(synthetic.NODE)).run(conntrack_only())
             netns.write_sysctl(sandbox.pod_netns[client], "net.ipv4.ip_local_port_range", "1024 65000")
             # A server stalled by the machine's other work must not overflow its accept queue.
             netns.write_sysctl(sandbox.pod_netns[server], "net.core.somaxconn", "65535")

@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 import synthetic  # noqa: E402
 
 from nftpolicy.agent import iptables, netns  # noqa: E402
-from nftpolicy.agent.nftables import run_json  # noqa: E402
+from nftpolicy.agent.nftables import NftDataplane  # noqa: E402
 from nftpolicy.agent.ops import Health, Metrics  # noqa: E402
 from nftpolicy.agent.reconcile import Reconciler  # noqa: E402
 from nftpolicy.agent.sources import KubeSource, Store  # noqa: E402
@@ -164,13 +164,13 @@ def agent(api: FakeApiServer, cluster: Cluster, ns: str, pod_edits: int, ns_edit
     KubeSource(store, metrics, NODE, kubeconfig, 30.0, 3600, stop).start()
     commits: list[float] = []
 
-    def commit(batch: dict) -> object:
-        started = time.monotonic()
-        result = run_json(batch)
-        commits.append(time.monotonic() - started)
-        return result
+    class TimedDataplane(NftDataplane):
+        def run(self, batch: dict) -> None:
+            started = time.monotonic()
+            super().run(batch)
+            commits.append(time.monotonic() - started)
 
-    reconciler = Reconciler(store, Config(), NODE, metrics, health, 0.0, 3600.0, ns, commit)
+    reconciler = Reconciler(store, Config(), NODE, metrics, health, 0.0, 3600.0, TimedDataplane(Config().table, ns))
     try:
         while not store.listed():
             time.sleep(0.01)

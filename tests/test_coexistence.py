@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.nftables import NftError, run_json
+from nftpolicy.agent.nftables import NftDataplane, NftError
 from nftpolicy.translators import nft as render
 from nftpolicy.translators.noderender import build_rule_model
 
@@ -81,19 +80,18 @@ def test_foreign_tables_unchanged_by_load_reload_failure_and_removal(make_netns,
     assert _foreign_state(ns) == before
     nft(ns, "-f", str(text))                      # reload (text)
     assert _foreign_state(ns) == before
-    with netns.entered(ns):
-        run_json(render.full_transaction(model))  # reload (libnftables JSON)
+    NftDataplane("nftpolicy", ns).run(render.full_transaction(model))  # reload (libnftables JSON)
     assert _foreign_state(ns) == before
 
     smaller = dataclasses.replace(cluster, policies={k: v for k, v in cluster.policies.items() if "api" not in k})
-    with netns.entered(ns):
-        run_json(render.full_transaction(build_rule_model(smaller, "node1")))
-        broken = render.full_transaction(model)
-        broken["nftables"].append({"add": {"rule": {"family": "inet", "table": "nftpolicy", "chain": "KUBE-NWPLCY-DEFAULT",
-                                                    "expr": [{"jump": {"target": "NO-SUCH-CHAIN"}}]}}})
-        ours_before_failure = nft(ns, "-j", "list", "table", "inet", "nftpolicy")
-        with pytest.raises(NftError):
-            run_json(broken)
+    dataplane = NftDataplane("nftpolicy", ns)
+    dataplane.replace(build_rule_model(smaller, "node1"))
+    broken = render.full_transaction(model)
+    broken["nftables"].append({"add": {"rule": {"family": "inet", "table": "nftpolicy", "chain": "KUBE-NWPLCY-DEFAULT",
+                                                "expr": [{"jump": {"target": "NO-SUCH-CHAIN"}}]}}})
+    ours_before_failure = nft(ns, "-j", "list", "table", "inet", "nftpolicy")
+    with pytest.raises(NftError):
+        dataplane.run(broken)
     assert nft(ns, "-j", "list", "table", "inet", "nftpolicy") == ours_before_failure
     assert _foreign_state(ns) == before
 

@@ -161,7 +161,7 @@ def test_a_dual_stack_dump_saved_from_a_node(make_netns):
         pods[key] = dataclasses.replace(pod, ips=pod.ips + ((f"fd00:10:244:{x}::{y}",) if pod.ips else ()))
     cluster = dataclasses.replace(cluster, pods=pods)
     ns = make_netns()
-    iptables.apply(ns, build_rule_model(cluster, "node1"), "legacy")
+    iptables.IptablesDataplane(ns, "legacy").replace(build_rule_model(cluster, "node1"))
     saved = {f: subprocess.run(["ip", "netns", "exec", ns, tool, "-t", "filter"], capture_output=True, text=True, check=True).stdout
              for f, tool in (("ipv4", "iptables-legacy-save"), ("ipv6", "ip6tables-legacy-save"))}
     ipset_save = subprocess.run(["ip", "netns", "exec", ns, "ipset", "save"], capture_output=True, text=True, check=True).stdout

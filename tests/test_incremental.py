@@ -24,7 +24,7 @@ from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
 from nftpolicy.translators.rules import Config
 
 from .conftest import example_cluster
-from .nftfake import FakeTable
+from nftpolicy.agent.fakenft import FakeTable
 
 CONFIG = Config()
 

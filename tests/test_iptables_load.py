@@ -41,7 +41,7 @@ def test_render_output_loads_reloads_and_drops_stale_sets(make_netns, loader):
     cluster = example_cluster()
     for node in ("node1", "node2"):
         model = build_rule_model(cluster, node)
-        iptables.apply(ns, model, loader)
+        iptables.IptablesDataplane(ns, loader).replace(model)
         saved = sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
         for chain in [p.name for p in model.pod_chains] + [c.name for c in model.policy_chains]:
             assert f":{chain} - " in saved
@@ -51,7 +51,7 @@ def test_render_output_loads_reloads_and_drops_stale_sets(make_netns, loader):
         assert sh(ns, f"ip6tables-{loader}-save", "-t", "filter").stdout.count("KUBE-ROUTER-FORWARD") >= 2
     # node2 again after node1: node1's chains and sets are gone (full table replace + destroy).
     empty = build_rule_model(dataclasses.replace(cluster, policies={}), "node1")
-    iptables.apply(ns, empty, loader)
+    iptables.IptablesDataplane(ns, loader).replace(empty)
     assert "KUBE-POD-FW-" not in sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
     assert [n for n in iptables.set_list(ns) if n.startswith("KUBE-")] == []
 
@@ -60,7 +60,7 @@ def test_render_output_loads_reloads_and_drops_stale_sets(make_netns, loader):
 def test_a_failed_load_keeps_the_previous_rules(make_netns, loader):
     ns = make_netns()
     model = build_rule_model(example_cluster(), "node1")
-    iptables.apply(ns, model, loader)
+    iptables.IptablesDataplane(ns, loader).replace(model)
     before = sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
     broken = render.to_restore(model, "ipv4").replace("COMMIT", "-A KUBE-ROUTER-INPUT -j NO-SUCH-CHAIN\nCOMMIT")
     with pytest.raises(iptables.IptablesError):

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.nftables import run_json
+from nftpolicy.agent.nftables import NftDataplane
 from nftpolicy.translators import nft as render
 from nftpolicy.translators.noderender import build_rule_model
 
@@ -38,8 +37,7 @@ def test_text_and_json_load_the_same_ruleset(make_netns, tmp_path, node):
     path = tmp_path / "r.nft"
     path.write_text(render.to_text(model))
     nft(text_ns, "-f", str(path))
-    with netns.entered(json_ns):
-        run_json(render.full_transaction(model))
+    NftDataplane(model.config.table, json_ns).replace(model)
     assert _listing(text_ns) == _listing(json_ns)
     chains = {next(iter(o.values()))["name"] for o in _listing(text_ns) if "chain" in o}
     assert {c.name for c in model.policy_chains} | {c.name for c in model.pod_chains} <= chains

@@ -59,23 +59,18 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .model import Family, family_of
-from .rules import AddressSet, AllowRule, PodChain, PolicyChain, RuleModel
+from . import layout
+from .model import Family
+from .rules import AddressSet, RuleModel
 
-BASE_CHAINS = {"INPUT": "KUBE-ROUTER-INPUT", "FORWARD": "KUBE-ROUTER-FORWARD", "OUTPUT": "KUBE-ROUTER-OUTPUT"}
-COMMON_CHAIN = "KUBE-NWPLCY-COMMON"
-DEFAULT_CHAIN = "KUBE-NWPLCY-DEFAULT"
+BUILTIN: dict[layout.Hook, str] = {"input": "INPUT", "forward": "FORWARD", "output": "OUTPUT"}
 IPSET_FAMILY: dict[Family, str] = {"ipv4": "inet", "ipv6": "inet6"}
 HOST_PREFIX: dict[Family, int] = {"ipv4": 32, "ipv6": 128}
-ICMP: dict[Family, tuple[str, str]] = {"ipv4": ("icmp", "--icmp-type"), "ipv6": ("ipv6-icmp", "--icmpv6-type")}
+ICMP: dict[Family, tuple[str, str, str]] = {"ipv4": ("icmp", "icmp", "--icmp-type"), "ipv6": ("ipv6-icmp", "icmp6", "--icmpv6-type")}
 PORT_UNREACHABLE: dict[Family, str] = {"ipv4": "icmp-port-unreachable", "ipv6": "icmp6-port-unreachable"}
-# Essential ICMP, as the nft ruleset's KUBE-NWPLCY-COMMON (RFC 4890 for ICMPv6); echo is left to the
-# policies. Names as iptables-extensions(8) spells them (``iptables -p icmp -h``).
-ESSENTIAL_ICMP: dict[Family, tuple[str, ...]] = {
-    "ipv4": ("destination-unreachable", "time-exceeded", "parameter-problem"),
-    "ipv6": ("destination-unreachable", "packet-too-big", "time-exceeded", "parameter-problem",
-             "router-solicitation", "router-advertisement", "neighbour-solicitation", "neighbour-advertisement"),
-}
+# nft's ICMPv6 names (layout.ESSENTIAL_ICMP) as iptables-extensions(8) spells them (``ip6tables -p icmpv6 -h``).
+ICMP_NAMES = {"nd-router-solicit": "router-solicitation", "nd-router-advert": "router-advertisement",
+              "nd-neighbor-solicit": "neighbour-solicitation", "nd-neighbor-advert": "neighbour-advertisement"}
 IPSET_TYPE = {"addr": "hash:ip", "interval": "hash:net", "named_port": "hash:ip,port"}
 # Fixed, so that ``create -exist`` of an existing set always matches (ipset compares maxelem);
 # the hash grows as needed, maxelem reserves nothing.
@@ -99,133 +94,137 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "/").replace('"', "'") + '"'
 
 
-def _comment(text: str) -> tuple[str, ...]:
-    return ("-m", "comment", "--comment", _quote(text)) if text else ()
-
-
 def _mark(bits: int) -> str:
     return f"0x{bits:x}/0x{bits:x}"
 
 
-def _host(ip: str) -> str:
-    return f"{ip}/{HOST_PREFIX[family_of(ip)]}"
+def _address(text: str) -> str:
+    """An address as ``-s``/``-d`` take it: a host gets its full prefix, a CIDR stays."""
+    if "/" in text:
+        return text
+    return f"{text}/{HOST_PREFIX['ipv6' if ':' in text else 'ipv4']}"
 
 
-class _Table:
-    """Collects one family's chains and rules in order."""
+class _Printer:
+    """Prints one family's share of a layout table (:mod:`nftpolicy.translators.layout`) as
+    iptables rules: the same chains, rules and comments as the nft table, in iptables' words."""
 
-    def __init__(self, model: RuleModel, family: Family) -> None:
-        self.model, self.family, self.config = model, family, model.config
+    def __init__(self, table: layout.Table, family: Family) -> None:
+        self.table, self.family = table, family
+        self.maps = {m.name: m for m in table.maps if m.family == family}
         self.chains: list[str] = []
         self.rules: list[Rule] = []
 
-    def chain(self, name: str) -> None:
-        if len(name) > CHAIN_NAME_MAX:
-            raise ValueError(f"chain name {name!r} is longer than iptables' {CHAIN_NAME_MAX} characters")
-        self.chains.append(name)
-
-    def add(self, chain: str, *args: str) -> None:
-        self.rules.append(Rule(chain, tuple(args)))
-
-    def ips(self, pod: PodChain) -> list[str]:
-        return [ip for ip in pod.ips if family_of(ip) == self.family]
-
-    def build(self) -> "_Table":
-        m, c = self.model, self.config
-        for name in BASE_CHAINS.values():
-            self.chain(name)
-        self.chain(COMMON_CHAIN)
-        self.chain(DEFAULT_CHAIN)
-        for chain in m.policy_chains:
-            self.chain(chain.name)
-        pods = [p for p in m.pod_chains if self.ips(p)]
-        for pod in pods:
-            self.chain(pod.name)
-        for builtin, ours in BASE_CHAINS.items():
-            self.add(builtin, *_comment("nftpolicy: kube-router network policy"), "-j", ours)
-        self._common()
-        self.add(DEFAULT_CHAIN, *_comment("allow a direction that no policy isolates"), "-j", "MARK", "--set-xmark", _mark(c.policy_mark))
-        for chain in m.policy_chains:
-            for allow in chain.rules:
-                if allow.family in (None, self.family):
-                    self._allow(chain, allow)
-        for pod in pods:
-            self._pod_chain(pod)
-        self._input_exemptions()
-        dispatch = {"KUBE-ROUTER-INPUT": ("-s",), "KUBE-ROUTER-FORWARD": ("-d", "-s"), "KUBE-ROUTER-OUTPUT": ("-d", "-s")}
-        for name, flags in dispatch.items():
-            for flag in flags:
-                for pod in pods:
-                    for ip in self.ips(pod):
-                        what = "to" if flag == "-d" else "from"
-                        self.add(name, flag, _host(ip), *_comment(f"{pod.pod} traffic {what} the pod"), "-j", pod.name)
+    def build(self) -> "_Printer":
+        chains = self.table.chains
+        pod_chains = {e.chain for m in self.maps.values() for e in m.elements}
+        # Pod chains of pods without an address of this family are left out, and nothing jumps to them.
+        kept = [c for c in chains if not c.name.startswith("KUBE-POD-FW-") or c.name in pod_chains]
+        for chain in sorted(kept, key=lambda c: c.hook is None):
+            if len(chain.name) > CHAIN_NAME_MAX:
+                raise ValueError(f"chain name {chain.name!r} is longer than iptables' {CHAIN_NAME_MAX} characters")
+            self.chains.append(chain.name)
+        for chain in (c for c in kept if c.hook):
+            self.rules.append(Rule(BUILTIN[chain.hook], ("-m", "comment", "--comment", _quote("nftpolicy: kube-router network policy"),
+                                                         "-j", chain.name)))
+        for chain in kept:
+            for rule in chain.rules:
+                if rule.family() in (None, self.family):
+                    self._rule(chain.name, rule)
         return self
 
-    def _common(self) -> None:
-        self.add(COMMON_CHAIN, *_comment("drop invalid conntrack state"), "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
-        self.add(COMMON_CHAIN, *_comment("allow established and related connections"),
-                 "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
-        proto, option = ICMP[self.family]
-        module = "icmp" if self.family == "ipv4" else "icmp6"
-        for kind in ESSENTIAL_ICMP[self.family]:
-            self.add(COMMON_CHAIN, "-p", proto, *_comment(f"allow essential ICMP: {kind}"), "-m", module, option, kind, "-j", "ACCEPT")
+    def _rule(self, chain: str, rule: layout.Rule) -> None:
+        """Append the lines of one layout rule: one per address, protocol or ICMP type where iptables
+        takes one at a time; a mark-and-return becomes MARK then a mark-matching RETURN; a verdict
+        map lookup one line per map element."""
+        for variant in self._expanded(rule.statements):
+            if any(isinstance(s, layout.Dispatch) for s in variant):
+                (dispatch,) = variant
+                assert isinstance(dispatch, layout.Dispatch)
+                flag = "-d" if dispatch.field == "daddr" else "-s"
+                what = "to" if dispatch.field == "daddr" else "from"
+                for e in self.maps[dispatch.map].elements:
+                    self.rules.append(Rule(chain, (flag, _address(e.address), "-m", "comment", "--comment",
+                                                   _quote(f"{e.pod} traffic {what} the pod"), "-j", e.chain)))
+                continue
+            matches, target = self._words(variant, rule.comment)
+            if target[-1] == "RETURN" and any(isinstance(s, layout.SetMark) for s in variant):
+                (mark,) = (s for s in variant if isinstance(s, layout.SetMark))
+                self.rules.append(Rule(chain, (*matches, "-j", "MARK", "--set-xmark", _mark(mark.bits))))
+                self.rules.append(Rule(chain, (*matches, "-m", "mark", "--mark", _mark(mark.bits), "-j", "RETURN")))
+            else:
+                self.rules.append(Rule(chain, (*matches, *target)))
 
-    def _allow(self, chain: PolicyChain, allow: AllowRule) -> None:
-        matches: list[str] = []
-        if allow.port:
-            matches += ["-p", allow.port.protocol.lower()]
-        matches += _comment(allow.comment)
-        if allow.peer_set:
-            matches += ["-m", "set", "--match-set", allow.peer_set, "src" if chain.direction == "ingress" else "dst"]
-        if allow.named_port_set:
-            matches += ["-m", "set", "--match-set", allow.named_port_set, "dst,dst"]
-        if allow.port and allow.port.first is not None:
-            first, last = allow.port.first, allow.port.last
-            proto = allow.port.protocol.lower()
-            matches += ["-m", proto, "--dport", str(first) if first == last else f"{first}:{last}"]
-        mark = _mark(self.config.policy_mark)
-        self.add(chain.name, *matches, "-j", "MARK", "--set-xmark", mark)
-        self.add(chain.name, *matches, "-m", "mark", "--mark", mark, "-j", "RETURN")
+    def _expanded(self, statements: tuple[layout.Statement, ...]) -> list[tuple[layout.Statement, ...]]:
+        """``statements`` once per address, protocol and ICMP type (iptables matches one of each)."""
+        variants: list[tuple[layout.Statement, ...]] = [()]
+        for s in statements:
+            if isinstance(s, layout.AddressIs):
+                options: list[layout.Statement] = [layout.AddressIs(s.family, s.field, (a,)) for a in s.addresses]
+            elif isinstance(s, layout.Protocols):
+                options = [layout.Protocols((name,)) for name in s.names]
+            elif isinstance(s, layout.IcmpTypes):
+                options = [layout.IcmpTypes(s.family, (kind,)) for kind in s.types]
+            else:
+                options = [s]
+            variants = [v + (o,) for v in variants for o in options]
+        return variants
 
-    def _pod_chain(self, pod: PodChain) -> None:
-        c, name, ips = self.config, pod.name, self.ips(pod)
-        unmarked = ("-m", "mark", "!", "--mark", _mark(c.policy_mark))
-        self.add(name, *_comment(f"{pod.pod} common"), "-j", COMMON_CHAIN)
-        self.add(name, *_comment(f"{pod.pod} start unmarked"), "-j", "MARK", "--set-xmark", f"0x0/0x{c.policy_mark:x}")
-        for ip in ips:
-            self.add(name, "-d", _host(ip), *_comment(f"{pod.pod} from the local node"), "-m", "addrtype", "--src-type", "LOCAL", "-j", "ACCEPT")
-        for direction, chains, flag in (("ingress", pod.ingress, "-d"), ("egress", pod.egress, "-s")):
-            for target in chains if chains is not None else (DEFAULT_CHAIN,):
-                for ip in ips:
-                    # Only while no policy has allowed the packet yet: the first allow ends the walk.
-                    self.add(name, flag, _host(ip), *_comment(f"{pod.pod} {direction}"), *unmarked, "-j", target)
-        prefix = f"nftpolicy reject {pod.pod}: ".encode()[:NFLOG_PREFIX_MAX].decode(errors="ignore")
-        self.add(name, *_comment(f"{pod.pod} log rejected"), *unmarked, "-m", "limit", "--limit", "10/min", "--limit-burst", "10",
-                 "-j", "NFLOG", "--nflog-group", str(c.nflog_group), "--nflog-prefix", _quote(prefix))
-        self.add(name, "-p", "tcp", *_comment(f"{pod.pod} reject"), *unmarked, "-j", "REJECT", "--reject-with", "tcp-reset")
-        self.add(name, *_comment(f"{pod.pod} reject"), *unmarked, "-j", "REJECT", "--reject-with", PORT_UNREACHABLE[self.family])
-        self.add(name, *_comment(f"{pod.pod} clear policy mark"), "-j", "MARK", "--set-xmark", f"0x0/0x{c.policy_mark:x}")
-        self.add(name, *_comment(f"{pod.pod} passed"), "-j", "MARK", "--set-xmark", _mark(c.passed_mark))
-
-    def _input_exemptions(self) -> None:
-        c = self.config
-        for cidr in c.service_cidrs:
-            if family_of(cidr) == self.family:
-                self.add("KUBE-ROUTER-INPUT", "-d", cidr, *_comment("allow traffic to service cluster IPs"), "-j", "RETURN")
-        if c.node_port_range:
-            low, high = c.node_port_range
-            for proto in ("tcp", "udp", "sctp"):
-                self.add("KUBE-ROUTER-INPUT", "-p", proto, *_comment(f"allow {proto} node ports on local addresses"),
-                         "-m", "addrtype", "--dst-type", "LOCAL", "-m", "multiport", "--dports", f"{low}:{high}", "-j", "RETURN")
-        for cidr in c.external_cidrs:
-            if family_of(cidr) == self.family:
-                self.add("KUBE-ROUTER-INPUT", "-d", cidr, *_comment("allow traffic to external and load-balancer IPs"), "-j", "RETURN")
+    def _words(self, statements: tuple[layout.Statement, ...], comment: str) -> tuple[list[str], list[str]]:
+        """(matches, target) of one rule: ``-s``/``-d`` and ``-p`` first, then the comment, then
+        the extension matches (iptables-extensions(8)), then ``-j``."""
+        basic: list[str] = []
+        extensions: list[str] = []
+        target: list[str] = []
+        protocol = ""
+        for s in statements:
+            if isinstance(s, layout.AddressIs):
+                basic += ["-s" if s.field == "saddr" else "-d", _address(s.addresses[0])]
+            elif isinstance(s, layout.Protocols):
+                protocol = s.names[0]
+                basic += ["-p", protocol]
+            elif isinstance(s, layout.IcmpTypes):
+                name, module, option = ICMP[s.family]
+                basic += ["-p", name]
+                extensions += ["-m", module, option, ICMP_NAMES.get(s.types[0], s.types[0])]
+            elif isinstance(s, layout.AddressInSet):
+                extensions += ["-m", "set", "--match-set", s.name, "src" if s.field == "saddr" else "dst"]
+            elif isinstance(s, layout.NamedPortInSet):
+                extensions += ["-m", "set", "--match-set", s.name, "dst,dst"]
+            elif isinstance(s, layout.DestinationPorts):
+                extensions += ["-m", protocol, "--dport", str(s.first) if s.first == s.last else f"{s.first}:{s.last}"]
+            elif isinstance(s, layout.ConntrackState):
+                extensions += ["-m", "conntrack", "--ctstate", ",".join(state.upper() for state in s.states)]
+            elif isinstance(s, layout.LocalAddress):
+                extensions += ["-m", "addrtype", "--src-type" if s.field == "saddr" else "--dst-type", "LOCAL"]
+            elif isinstance(s, layout.Unmarked):
+                extensions += ["-m", "mark", "!", "--mark", _mark(s.bits)]
+            elif isinstance(s, layout.Limit):
+                extensions += ["-m", "limit", "--limit", f"{s.rate}/{s.per[:3]}", "--limit-burst", str(s.burst)]
+            elif isinstance(s, layout.SetMark):
+                target = ["-j", "MARK", "--set-xmark", _mark(s.bits)]
+            elif isinstance(s, layout.ClearMark):
+                target = ["-j", "MARK", "--set-xmark", f"0x0/0x{s.bits:x}"]
+            elif isinstance(s, layout.Log):
+                prefix = s.prefix.encode()[:NFLOG_PREFIX_MAX].decode(errors="ignore")
+                target = ["-j", "NFLOG", "--nflog-group", str(s.group), "--nflog-prefix", _quote(prefix)]
+            elif isinstance(s, layout.Reject):
+                target = ["-j", "REJECT", "--reject-with", "tcp-reset" if s.tcp_reset else PORT_UNREACHABLE[self.family]]
+            elif isinstance(s, layout.Verdict):
+                target = ["-j", s.kind.upper()]
+            elif isinstance(s, layout.Jump):
+                target = ["-j", s.target]
+            else:
+                raise TypeError(f"no iptables words for {s!r}")
+        words = basic + (["-m", "comment", "--comment", _quote(comment)] if comment else []) + extensions
+        return words, target
 
 
 def filter_table(model: RuleModel, family: Family) -> tuple[list[str], list[Rule]]:
-    """The chains we declare (besides INPUT/FORWARD/OUTPUT) and every rule, in order, for one family."""
-    table = _Table(model, family).build()
-    return table.chains, table.rules
+    """The chains we declare (besides INPUT/FORWARD/OUTPUT) and every rule, in order, for one
+    family: :func:`layout.table` printed as iptables rules."""
+    printer = _Printer(layout.table(model), family).build()
+    return printer.chains, printer.rules
 
 
 def rule_line(rule: Rule) -> str:
@@ -239,7 +238,7 @@ def to_restore(model: RuleModel, family: Family = "ipv4") -> str:
     chains, rules = filter_table(model, family)
     tool = "iptables-restore" if family == "ipv4" else "ip6tables-restore"
     lines = [f"# nftpolicy iptables variant ({family}): {tool} input, replaces the filter table", "*filter"]
-    lines += [f":{builtin} ACCEPT [0:0]" for builtin in BASE_CHAINS]
+    lines += [f":{builtin} ACCEPT [0:0]" for builtin in BUILTIN.values()]
     lines += [f":{name} - [0:0]" for name in chains]
     lines += [rule_line(r) for r in rules]
     return "\n".join(lines + ["COMMIT", ""])

@@ -24,27 +24,21 @@ from typing import Any
 
 import orjson
 
+from . import layout
+from .layout import POD_MAPS, Chain, Rule, Statement, Table
 from .model import Family, family_of
 from .noderender import Changes
-from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, RuleModel, comment
+from .rules import AddressSet, Config, PodChain, PolicyChain, RuleModel, comment
 
-BASE_CHAINS = {"KUBE-ROUTER-INPUT": "input", "KUBE-ROUTER-FORWARD": "forward", "KUBE-ROUTER-OUTPUT": "output"}
-COMMON_CHAIN = "KUBE-NWPLCY-COMMON"
-DEFAULT_CHAIN = "KUBE-NWPLCY-DEFAULT"
-POD_MAPS: dict[Family, str] = {"ipv4": "KUBE-POD-FW-MAP4", "ipv6": "KUBE-POD-FW-MAP6"}
 IP: dict[Family, str] = {"ipv4": "ip", "ipv6": "ip6"}
+ICMP: dict[Family, str] = {"ipv4": "icmp", "ipv6": "icmpv6"}
 ADDR_TYPE: dict[Family, str] = {"ipv4": "ipv4_addr", "ipv6": "ipv6_addr"}
-# Essential ICMP (RFC 4890 for ICMPv6): errors that TCP/UDP need and neighbour discovery.
-# Echo is not here: whether ping is allowed is the policies' decision.
-ESSENTIAL_ICMP = ["destination-unreachable", "time-exceeded", "parameter-problem"]
-ESSENTIAL_ICMPV6 = ["destination-unreachable", "packet-too-big", "time-exceeded", "parameter-problem",
-                    "nd-router-solicit", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"]
-
 LOG_PREFIX_MAX_BYTES = 127  # the kernel's NF_LOG_PREFIXLEN, NUL included
 Json = dict[str, Any]
 MARK: Json = {"meta": {"key": "mark"}}
 L4PROTO: Json = {"meta": {"key": "l4proto"}}
 DPORT: Json = {"payload": {"protocol": "th", "field": "dport"}}
+CT_STATE: Json = {"ct": {"key": "state"}}
 
 
 def _payload(protocol: str, field: str) -> Json:
@@ -55,146 +49,99 @@ def _match(left: Any, right: Any, op: str = "==") -> Json:
     return {"match": {"op": op, "left": left, "right": right}}
 
 
-def _set_mark(bits: int) -> Json:
-    return {"mangle": {"key": MARK, "value": {"|": [MARK, bits]}}}
+def _one_or_set(values: list[Any]) -> Any:
+    return values[0] if len(values) == 1 else {"set": values}
 
 
-def _clear_mark(bits: int) -> Json:
-    return {"mangle": {"key": MARK, "value": {"&": [MARK, 0xFFFFFFFF & ~bits]}}}
+def statement_json(s: Statement) -> Json:
+    """One statement of :mod:`~nftpolicy.translators.layout` as a libnftables JSON statement
+    (libnftables-json(5): MATCH, MANGLE, VERDICT, REJECT, LOG, LIMIT, VMAP)."""
+    if isinstance(s, layout.AddressIs):
+        return _match(_payload(IP[s.family], s.field), _one_or_set([element_json(a) for a in s.addresses]))
+    if isinstance(s, layout.AddressInSet):
+        return _match(_payload(IP[s.family], s.field), f"@{s.name}")
+    if isinstance(s, layout.NamedPortInSet):
+        return _match({"concat": [_payload(IP[s.family], "daddr"), L4PROTO, DPORT]}, f"@{s.name}")
+    if isinstance(s, layout.Protocols):
+        return _match(L4PROTO, _one_or_set(list(s.names)))
+    if isinstance(s, layout.DestinationPorts):
+        return _match(DPORT, s.first if s.first == s.last else {"range": [s.first, s.last]})
+    if isinstance(s, layout.ConntrackState):
+        return _match(CT_STATE, s.states[0] if len(s.states) == 1 else list(s.states), "in")
+    if isinstance(s, layout.IcmpTypes):
+        return _match(_payload(ICMP[s.family], "type"), {"set": list(s.types)})
+    if isinstance(s, layout.LocalAddress):
+        return _match({"fib": {"result": "type", "flags": [s.field]}}, "local")
+    if isinstance(s, layout.Unmarked):
+        return _match({"&": [MARK, s.bits]}, 0)
+    if isinstance(s, layout.Limit):
+        return {"limit": {"rate": s.rate, "per": s.per, "burst": s.burst}}
+    if isinstance(s, layout.SetMark):
+        return {"mangle": {"key": MARK, "value": {"|": [MARK, s.bits]}}}
+    if isinstance(s, layout.ClearMark):
+        return {"mangle": {"key": MARK, "value": {"&": [MARK, 0xFFFFFFFF & ~s.bits]}}}
+    if isinstance(s, layout.Log):
+        return {"log": {"prefix": comment(s.prefix, LOG_PREFIX_MAX_BYTES), "group": s.group}}
+    if isinstance(s, layout.Reject):
+        return {"reject": {"type": "tcp reset"} if s.tcp_reset else None}
+    if isinstance(s, layout.Verdict):
+        return {s.kind: None}
+    if isinstance(s, layout.Jump):
+        return {"jump": {"target": s.target}}
+    if isinstance(s, layout.Dispatch):
+        return {"vmap": {"key": _payload(IP[s.family], s.field), "data": f"@{s.map}"}}
+    raise TypeError(f"no nft statement for {s!r}")
 
 
-def _unmarked(bits: int) -> Json:
-    return _match({"&": [MARK, bits]}, 0)
+def _table_ref(table: str) -> Json:
+    return {"family": "inet", "table": table}
 
 
-def _addresses(ips: list[str]) -> Any:
-    return ips[0] if len(ips) == 1 else {"set": ips}
+def rule_json(table: str, chain: str, rule: Rule) -> Json:
+    """The ``rule`` object of one layout rule (libnftables-json(5) RULE), comment included."""
+    body: Json = {**_table_ref(table), "chain": chain, "expr": [statement_json(s) for s in rule.statements]}
+    if rule.comment:
+        body["comment"] = comment(rule.comment)
+    return {"rule": body}
 
 
-def _jump(target: str) -> Json:
-    return {"jump": {"target": target}}
+def chain_json(table: str, priority: int, chain: Chain) -> list[Json]:
+    """The ``chain`` object of one layout chain (a base chain: type filter, policy accept),
+    followed by its rules."""
+    body: Json = {**_table_ref(table), "name": chain.name}
+    if chain.hook:
+        body.update(type="filter", hook=chain.hook, prio=priority, policy="accept")
+    return [{"chain": body}] + [rule_json(table, chain.name, r) for r in chain.rules]
 
 
-class _Builder:
-    """Collects the table's objects in dependency order."""
-
-    def __init__(self, model: RuleModel) -> None:
-        self.model = model
-        self.config = model.config
-        self.table = {"family": "inet", "table": model.config.table}
-        self.objects: list[Json] = []
-
-    def chain(self, name: str, hook: str | None = None) -> None:
-        body: Json = {**self.table, "name": name}
-        if hook:
-            body.update(type="filter", hook=hook, prio=self.config.priority, policy="accept")
-        self.objects.append({"chain": body})
-
-    def rule(self, chain: str, expr: list[Json], text: str = "") -> None:
-        body: Json = {**self.table, "chain": chain, "expr": expr}
-        if text:
-            body["comment"] = comment(text)
-        self.objects.append({"rule": body})
-
-    def address_set(self, s: AddressSet) -> None:
-        self.objects.append({"set": _set_body(self.config, s)})
-
-    def build(self) -> list[Json]:
-        m, c = self.model, self.config
-        self.objects.append({"table": {"family": "inet", "name": c.table}})
-        for s in m.sets:
-            self.address_set(s)
-        self._common()
-        self.chain(DEFAULT_CHAIN)
-        self.rule(DEFAULT_CHAIN, [_set_mark(c.policy_mark)], "allow a direction that no policy isolates")
-        for chain in m.policy_chains:
-            self._policy_chain(chain)
-        for pod in m.pod_chains:
-            self._pod_chain(pod)
-        for family, name in POD_MAPS.items():
-            elements = [_dispatch(ip, p.name) for p in m.pod_chains for ip in p.ips if family_of(ip) == family]
-            body: Json = {**self.table, "name": name, "type": ADDR_TYPE[family], "map": "verdict",
-                          "comment": f"local isolated pods ({family}) -> KUBE-POD-FW chain"}
-            if elements:
-                body["elem"] = elements
-            self.objects.append({"map": body})
-        self._base_chains()
-        return self.objects
-
-    def _common(self) -> None:
-        self.chain(COMMON_CHAIN)
-        ct_state = {"ct": {"key": "state"}}
-        self.rule(COMMON_CHAIN, [_match(ct_state, "invalid", "in"), {"drop": None}], "drop invalid conntrack state")
-        self.rule(COMMON_CHAIN, [_match(ct_state, ["established", "related"], "in"), {"accept": None}],
-                  "allow established and related connections")
-        self.rule(COMMON_CHAIN, [_match(_payload("icmp", "type"), {"set": ESSENTIAL_ICMP}), {"accept": None}],
-                  "allow essential ICMP errors")
-        self.rule(COMMON_CHAIN, [_match(_payload("icmpv6", "type"), {"set": ESSENTIAL_ICMPV6}), {"accept": None}],
-                  "allow essential ICMPv6 errors and neighbour discovery")
-
-    def _policy_chain(self, chain: PolicyChain) -> None:
-        self.chain(chain.name)
-        for allow in chain.rules:
-            self.rule(chain.name, _allow_expr(allow, chain, self.config.policy_mark), allow.comment)
-
-    def _pod_chain(self, pod: PodChain) -> None:
-        c, name = self.config, pod.name
-        self.chain(name)
-        self.rule(name, [_jump(COMMON_CHAIN)], f"{pod.pod} common")
-        self.rule(name, [_clear_mark(c.policy_mark)], f"{pod.pod} start unmarked")
-        by_family = {f: [ip for ip in pod.ips if family_of(ip) == f] for f in IP}
-        by_family = {f: ips for f, ips in by_family.items() if ips}
-        for family, ips in by_family.items():
-            dst = _match(_payload(IP[family], "daddr"), _addresses(ips))
-            local_src = _match({"fib": {"result": "type", "flags": ["saddr"]}}, "local")
-            self.rule(name, [dst, local_src, {"accept": None}], f"{pod.pod} from the local node")
-        unmarked = _unmarked(c.policy_mark)
-        for direction, chains, field in (("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr")):
-            for target in chains if chains is not None else (DEFAULT_CHAIN,):
-                for family, ips in by_family.items():
-                    # Only while no policy has allowed the packet yet: the first allow ends the
-                    # walk (same verdict, one mark test instead of a policy chain per policy).
-                    self.rule(name, [_match(_payload(IP[family], field), _addresses(ips)), unmarked, _jump(target)],
-                              f"{pod.pod} {direction}")
-        log = {"log": {"prefix": comment(f"nftpolicy reject {pod.pod}: ", LOG_PREFIX_MAX_BYTES), "group": c.nflog_group}}
-        self.rule(name, [unmarked, {"limit": {"rate": 10, "per": "minute", "burst": 10}}, log], f"{pod.pod} log rejected")
-        self.rule(name, [unmarked, _match(L4PROTO, "tcp"), {"reject": {"type": "tcp reset"}}], f"{pod.pod} reject")
-        self.rule(name, [unmarked, {"reject": None}], f"{pod.pod} reject")
-        self.rule(name, [_clear_mark(c.policy_mark)], f"{pod.pod} clear policy mark")
-        self.rule(name, [_set_mark(c.passed_mark)], f"{pod.pod} passed")
-
-    def _base_chains(self) -> None:
-        c = self.config
-        for name, hook in BASE_CHAINS.items():
-            self.chain(name, hook)
-        for cidr in c.service_cidrs:
-            family = family_of(cidr)
-            self.rule("KUBE-ROUTER-INPUT", [_match(_payload(IP[family], "daddr"), _prefix(cidr)), {"return": None}],
-                      "allow traffic to service cluster IPs")
-        if c.node_port_range:
-            low, high = c.node_port_range
-            self.rule("KUBE-ROUTER-INPUT", [
-                _match({"fib": {"result": "type", "flags": ["daddr"]}}, "local"),
-                _match(L4PROTO, {"set": ["tcp", "udp", "sctp"]}),
-                _match(DPORT, {"range": [low, high]}), {"return": None}], "allow node ports on local addresses")
-        for cidr in c.external_cidrs:
-            self.rule("KUBE-ROUTER-INPUT", [_match(_payload(IP[family_of(cidr)], "daddr"), _prefix(cidr)), {"return": None}],
-                      "allow traffic to external and load-balancer IPs")
-        dispatch = {"KUBE-ROUTER-INPUT": ("saddr",), "KUBE-ROUTER-FORWARD": ("daddr", "saddr"), "KUBE-ROUTER-OUTPUT": ("daddr", "saddr")}
-        for name, fields in dispatch.items():
-            # Same verdict as KUBE-NWPLCY-COMMON gives them, without the map lookups and jumps.
-            self.rule(name, [_match({"ct": {"key": "state"}}, ["established", "related"], "in"), {"accept": None}],
-                      "allow established and related connections")
-            for field in fields:
-                for family, pod_map in POD_MAPS.items():
-                    what = "to" if field == "daddr" else "from"
-                    self.rule(name, [{"vmap": {"key": _payload(IP[family], field), "data": f"@{pod_map}"}}],
-                              f"traffic {what} local isolated pods ({family})")
+def table_objects(t: Table) -> list[Json]:
+    """Every object of a layout table (libnftables-json(5) object form), in dependency order:
+    table, sets, chains each followed by its rules (base chains last), verdict maps before the
+    base chains that name them."""
+    objects: list[Json] = [{"table": {"family": "inet", "name": t.name}}]
+    objects += [{"set": _set_body(t.name, s)} for s in t.sets]
+    base = [c for c in t.chains if c.hook]
+    for chain in (c for c in t.chains if not c.hook):
+        objects += chain_json(t.name, t.priority, chain)
+    for m in t.maps:
+        body: Json = {**_table_ref(t.name), "name": m.name, "type": ADDR_TYPE[m.family], "map": "verdict", "comment": m.comment}
+        if m.elements:
+            body["elem"] = [_dispatch(e) for e in m.elements]
+        objects.append({"map": body})
+    declared = [chain_json(t.name, t.priority, chain) for chain in base]
+    objects += [objs[0] for objs in declared]  # the base chains, then their rules
+    objects += [rule for objs in declared for rule in objs[1:]]
+    return objects
 
 
-def _set_body(config: Config, s: AddressSet) -> Json:
+def ruleset_objects(model: RuleModel) -> list[Json]:
+    """:func:`table_objects` of the layout of ``model`` (:func:`layout.table`)."""
+    return table_objects(layout.table(model))
+
+
+def _set_body(table: str, s: AddressSet) -> Json:
     """The ``set`` object of a shared set, with its elements (libnftables-json(5) SET)."""
-    body: Json = {"family": "inet", "table": config.table, "name": s.name, "comment": s.comment}
+    body: Json = {**_table_ref(table), "name": s.name, "comment": s.comment}
     if s.kind == "named_port":
         body["type"] = [ADDR_TYPE[s.family], "inet_proto", "inet_service"]
     elif s.kind == "interval":
@@ -206,9 +153,9 @@ def _set_body(config: Config, s: AddressSet) -> Json:
     return body
 
 
-def _dispatch(ip: str, pod_chain: str) -> list[Any]:
+def _dispatch(element: layout.MapElement) -> list[Any]:
     """A verdict map element: the local pod's address -> jump to its pod chain."""
-    return [ip, _jump(pod_chain)]
+    return [element.address, {"jump": {"target": element.chain}}]
 
 
 def element_json(element: Any) -> Any:
@@ -222,30 +169,6 @@ def element_json(element: Any) -> Any:
 def _prefix(cidr: str) -> Json:
     addr, _, length = cidr.partition("/")
     return {"prefix": {"addr": addr, "len": int(length)}}
-
-
-def _allow_expr(allow: AllowRule, chain: PolicyChain, mark: int) -> list[Json]:
-    """Matches of one allowed (peers, port) tuple, then set the policy mark and return."""
-    expr: list[Json] = []
-    if allow.peer_set:
-        assert allow.family
-        field = "saddr" if chain.direction == "ingress" else "daddr"
-        expr.append(_match(_payload(IP[allow.family], field), f"@{allow.peer_set}"))
-    if allow.named_port_set:
-        assert allow.family
-        expr.append(_match({"concat": [_payload(IP[allow.family], "daddr"), L4PROTO, DPORT]}, f"@{allow.named_port_set}"))
-    if allow.port:
-        expr.append(_match(L4PROTO, allow.port.protocol.lower()))
-        if allow.port.first is not None:
-            first, last = allow.port.first, allow.port.last
-            expr.append(_match(DPORT, first if first == last else {"range": [first, last]}))
-    return expr + [_set_mark(mark), {"return": None}]
-
-
-def ruleset_objects(model: RuleModel) -> list[Json]:
-    """Every object of our table (libnftables-json(5) object form), in dependency order:
-    table, sets, chains each followed by its rules, verdict maps, base chains."""
-    return _Builder(model).build()
 
 
 def replace_transaction(table_name: str, objects: list[Json]) -> Json:
@@ -333,6 +256,14 @@ def rule_text(rule: Json) -> str:
     return f"{text} comment {_quoted(rule['comment'])}" if rule.get("comment") else text
 
 
+def element_text(element: Any) -> str:
+    """One set or map element (libnftables JSON) in nft syntax: ``10.0.0.1``, ``10.0.0.0/8``,
+    ``10.0.0.1 . tcp . 80`` or ``10.0.0.1 : jump KUBE-POD-FW-...``."""
+    if isinstance(element, list):
+        return f"{_value(element[0])} : {_value(element[1])}"
+    return _value(element)
+
+
 def _set_text(kind: str, body: Json) -> list[str]:
     types = body["type"] if isinstance(body["type"], list) else [body["type"]]
     lines = [f"\t{kind} {body['name']} {{", f"\t\ttype {' . '.join(types)}" + (" : verdict" if kind == "map" else "")]
@@ -340,8 +271,7 @@ def _set_text(kind: str, body: Json) -> list[str]:
         lines.append(f"\t\tflags {','.join(body['flags'])}")
     lines.append(f"\t\tcomment {_quoted(body['comment'])}")
     if body.get("elem"):
-        items = [f"{_value(k)} : {_value(v)}" if kind == "map" else _value(k)
-                 for k, v in ((e if kind == "map" else (e, None)) for e in body["elem"])]
+        items = [element_text(e) for e in body["elem"]]
         lines.append("\t\telements = { " + ",\n\t\t\t     ".join(items) + " }")
     return lines + ["\t}"]
 
@@ -376,12 +306,8 @@ def to_text(model: RuleModel) -> str:
 def chain_objects(config: Config, chain: PolicyChain | PodChain) -> list[Json]:
     """The ``chain`` object of one policy or pod chain followed by its rules (the same objects
     :func:`ruleset_objects` has for it)."""
-    builder = _Builder(RuleModel(config, (), (), ()))
-    if isinstance(chain, PolicyChain):
-        builder._policy_chain(chain)
-    else:
-        builder._pod_chain(chain)
-    return builder.objects
+    decided = layout.policy_chain(config, chain) if isinstance(chain, PolicyChain) else layout.pod_chain(config, chain)
+    return chain_json(config.table, config.priority, decided)
 
 
 def changes_transaction(config: Config, changes: Changes) -> Json:
@@ -395,7 +321,7 @@ def changes_transaction(config: Config, changes: Changes) -> Json:
     """
     table = {"family": "inet", "table": config.table}
     cmds: list[Json] = [{"add": {"table": {"family": "inet", "name": config.table}}}]
-    cmds.extend({"add": {"set": _set_body(config, s)}} for s in changes.sets_added)
+    cmds.extend({"add": {"set": _set_body(config.table, s)}} for s in changes.sets_added)
     cmds.extend({"add": {"chain": {**table, "name": name}}} for name, (before, _) in changes.chains.items() if before is None)
     for name, elements in changes.elements_removed.items():
         cmds.append({"delete": {"element": {**table, "name": name, "elem": [element_json(e) for e in elements]}}})
@@ -410,12 +336,12 @@ def changes_transaction(config: Config, changes: Changes) -> Json:
     fresh: dict[Family, list[Any]] = {"ipv4": [], "ipv6": []}
     for name, (before, after) in changes.chains.items():
         old = {ip: name for ip in before.ips} if isinstance(before, PodChain) else {}
-        new = {ip: name for ip in after.ips} if isinstance(after, PodChain) else {}
+        new = {ip: after for ip in after.ips} if isinstance(after, PodChain) else {}
         stale_ips = [ip for ip in old if ip not in new]
         for ip in stale_ips:
             stale[family_of(ip)].append(ip)
         for ip in new.keys() - old.keys():
-            fresh[family_of(ip)].append(_dispatch(ip, name))
+            fresh[family_of(ip)].append(_dispatch(layout.MapElement(ip, name, new[ip].pod)))
     for family, ips in stale.items():  # deletions first: an address may move to another pod chain
         if ips:
             cmds.append({"delete": {"element": {**table, "name": POD_MAPS[family], "elem": sorted(ips)}}})

@@ -1,8 +1,12 @@
-"""An in-memory nftables table for fast tests: applies libnftables JSON batches
-(libnftables-json(5)) the way the kernel does for the commands nftpolicy sends, and refuses what
-the kernel refuses: a reference to a set or chain that does not exist, deleting an element that
-is not there, deleting a set or chain that something still uses. A batch lands whole or not at
-all, as one transaction does."""
+"""An in-memory nftables dataplane for fast tests (knftables' ``Fake``, for our commands).
+
+:class:`FakeTable` applies libnftables JSON batches (libnftables-json(5)) the way the kernel
+does for the commands nftpolicy sends, and refuses what the kernel refuses: a reference to a set
+or chain that does not exist, deleting an element that is not there, deleting a set or chain that
+something still uses. A batch lands whole or not at all, as one transaction does.
+:class:`FakeNftDataplane` is a :class:`~nftpolicy.agent.dataplane.Dataplane` over one such table,
+with failure injection and a printer.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,13 @@ import copy
 import json
 from typing import Any
 
+from nftpolicy.translators import nft
+from nftpolicy.translators.rules import RuleModel
 
-class FakeNftError(RuntimeError):
+from .dataplane import DataplaneError
+
+
+class FakeNftError(DataplaneError):
     """A command the kernel would refuse; the table keeps its state from before the batch."""
 
 
@@ -153,3 +162,63 @@ class FakeTable:
         if sets - self.sets.keys() or chains - self.chains.keys():
             raise FakeNftError(f"add rule to {obj['chain']}: references {sorted((sets - self.sets.keys()) | (chains - self.chains.keys()))}")
         self.chains[obj["chain"]][1].append(obj)
+
+
+class FakeNftDataplane:
+    """A :class:`~nftpolicy.agent.dataplane.Dataplane` that keeps our table in memory.
+
+    ``batches`` records every batch that landed; :meth:`refuse_next` makes the next ``count``
+    batches fail as the kernel would refuse them; :meth:`lose_table` is another tool flushing the
+    ruleset; ``missing`` is what :meth:`missing_features` reports.
+    """
+
+    def __init__(self, table: str = "nftpolicy", missing: list[str] | None = None) -> None:
+        self.table = table
+        self.state = FakeTable()
+        self.batches: list[dict[str, Any]] = []
+        self.missing = list(missing or [])
+        self._refusals: list[str] = []
+
+    def refuse_next(self, reason: str = "Operation not permitted", count: int = 1) -> None:
+        """The next ``count`` batches fail with ``reason`` and change nothing."""
+        self._refusals += [reason] * count
+
+    def lose_table(self) -> None:
+        """Our table disappears, as after ``nft flush ruleset``."""
+        self.state = FakeTable()
+
+    def missing_features(self) -> list[str]:
+        return list(self.missing)
+
+    def run(self, batch: dict[str, Any]) -> None:
+        if self._refusals:
+            raise FakeNftError(self._refusals.pop(0))
+        self.state.apply(batch)
+        self.batches.append(batch)
+
+    def replace(self, model: RuleModel) -> None:
+        self.run(nft.full_transaction(model))
+
+    def has_table(self) -> bool:
+        return self.state.exists and "KUBE-ROUTER-FORWARD" in self.state.chains
+
+    def remove(self) -> bool:
+        if not self.state.exists:
+            return False
+        self.run({"nftables": [{"delete": {"table": {"family": "inet", "name": self.table}}}]})
+        return True
+
+    def text(self) -> str:
+        """The table in nft syntax: sets with their elements (sorted), then chains with their
+        rules, each in name order (``""`` when there is no table)."""
+        if not self.state.exists:
+            return ""
+        lines = [f"table inet {self.table} {{"]
+        for name, (_, elements) in sorted(self.state.sets.items()):
+            items = sorted(nft.element_text(e) for e in elements.values())
+            lines.append(f"\tset {name} {{ " + ", ".join(items) + " }" if items else f"\tset {name} {{ }}")
+        for name, (_, rules) in sorted(self.state.chains.items()):
+            lines.append(f"\tchain {name} {{")
+            lines += [f"\t\t{nft.rule_text(rule)}" for rule in rules]
+            lines.append("\t}")
+        return "\n".join(lines + ["}", ""])

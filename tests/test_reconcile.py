@@ -1,0 +1,217 @@
+"""The reconcile loop's logic on the in-memory dataplane (no root, no kernel): the first sync is a
+full replace, later ones carry only the change, a refused transaction keeps the old table and the
+next attempt is a full replace, a lost table is restored, and a burst of changes is coalesced.
+The kernel tests (test_agent_e2e.py, test_real_api.py) run the same loop on libnftables."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from nftpolicy.agent.fakenft import FakeNftDataplane, FakeTable
+from nftpolicy.agent.ops import Health, Metrics
+from nftpolicy.agent.reconcile import Reconciler
+from nftpolicy.agent.sources import KINDS, Store
+from nftpolicy.translators import nft
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import Config
+
+from .conftest import REPO
+
+NODE = "node1"
+
+
+def _objects() -> dict[str, list[dict[str, Any]]]:
+    documents = list(yaml.safe_load_all((REPO / "examples/shop/cluster.yaml").read_text()))
+    return {kind: [d for d in documents if d and d.get("kind") == kind] for kind in KINDS}
+
+
+def _store(objects: dict[str, list[dict[str, Any]]]) -> Store:
+    store = Store(Metrics())
+    for kind in KINDS:
+        store.replace(kind, objects[kind])
+    return store
+
+
+def _cluster(objects: dict[str, list[dict[str, Any]]]) -> Cluster:
+    cluster, errors = build_cluster(("test", obj) for kind in KINDS for obj in objects[kind])
+    assert not errors
+    return cluster
+
+
+def _fresh_state(objects: dict[str, list[dict[str, Any]]]) -> Any:
+    """The table a full load of ``objects`` gives."""
+    return FakeTable().apply(nft.full_transaction(build_rule_model(_cluster(objects), NODE))).state()
+
+
+def _reconciler(store: Store, dataplane: FakeNftDataplane, resync: float = 3600.0) -> Reconciler:
+    return Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), 0.0, resync, dataplane)
+
+
+def _verbs(batch: dict[str, Any]) -> list[str]:
+    return [f"{verb} {next(iter(body))}" for command in batch["nftables"] for verb, body in command.items()]
+
+
+def _relabel(store: Store, objects: dict[str, list[dict[str, Any]]], name: str, **labels: str) -> None:
+    """Change a pod's labels in ``objects`` and tell the store, as a watch event would."""
+    pods = objects["Pod"]
+    i = next(i for i, p in enumerate(pods) if p["metadata"]["name"].startswith(name))
+    pods[i] = copy.deepcopy(pods[i])
+    pods[i]["metadata"]["labels"] = {**pods[i]["metadata"].get("labels", {}), **labels}
+    store.apply("Pod", "MODIFIED", pods[i])
+
+
+def test_first_sync_is_a_full_replace_of_the_fresh_render():
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    assert reconciler.sync(full=False)  # nothing committed yet: full whatever was asked
+    (batch,) = dataplane.batches
+    assert _verbs(batch)[:2] == ["add table", "delete table"]
+    assert dataplane.state.state() == _fresh_state(objects)
+    assert reconciler.metrics.sync_duration.labels("full")._sum.get() > 0
+
+
+def test_a_change_commits_only_what_it_changed():
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    reconciler.sync(full=True)
+    full_commands = len(dataplane.batches[0]["nftables"])
+    # prometheus-0 leaves app=prometheus: api's ingress set loses its address
+    _relabel(store, objects, "prometheus-0", app="other")
+    assert reconciler.sync(full=False)
+    batch = dataplane.batches[-1]
+    assert "delete table" not in _verbs(batch)
+    assert "delete element" in _verbs(batch)
+    assert len(batch["nftables"]) < full_commands / 10
+    assert dataplane.state.state() == _fresh_state(objects)
+
+
+def test_no_change_commits_nothing():
+    store, dataplane = _store(_objects()), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    reconciler.sync(full=True)
+    assert reconciler.sync(full=False)
+    assert len(dataplane.batches) == 1
+
+
+def test_a_refused_transaction_keeps_the_table_and_the_next_sync_is_full():
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    reconciler.sync(full=True)
+    before = dataplane.state.state()
+    _relabel(store, objects, "prometheus-0", app="other")
+    dataplane.refuse_next("Could not process rule: No such file or directory")
+    assert not reconciler.sync(full=False)
+    assert dataplane.state.state() == before  # the kernel keeps what it had
+    assert reconciler.renderer is None and reconciler.failures == 1
+    assert reconciler.metrics.sync_failures.labels("incremental")._value.get() == 1
+    assert store.pending_since is not None  # the change is still owed to the kernel
+    assert reconciler.sync(full=False)
+    assert _verbs(dataplane.batches[-1])[:2] == ["add table", "delete table"]
+    assert dataplane.state.state() == _fresh_state(objects)
+    assert reconciler.failures == 0
+
+
+@pytest.mark.parametrize("lost", [True, False])
+def test_table_lost_is_noticed_only_when_it_is(lost):
+    store, dataplane = _store(_objects()), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    assert not reconciler._table_lost()  # nothing committed yet: nothing to lose
+    reconciler.sync(full=True)
+    if lost:
+        dataplane.lose_table()
+    assert reconciler._table_lost() is lost
+
+
+def _run(reconciler: Reconciler) -> tuple[threading.Event, threading.Thread]:
+    stop = threading.Event()
+    thread = threading.Thread(target=reconciler.run, args=(stop,), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_loop_waits_for_every_kind_then_syncs_and_follows_changes():
+    objects = _objects()
+    store, dataplane = Store(Metrics()), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    stop, thread = _run(reconciler)
+    try:
+        for kind in KINDS[:-1]:
+            store.replace(kind, objects[kind])
+        time.sleep(0.2)
+        assert dataplane.batches == [] and not reconciler.health.ready  # Node not listed yet
+        store.replace(KINDS[-1], objects[KINDS[-1]])
+        _until(lambda: reconciler.health.ready)
+        _relabel(store, objects, "prometheus-0", app="other")
+        _until(lambda: dataplane.state.state() == _fresh_state(objects))
+    finally:
+        stop.set()
+        store.changed.set()
+        thread.join(5)
+    assert not thread.is_alive()
+    assert len(dataplane.batches) == 2
+
+
+def test_the_loop_restores_a_lost_table_and_retries_a_refused_sync():
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    dataplane.refuse_next(count=2)
+    stop, thread = _run(reconciler)
+    try:
+        _until(lambda: reconciler.health.ready)  # after two refusals (backoff 0.5 s, then 1 s)
+        assert reconciler.metrics.sync_failures.labels("full")._value.get() == 2
+        dataplane.lose_table()
+        _until(lambda: dataplane.has_table(), timeout=15.0)  # the idle check runs every 5 s
+        assert dataplane.state.state() == _fresh_state(objects)
+    finally:
+        stop.set()
+        store.changed.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_burst_of_changes_is_coalesced_into_one_transaction():
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), 1.0, 3600.0, dataplane)
+    stop, thread = _run(reconciler)
+    try:
+        _until(lambda: reconciler.health.ready)
+        for value in ("a", "b", "c", "other"):  # within the 1 s minimum interval
+            _relabel(store, objects, "prometheus-0", app=value)
+        _until(lambda: dataplane.state.state() == _fresh_state(objects))
+    finally:
+        stop.set()
+        store.changed.set()
+        thread.join(5)
+    assert len(dataplane.batches) == 2  # the full sync, then the burst in one
+
+
+def test_the_fake_prints_its_table():
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    _reconciler(store, dataplane).sync(full=True)
+    text = dataplane.text()
+    model = build_rule_model(_cluster(objects), NODE)
+    for chain in model.pod_chains:
+        assert f"\tchain {chain.name} {{" in text
+    assert "ip daddr vmap @KUBE-POD-FW-MAP4" in text
+    assert dataplane.remove() and dataplane.text() == "" and not dataplane.remove()

@@ -1,0 +1,374 @@
+"""The table, decided once: rule model -> typed table objects that both backends only print.
+
+Every chain, rule, verdict map, constant and comment of our table is decided here (DESIGN.md
+section 2, kube-router's ``KUBE-ROUTER-*`` -> ``KUBE-POD-FW-<hash>`` -> ``KUBE-NWPLCY-<hash>``
+topology) as frozen values: :class:`Table` holds :class:`Chain` objects of :class:`Rule` objects,
+each a tuple of statements (matches, then actions) and a comment, plus the shared sets of the
+rule model and the dispatch :class:`VerdictMap` objects. :mod:`nftpolicy.translators.nft` prints
+them as libnftables JSON and nft text, :mod:`nftpolicy.translators.iptables` as
+``iptables-restore`` lines; neither decides anything of its own but syntax.
+
+A reader gets from a printed rule to the function here that decided it through its comment: each
+comment is written in exactly one place below.
+
+Marks are only ever changed under a mask (:class:`SetMark`, :class:`ClearMark`: kube-router's
+"mask mark reset" fix), so other systems' mark bits survive our chains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from .model import Family, family_of
+from .rules import FAMILIES, AddressSet, AllowRule, Config, PodChain, PolicyChain, RuleModel
+
+Field = Literal["saddr", "daddr"]
+Hook = Literal["input", "forward", "output"]
+
+BASE_CHAINS: dict[str, Hook] = {"KUBE-ROUTER-INPUT": "input", "KUBE-ROUTER-FORWARD": "forward", "KUBE-ROUTER-OUTPUT": "output"}
+INPUT_CHAIN = "KUBE-ROUTER-INPUT"
+COMMON_CHAIN = "KUBE-NWPLCY-COMMON"
+DEFAULT_CHAIN = "KUBE-NWPLCY-DEFAULT"
+POD_MAPS: dict[Family, str] = {"ipv4": "KUBE-POD-FW-MAP4", "ipv6": "KUBE-POD-FW-MAP6"}
+# Which addresses each base chain dispatches on: INPUT sees traffic from local pods to the node;
+# FORWARD and OUTPUT traffic to a local pod (its ingress) and from one (its egress).
+DISPATCH: dict[str, tuple[Field, ...]] = {"KUBE-ROUTER-INPUT": ("saddr",), "KUBE-ROUTER-FORWARD": ("daddr", "saddr"),
+                                          "KUBE-ROUTER-OUTPUT": ("daddr", "saddr")}
+# Essential ICMP (RFC 4890 for ICMPv6), in nft's names: errors that TCP/UDP need and neighbour
+# discovery. Echo is not here: whether ping is allowed is the policies' decision.
+ESSENTIAL_ICMP: dict[Family, tuple[str, ...]] = {
+    "ipv4": ("destination-unreachable", "time-exceeded", "parameter-problem"),
+    "ipv6": ("destination-unreachable", "packet-too-big", "time-exceeded", "parameter-problem",
+             "nd-router-solicit", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"),
+}
+NODE_PORT_PROTOCOLS = ("tcp", "udp", "sctp")
+LOG_RATE = (10, "minute", 10)  # NFLOG of rejected packets: rate, per, burst (as kube-router)
+
+
+# ---- statements: matches ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AddressIs:
+    """The packet's source (``saddr``) or destination (``daddr``) address of ``family`` is one of
+    ``addresses`` (addresses or CIDRs)."""
+
+    family: Family
+    field: Field
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AddressInSet:
+    """The packet's ``field`` address of ``family`` is in set ``name``."""
+
+    family: Family
+    field: Field
+    name: str
+
+
+@dataclass(frozen=True)
+class NamedPortInSet:
+    """``destination address . protocol . destination port`` is in set ``name`` (a named port
+    resolved per pod)."""
+
+    family: Family
+    name: str
+
+
+@dataclass(frozen=True)
+class Protocols:
+    """The layer-4 protocol is one of ``names`` (lower case: ``tcp``, ``udp``, ``sctp``)."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DestinationPorts:
+    """The destination port is in the inclusive range ``first..last`` (after a :class:`Protocols`)."""
+
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class ConntrackState:
+    """The connection's conntrack state is one of ``states`` (``invalid``, ``established``, ...)."""
+
+    states: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class IcmpTypes:
+    """An ICMP (``ipv4``) or ICMPv6 (``ipv6``) packet of one of ``types`` (nft's names)."""
+
+    family: Family
+    types: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LocalAddress:
+    """The packet's source (``saddr``) or destination (``daddr``) is an address of this node
+    (nft's ``fib ... type local``, iptables' ``addrtype LOCAL``)."""
+
+    field: Field
+
+
+@dataclass(frozen=True)
+class Unmarked:
+    """None of ``bits`` is set in the packet mark."""
+
+    bits: int
+
+
+@dataclass(frozen=True)
+class Limit:
+    """At most ``rate`` packets per ``per`` (``minute``), bursts of ``burst``."""
+
+    rate: int
+    per: str
+    burst: int
+
+
+# ---- statements: actions ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SetMark:
+    """``mark |= bits``: other bits untouched."""
+
+    bits: int
+
+
+@dataclass(frozen=True)
+class ClearMark:
+    """``mark &= ~bits``: other bits untouched."""
+
+    bits: int
+
+
+@dataclass(frozen=True)
+class Log:
+    """NFLOG to ``group`` with ``prefix`` (each backend cuts it to its own limit)."""
+
+    prefix: str
+    group: int
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Reject: a TCP reset when ``tcp_reset`` (after ``Protocols(("tcp",))``), else ICMP port
+    unreachable of the packet's family."""
+
+    tcp_reset: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``accept``, ``drop`` or ``return``."""
+
+    kind: Literal["accept", "drop", "return"]
+
+
+@dataclass(frozen=True)
+class Jump:
+    """Jump to chain ``target`` (and come back unless it decides)."""
+
+    target: str
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Look the packet's ``field`` address of ``family`` up in verdict map ``map`` and jump to the
+    chain it gives (nft: ``vmap``; iptables: one rule per map element)."""
+
+    family: Family
+    field: Field
+    map: str
+
+
+Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
+                  LocalAddress, Unmarked, Limit, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch]
+
+
+# ---- table objects ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    """Statements in order (matches, then actions) and the comment that says why."""
+
+    statements: tuple[Statement, ...]
+    comment: str
+
+    def family(self) -> Family | None:
+        """The family this rule is limited to by its address or ICMP matches (None: both)."""
+        for s in self.statements:
+            if isinstance(s, (AddressIs, AddressInSet, NamedPortInSet, IcmpTypes, Dispatch)):
+                return s.family
+        return None
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain and its rules; ``hook`` makes it a base chain (type filter, policy accept)."""
+
+    name: str
+    rules: tuple[Rule, ...]
+    hook: Hook | None = None
+
+
+@dataclass(frozen=True)
+class MapElement:
+    """A dispatch element: local pod ``pod``'s ``address`` -> its pod chain ``chain``."""
+
+    address: str
+    chain: str
+    pod: str
+
+
+@dataclass(frozen=True)
+class VerdictMap:
+    """``KUBE-POD-FW-MAP4``/``6``: local isolated pods' addresses of ``family`` -> pod chain."""
+
+    name: str
+    family: Family
+    elements: tuple[MapElement, ...]
+    comment: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """Our whole table for one node, objects in dependency order: sets, then chains (common,
+    default, policy chains, pod chains, base chains); the maps name pod chains."""
+
+    name: str
+    priority: int
+    sets: tuple[AddressSet, ...]
+    chains: tuple[Chain, ...]
+    maps: tuple[VerdictMap, ...]
+
+
+# ---- the decisions ------------------------------------------------------------------------------
+
+def common_chain() -> Chain:
+    """``KUBE-NWPLCY-COMMON``, jumped first by every pod chain: conntrack decides known
+    connections (as kube-router), essential ICMP is always allowed (DESIGN.md section 2)."""
+    return Chain(COMMON_CHAIN, (
+        Rule((ConntrackState(("invalid",)), Verdict("drop")), "drop invalid conntrack state"),
+        Rule((ConntrackState(("established", "related")), Verdict("accept")), "allow established and related connections"),
+        Rule((IcmpTypes("ipv4", ESSENTIAL_ICMP["ipv4"]), Verdict("accept")), "allow essential ICMP errors"),
+        Rule((IcmpTypes("ipv6", ESSENTIAL_ICMP["ipv6"]), Verdict("accept")), "allow essential ICMPv6 errors and neighbour discovery"),
+    ))
+
+
+def default_chain(config: Config) -> Chain:
+    """``KUBE-NWPLCY-DEFAULT``: a direction that no policy isolates is allowed (the API
+    reference: a pod is isolated for a direction only by a policy of that type selecting it)."""
+    return Chain(DEFAULT_CHAIN, (Rule((SetMark(config.policy_mark),), "allow a direction that no policy isolates"),))
+
+
+def allow_rule(config: Config, chain: PolicyChain, allow: AllowRule) -> Rule:
+    """One allowed (peers, port) tuple of a policy: match the peer (the source for ingress, the
+    destination for egress), the named port and the port, then set the policy mark and return
+    (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the API reference)."""
+    statements: list[Statement] = []
+    if allow.peer_set:
+        assert allow.family
+        statements.append(AddressInSet(allow.family, "saddr" if chain.direction == "ingress" else "daddr", allow.peer_set))
+    if allow.named_port_set:
+        assert allow.family
+        statements.append(NamedPortInSet(allow.family, allow.named_port_set))
+    if allow.port:
+        statements.append(Protocols((allow.port.protocol.lower(),)))
+        if allow.port.first is not None:
+            statements.append(DestinationPorts(allow.port.first, allow.port.first if allow.port.last is None else allow.port.last))
+    return Rule((*statements, SetMark(config.policy_mark), Verdict("return")), allow.comment)
+
+
+def policy_chain(config: Config, chain: PolicyChain) -> Chain:
+    """``KUBE-NWPLCY-<hash>`` of one policy and direction; no rules: it allows nothing."""
+    return Chain(chain.name, tuple(allow_rule(config, chain, allow) for allow in chain.rules))
+
+
+def _pod_addresses(pod: PodChain) -> dict[Family, tuple[str, ...]]:
+    by_family = {f: tuple(ip for ip in pod.ips if family_of(ip) == f) for f in FAMILIES}
+    return {f: ips for f, ips in by_family.items() if ips}
+
+
+def pod_chain(config: Config, pod: PodChain) -> Chain:
+    """``KUBE-POD-FW-<hash>`` of one isolated local pod (DESIGN.md section 2), in order: common
+    chain; start unmarked; the node itself may always reach its pods (kubelet probes); the policy
+    chains of each direction, each only for that direction and only while no policy has set the
+    mark (the first allow ends the walk); NFLOG and reject what no policy allowed; clear the
+    policy mark, set the passed mark."""
+    unmarked = Unmarked(config.policy_mark)
+    addresses = _pod_addresses(pod)
+    rules = [Rule((Jump(COMMON_CHAIN),), f"{pod.pod} common"),
+             Rule((ClearMark(config.policy_mark),), f"{pod.pod} start unmarked")]
+    rules += [Rule((AddressIs(family, "daddr", ips), LocalAddress("saddr"), Verdict("accept")), f"{pod.pod} from the local node")
+              for family, ips in addresses.items()]
+    directions: tuple[tuple[str, tuple[str, ...] | None, Field], ...] = (
+        ("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr"))
+    for direction, chains, field in directions:
+        for target in chains if chains is not None else (DEFAULT_CHAIN,):
+            rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
+                      for family, ips in addresses.items()]
+    rules += [
+        Rule((unmarked, Limit(*LOG_RATE), Log(f"nftpolicy reject {pod.pod}: ", config.nflog_group)), f"{pod.pod} log rejected"),
+        Rule((unmarked, Protocols(("tcp",)), Reject(tcp_reset=True)), f"{pod.pod} reject"),
+        Rule((unmarked, Reject()), f"{pod.pod} reject"),
+        Rule((ClearMark(config.policy_mark),), f"{pod.pod} clear policy mark"),
+        Rule((SetMark(config.passed_mark),), f"{pod.pod} passed"),
+    ]
+    return Chain(pod.name, tuple(rules))
+
+
+def dispatch_maps(pods: tuple[PodChain, ...]) -> tuple[VerdictMap, ...]:
+    """``KUBE-POD-FW-MAP4`` and ``KUBE-POD-FW-MAP6``: every address of every isolated local pod
+    -> its pod chain (one lookup per packet, O(1) in the number of pods)."""
+    return tuple(VerdictMap(name, family, tuple(map_elements(pods, family)), f"local isolated pods ({family}) -> KUBE-POD-FW chain")
+                 for family, name in POD_MAPS.items())
+
+
+def map_elements(pods: tuple[PodChain, ...] | list[PodChain], family: Family) -> list[MapElement]:
+    """The dispatch elements of ``pods`` for one family, in pod order."""
+    return [MapElement(ip, p.name, p.pod) for p in pods for ip in p.ips if family_of(ip) == family]
+
+
+def input_exemptions(config: Config) -> list[Rule]:
+    """What ``KUBE-ROUTER-INPUT`` returns before any dispatch: traffic to service cluster IPs,
+    to node ports on local addresses (tcp, udp, sctp) and to external ranges (DESIGN.md 2)."""
+    rules = [Rule((AddressIs(family_of(cidr), "daddr", (cidr,)), Verdict("return")), "allow traffic to service cluster IPs")
+             for cidr in config.service_cidrs]
+    if config.node_port_range:
+        low, high = config.node_port_range
+        rules.append(Rule((LocalAddress("daddr"), Protocols(NODE_PORT_PROTOCOLS), DestinationPorts(low, high), Verdict("return")),
+                          "allow node ports on local addresses"))
+    rules += [Rule((AddressIs(family_of(cidr), "daddr", (cidr,)), Verdict("return")), "allow traffic to external and load-balancer IPs")
+              for cidr in config.external_cidrs]
+    return rules
+
+
+def base_chains(config: Config) -> list[Chain]:
+    """``KUBE-ROUTER-INPUT/FORWARD/OUTPUT``: INPUT's exemptions, then established connections
+    accepted (the verdict the common chain gives them, without the lookups), then dispatch to the
+    local pods' chains on the address of each direction."""
+    chains = []
+    for name, hook in BASE_CHAINS.items():
+        rules = input_exemptions(config) if name == INPUT_CHAIN else []
+        rules.append(Rule((ConntrackState(("established", "related")), Verdict("accept")), "allow established and related connections"))
+        for field in DISPATCH[name]:
+            what = "to" if field == "daddr" else "from"
+            rules += [Rule((Dispatch(family, field, pod_map),), f"traffic {what} local isolated pods ({family})")
+                      for family, pod_map in POD_MAPS.items()]
+        chains.append(Chain(name, tuple(rules), hook))
+    return chains
+
+
+def table(model: RuleModel) -> Table:
+    """The whole table of ``model``, in dependency order."""
+    c = model.config
+    chains = [common_chain(), default_chain(c)]
+    chains += [policy_chain(c, chain) for chain in model.policy_chains]
+    chains += [pod_chain(c, pod) for pod in model.pod_chains]
+    chains += base_chains(c)
+    return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains))
