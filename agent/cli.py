@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from nftpolicy.translators import iptables as iptables_render
-from nftpolicy.translators import nft
+from nftpolicy.translators import nft, nfttext
 from nftpolicy.translators.kuberouter import DumpError, select
 from nftpolicy.translators.cases import Case, CaseError, format_matrix, is_case, parse_case
 from nftpolicy.translators.noderender import build_rule_model
@@ -29,13 +29,14 @@ from nftpolicy.translators.model import Cluster, Family
 
 from .compare import compare, explain, format_report
 from .controlplane import ControlPlane, ControlPlaneError, find_binary
-from .iptables import IptablesError
 from .manifests import load_cluster, manifest_files, read_objects
 from .netns import NetnsError
 from .dataplane import DataplaneError
 from .nftables import NftDataplane
 from .ops import gc_paused
-from .sandbox import Disagreement, ProbeSpec, Sandbox, SandboxError, disagreements, replay_twins, start_daemons
+from .probes import ProbeSpec
+from .replay import Disagreement, disagreements, replay_twins, start_daemons
+from .sandbox import Sandbox, SandboxError
 
 
 ENV_PREFIX = "NFTPOLICY_"
@@ -203,7 +204,7 @@ def _print_model(format: str, model: RuleModel) -> None:
     elif format == "ipset":
         sys.stdout.write(iptables_render.to_ipset(model))
     else:
-        sys.stdout.write(nft.to_text(model) if format == "nft" else nft.to_json(model) + "\n")
+        sys.stdout.write(nfttext.to_text(model) if format == "nft" else nft.to_json(model) + "\n")
 
 
 def _read_cases(paths: list[str]) -> list[Case] | None:

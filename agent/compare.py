@@ -22,7 +22,9 @@ from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod
 from nftpolicy.translators.rules import Config
 
 from . import iptables
-from .sandbox import ProbeSpec, Sandbox, SandboxError, disagreements
+from .probes import ProbeSpec
+from .replay import disagreements
+from .sandbox import Sandbox, SandboxError
 
 # The deliberate differences (README, "Deliberate differences"); each was seen with the real
 # kube-router v2.1.0 (tests/fixtures/kube-router-v2.1.0, tests/test_real_dumps.py) except ICMP_NOTE,

@@ -14,7 +14,7 @@ import copy
 import json
 from typing import Any
 
-from nftpolicy.translators import nft
+from nftpolicy.translators import nft, nfttext
 from nftpolicy.translators.rules import RuleModel
 
 from .dataplane import DataplaneError
@@ -215,10 +215,10 @@ class FakeNftDataplane:
             return ""
         lines = [f"table inet {self.table} {{"]
         for name, (_, elements) in sorted(self.state.sets.items()):
-            items = sorted(nft.element_text(e) for e in elements.values())
+            items = sorted(nfttext.element_text(e) for e in elements.values())
             lines.append(f"\tset {name} {{ " + ", ".join(items) + " }" if items else f"\tset {name} {{ }}")
         for name, (_, rules) in sorted(self.state.chains.items()):
             lines.append(f"\tchain {name} {{")
-            lines += [f"\t\t{nft.rule_text(rule)}" for rule in rules]
+            lines += [f"\t\t{nfttext.rule_text(rule)}" for rule in rules]
             lines.append("\t}")
         return "\n".join(lines + ["}", ""])

@@ -47,6 +47,13 @@ def entered(name: str) -> Iterator[None]:
             _setns(home.fileno())
 
 
+def create(names: list[str]) -> None:
+    """Create these network namespaces (``ip netns add``, one batch); raises NetnsError.
+
+    Callers name them with their run's tag (:func:`run_tag`) and delete exactly these."""
+    ip_batch([f"netns add {name}" for name in names])
+
+
 def ip_batch(commands: list[str], netns: str | None = None) -> None:
     """Run ``ip -batch`` with ``commands`` (one ``ip`` command line each), inside ``netns`` if given.
 

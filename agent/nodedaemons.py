@@ -129,7 +129,7 @@ class NftpolicyAgents(NodeDaemons):
 
     def start(self) -> None:
         """Start one agent per node (each with its own HTTP port on 127.0.0.1)."""
-        netns.ip_batch([f"netns add {self.scratch}"])
+        netns.create([self.scratch])
         for node in self.sandbox.nodes.values():
             self.http[node.name] = free_port()
             self._spawn(node.name, [*AGENT_COMMAND, "agent", "--kubeconfig", self.control_plane.kubeconfig,

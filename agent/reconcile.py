@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from nftpolicy.translators import nft
+from nftpolicy.translators import nft, nftchanges
 from nftpolicy.translators.noderender import NodeRenderer
 from nftpolicy.translators.rules import Config
 
@@ -70,7 +70,7 @@ class Reconciler:
         for kind, key, obj in changes:
             self.renderer.apply(kind, key, obj)
         delta = self.renderer.take_changes()
-        return (nft.changes_transaction(self.config, delta) if delta else None), since
+        return (nftchanges.changes_transaction(self.config, delta) if delta else None), since
 
     def sync(self, full: bool) -> bool:
         """Commit the changes since the last sync (everything when ``full``); True when the

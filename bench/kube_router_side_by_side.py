@@ -526,9 +526,8 @@ def run_size(pods: int, policies: int, args: argparse.Namespace, prefix: str, cr
     node_ip = cluster.nodes[NODE].addresses[0]
 
     names = {"kr": f"{prefix}kr", "nft": f"{prefix}nft", "scratch": f"{prefix}scratch"}
-    for name in names.values():
-        subprocess.run(["ip", "netns", "add", name], check=True)
-        created_ns.append(name)
+    created_ns.extend(names.values())
+    netns.create(list(names.values()))
     for key in ("kr", "nft"):
         # The node's address on an uplink-like interface (a veth pair with both ends inside).
         netns.ip_batch(["link set lo up", "link add eth1 type veth peer name eth1peer", f"addr add {node_ip}/32 dev eth1",

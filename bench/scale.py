@@ -68,7 +68,7 @@ from nftpolicy.agent.ops import Health, Metrics  # noqa: E402
 from nftpolicy.agent.reconcile import Reconciler  # noqa: E402
 from nftpolicy.agent.sources import KubeSource, Store  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
-from nftpolicy.translators import nft  # noqa: E402
+from nftpolicy.translators import nftchanges  # noqa: E402
 from nftpolicy.translators.model import Cluster, Namespace  # noqa: E402
 from nftpolicy.translators.noderender import NodeRenderer  # noqa: E402
 from nftpolicy.translators.rules import Config, RuleModel  # noqa: E402
@@ -287,7 +287,7 @@ def growth_figures(cluster: Cluster, rng: random.Random, changes: int) -> dict[s
         pods[key] = dataclasses.replace(pods[key], labels=labels)
         started = time.monotonic()
         renderer.set_pod(key, pods[key])
-        nft.changes_transaction(Config(), renderer.take_changes())
+        nftchanges.changes_transaction(Config(), renderer.take_changes())
         costs.append((time.monotonic() - started) * 1000)
     return {"render_s": render_s, "elements": sum(len(s.elements) for s in model.sets), "change_ms": statistics.median(costs)}
 
@@ -378,8 +378,7 @@ def main() -> int:
     names = [f"nftp-{tag}-scale{i}" for i in range(3)]
     results: dict[str, dict[str, Any]] = {}
     try:
-        for name in names:
-            subprocess.run(["ip", "netns", "add", name], check=True)
+        netns.create(names)
         with tempfile.TemporaryDirectory(prefix="nftpolicy-scale-") as workdir:
             for size in sizes:
                 results[size] = measure(size, args, names, Path(workdir))

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from nftpolicy.agent.controlplane import ControlPlane, free_port
-from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
+from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.sandbox import Sandbox
 from nftpolicy.translators.model import Pod
 
 from .conftest import http_get

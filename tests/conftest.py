@@ -45,8 +45,8 @@ def make_netns():
 
     def make() -> str:
         name = f"{OURS}test{secrets.token_hex(3)}"
-        subprocess.run(["ip", "netns", "add", name], check=True)
         created.append(name)
+        netns.create([name])
         return name
 
     yield make

@@ -10,6 +10,7 @@ import pytest
 
 from nftpolicy.agent.nftables import NftDataplane, NftError
 from nftpolicy.translators import nft as render
+from nftpolicy.translators import nfttext
 from nftpolicy.translators.noderender import build_rule_model
 
 from .conftest import example_cluster, nft
@@ -75,7 +76,7 @@ def test_foreign_tables_unchanged_by_load_reload_failure_and_removal(make_netns,
     model = build_rule_model(cluster, "node1")
 
     text = tmp_path / "rules.nft"
-    text.write_text(render.to_text(model))
+    text.write_text(nfttext.to_text(model))
     nft(ns, "-f", str(text))                      # first load (text)
     assert _foreign_state(ns) == before
     nft(ns, "-f", str(text))                      # reload (text)

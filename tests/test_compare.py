@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nftpolicy.agent.compare import compare, format_report
-from nftpolicy.agent.sandbox import ProbeSpec
+from nftpolicy.agent.probes import ProbeSpec
 from nftpolicy.translators.kuberouter import DumpError, parse_iptables_save, select
 
 from .conftest import REPO, example_cluster

@@ -15,7 +15,8 @@ from collections import defaultdict
 
 import pytest
 
-from nftpolicy.agent.sandbox import replay, sctp_supported
+from nftpolicy.agent.probes import sctp_supported
+from nftpolicy.agent.replay import replay
 from nftpolicy.translators.cases import load_case
 
 from .conftest import CONFORMANCE, OWN_CASES

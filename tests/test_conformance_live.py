@@ -17,7 +17,8 @@ import pytest
 
 from nftpolicy.agent.compare import explain
 from nftpolicy.agent.controlplane import ControlPlane
-from nftpolicy.agent.sandbox import replay_twins, sctp_supported
+from nftpolicy.agent.probes import sctp_supported
+from nftpolicy.agent.replay import replay_twins
 from nftpolicy.translators.cases import load_case
 
 from .conftest import CONFORMANCE, OWN_CASES

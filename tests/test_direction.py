@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
+from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.sandbox import Sandbox
 
 from .conftest import cluster_from_yaml
 

@@ -11,7 +11,7 @@ import random
 import pytest
 import yaml
 
-from nftpolicy.translators import nft
+from nftpolicy.translators import nft, nfttext
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 
@@ -32,7 +32,7 @@ def _objects(seed: int | None):
 def test_text_matches_golden_in_any_input_order(seed):
     cluster, errors = build_cluster(_objects(seed))
     assert not errors
-    assert nft.to_text(build_rule_model(cluster, "node1")) == (GOLDEN / "shop-node1.nft").read_text()
+    assert nfttext.to_text(build_rule_model(cluster, "node1")) == (GOLDEN / "shop-node1.nft").read_text()
 
 
 def test_json_matches_golden():

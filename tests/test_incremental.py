@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nftpolicy.translators import nft
+from nftpolicy.translators import nft, nftchanges
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster, Namespace
 from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
@@ -112,7 +112,7 @@ def test_incremental_equals_scratch(node, seed, steps, batch):
         fresh = build_rule_model(cluster, node, CONFIG)
         assert renderer.model() == fresh
         changes = renderer.take_changes()
-        table.apply(nft.changes_transaction(CONFIG, changes))
+        table.apply(nftchanges.changes_transaction(CONFIG, changes))
         assert table.state() == FakeTable().apply(nft.full_transaction(fresh)).state()
 
 

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from nftpolicy.agent.sandbox import ProbeSpec, Sandbox
+from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.sandbox import Sandbox
 
 from .conftest import cluster_from_yaml, nft
 

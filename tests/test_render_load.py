@@ -8,7 +8,7 @@ import json
 import pytest
 
 from nftpolicy.agent.nftables import NftDataplane
-from nftpolicy.translators import nft as render
+from nftpolicy.translators import nfttext
 from nftpolicy.translators.noderender import build_rule_model
 
 from .conftest import example_cluster, nft
@@ -35,7 +35,7 @@ def test_text_and_json_load_the_same_ruleset(make_netns, tmp_path, node):
     model = build_rule_model(example_cluster(), node)
     text_ns, json_ns = make_netns(), make_netns()
     path = tmp_path / "r.nft"
-    path.write_text(render.to_text(model))
+    path.write_text(nfttext.to_text(model))
     nft(text_ns, "-f", str(path))
     NftDataplane(model.config.table, json_ns).replace(model)
     assert _listing(text_ns) == _listing(json_ns)
@@ -47,10 +47,10 @@ def test_reload_removes_stale_chains_and_sets(make_netns, tmp_path):
     cluster = example_cluster()
     ns = make_netns()
     full = build_rule_model(cluster, "node1")
-    nft(ns, "-f", "-", stdin=render.to_text(full))
+    nft(ns, "-f", "-", stdin=nfttext.to_text(full))
     without_api = dataclasses.replace(cluster, policies={k: v for k, v in cluster.policies.items() if k != "shop/api-ingress"})
     smaller = build_rule_model(without_api, "node1")
-    nft(ns, "-f", "-", stdin=render.to_text(smaller))
+    nft(ns, "-f", "-", stdin=nfttext.to_text(smaller))
     listing = nft(ns, "list", "table", "inet", "nftpolicy")
     gone = set(c.name for c in full.policy_chains) - set(c.name for c in smaller.policy_chains)
     assert gone and not any(name in listing for name in gone)
@@ -61,9 +61,9 @@ def test_reload_removes_stale_chains_and_sets(make_netns, tmp_path):
 def test_failed_load_keeps_previous_ruleset(make_netns):
     ns = make_netns()
     model = build_rule_model(example_cluster(), "node1")
-    nft(ns, "-f", "-", stdin=render.to_text(model))
+    nft(ns, "-f", "-", stdin=nfttext.to_text(model))
     before = nft(ns, "-j", "-a", "list", "ruleset")
-    broken = render.to_text(model).replace("KUBE-NWPLCY-DEFAULT {", "KUBE-NWPLCY-DEFAULT {\n\t\tjump NO-SUCH-CHAIN", 1)
+    broken = nfttext.to_text(model).replace("KUBE-NWPLCY-DEFAULT {", "KUBE-NWPLCY-DEFAULT {\n\t\tjump NO-SUCH-CHAIN", 1)
     with pytest.raises(AssertionError, match="nft -f - failed"):
         nft(ns, "-f", "-", stdin=broken)
     assert nft(ns, "-j", "-a", "list", "ruleset") == before

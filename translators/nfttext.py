@@ -1,0 +1,122 @@
+"""libnftables JSON objects -> nft(8) input syntax: ``nft -f`` text of the same table.
+
+Every object :func:`nftpolicy.translators.nft.ruleset_objects` builds prints here, so the text
+and the JSON batch load to the same kernel state (``tests/test_render_load.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .nft import Json, ruleset_objects
+from .rules import RuleModel
+
+
+def _value(v: Any, hex_ints: bool = False) -> str:
+    if isinstance(v, bool) or v is None:
+        raise ValueError(f"no nft syntax for {v!r}")
+    if isinstance(v, int):
+        return f"0x{v:08x}" if hex_ints else str(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        return ",".join(_value(x) for x in v)
+    (key, body), = v.items()
+    if key == "payload":
+        return f"{body['protocol']} {body['field']}"
+    if key in ("meta", "ct"):
+        return f"{key} {body['key']}"
+    if key == "fib":
+        return f"fib {' . '.join(body['flags'])} {body['result']}"
+    if key == "concat":
+        return " . ".join(_value(x) for x in body)
+    if key == "range":
+        return f"{_value(body[0])}-{_value(body[1])}"
+    if key == "prefix":
+        return f"{body['addr']}/{body['len']}"
+    if key == "set":
+        return "{ " + ", ".join(_value(x) for x in body) + " }"
+    if key in ("&", "|"):
+        return f"{_value(body[0])} {key} {_value(body[1], hex_ints=True)}"
+    if key == "jump":
+        return f"jump {body['target']}"
+    raise ValueError(f"no nft syntax for {key!r}")
+
+
+def _statement(s: Json) -> str:
+    (key, body), = s.items()
+    if key == "match":
+        binop = isinstance(body["left"], dict) and "&" in body["left"]
+        right = _value(body["right"], hex_ints=binop)
+        op = "== " if binop else "" if body["op"] in ("==", "in") else f"{body['op']} "
+        return f"{_value(body['left'])} {op}{right}"
+    if key == "mangle":
+        return f"{_value(body['key'])} set {_value(body['value'])}"
+    if key in ("accept", "drop", "return"):
+        return key
+    if key == "jump":
+        return _value(s)
+    if key == "vmap":
+        return f"{_value(body['key'])} vmap {body['data']}"
+    if key == "limit":
+        return f"limit rate {body['rate']}/{body['per']} burst {body['burst']} packets"
+    if key == "log":
+        return f'log prefix "{body["prefix"]}" group {body["group"]}'
+    if key == "reject":
+        return "reject" if body is None else f"reject with {body['type']}"
+    raise ValueError(f"no nft syntax for statement {key!r}")
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace('"', "'") + '"'
+
+
+def rule_text(rule: Json) -> str:
+    """One rule object as nft syntax (``ip saddr @KUBE-PODS-... return comment "..."``)."""
+    text = " ".join(_statement(s) for s in rule["expr"])
+    return f"{text} comment {_quoted(rule['comment'])}" if rule.get("comment") else text
+
+
+def element_text(element: Any) -> str:
+    """One set or map element (libnftables JSON) in nft syntax: ``10.0.0.1``, ``10.0.0.0/8``,
+    ``10.0.0.1 . tcp . 80`` or ``10.0.0.1 : jump KUBE-POD-FW-...``."""
+    if isinstance(element, list):
+        return f"{_value(element[0])} : {_value(element[1])}"
+    return _value(element)
+
+
+def _set_text(kind: str, body: Json) -> list[str]:
+    types = body["type"] if isinstance(body["type"], list) else [body["type"]]
+    lines = [f"\t{kind} {body['name']} {{", f"\t\ttype {' . '.join(types)}" + (" : verdict" if kind == "map" else "")]
+    if body.get("flags"):
+        lines.append(f"\t\tflags {','.join(body['flags'])}")
+    lines.append(f"\t\tcomment {_quoted(body['comment'])}")
+    if body.get("elem"):
+        items = [element_text(e) for e in body["elem"]]
+        lines.append("\t\telements = { " + ",\n\t\t\t     ".join(items) + " }")
+    return lines + ["\t}"]
+
+
+def to_text(model: RuleModel) -> str:
+    """The ruleset as ``nft -f`` input that atomically replaces our table and touches no other.
+
+    The file is one transaction: ``table`` (creates it on a first load), ``delete table``, then
+    the table's full definition.
+    """
+    name = model.config.table
+    lines = [f"table inet {name}", f"delete table inet {name}", f"table inet {name} {{"]
+    chains: dict[str, list[str]] = {}
+    for obj in ruleset_objects(model):
+        (kind, body), = obj.items()
+        if kind in ("set", "map"):
+            lines.extend(_set_text(kind, body))
+        elif kind == "chain":
+            header = []
+            if "hook" in body:
+                header = [f"\t\ttype {body['type']} hook {body['hook']} priority {body['prio']}; policy {body['policy']};"]
+            chains[body["name"]] = header
+        elif kind == "rule":
+            chains[body["chain"]].append("\t\t" + rule_text(body))
+    for chain, body_lines in chains.items():
+        lines.extend([f"\tchain {chain} {{", *body_lines, "\t}"])
+    return "\n".join(lines + ["}", ""])
