@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from nftpolicy.translators.kuberouter import Dump
-from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod
-from nftpolicy.translators.rules import Config
+from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule
+from nftpolicy.translators.rules import FAMILIES, Config
 
-from . import iptables
+from .iptables import IptablesBatch
 from .probes import ProbeSpec
 from .replay import disagreements
 from .sandbox import Sandbox, SandboxError
@@ -87,7 +87,7 @@ def involved_policies(cluster: Cluster, node: str, src: str, dst: str) -> tuple[
     return tuple(found)
 
 
-def _except_cancels_peer(rule) -> bool:
+def _except_cancels_peer(rule: PolicyRule) -> bool:
     blocks = [p.ip_block for p in rule.peers if p.ip_block is not None]
     return any(e == other.cidr for b in blocks for e in b.excepts for other in blocks if other is not b)
 
@@ -133,7 +133,7 @@ def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: 
         for key, policy in sorted(cluster.policies.items()):
             for direction, pod in (("ingress", b), ("egress", a)):
                 if pod and direction in policy.policy_types and _selects(policy, pod) \
-                        and any(_except_cancels_peer(rule) for rule in policy.rules(direction)):  # type: ignore[arg-type]
+                        and any(_except_cancels_peer(rule) for rule in policy.rules(direction)):
                     overlapping.append(key)
                     break
         if overlapping:
@@ -191,7 +191,7 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
     local = [p.key for p in pods if p.node == node]
     if not local:
         raise SandboxError(f"no running pod with an IP on node {node!r} in the manifests")
-    families: list[Family] = [f for f in ("ipv4", "ipv6") if f in dump.kept and any(p.addresses(f) for p in pods)]  # type: ignore[misc]
+    families: list[Family] = [f for f in FAMILIES if f in dump.kept and any(p.addresses(f) for p in pods)]
     if not families:
         raise SandboxError(f"no pod has an address of the dump's families ({', '.join(sorted(dump.kept)) or 'none'})")
     specs = probe_specs(cluster, extra, icmp)
@@ -201,7 +201,7 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
         theirs = stack.enter_context(Sandbox(pods, (node,), families, node_addresses, config, timeout, f"iptables-{loader}"))
         ours = stack.enter_context(Sandbox(pods, (node,), families, node_addresses, config, timeout, "nft"))
         restore = {family: dump.restore(family) for family in families}
-        iptables.load_text(theirs.node_netns(node), dump.ipset(), restore, loader)  # type: ignore[arg-type]
+        theirs.node_dataplane(node).run(IptablesBatch(dump.ipset(), restore, frozenset()))  # kube-router's, as saved
         ours.apply(cluster, nodes=[node])
         kube_router = theirs.probe(specs, families, pairs)
         nftpolicy = ours.probe(specs, families, pairs)

@@ -239,7 +239,7 @@ class ControlPlane:
         if not os.path.exists(self.ca_file):
             return False
         try:
-            return self.request("GET", "/readyz", raw=True) == "ok"
+            return bool(self.request("GET", "/readyz", raw=True) == "ok")
         except (ControlPlaneError, OSError, ssl.SSLError):
             return False
 
@@ -316,9 +316,8 @@ class ControlPlane:
         :data:`SANDBOX_IMAGE` (no kubelet pulls it). Raises ApiError with the API's reason.
         """
         kind, meta = str(obj.get("kind")), dict(obj.get("metadata") or {})
-        name, namespace = meta.get("name"), meta.get("namespace") if RESOURCES.get(kind, ("", "", False))[2] else None
-        if kind in RESOURCES and RESOURCES[kind][2]:
-            namespace = namespace or "default"
+        name: str = meta.get("name", "")
+        namespace: str | None = (meta.get("namespace") or "default") if RESOURCES.get(kind, ("", "", False))[2] else None
         body = {k: v for k, v in obj.items() if k != "status"}
         if kind == "Pod":
             body = _with_images(body)

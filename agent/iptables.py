@@ -64,7 +64,7 @@ def set_list(netns_name: str) -> list[str]:
     return run(netns_name, ["ipset", "list", "-n"]).split()
 
 
-def load_text(netns_name: str, ipset_text: str, restore: dict[Family, str], loader: Loader = "nft") -> None:
+def _load_text(netns_name: str, ipset_text: str, restore: dict[Family, str], loader: Loader) -> None:
     """Load ``ipset restore`` input, then each family's ``iptables-restore`` input (sets first:
     rules refer to them)."""
     if ipset_text.strip():
@@ -107,7 +107,7 @@ class IptablesDataplane:
     def run(self, batch: IptablesBatch) -> None:
         """Sets first (each swapped in atomically), then each family's filter table (one atomic
         table replace each), then destroy our sets that the new rules no longer name."""
-        load_text(self.netns, batch.ipset, batch.restore, self.loader)
+        _load_text(self.netns, batch.ipset, batch.restore, self.loader)
         for name in set_list(self.netns):
             if name.startswith(OUR_SET_PREFIXES) and name not in batch.sets:
                 run(self.netns, ["ipset", "destroy", name])

@@ -43,10 +43,18 @@ KUBE_ROUTER_SYNC_END = "sync iptables took"
 QUIET = 1.0  # seconds without a new kube-router sync before its rules count as settled
 
 
+def node_port_flag(config: Config) -> str:
+    """``LOW-HIGH`` of the node-port range, as both daemons take it; raises ValueError without
+    one (every node daemon exempts a node-port range)."""
+    if config.node_port_range is None:
+        raise ValueError("node daemons need a node-port range")
+    return "%d-%d" % config.node_port_range
+
+
 def config_flags(config: Config) -> list[str]:
     """``nftpolicy agent`` flags that give the agent ``config`` (the inverse of cli.config_from)."""
     flags = ["--table", config.table, "--priority", str(config.priority), "--policy-mark", hex(config.policy_mark),
-             "--passed-mark", hex(config.passed_mark), "--node-port-range", "%d-%d" % config.node_port_range]
+             "--passed-mark", hex(config.passed_mark), "--node-port-range", node_port_flag(config)]
     for cidr in config.service_cidrs:
         flags += ["--service-cidr", cidr]
     for cidr in config.external_cidrs:
@@ -257,7 +265,7 @@ class KubeRouters(NodeDaemons):
                                     f"--kubeconfig={self.control_plane.kubeconfig}",
                                     "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
                                     f"--service-cluster-ip-range={','.join(self.sandbox.config.service_cidrs)}",
-                                    "--service-node-port-range=%d-%d" % self.sandbox.config.node_port_range,
+                                    f"--service-node-port-range={node_port_flag(self.sandbox.config)}",
                                     "--health-port=0", "--metrics-port=0", "--v=1"],
                         env={"NODE_NAME": node.name})
 

@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import socket
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.model import Family, Pod, Protocol
@@ -117,7 +117,7 @@ class Prober:
             matrices.setdefault(key, {})[cell] = ok
         return matrices
 
-    def _socket(self, pod: str, family: int, kind: int, protocol: Protocol) -> socket.socket:
+    def _socket(self, pod: str, family: int, kind: int, protocol: str) -> socket.socket:
         with netns.entered(self.pod_netns[pod]):
             sock = socket.socket(family, kind, SOCKET_PROTO[protocol])
         sock.setblocking(False)
@@ -191,15 +191,15 @@ class Prober:
 class _Echo(asyncio.DatagramProtocol):
     """UDP server: send every datagram back."""
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
-    def datagram_received(self, data: bytes, addr) -> None:  # type: ignore[override]
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
         self.transport.sendto(data, addr)
 
 
 class _Hangup(asyncio.Protocol):
     """TCP/SCTP server: accept, then close (the accepted connection is the answer)."""
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.close()

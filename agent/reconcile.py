@@ -31,6 +31,7 @@ from .ops import Health, Metrics, gc_paused
 from .sources import Store
 
 log = logging.getLogger("nftpolicy.reconcile")
+Json = dict[str, Any]
 HEARTBEAT = 5.0
 MAX_RETRY_DELAY = 30.0
 
@@ -40,7 +41,7 @@ class Reconciler:
     (``dataplane`` takes libnftables JSON batches: the kernel's or the in-memory fake's)."""
 
     def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
-                 min_interval: float, resync_interval: float, dataplane: Dataplane[dict[str, Any]]) -> None:
+                 min_interval: float, resync_interval: float, dataplane: Dataplane[Json]) -> None:
         self.store, self.config, self.node = store, config, node
         self.metrics, self.health = metrics, health
         self.min_interval, self.resync_interval = min_interval, resync_interval
@@ -54,7 +55,7 @@ class Reconciler:
         chain is missing (a cheap look-up, done while idle)."""
         return self.renderer is not None and not self.dataplane.has_table()
 
-    def _full_batch(self) -> tuple[dict, float | None, NodeRenderer]:
+    def _full_batch(self) -> tuple[Json, float | None, NodeRenderer]:
         """Render the whole snapshot from scratch: the batch replaces the table."""
         cluster, since = self.store.take()
         with gc_paused():
@@ -62,7 +63,7 @@ class Reconciler:
             renderer.take_changes()  # the full replace carries everything
             return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model(ordered=False))), since, renderer
 
-    def _incremental_batch(self) -> tuple[dict | None, float | None]:
+    def _incremental_batch(self) -> tuple[Json | None, float | None]:
         """Feed the objects that changed to the renderer; the batch of what that changed (None:
         nothing in the table changes)."""
         assert self.renderer is not None
@@ -76,12 +77,13 @@ class Reconciler:
         """Commit the changes since the last sync (everything when ``full``); True when the
         kernel took them."""
         started = time.monotonic()
-        mode = "full" if full or self.renderer is None else "incremental"
-        if mode == "full":
+        batch: Json | None
+        if full or self.renderer is None:
+            mode = "full"
             batch, since, renderer = self._full_batch()
         else:
+            mode, renderer = "incremental", self.renderer
             batch, since = self._incremental_batch()
-            renderer = self.renderer  # type: ignore[assignment]
         if batch is None:
             if since is not None:
                 self.metrics.event_to_kernel.observe(time.monotonic() - since)

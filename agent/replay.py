@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Generator, Sequence
 
 from nftpolicy.translators.cases import Case, Matrix, case_manifests, differences
 from nftpolicy.translators.manifests import ManifestError, build_cluster
@@ -38,7 +38,7 @@ class StepResult:
 
 def replay(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: Sequence[Family] = ("ipv4",),
            config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft",
-           control_plane: ControlPlane | None = None, kube_router: str | None = None) -> Iterator[tuple[Sandbox, StepResult]]:
+           control_plane: ControlPlane | None = None, kube_router: str | None = None) -> Generator[tuple[Sandbox, StepResult], None, None]:
     """Replay conformance cases in one sandbox, in order, as a live sequence of steps.
 
     The pods of the first case are built once; each case's namespaces, labels and policies are
@@ -69,7 +69,7 @@ def disagreements(first: dict[tuple[ProbeSpec, Family], Matrix], other: dict[tup
 def replay_twins(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), families: Sequence[Family] = ("ipv4",),
                  config: Config = Config(), timeout: float = 1.0, dataplanes: Sequence[str] = ("nft", "iptables-nft"),
                  control_plane: ControlPlane | None = None, kube_router: str | None = None,
-                 ) -> Iterator[tuple[list[Sandbox], list[StepResult], list[list[Disagreement]]]]:
+                 ) -> Generator[tuple[list[Sandbox], list[StepResult], list[list[Disagreement]]], None, None]:
     """:func:`replay` on twin sandboxes, one per dataplane (same pods, same addresses).
 
     With ``control_plane``, every step is written to that API server once, and each twin's
@@ -126,7 +126,8 @@ def _step(sandbox: Sandbox, case: Case, families: Sequence[Family], objects: lis
     else:
         errors = api_errors
     results = sandbox.probe([ProbeSpec(p.port, p.protocol) for p in case.probes], families)
-    diffs, not_probed = [], []
+    diffs: list[tuple[ProbeSpec, Family, str, str, bool, bool | None]] = []
+    not_probed: list[tuple[ProbeSpec, Family]] = []
     for probe in case.probes:
         spec = ProbeSpec(probe.port, probe.protocol)
         for family in families:

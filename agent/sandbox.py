@@ -25,11 +25,11 @@ import ipaddress
 import itertools
 import secrets
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.manifests import ManifestError, object_ref
-from nftpolicy.translators.model import Cluster, Family, Pod
+from nftpolicy.translators.model import Cluster, Family, Pod, family_of
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
@@ -77,7 +77,7 @@ class Sandbox:
     """
 
     def __init__(self, pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
-                 families: Sequence[Family] = ("ipv4",), node_addresses: dict[str, Sequence[str]] | None = None,
+                 families: Sequence[Family] = ("ipv4",), node_addresses: Mapping[str, Sequence[str]] | None = None,
                  config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft") -> None:
         if dataplane not in DATAPLANES:
             raise SandboxError(f"unknown dataplane {dataplane!r} (one of {', '.join(DATAPLANES)})")
@@ -171,7 +171,7 @@ class Sandbox:
             commands = []
             for key, pod in self.pods.items():
                 for ip in pod.ips:
-                    family = "ipv6" if ":" in ip else "ipv4"
+                    family = family_of(ip)
                     if pod.node == node.name:
                         commands.append(f"route add {ip} dev {veth[key]} src {node.addresses[family]}")
                     else:

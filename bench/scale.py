@@ -244,11 +244,11 @@ def iptables_variant(cluster: Cluster, ns: str) -> dict[str, Any]:
     """Render and load of the iptables variant (the whole table, as each change costs)."""
     started = time.monotonic()
     model = NodeRenderer(NODE).load(cluster).model()
-    restore = iptables_render.to_restore(model, "ipv4")
-    sets = iptables_render.to_ipset(model, ("ipv4",))
+    dataplane = iptables.IptablesDataplane(ns, "nft", ("ipv4",))
+    batch = dataplane.batch(model)
     rendered = time.monotonic() - started
     started = time.monotonic()
-    iptables.load_text(ns, sets, {"ipv4": restore}, "nft")
+    dataplane.run(batch)
     return {"ipt_render_s": rendered, "ipt_load_s": time.monotonic() - started,
             "ipt_elements": sum(len(iptables_render.ipset_elements(s)) for s in model.sets if s.family == "ipv4")}
 

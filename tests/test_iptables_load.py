@@ -64,7 +64,7 @@ def test_a_failed_load_keeps_the_previous_rules(make_netns, loader):
     before = sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
     broken = render.to_restore(model, "ipv4").replace("COMMIT", "-A KUBE-ROUTER-INPUT -j NO-SUCH-CHAIN\nCOMMIT")
     with pytest.raises(iptables.IptablesError):
-        iptables.load_text(ns, "", {"ipv4": broken}, loader)
+        iptables.IptablesDataplane(ns, loader).run(iptables.IptablesBatch("", {"ipv4": broken}, frozenset()))
     after = sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
     strip = lambda text: [l for l in text.splitlines() if not l.startswith("#")]  # noqa: E731
     assert strip(after) == strip(before)
@@ -87,3 +87,18 @@ def test_cli_render_formats_load(make_netns, tmp_path):
         result = sh(ns, *command.split(), stdin=outputs[fmt])
         assert result.returncode == 0, (command, result.stderr)
     assert outputs["ipset"].count("swap ") == len(render.set_names(build_rule_model(example_cluster(), "node1")))
+
+
+@pytest.mark.parametrize("loader", iptables.LOADERS)
+def test_the_dataplane_says_whether_its_chains_are_there_and_removes_them(make_netns, loader):
+    ns = make_netns()
+    dataplane = iptables.IptablesDataplane(ns, loader)
+    assert not dataplane.has_table() and dataplane.missing_features() == []
+    dataplane.replace(build_rule_model(example_cluster(), "node1"))
+    assert dataplane.has_table()
+    sh(ns, "ipset", "create", "KUBE-SRC-NOT-OURS", "hash:ip")  # kube-router's name: never ours to remove
+    assert dataplane.remove()
+    assert not dataplane.has_table()
+    assert "KUBE-ROUTER" not in sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
+    assert iptables.set_list(ns) == ["KUBE-SRC-NOT-OURS"]
+    assert not dataplane.remove()

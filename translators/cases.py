@@ -113,7 +113,7 @@ def fill_placeholders(value: Any, address_of: Mapping[str, str]) -> Any:
     ``address_of`` maps ``ns/pod`` to the address to use. Raises CaseError for an unknown pod.
     """
     if isinstance(value, str):
-        def replace(m: re.Match) -> str:
+        def replace(m: re.Match[str]) -> str:
             key = f"{m.group(2)}/{m.group(3)}"
             if key not in address_of:
                 raise CaseError(f"placeholder {m.group(0)} names an unknown pod")

@@ -117,14 +117,17 @@ class _Printer:
 
     def build(self) -> "_Printer":
         chains = self.table.chains
-        pod_chains = {e.chain for m in self.maps.values() for e in m.elements}
         # Pod chains of pods without an address of this family are left out, and nothing jumps to them.
-        kept = [c for c in chains if not c.name.startswith("KUBE-POD-FW-") or c.name in pod_chains]
+        pod_chains = {e.chain for m in self.table.maps for e in m.elements}
+        ours = {e.chain for m in self.maps.values() for e in m.elements}
+        kept = [c for c in chains if c.name not in pod_chains or c.name in ours]
         for chain in sorted(kept, key=lambda c: c.hook is None):
             if len(chain.name) > CHAIN_NAME_MAX:
                 raise ValueError(f"chain name {chain.name!r} is longer than iptables' {CHAIN_NAME_MAX} characters")
             self.chains.append(chain.name)
-        for chain in (c for c in kept if c.hook):
+        for chain in kept:
+            if chain.hook is None:
+                continue
             self.rules.append(Rule(BUILTIN[chain.hook], ("-m", "comment", "--comment", _quote("nftpolicy: kube-router network policy"),
                                                          "-j", chain.name)))
         for chain in kept:

@@ -24,7 +24,7 @@ import functools
 import hashlib
 import ipaddress
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .model import Direction, Family, LabelSelector, Protocol
 
@@ -61,7 +61,7 @@ class AddressSet:
     name: str
     family: Family
     kind: Literal["addr", "interval", "named_port"]
-    elements: tuple
+    elements: tuple[Any, ...]
     comment: str
 
 
