@@ -1,0 +1,20 @@
+"""``nftpolicy agent``: the node agent (the flags checked here; the wiring is :mod:`nftpolicy.agent.daemon`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli import config_from
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from ..daemon import run_agent  # imports the Kubernetes client only for this command
+
+    if not args.node:
+        print("nftpolicy: --node (or $NODE_NAME) is required", file=sys.stderr)
+        return 2
+    if args.kubeconfig and args.manifests:
+        print("nftpolicy: --kubeconfig and --manifests exclude each other", file=sys.stderr)
+        return 2
+    return run_agent(args, config_from(args))

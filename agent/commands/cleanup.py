@@ -1,0 +1,13 @@
+"""``nftpolicy cleanup``: delete our table, and nothing else."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..nftables import remove_table
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    removed = remove_table(args.table, args.netns)
+    print(f"removed table inet {args.table}" if removed else f"no table inet {args.table}")
+    return 0
