@@ -12,7 +12,9 @@ from nftpolicy.translators.rules import Config
 
 from . import netns
 from .nftables import missing_features
-from .ops import Health, Metrics, serve_http, setup_logging
+from .health import Health, serve_http
+from .logs import setup_logging
+from .metrics import Metrics
 from .reconcile import HEARTBEAT, Reconciler
 from .sources import KubeSource, ManifestsSource, Store
 

@@ -28,7 +28,9 @@ from nftpolicy.translators.rules import Config
 
 from . import netns
 from .nftables import NftError, release_memory, run_json
-from .ops import Health, Metrics, gc_paused
+from .health import Health
+from .memory import gc_paused
+from .metrics import Metrics
 from .sources import Store
 
 log = logging.getLogger("nftpolicy.reconcile")

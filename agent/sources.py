@@ -39,7 +39,8 @@ from nftpolicy.translators.manifests import (
 from nftpolicy.translators.model import Cluster
 
 from .manifests import manifest_files, read_objects
-from .ops import Metrics, gc_paused
+from .memory import gc_paused
+from .metrics import Metrics
 
 log = logging.getLogger("nftpolicy.sources")
 

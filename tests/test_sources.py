@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from nftpolicy.agent.ops import Metrics
+from nftpolicy.agent.metrics import Metrics
 from nftpolicy.agent.sources import KubeSource, ManifestsSource, Store
 
 from .fakeapi import FakeApiServer, namespace, node, pod
@@ -233,7 +233,7 @@ def test_manifests_directory_is_reread_on_change(tmp_path):
 def test_health_server_on_ipv4_and_ipv6(address):
     import urllib.request
 
-    from nftpolicy.agent.ops import Health, serve_http
+    from nftpolicy.agent.health import Health, serve_http
 
     health = Health(window=60)
     server = serve_http(address, Metrics(), health)

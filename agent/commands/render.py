@@ -12,7 +12,7 @@ from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import RuleModel
 
 from ..cli import config_from
-from ..ops import gc_paused
+from ..memory import gc_paused
 from . import load_manifests
 
 
