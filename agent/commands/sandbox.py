@@ -17,7 +17,7 @@ from nftpolicy.translators.model import Cluster, Family
 from nftpolicy.translators.rules import Config
 
 from ..cli import DATAPLANE_CHOICES, UsageError, config_from
-from ..compare import explain
+from ..compare import explain, verdict
 from ..controlplane import ControlPlane, find_binary
 from ..manifests import manifest_files, read_objects
 from ..sandbox import Disagreement, ProbeSpec, Sandbox, disagreements, replay_twins, start_daemons
@@ -58,12 +58,8 @@ def _print_disagreements(label: str, dataplanes: tuple[str, ...], cells: list[Di
     for spec, family, src, dst, a, b in cells:
         why = explain(cluster, spec, src, dst, b, a) if dataplanes[1] == "kube-router" else None
         print(f"DISAGREE {label}{spec.protocol}/{spec.port} {family} {src} -> {dst}: "
-              f"{dataplanes[0]} {_verdict(a)}, {dataplanes[1]} {_verdict(b)}" + (f" ({why})" if why else ""))
+              f"{dataplanes[0]} {verdict(a)}, {dataplanes[1]} {verdict(b)}" + (f" ({why})" if why else ""))
     return len(cells)
-
-
-def _verdict(value: bool | None) -> str:
-    return "not probed" if value is None else "allowed" if value else "blocked"
 
 
 def _sandbox_control_plane(args: argparse.Namespace, dataplanes: tuple[str, ...]) -> bool:
