@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import ipaddress
+import math
 import os
 import re
 import sys
+from typing import Any, Callable, NoReturn
 from importlib.metadata import version
 
 from nftpolicy.translators.cases import CaseError
@@ -18,7 +20,7 @@ from nftpolicy.translators.rules import Config
 
 from .controlplane import ControlPlaneError
 from .iptables import IptablesError
-from .netns import NetnsError
+from .netns import NETNS_DIR, NetnsError
 from .nftables import NftError
 from .sandbox import ProbeSpec, SandboxError
 
@@ -35,27 +37,62 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
 
 
-class EnvDefaults(argparse.ArgumentParser):
-    """An ArgumentParser whose options take their default from ``NFTPOLICY_<FLAG>`` when set
-    (so every flag can be given by the Helm chart as an environment variable). Repeatable flags
-    read a comma-separated list; boolean flags read ``true``/``false``."""
+BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 
-    def add_argument(self, *names, **kwargs):  # type: ignore[override]
-        flag = next((n for n in names if n.startswith("--")), None)
-        if flag and flag not in ("--help", "--version"):
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose mistakes are one line on stderr and exit 2, and whose options take
+    their default from ``NFTPOLICY_<FLAG>`` when it is set (so every flag can be given by the
+    Helm chart as an environment variable). Repeatable flags read a comma-separated list; boolean
+    flags read ``true``/``false`` (also ``1``/``0``, ``yes``/``no``). A bad environment value is
+    refused as a bad flag is, naming the variable:
+    ``nftpolicy: --min-sync-interval: must be >= 0 seconds, got -1 (from NFTPOLICY_MIN_SYNC_INTERVAL)``.
+    The environment is read when the arguments are parsed; a flag on the command line wins."""
+
+    def error(self, message: str) -> NoReturn:  # argparse's "usage: ..." block, then the message
+        message = re.sub(r"^argument ([^:]*?)(/\S+)?: ", r"\1: ", message)  # "argument --x/-x: " -> "--x: "
+        flag_named = message.startswith("-")
+        hint = "" if flag_named else f" (see '{self.prog} --help')"
+        self.exit(2, f"nftpolicy: {message}{hint}\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # named with the command's own --help
+            command = getattr(parsed, "command", None)
+            self.prog = f"{self.prog} {command}" if command else self.prog
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        for action in self._actions:
+            flag = next((o for o in action.option_strings if o.startswith("--")), None)
+            if flag is None or action.dest in ("help", "version"):
+                continue
             env = env_name(flag)
-            kwargs["help"] = (kwargs.get("help") or "") + f" [env {env}]"
+            if action.help is not argparse.SUPPRESS and f"[env {env}]" not in (action.help or ""):
+                action.help = (action.help or "") + f" [env {env}]"
             if env in os.environ:
-                raw = os.environ[env]
-                convert = kwargs.get("type") or str
-                if kwargs.get("action") == "append":
-                    kwargs["default"] = [convert(v) for v in raw.split(",") if v]
-                elif kwargs.get("action") == "store_true":
-                    kwargs["default"] = raw.lower() in ("1", "true", "yes")
-                else:
-                    kwargs["default"] = convert(raw)
-                kwargs.pop("required", None)
-        return super().add_argument(*names, **kwargs)
+                action.default = self._from_env(action, flag, env, os.environ[env])
+                action.required = False
+        return super().parse_known_args(args, namespace)
+
+    def _from_env(self, action: argparse.Action, flag: str, env: str, raw: str) -> Any:
+        """The value of ``flag`` given as ``raw`` in variable ``env``; a bad one ends the command."""
+        try:
+            if action.nargs == 0:  # store_true
+                if raw.strip().lower() not in BOOLEANS:
+                    raise argparse.ArgumentTypeError(f"expected true or false, got {raw!r}")
+                return BOOLEANS[raw.strip().lower()]
+            values = [v.strip() for v in raw.split(",") if v.strip()] if isinstance(action, argparse._AppendAction) else [raw]
+            converted = []
+            for value in values:
+                if action.choices is not None and value not in action.choices:
+                    raise argparse.ArgumentTypeError(
+                        f"invalid choice: {value!r} (choose from {', '.join(map(repr, action.choices))})")
+                converted.append(action.type(value) if action.type else value)
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            self.error(f"{flag}: {exc} (from {env})")
+        return converted if isinstance(action, argparse._AppendAction) else converted[0]
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -65,7 +102,7 @@ def _port_range(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid port range {text!r} (expected LOW-HIGH)") from None
     if not 1 <= first <= last <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid port range {text!r}")
+        raise argparse.ArgumentTypeError(f"invalid port range {text!r} (expected LOW-HIGH, 1 <= LOW <= HIGH <= 65535)")
     return first, last
 
 
@@ -80,17 +117,36 @@ def _bad_cidr(text: str) -> str:
     raise argparse.ArgumentTypeError(f"invalid CIDR {text!r} (expected ADDRESS/PREFIX)")
 
 
-def _seconds(minimum: float, inclusive: bool = True):
+def _seconds(minimum: float, inclusive: bool = True) -> Callable[[str], float]:
     """An argparse type: a number of seconds >= minimum (> minimum when not inclusive)."""
-    def parse(text: str) -> float:
+    def seconds(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
-        if value < minimum or (not inclusive and value == minimum):
+        if not math.isfinite(value) or value < minimum or (not inclusive and value == minimum):
             raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum:g} seconds, got {text}")
         return value
-    return parse
+    return seconds
+
+
+def _whole_seconds(text: str) -> int:
+    """A whole number of seconds, at least 1 (the API's ``timeoutSeconds``)."""
+    value = _seconds(1)(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds, got {text}")
+    return int(value)
+
+
+def _priority(text: str) -> int:
+    """A base chain priority: a signed 32-bit integer (decimal or 0x...)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid priority {text!r} (expected an integer)") from None
+    if not -2**31 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"must be a signed 32-bit integer, got {text}")
+    return value
 
 
 def _table(text: str) -> str:
@@ -103,17 +159,63 @@ def _mark(text: str) -> int:
     try:
         value = int(text, 0)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid mark {text!r}") from None
+        raise argparse.ArgumentTypeError(f"invalid mark {text!r} (expected one bit, as 0x... or a decimal number)") from None
     if value <= 0 or value & (value - 1) or value > 0x80000000:
-        raise argparse.ArgumentTypeError(f"a mark must be one bit, got {text}")
+        raise argparse.ArgumentTypeError(f"a mark must be one bit of 32, got {text}")
     return value
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _http_address(text: str) -> str:
+    """``HOST:PORT``: HOST an IPv4 address, ``[IPv6]``, a host name or empty (every address),
+    PORT 0 to 65535 (0: any free port)."""
+    host, colon, port = text.rpartition(":")
+    expected = "expected HOST:PORT, HOST an IPv4 address, [IPv6 address], a name or empty"
+    if not colon or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid address {text!r} ({expected})")
+    if int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {port} in {text!r} (0 to 65535)")
+    if host.startswith("["):
+        try:
+            if not host.endswith("]") or ipaddress.ip_address(host[1:-1]).version != 6:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid IPv6 address {host} in {text!r} ({expected})") from None
+    elif host and not _HOST_NAME.fullmatch(host):
+        raise argparse.ArgumentTypeError(f"invalid host {host!r} in {text!r} ({expected})")
+    elif host and re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid IPv4 address {host!r} in {text!r}") from None
+    return text
+
+
+def _existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
+def _existing_directory(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"no such directory: {text}")
+    return text
+
+
+def _existing_netns(text: str) -> str:
+    if "/" in text or not os.path.exists(os.path.join(NETNS_DIR, text)):
+        raise argparse.ArgumentTypeError(f"no network namespace {text!r} (see 'ip netns list')")
+    return text
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`."""
     defaults = Config()
     parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
-    parser.add_argument("--priority", type=lambda t: int(t, 0), default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
+    parser.add_argument("--priority", type=_priority, default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
     parser.add_argument("--policy-mark", type=_mark, default=defaults.policy_mark, help="mark bit set by an allowing policy (default 0x10000)")
     parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
@@ -153,9 +255,10 @@ def _probe_spec(text: str) -> ProbeSpec:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    top = argparse.ArgumentParser(prog="nftpolicy", description="Kubernetes NetworkPolicy on nftables, in kube-router's chain topology.")
+    top = Parser(prog="nftpolicy", description="Kubernetes NetworkPolicy on nftables, in kube-router's chain topology.",
+                 epilog=EXIT_CODES)
     top.add_argument("--version", action="version", version=f"nftpolicy {version('nftpolicy')}")
-    sub = top.add_subparsers(dest="command", required=True, parser_class=EnvDefaults)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     render = sub.add_parser("render", help="print the ruleset for one node's pods")
     render.add_argument("paths", nargs="+", metavar="PATH", help="manifest files or directories, '-' for stdin")
@@ -173,7 +276,7 @@ def parser() -> argparse.ArgumentParser:
     stack = sandbox.add_mutually_exclusive_group()
     stack.add_argument("--dual-stack", action="store_true", help="allocate IPv4 and IPv6 addresses and probe both")
     stack.add_argument("--ipv6", action="store_true", help="allocate IPv6 addresses only")
-    sandbox.add_argument("--timeout", type=float, default=1.0, help="seconds per probe (default %(default)s)")
+    sandbox.add_argument("--timeout", type=_seconds(0, inclusive=False), default=1.0, help="seconds per probe (default %(default)s)")
     sandbox.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
     sandbox.add_argument("--dataplane", choices=tuple(DATAPLANE_CHOICES), default="nft",
                          help="nft ruleset, the iptables variant, the real kube-router (implies --control-plane), or two in twin "
@@ -197,31 +300,39 @@ def parser() -> argparse.ArgumentParser:
     cmp.add_argument("--port", action="append", type=_probe_spec, metavar="[PROTO/]PORT",
                      help="also probe this port (repeatable; container ports and policy ports are always probed)")
     cmp.add_argument("--icmp", action="store_true", help="also probe ICMP echo (kube-router always allows it: a deliberate difference)")
-    cmp.add_argument("--timeout", type=float, default=1.0, help="seconds per probe (default %(default)s)")
+    cmp.add_argument("--timeout", type=_seconds(0, inclusive=False), default=1.0, help="seconds per probe (default %(default)s)")
     cmp.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
     add_config_arguments(cmp)
 
     agent = sub.add_parser("agent", help="the node agent: reconcile our nftables table from the Kubernetes API (or a manifests directory)")
-    agent.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
-    agent.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
+    agent.add_argument("--kubeconfig", type=_existing_file, help="kubeconfig file (default: in-cluster configuration)")
+    agent.add_argument("--manifests", metavar="DIR", type=_existing_directory, help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
     agent.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
     agent.add_argument("--min-sync-interval", type=_seconds(0), default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
     agent.add_argument("--resync-interval", type=_seconds(0, inclusive=False), default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
     agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
-    agent.add_argument("--watch-timeout", type=lambda t: int(_seconds(1)(t)), default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
-    agent.add_argument("--http-address", default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
+    agent.add_argument("--watch-timeout", type=_whole_seconds, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
+    agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
-    agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
+    agent.add_argument("--netns", type=_existing_netns, help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
     add_config_arguments(agent)
 
     cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")
     cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
-    cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
+    cleanup.add_argument("--netns", type=_existing_netns, help="inside this named network namespace (default: the current one)")
     return top
 
 
+EXIT_CODES = """exit codes: 0 success; 1 a difference was found (sandbox, compare), or the agent cannot run
+(a missing nftables feature, the HTTP address cannot be bound); 2 bad input: a flag or NFTPOLICY_*
+variable, a file that cannot be read, an invalid object with --strict; 130 interrupted (SIGINT),
+143 terminated (SIGTERM); 141 the reader of the output went away (| head)"""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``nftpolicy`` command; returns its exit code (:data:`EXIT_CODES`). Every mistake
+    the user can make ends as one ``nftpolicy: ...`` line on stderr."""
     args = parser().parse_args(argv)
     try:
         command = importlib.import_module(f"nftpolicy.agent.commands.{args.command}")
@@ -229,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nftpolicy: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader (``| head``) has gone: end quietly, and keep the interpreter's final flush
+        # of stdout from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (FileNotFoundError, CaseError, NftError, SandboxError, IptablesError, DumpError, NetnsError, UsageError,
             ControlPlaneError) as exc:
         print(f"nftpolicy: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import orjson
 import tenacity
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
@@ -220,6 +221,11 @@ def _retry_after(state: tenacity.RetryCallState) -> float | None:
     return None
 
 
+class SourceError(RuntimeError):
+    """The API source cannot start: the kubeconfig cannot be read, or there is no in-cluster
+    configuration (the message says which, on one line)."""
+
+
 class KubeSource:
     """List and watch Pods (all namespaces), Namespaces, NetworkPolicies and this Node.
 
@@ -230,10 +236,15 @@ class KubeSource:
     def __init__(self, store: Store, metrics: Metrics, node: str, kubeconfig: str | None,
                  api_timeout: float, watch_timeout: int, stop: threading.Event) -> None:
         configuration = k8s.Configuration()
-        if kubeconfig:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)
+        try:
+            if kubeconfig:
+                k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            else:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+        except (k8s_config.ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
+            reason = " ".join(str(exc).split())
+            raise SourceError(f"cannot read kubeconfig {kubeconfig}: {reason}" if kubeconfig else
+                              f"no in-cluster configuration ({reason}): outside a pod, give --kubeconfig") from None
         configuration.retries = False  # tenacity decides
         api = k8s.ApiClient(configuration)
         core, networking = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)

@@ -58,11 +58,11 @@ def test_duplicate_ip_dispatches_to_the_running_pod():
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--service-cidr", "foo"], "argument --service-cidr: invalid CIDR 'foo'"),
-    (["--external-cidr", "::1/200"], "argument --external-cidr: invalid CIDR '::1/200'"),
-    (["--table", "a;b"], "argument --table: invalid table name 'a;b'"),
+    (["--service-cidr", "foo"], "nftpolicy: --service-cidr: invalid CIDR 'foo'"),
+    (["--external-cidr", "::1/200"], "nftpolicy: --external-cidr: invalid CIDR '::1/200'"),
+    (["--table", "a;b"], "nftpolicy: --table: invalid table name 'a;b'"),
     (["--policy-mark", "0x20000"], "--policy-mark and --passed-mark must differ (both 0x20000)"),
-    (["--policy-mark", "0x3"], "a mark must be one bit, got 0x3"),
+    (["--policy-mark", "0x3"], "a mark must be one bit of 32, got 0x3"),
 ])
 def test_bad_flags_are_refused_with_one_line(flags, message):
     out = run("render", *flags, str(REPO / "examples" / "shop"))

@@ -10,6 +10,7 @@ from ..cli import config_from
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from ..daemon import run_agent  # imports the Kubernetes client only for this command
+    from ..sources import SourceError
 
     if not args.node:
         print("nftpolicy: --node (or $NODE_NAME) is required", file=sys.stderr)
@@ -17,4 +18,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.kubeconfig and args.manifests:
         print("nftpolicy: --kubeconfig and --manifests exclude each other", file=sys.stderr)
         return 2
-    return run_agent(args, config_from(args))
+    try:
+        return run_agent(args, config_from(args))
+    except SourceError as exc:
+        print(f"nftpolicy: {exc}", file=sys.stderr)
+        return 2
