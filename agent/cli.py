@@ -193,22 +193,18 @@ def _http_address(text: str) -> str:
     return text
 
 
-def _existing_file(text: str) -> str:
-    if not os.path.isfile(text):
-        raise argparse.ArgumentTypeError(f"no such file: {text}")
-    return text
-
-
-def _existing_directory(text: str) -> str:
-    if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"no such directory: {text}")
-    return text
-
-
-def _existing_netns(text: str) -> str:
-    if "/" in text or not os.path.exists(os.path.join(NETNS_DIR, text)):
-        raise argparse.ArgumentTypeError(f"no network namespace {text!r} (see 'ip netns list')")
-    return text
+def check_exists(flag: str, value: str | None) -> None:
+    """Raise UsageError when the file (``--kubeconfig``), directory (``--manifests``) or named
+    network namespace (``--netns``) given to ``flag`` is not there (checked when the command
+    runs, not when it parses: the chart's paths exist only in its container)."""
+    if not value:
+        return
+    what, exists = {"--kubeconfig": ("no such file", os.path.isfile), "--manifests": ("no such directory", os.path.isdir),
+                    "--netns": ("no such network namespace (see 'ip netns list')",
+                                lambda name: "/" not in name and os.path.exists(os.path.join(NETNS_DIR, name)))}[flag]
+    if not exists(value):
+        env = env_name(flag)
+        raise UsageError(f"{flag}: {what}: {value}" + (f" (from {env})" if os.environ.get(env) == value else ""))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -305,8 +301,8 @@ def parser() -> argparse.ArgumentParser:
     add_config_arguments(cmp)
 
     agent = sub.add_parser("agent", help="the node agent: reconcile our nftables table from the Kubernetes API (or a manifests directory)")
-    agent.add_argument("--kubeconfig", type=_existing_file, help="kubeconfig file (default: in-cluster configuration)")
-    agent.add_argument("--manifests", metavar="DIR", type=_existing_directory, help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
+    agent.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    agent.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
     agent.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
     agent.add_argument("--min-sync-interval", type=_seconds(0), default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
     agent.add_argument("--resync-interval", type=_seconds(0, inclusive=False), default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
@@ -315,12 +311,12 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
-    agent.add_argument("--netns", type=_existing_netns, help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
+    agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
     add_config_arguments(agent)
 
     cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")
     cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
-    cleanup.add_argument("--netns", type=_existing_netns, help="inside this named network namespace (default: the current one)")
+    cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
     return top
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -121,3 +122,18 @@ def test_render_shows_progress_only_on_a_terminal(monkeypatch, capsys, terminal)
         assert text.endswith("\r\033[K")
     else:
         assert text == ""
+
+
+@pytest.mark.kernel
+def test_sandbox_into_a_closed_pipe_ends_quietly_and_cleans_up():
+    """``nftpolicy sandbox ... | head``: no BrokenPipeError traceback, exit 141, no namespace left."""
+    before = set(netns.existing(OURS))
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([NFTPOLICY, "sandbox", str(REPO / "examples" / "shop")], stdout=write, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (out.returncode, out.stderr) == (141, "")
+    assert set(netns.existing(OURS)) == before

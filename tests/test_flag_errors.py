@@ -5,6 +5,7 @@ traceback, never argparse's usage block."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 
 import pytest
@@ -33,9 +34,6 @@ BAD = [
     ("agent", "--http-address", "300.1.2.3:80", "invalid IPv4 address '300.1.2.3' in '300.1.2.3:80'"),
     ("agent", "--http-address", "[10.0.0.1]:80",
      "invalid IPv6 address [10.0.0.1] in '[10.0.0.1]:80' (expected HOST:PORT, HOST an IPv4 address, [IPv6 address], a name or empty)"),
-    ("agent", "--kubeconfig", "/no/such/kubeconfig", "no such file: /no/such/kubeconfig"),
-    ("agent", "--manifests", "/no/such/dir", "no such directory: /no/such/dir"),
-    ("agent", "--netns", "nftp-no-such-namespace", "no network namespace 'nftp-no-such-namespace' (see 'ip netns list')"),
     ("agent", "--log-format", "xml", "invalid choice: 'xml' (choose from 'text', 'json')"),
     ("agent", "--priority", "filter", "invalid priority 'filter' (expected an integer)"),
     ("agent", "--priority", "0x80000000", "must be a signed 32-bit integer, got 0x80000000"),
@@ -66,7 +64,7 @@ def exit_of(argv: list[str], capsys) -> tuple[int, list[str]]:
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in [n for n in __import__("os").environ if n.startswith(cli.ENV_PREFIX)]:
+    for name in [n for n in os.environ if n.startswith(cli.ENV_PREFIX)]:
         monkeypatch.delenv(name)
     return monkeypatch
 
@@ -136,6 +134,22 @@ def test_a_bad_environment_value_ends_the_real_command_with_one_line():
     assert (out.returncode, out.stderr) == (2, "nftpolicy: --min-sync-interval: must be >= 0 seconds, got -1 (from NFTPOLICY_MIN_SYNC_INTERVAL)\n")
 
 
+@pytest.mark.parametrize(("command", "flag", "value", "message"), [
+    ("agent", "--kubeconfig", "/no/such/kubeconfig", "no such file: /no/such/kubeconfig"),
+    ("agent", "--manifests", "/no/such/dir", "no such directory: /no/such/dir"),
+    ("agent", "--netns", "nftp-no-such-namespace", "no such network namespace (see 'ip netns list'): nftp-no-such-namespace"),
+    ("cleanup", "--netns", "nftp-no-such-namespace", "no such network namespace (see 'ip netns list'): nftp-no-such-namespace"),
+])
+def test_a_missing_path_is_one_line_from_the_command_line_and_from_the_environment(command, flag, value, message):
+    """Checked when the command runs (the chart's paths exist only in its container)."""
+    base = {"PATH": "/usr/bin:/bin"}
+    argv = [NFTPOLICY, command, *REST[command], "--http-address", "127.0.0.1:0"][: None if command == "agent" else 2]
+    given = subprocess.run([*argv, flag, value], capture_output=True, text=True, env=base, timeout=60)
+    assert (given.returncode, given.stderr) == (2, f"nftpolicy: {flag}: {message}\n")
+    from_env = subprocess.run(argv, capture_output=True, text=True, env=base | {cli.env_name(flag): value}, timeout=60)
+    assert (from_env.returncode, from_env.stderr) == (2, f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})\n")
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("x: 1\n", "nftpolicy: cannot read kubeconfig {path}: Invalid kube-config file. Expected key current-context in {path}"),
     ("clusters: [\n", "nftpolicy: cannot read kubeconfig {path}: while parsing a flow node expected the node content, "
@@ -168,3 +182,15 @@ def test_a_binary_dump_given_to_compare_is_one_line(tmp_path, flag):
     out = run("compare", "--node", "node1", *[a for f, p in files.items() for a in (f, p)], SHOP)
     what = "iptables-save" if flag == "--iptables-save" else "ipset save"
     assert (out.returncode, out.stderr) == (2, f"nftpolicy: {flag} {binary}: not a text dump (not UTF-8 at byte 1); give the output of {what}\n")
+
+
+def test_render_into_a_closed_pipe_ends_quietly():
+    """``nftpolicy render ... | head``: the reader goes away; no BrokenPipeError traceback, exit 141
+    (what a process killed by SIGPIPE reports)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        out = subprocess.run([NFTPOLICY, "render", SHOP], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (out.returncode, out.stderr) == (141, "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import config_from
+from ..cli import check_exists, config_from
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -18,6 +18,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.kubeconfig and args.manifests:
         print("nftpolicy: --kubeconfig and --manifests exclude each other", file=sys.stderr)
         return 2
+    for flag in ("--kubeconfig", "--manifests", "--netns"):
+        check_exists(flag, getattr(args, flag[2:]))
     try:
         return run_agent(args, config_from(args))
     except SourceError as exc:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from ..cli import check_exists
 from ..nftables import remove_table
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    check_exists("--netns", args.netns)
     removed = remove_table(args.table, args.netns)
     print(f"removed table inet {args.table}" if removed else f"no table inet {args.table}")
     return 0
