@@ -26,6 +26,10 @@ class Metrics:
                                          registry=r, buckets=LATENCY_BUCKETS)
         self.api_errors = Counter("nftpolicy_api_errors", "Kubernetes API errors, by kind and reason.", ["kind", "reason"], registry=r)
         self.api_retries = Counter("nftpolicy_api_retries", "Kubernetes API retries after backoff, by kind and reason.", ["kind", "reason"], registry=r)
+        self.watch_seconds_since_success = Gauge(
+            "nftpolicy_watch_seconds_since_success",
+            "Seconds since the last successful API response for a kind (0 while its watch is open): alert when it grows.",
+            ["kind"], registry=r)
         self.watched_objects = Gauge("nftpolicy_watched_objects", "Objects held in memory, by kind.", ["kind"], registry=r)
         self.invalid_objects = Gauge("nftpolicy_invalid_objects", "Objects that failed validation (skipped, or failing closed for policies).",
                                      ["kind"], registry=r)

@@ -49,7 +49,13 @@ KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
 CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
 }
-MAX_BACKOFF = 30.0
+MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that end at once, and after a 4xx
+# Retries of a failing request (5xx, connection errors, timeouts): exponential from 0.2 s, capped at
+# RETRY_CAP, plus up to RETRY_JITTER of random delay, so that nodes do not retry in step. The cap keeps
+# the agent quick to notice an API server that is back (the first change after a 60 s outage lands
+# within 5 s), while a faulty server still gets at most one request per kind and node every 3-4 s.
+RETRY_CAP = 3.0
+RETRY_JITTER = 1.0
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
 
@@ -257,6 +263,19 @@ class KubeSource:
         self.store, self.metrics, self.stop = store, metrics, stop
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
+        # Per kind: when a request last succeeded (monotonic; the start until the first), and
+        # whether a watch stream is open now (it counts as succeeding while it lasts).
+        self._succeeded = {kind: time.monotonic() for kind in self.calls}
+        self._streaming: set[str] = set()
+        for kind in self.calls:
+            metrics.watch_seconds_since_success.labels(kind).set_function(lambda kind=kind: self.seconds_failing(kind))
+
+    def seconds_failing(self, kind: str) -> float:
+        """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
+        return 0.0 if kind in self._streaming else time.monotonic() - self._succeeded[kind]
+
+    def _success(self, kind: str) -> None:
+        self._succeeded[kind] = time.monotonic()
 
     def start(self) -> list[threading.Thread]:
         """Start one daemon thread per kind; they run until ``stop`` is set."""
@@ -266,7 +285,7 @@ class KubeSource:
         return threads
 
     def _retrying(self, kind: str) -> tenacity.Retrying:
-        backoff = tenacity.wait_exponential_jitter(multiplier=0.2, max=MAX_BACKOFF)
+        backoff = tenacity.wait_exponential(multiplier=0.2, max=RETRY_CAP) + tenacity.wait_random(0, RETRY_JITTER)
 
         def wait(state: tenacity.RetryCallState) -> float:
             return _retry_after(state) or backoff(state)
@@ -329,6 +348,7 @@ class KubeSource:
                     if exc.status == 410 and token:  # the continue token expired: list again now
                         raise RelistNeeded("the list's continue token expired") from None
                     raise
+                self._success(kind)
                 body = orjson.loads(response.data)
                 meta = body.get("metadata") or {}
                 pages["count"] += 1
@@ -353,6 +373,8 @@ class KubeSource:
             if exc.status == 410:
                 raise RelistNeeded(f"resourceVersion {version} is gone") from None
             raise
+        self._success(kind)
+        self._streaming.add(kind)
         try:
             for line in iter_resp_lines(response):
                 if self.stop.is_set():
@@ -366,6 +388,8 @@ class KubeSource:
                     self.store.apply(kind, kind_of_event, obj)
                 self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
         finally:
+            self._streaming.discard(kind)
+            self._success(kind)  # the stream lasted until now
             response.release_conn()
 
 
