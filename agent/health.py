@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -23,6 +24,8 @@ class Health:
         self.window = window
         self.ready = False
         self._tick = time.monotonic()
+        self.unlisted: Callable[[], list[str]] = list  # the kinds not listed yet (the store's)
+        self.sync_failure: str | None = None  # why the last sync failed (None: it did not)
 
     def beat(self) -> None:
         """Called by the reconcile loop on every iteration."""
@@ -31,6 +34,17 @@ class Health:
     def alive(self) -> bool:
         """True when the loop ticked recently."""
         return time.monotonic() - self._tick < self.window
+
+    def not_ready(self) -> list[str]:
+        """Why the agent is not ready, one reason a line (empty when it is): the kinds not
+        listed yet, no sync committed yet, and how the last sync failed."""
+        if self.ready:
+            return []
+        reasons = []
+        if unlisted := self.unlisted():
+            reasons.append(f"not listed yet: {', '.join(unlisted)}")
+        reasons.append("no sync committed yet" + (f"; the last one failed: {self.sync_failure}" if self.sync_failure else ""))
+        return reasons
 
 
 def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
@@ -50,7 +64,8 @@ def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPS
                 ok = health.alive()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"reconcile loop stalled\n")
             elif self.path == "/readyz":
-                self._reply(200 if health.ready else 503, b"ok\n" if health.ready else b"not ready\n")
+                reasons = health.not_ready()
+                self._reply(503 if reasons else 200, "".join(f"not ready: {r}\n" for r in reasons).encode() or b"ok\n")
             else:
                 self._reply(404, b"not found\n")
 

@@ -144,6 +144,11 @@ class Store:
         with self._lock:
             return self._objects[kind].get(key)
 
+    def unlisted(self) -> list[str]:
+        """The kinds not listed yet, in :data:`KINDS` order."""
+        with self._lock:
+            return [kind for kind in KINDS if kind not in self._listed]
+
     def listed(self, kinds: tuple[str, ...] = KINDS) -> bool:
         """True once every kind in ``kinds`` has been listed."""
         with self._lock:
