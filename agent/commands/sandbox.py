@@ -21,6 +21,7 @@ from ..compare import explain, verdict
 from ..controlplane import ControlPlane, find_binary
 from ..manifests import manifest_files, read_objects
 from ..sandbox import Disagreement, ProbeSpec, Sandbox, disagreements, replay_twins, start_daemons
+from . import cluster_warnings, warn
 from . import report_skipped as _report_skipped
 
 
@@ -103,9 +104,15 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
     objects, unreadable = read_objects(args.paths)
     cluster, invalid = build_cluster(objects)
     _report_skipped(unreadable + ([] if control_plane else invalid), args.strict)
+    warn(cluster_warnings(cluster, args.paths, []), args.strict)
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     sandboxes = [stack.enter_context(Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d))
                  for d in dataplanes]
+    warnings = [f"no pod runs on node {node} (--node): every pod has another spec.nodeName"
+                for node in args.node or () if node not in sandboxes[0].nodes]
+    warnings += [f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses their manifests give)"
+                 for family in families if not any(pod.addresses(family) for pod in sandboxes[0].pods.values())]
+    warn(warnings, args.strict)
     if control_plane is None:
         for sandbox in sandboxes:
             sandbox.apply(cluster)
@@ -116,10 +123,6 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
     specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
                    key=lambda s: (s.port, s.protocol))
     results = [sandbox.probe(specs, families) for sandbox in sandboxes]
-    for family in families:
-        if not any(pod.addresses(family) for pod in sandboxes[0].pods.values()):
-            print(f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses "
-                  f"their manifests give)", file=sys.stderr)
     if len(dataplanes) > 1:
         print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
     _print_matrices(sandboxes[0], results[0])
