@@ -137,3 +137,22 @@ def test_sandbox_into_a_closed_pipe_ends_quietly_and_cleans_up():
         os.close(write)
     assert (out.returncode, out.stderr) == (141, "")
     assert set(netns.existing(OURS)) == before
+
+
+def test_the_safety_net_matches_only_this_runs_namespaces(monkeypatch):
+    """conftest's safety net deletes leftovers named nftp-<RUN_TAG>...: a sandbox that an operator
+    (no tag: its run id is hex only) or another test run (another tag) has open never matches."""
+    from nftpolicy.agent.sandbox import Sandbox
+
+    from .conftest import RUN_TAG
+
+    assert OURS == f"nftp-{RUN_TAG}" and RUN_TAG[0] not in "0123456789abcdef"
+    ours = Sandbox([])
+    monkeypatch.delenv(netns.RUN_TAG_ENV)
+    operators = Sandbox([])
+    monkeypatch.setenv(netns.RUN_TAG_ENV, "t" + ("0000" if RUN_TAG != "t0000" else "0001"))
+    other_run = Sandbox([])
+    for sandbox in (ours, operators, other_run):
+        sandbox.loop.close()  # never entered: no namespace was made
+    assert ours.prefix.startswith(OURS)
+    assert not operators.prefix.startswith(OURS) and not other_run.prefix.startswith(OURS)
