@@ -40,6 +40,19 @@ def env_name(flag: str) -> str:
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 
 
+class _FromEnvironment(list):
+    """The list a repeatable flag got from its variable: the first use on the command line replaces it."""
+
+
+class _Append(argparse._AppendAction):
+    """``action="append"``, where the command line replaces a list from the environment."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        if isinstance(getattr(namespace, self.dest, None), _FromEnvironment):
+            setattr(namespace, self.dest, [])
+        super().__call__(parser, namespace, values, option_string)
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose mistakes are one line on stderr and exit 2, and whose options take
     their default from ``NFTPOLICY_<FLAG>`` when it is set (so every flag can be given by the
@@ -48,6 +61,10 @@ class Parser(argparse.ArgumentParser):
     refused as a bad flag is, naming the variable:
     ``nftpolicy: --min-sync-interval: must be >= 0 seconds, got -1 (from NFTPOLICY_MIN_SYNC_INTERVAL)``.
     The environment is read when the arguments are parsed; a flag on the command line wins."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "append", _Append)
 
     def error(self, message: str) -> NoReturn:  # argparse's "usage: ..." block, then the message
         message = re.sub(r"^argument ([^:]*?)(/\S+)?: ", r"\1: ", message)  # "argument --x/-x: " -> "--x: "
@@ -92,7 +109,7 @@ class Parser(argparse.ArgumentParser):
                 converted.append(action.type(value) if action.type else value)
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
             self.error(f"{flag}: {exc} (from {env})")
-        return converted if isinstance(action, argparse._AppendAction) else converted[0]
+        return _FromEnvironment(converted) if isinstance(action, argparse._AppendAction) else converted[0]
 
 
 def _port_range(text: str) -> tuple[int, int]:

@@ -194,3 +194,10 @@ def test_render_into_a_closed_pipe_ends_quietly():
     finally:
         os.close(write)
     assert (out.returncode, out.stderr) == (141, "")
+
+
+def test_a_repeatable_flag_on_the_command_line_replaces_its_variable(clean_env):
+    clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12,fd00::/108")
+    assert cli.parser().parse_args(["render", SHOP]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
+    args = cli.parser().parse_args(["render", "--service-cidr", "10.0.0.0/16", "--service-cidr", "10.1.0.0/16", SHOP])
+    assert args.service_cidr == ["10.0.0.0/16", "10.1.0.0/16"]
