@@ -11,8 +11,8 @@ import math
 import os
 import re
 import sys
-from typing import Any, Callable, NoReturn
 from importlib.metadata import version
+from typing import Any, Callable, NoReturn
 
 from nftpolicy.translators.cases import CaseError
 from nftpolicy.translators.kuberouter import DumpError
