@@ -214,7 +214,8 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
     return report
 
 
-def _verdict(value: bool | None) -> str:
+def verdict(value: bool | None) -> str:
+    """A probed cell as a word: ``allowed``, ``blocked``, or ``not probed`` (None)."""
     return "not probed" if value is None else "allowed" if value else "blocked"
 
 
@@ -232,8 +233,8 @@ def format_report(report: Report) -> str:
         f"({', '.join(report.families)}), every pair with an end on {report.node}",
     ]
     for d in report.differences:
-        line = (f"DIFF {_spec(d.spec)} {d.family} {d.src} -> {d.dst}: kube-router {_verdict(d.kube_router)}, "
-                f"nftpolicy {_verdict(d.nftpolicy)}; policies: {', '.join(d.policies) or 'none'}")
+        line = (f"DIFF {_spec(d.spec)} {d.family} {d.src} -> {d.dst}: kube-router {verdict(d.kube_router)}, "
+                f"nftpolicy {verdict(d.nftpolicy)}; policies: {', '.join(d.policies) or 'none'}")
         lines.append(line + (f" [{d.note}]" if d.note else ""))
     if report.left_out:
         lines.append(f"left out of the dump ({len(report.left_out)}: not kube-router's network policy):")

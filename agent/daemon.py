@@ -6,15 +6,28 @@ import argparse
 import logging
 import signal
 import threading
+from importlib.metadata import version
 
 from nftpolicy.translators.rules import Config
 
+from .health import Health, serve_http
+from .logs import setup_logging
+from .metrics import Metrics
 from .nftables import NftDataplane
-from .ops import Health, Metrics, serve_http, setup_logging
 from .reconcile import HEARTBEAT, Reconciler
 from .sources import KubeSource, ManifestsSource, Store
 
 log = logging.getLogger("nftpolicy.agent")
+
+
+def settings(args: argparse.Namespace, config: Config) -> str:
+    """The effective value of every flag, as ``--flag=value`` words (defaults and the
+    environment included; the ruleset flags as the :class:`Config` they built)."""
+    values = {k: v for k, v in vars(args).items() if k != "command"}
+    values.update(table=config.table, priority=config.priority, policy_mark=f"{config.policy_mark:#x}",
+                  passed_mark=f"{config.passed_mark:#x}", service_cidr=",".join(config.service_cidrs),
+                  node_port_range="-".join(map(str, config.node_port_range)), external_cidr=",".join(config.external_cidrs))
+    return " ".join(f"--{k.replace('_', '-')}={'' if v is None else v}" for k, v in sorted(values.items()))
 
 
 def run_agent(args: argparse.Namespace, config: Config) -> int:
@@ -31,6 +44,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     stop = threading.Event()
     metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
     store = Store(metrics)
+    health.unlisted = store.unlisted
     try:
         server = serve_http(args.http_address, metrics, health)
     except OSError as exc:
@@ -50,8 +64,8 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     else:
         KubeSource(store, metrics, args.node, args.kubeconfig, args.api_timeout, args.watch_timeout, stop).start()
         source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
-    log.info("nftpolicy agent for node %s: source %s, table inet %s, http %s:%d", args.node, source, config.table,
-             *server.server_address[:2])
+    log.info("nftpolicy %s agent for node %s: source %s, table inet %s, http %s:%d; settings: %s", version("nftpolicy"),
+             args.node, source, config.table, *server.server_address[:2], settings(args, config))
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
     reconciler.run(stop)
     server.shutdown()

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import orjson
 import tenacity
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
@@ -39,7 +40,8 @@ from nftpolicy.translators.manifests import (
 from nftpolicy.translators.model import Cluster
 
 from .manifests import manifest_files, read_objects
-from .ops import Metrics, gc_paused
+from .memory import gc_paused
+from .metrics import Metrics
 
 log = logging.getLogger("nftpolicy.sources")
 
@@ -47,7 +49,13 @@ KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
 CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
 }
-MAX_BACKOFF = 30.0
+MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that end at once, and after a 4xx
+# Retries of a failing request (5xx, connection errors, timeouts): exponential from 0.2 s, capped at
+# RETRY_CAP, plus up to RETRY_JITTER of random delay, so that nodes do not retry in step. The cap keeps
+# the agent quick to notice an API server that is back (the first change after a 60 s outage lands
+# within 5 s), while a faulty server still gets at most one request per kind and node every 3-4 s.
+RETRY_CAP = 3.0
+RETRY_JITTER = 1.0
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
 
@@ -136,6 +144,11 @@ class Store:
         with self._lock:
             return self._objects[kind].get(key)
 
+    def unlisted(self) -> list[str]:
+        """The kinds not listed yet, in :data:`KINDS` order."""
+        with self._lock:
+            return [kind for kind in KINDS if kind not in self._listed]
+
     def listed(self, kinds: tuple[str, ...] = KINDS) -> bool:
         """True once every kind in ``kinds`` has been listed."""
         with self._lock:
@@ -219,6 +232,11 @@ def _retry_after(state: tenacity.RetryCallState) -> float | None:
     return None
 
 
+class SourceError(RuntimeError):
+    """The API source cannot start: the kubeconfig cannot be read, or there is no in-cluster
+    configuration (the message says which, on one line)."""
+
+
 class KubeSource:
     """List and watch Pods (all namespaces), Namespaces, NetworkPolicies and this Node.
 
@@ -229,10 +247,15 @@ class KubeSource:
     def __init__(self, store: Store, metrics: Metrics, node: str, kubeconfig: str | None,
                  api_timeout: float, watch_timeout: int, stop: threading.Event) -> None:
         configuration = k8s.Configuration()
-        if kubeconfig:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)
+        try:
+            if kubeconfig:
+                k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            else:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+        except (k8s_config.ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
+            reason = " ".join(str(exc).split())
+            raise SourceError(f"cannot read kubeconfig {kubeconfig}: {reason}" if kubeconfig else
+                              f"no in-cluster configuration ({reason}): outside a pod, give --kubeconfig") from None
         configuration.retries = False  # tenacity decides
         api = k8s.ApiClient(configuration)
         core, networking = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)
@@ -245,6 +268,19 @@ class KubeSource:
         self.store, self.metrics, self.stop = store, metrics, stop
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
+        # Per kind: when a request last succeeded (monotonic; the start until the first), and
+        # whether a watch stream is open now (it counts as succeeding while it lasts).
+        self._succeeded = {kind: time.monotonic() for kind in self.calls}
+        self._streaming: set[str] = set()
+        for kind in self.calls:
+            metrics.watch_seconds_since_success.labels(kind).set_function(lambda kind=kind: self.seconds_failing(kind))
+
+    def seconds_failing(self, kind: str) -> float:
+        """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
+        return 0.0 if kind in self._streaming else time.monotonic() - self._succeeded[kind]
+
+    def _success(self, kind: str) -> None:
+        self._succeeded[kind] = time.monotonic()
 
     def start(self) -> list[threading.Thread]:
         """Start one daemon thread per kind; they run until ``stop`` is set."""
@@ -254,7 +290,7 @@ class KubeSource:
         return threads
 
     def _retrying(self, kind: str) -> tenacity.Retrying:
-        backoff = tenacity.wait_exponential_jitter(multiplier=0.2, max=MAX_BACKOFF)
+        backoff = tenacity.wait_exponential(multiplier=0.2, max=RETRY_CAP) + tenacity.wait_random(0, RETRY_JITTER)
 
         def wait(state: tenacity.RetryCallState) -> float:
             return _retry_after(state) or backoff(state)
@@ -317,6 +353,7 @@ class KubeSource:
                     if exc.status == 410 and token:  # the continue token expired: list again now
                         raise RelistNeeded("the list's continue token expired") from None
                     raise
+                self._success(kind)
                 body = orjson.loads(response.data)
                 meta = body.get("metadata") or {}
                 pages["count"] += 1
@@ -341,6 +378,8 @@ class KubeSource:
             if exc.status == 410:
                 raise RelistNeeded(f"resourceVersion {version} is gone") from None
             raise
+        self._success(kind)
+        self._streaming.add(kind)
         try:
             for line in iter_resp_lines(response):
                 if self.stop.is_set():
@@ -354,6 +393,8 @@ class KubeSource:
                     self.store.apply(kind, kind_of_event, obj)
                 self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
         finally:
+            self._streaming.discard(kind)
+            self._success(kind)  # the stream lasted until now
             response.release_conn()
 
 

@@ -63,8 +63,9 @@ sys.path.insert(0, str(ROOT))
 import synthetic  # noqa: E402
 
 from nftpolicy.agent import iptables, netns  # noqa: E402
+from nftpolicy.agent.health import Health  # noqa: E402
+from nftpolicy.agent.metrics import Metrics  # noqa: E402
 from nftpolicy.agent.nftables import NftDataplane  # noqa: E402
-from nftpolicy.agent.ops import Health, Metrics  # noqa: E402
 from nftpolicy.agent.reconcile import Reconciler  # noqa: E402
 from nftpolicy.agent.sources import KubeSource, Store  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402

@@ -650,9 +650,9 @@ def test_invalid_yaml_is_reported_with_origin(text):
     assert len(errors) == 1
     error = errors[0]
     assert (error.kind, error.ref, error.origin) == ("document", "#1", "broken.yaml")
-    assert error.message.startswith("not valid YAML/JSON: ")
+    assert error.message.startswith("not valid YAML/JSON at line ")
     assert "\n" not in str(error)
-    assert str(error).startswith("document #1: not valid YAML/JSON: ") and str(error).endswith("(broken.yaml)")
+    assert str(error).startswith("document #1: not valid YAML/JSON at line ") and str(error).endswith("(broken.yaml)")
 
 
 def test_a_broken_document_loses_only_itself():

@@ -108,13 +108,30 @@ def _load_yaml(text: str, origin: str) -> tuple[list[Any], list[ManifestError]]:
     except (yaml.YAMLError, RecursionError):
         pass
     docs, errors = [], []
+    starts = [0] + [m.end() for m in re.finditer(r"(?m)^---[ \t]*(?:#.*)?$", text)]
     for i, chunk in enumerate(re.split(r"(?m)^---[ \t]*(?:#.*)?$", text)):
         try:
             docs.extend(load_yaml_documents(chunk))
         except (yaml.YAMLError, RecursionError) as exc:
-            reason = str(exc).replace("\n", " ") if isinstance(exc, yaml.YAMLError) else "nested too deeply"
-            errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON: {reason}", origin))
+            first_line = text.count("\n", 0, starts[i])  # of the chunk in the file, from 0
+            errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON{_yaml_error(exc, first_line)}", origin))
     return docs, errors
+
+
+def _yaml_error(exc: BaseException, first_line: int) -> str:
+    """One line for a YAML error in a document whose first line is ``first_line`` (from 0) of
+    its file: `` at line L, column C: problem (context at line L, column C)``, the file's own
+    1-based lines and columns (PyYAML counts both from 0 within the text it was given)."""
+    def at(mark: yaml.Mark) -> str:
+        return f"line {first_line + mark.line + 1}, column {mark.column + 1}"
+
+    if isinstance(exc, RecursionError):
+        return ": nested too deeply"
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        context = f" ({exc.context} at {at(exc.context_mark)})" if exc.context and exc.context_mark else \
+            f" ({exc.context})" if exc.context else ""
+        return f" at {at(exc.problem_mark)}: {exc.problem}{context}"
+    return ": " + " ".join(str(exc).split())
 
 
 def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
