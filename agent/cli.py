@@ -462,6 +462,7 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
     agent.add_argument("--watch-timeout", type=lambda t: int(_seconds(1)(t)), default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
     agent.add_argument("--http-address", default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
+    agent.add_argument("--debug-address", default="127.0.0.1:9479", help="address of the read-only /debug/model for explain --agent (it names every pod, label and policy: keep it on loopback; '' turns it off; default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
     agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
@@ -472,6 +473,9 @@ def parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
     cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
     cleanup.set_defaults(func=cmd_cleanup)
+
+    from . import explain  # issue 11: explain and trace live in their own modules
+    explain.add_parser(sub)
     return top
 
 

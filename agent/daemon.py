@@ -9,6 +9,7 @@ import threading
 
 from nftpolicy.translators.rules import Config
 
+from .debughttp import start_debug
 from .nftables import NftDataplane
 from .ops import Health, Metrics, serve_http, setup_logging
 from .reconcile import HEARTBEAT, Reconciler
@@ -53,6 +54,13 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     log.info("nftpolicy agent for node %s: source %s, table inet %s, http %s:%d", args.node, source, config.table,
              *server.server_address[:2])
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
+    debug = None
+    try:  # a debugging aid: enforcement goes on without it
+        debug = start_debug(args.debug_address, reconciler) if args.debug_address else None
+    except OSError as exc:
+        log.warning("no debug endpoint: cannot serve %s: %s", args.debug_address, exc)
     reconciler.run(stop)
     server.shutdown()
+    if debug is not None:
+        debug.shutdown()
     return 0

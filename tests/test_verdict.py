@@ -128,7 +128,7 @@ def test_lines_read_as_the_issue_shows(shop):
         "ALLOWED  shop/api-5f6b7c9d4-q8w2n -> shop/db-0 TCP/5432",
         "  egress of shop/api-5f6b7c9d4-q8w2n: not isolated (no policy selects it for egress), allowed",
         "  ingress of shop/db-0: isolated by shop/db-ingress; allowed by shop/db-ingress rule 0 "
-        "(from ipBlock 10.244.1.0/24 except 10.244.1.10/32; TCP/5432)",
+        "(from ipBlock 10.244.1.0/24 except 10.244.1.10/32 on TCP/5432)",
     ]
 
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
-from .model import Cluster, Direction, Family, family_of
-from .noderender import build_rule_model
+from .model import Cluster, Direction, Family, Pod, family_of
+from .noderender import NodeRenderer, build_rule_model
 from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
@@ -75,11 +75,18 @@ class Connection:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A pod as the engine names it: ``namespace/name``, its node and its addresses."""
+    """A pod as the engine names it: ``namespace/name``, its node, its addresses and its
+    container ports as ``(protocol, number)``."""
 
     key: str
     node: str | None
     ips: tuple[str, ...]
+    ports: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def of(pod: Pod) -> "Endpoint":
+        """The endpoint of a model pod."""
+        return Endpoint(pod.key, pod.node, pod.ips, tuple(sorted({(p.protocol, p.port) for p in pod.ports})))
 
 
 @dataclass(frozen=True)
@@ -345,23 +352,26 @@ def _summaries(index: _NodeIndex, chain: PolicyChain, rules: Sequence[AllowRule]
 
 def enforcement_of(cluster: Cluster, nodes: Iterable[str | None] | None = None, config: Config = Config()) -> Enforcement:
     """:class:`Enforcement` of ``cluster``: the rule model of each of ``nodes`` (default: every
-    node a pod runs on; None in the list: one model where every pod is local), its enforceable
-    pods and its nodes' addresses."""
+    node a pod runs on, and None, a model where every pod is local, for pods without a node), its
+    enforceable pods and its nodes' addresses."""
     pods = [p for p in cluster.pods.values() if p.enforceable]
-    names = sorted({p.node for p in pods if p.node}) if nodes is None else list(nodes)
+    names: list[str | None] = list(nodes) if nodes is not None else \
+        [*sorted({p.node for p in pods if p.node}), *([None] if any(not p.node for p in pods) else [])]
     models = {name: build_rule_model(cluster, name, config) for name in names}
-    return Enforcement(models, [Endpoint(p.key, p.node, p.ips) for p in pods],
-                       {n.name: n.addresses for n in cluster.nodes.values()})
+    return Enforcement(models, [Endpoint.of(p) for p in pods], {n.name: n.addresses for n in cluster.nodes.values()})
 
 
 # ---- words ---------------------------------------------------------------------------------------
 
-def _rule_text(summary: RuleSummary, with_policy: bool) -> str:
+def _rule_text(summary: RuleSummary, with_policy: bool, verb: str = "") -> str:
+    """``shop/db-ingress rule 0 (from ipBlock 10.244.1.0/24 on TCP/5432)``, or with ``verb``
+    ``rule 0 allows from ... on ...``."""
     where = "from" if summary.direction == "ingress" else "to"
     name = f"rule {summary.rule}" if summary.rule is not None else "a rule"
     if with_policy:
         name = f"{summary.policy} {name}"
-    return f"{name} ({where} {' or '.join(summary.peers)}; {', '.join(summary.ports)})"
+    what = f"{where} {' or '.join(summary.peers)} on {', '.join(summary.ports)}"
+    return f"{name} {verb} {what}" if verb else f"{name} ({what})"
 
 
 EXEMPTION_TEXT: dict[str, str] = {
@@ -391,8 +401,8 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
     if side.allowed_by is not None:
         return f"{head}: {isolated}; allowed by {_rule_text(side.allowed_by, True)}"
     peer = conn.destination if side.direction == "egress" else conn.source
-    target = f"{_name(verdict, peer)}" + (f" on {conn.text()}")
-    allowing = "; ".join(_rule_text(s, len(side.policies) > 1) for s in side.rules) or "its policies have no rules: deny all"
+    target = f"{_name(verdict, peer)} on {conn.text()}"
+    allowing = "; ".join(_rule_text(s, len(side.policies) > 1, "allows") for s in side.rules) or "its policies have no rules: deny all"
     return f"{head}: {isolated}; no rule allows {target} ({allowing})"
 
 
@@ -415,6 +425,13 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 
 # ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
+
+def renderer_json(renderer: NodeRenderer) -> dict[str, Any]:
+    """What a node renderer enforces (:func:`enforcement_json` of its node's model and every
+    enforceable pod it knows; node addresses are not part of it): the agent's debug endpoint."""
+    endpoints = [Endpoint.of(p) for p in renderer.pods.values() if p.enforceable]
+    return enforcement_json(Enforcement({renderer.node: renderer.model(ordered=False)}, endpoints))
+
 
 def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:
     """Everything :class:`Enforcement` holds as plain JSON data (:func:`enforcement_from_json`
@@ -441,5 +458,5 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
             for c in m["policy_chains"])
         pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
         models[entry["node"]] = RuleModel(config, sets, chains, pods)
-    endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"])) for p in data["pods"]]
+    endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
     return Enforcement(models, endpoints, data.get("node_addresses") or {})
