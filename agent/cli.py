@@ -474,8 +474,9 @@ def parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
     cleanup.set_defaults(func=cmd_cleanup)
 
-    from . import explain  # issue 11: explain and trace live in their own modules
+    from . import explain, trace  # issue 11: explain and trace live in their own modules
     explain.add_parser(sub)
+    trace.add_parser(sub)
     return top
 
 
