@@ -326,6 +326,9 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
     agent.add_argument("--watch-timeout", type=_whole_seconds, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
     agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
+    agent.add_argument("--debug-address", type=_http_address, default="127.0.0.1:9479",
+                       help="address of the read-only /debug/model for explain --agent (it names every pod, label and policy: "
+                            "keep it on loopback; '' turns it off; default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
     agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
@@ -334,6 +337,26 @@ def parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")
     cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
     cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
+
+    explain = sub.add_parser("explain", help="why traffic from one pod (or address) to another is allowed or denied")
+    explain.add_argument("paths", nargs="*", metavar="PATH", help="manifest files or directories, '-' for stdin (not with --agent)")
+    explain.add_argument("--from", dest="source", required=True, metavar="NS/POD|CIDR", help="the source pod (a unique name prefix will do) or address")
+    explain.add_argument("--to", dest="destination", required=True, metavar="NS/POD|CIDR", help="the destination pod or address")
+    explain.add_argument("--port", action="append", metavar="[PROTO/]PORT",
+                         help="TCP/5432, udp/53, 8080 (TCP) or icmp (echo); repeatable (default: the destination's container ports, else icmp)")
+    explain.add_argument("--agent", metavar="http://ADDR", help="ask a running agent's debug endpoint (its node's rules right now) instead of manifests")
+    explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
+    add_config_arguments(explain)
+
+    trace = sub.add_parser("trace", help="follow one real packet through our chains (nftrace), mapped to pods, policies and rules")
+    trace.add_argument("paths", nargs="*", metavar="PATH", help="manifests: build them as a sandbox and send the packet (none: wait for it on this node)")
+    trace.add_argument("--from", dest="source", required=True, metavar="NS/POD|ADDRESS", help="the source pod (sandbox) or address")
+    trace.add_argument("--to", dest="destination", required=True, metavar="NS/POD|ADDRESS", help="the destination pod (sandbox) or address")
+    trace.add_argument("--port", metavar="[PROTO/]PORT", help="TCP/8080, udp/53, icmp (default: the destination's first container port, else icmp)")
+    trace.add_argument("--node", action="append", help="sandbox node for pods without spec.nodeName (repeatable; default node1)")
+    trace.add_argument("--netns", help="on a node: trace in this named network namespace (default: the current one)")
+    trace.add_argument("--timeout", type=_seconds(0, inclusive=False), default=30.0, help="on a node: seconds to wait for the packet (default %(default)s)")
+    add_config_arguments(trace)
     return top
 
 

@@ -20,6 +20,7 @@ from typing import Sequence
 from nftpolicy.translators.kuberouter import Dump
 from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule
 from nftpolicy.translators.rules import FAMILIES, Config
+from nftpolicy.translators.verdict import Connection, Enforcement, enforcement_of
 
 from .iptables import IptablesBatch
 from .probes import ProbeSpec
@@ -74,17 +75,14 @@ def _selects(policy: NetworkPolicy, pod: Pod) -> bool:
     return pod.enforceable and policy.namespace == pod.namespace and policy.pod_selector.matches(pod.labels)
 
 
-def involved_policies(cluster: Cluster, node: str, src: str, dst: str) -> tuple[str, ...]:
+def involved_policies(engine: Enforcement, node: str, src: Pod, dst: Pod, family: Family) -> tuple[str, ...]:
     """``<ns>/<policy> (ingress of <pod>)`` for the policies isolating ``dst`` for ingress when it
-    runs on ``node``, and ``(egress of <pod>)`` for those isolating ``src`` for egress there."""
-    found = []
-    for key in sorted(cluster.policies):
-        policy = cluster.policies[key]
-        for direction, pod_key in (("ingress", dst), ("egress", src)):
-            pod = cluster.pods.get(pod_key)
-            if pod and pod.node == node and direction in policy.policy_types and _selects(policy, pod):
-                found.append(f"{key} ({direction} of {pod_key})")
-    return tuple(found)
+    runs on ``node``, and ``(egress of <pod>)`` for those isolating ``src`` for egress there, as
+    the verdict engine reads them from ``engine``'s rule model of ``node``."""
+    verdict = engine.verdict(Connection(src.addresses(family)[0], dst.addresses(family)[0]))
+    found = [(policy, side.direction, side.pod) for side in (verdict.ingress, verdict.egress) if side.node == node
+             for policy in side.policies]
+    return tuple(f"{policy} ({direction} of {pod})" for policy, direction, pod in sorted(found, key=lambda f: (f[0], f[1] != "ingress")))
 
 
 def _except_cancels_peer(rule: PolicyRule) -> bool:
@@ -208,8 +206,10 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
     report = Report(node, local, [s for s in specs if any(k[0] == s for k in nftpolicy)], families,
                     sum(len(m) for m in nftpolicy.values()), loader, dump.rule_count,
                     left_out=list(dump.left_out), not_built=not_built)
+    engine = enforcement_of(cluster, [node], config)
     for spec, family, src, dst, a, b in disagreements(kube_router, nftpolicy):
-        report.differences.append(Difference(spec, family, src, dst, a, b, involved_policies(cluster, node, src, dst),
+        policies = involved_policies(engine, node, cluster.pods[src], cluster.pods[dst], family)
+        report.differences.append(Difference(spec, family, src, dst, a, b, policies,
                                              explain(cluster, spec, src, dst, a, b, dump.accepts_icmp_echo)))
     return report
 

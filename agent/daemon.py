@@ -10,6 +10,7 @@ from importlib.metadata import version
 
 from nftpolicy.translators.rules import Config
 
+from .debughttp import start_debug
 from .health import Health, serve_http
 from .logs import setup_logging
 from .metrics import Metrics
@@ -67,6 +68,13 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     log.info("nftpolicy %s agent for node %s: source %s, table inet %s, http %s:%d; settings: %s", version("nftpolicy"),
              args.node, source, config.table, *server.server_address[:2], settings(args, config))
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
+    debug = None
+    try:  # a debugging aid: enforcement goes on without it
+        debug = start_debug(args.debug_address, reconciler) if args.debug_address else None
+    except OSError as exc:
+        log.warning("no debug endpoint: cannot serve %s: %s", args.debug_address, exc)
     reconciler.run(stop)
     server.shutdown()
+    if debug is not None:
+        debug.shutdown()
     return 0

@@ -62,6 +62,7 @@ class Reconciler:
         self.dataplane = dataplane
         # The model the kernel holds (None: unknown, the next sync replaces the table).
         self.renderer: NodeRenderer | None = None
+        self.lock = threading.Lock()  # held by each sync: readers (the debug endpoint) see a committed model
         self.failures = 0
         self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
 
@@ -91,6 +92,10 @@ class Reconciler:
     def sync(self, full: bool) -> bool:
         """Commit the changes since the last sync (everything when ``full``); True when the
         kernel took them."""
+        with self.lock:
+            return self._sync(full)
+
+    def _sync(self, full: bool) -> bool:
         started = time.monotonic()
         batch: Json | None
         if full or self.renderer is None:

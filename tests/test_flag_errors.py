@@ -19,7 +19,8 @@ SHOP = str(REPO / "examples" / "shop")
 DUMPS = REPO / "tests" / "fixtures" / "kube-router-v2.1.0" / "shop"
 # What each command needs besides the flag under test, so that only that flag is wrong.
 REST = {"render": [SHOP], "sandbox": [SHOP], "agent": ["--node", "node1"], "cleanup": [],
-        "compare": ["--node", "node1", "--ipset-save", str(DUMPS / "node1.ipset-save"), SHOP]}
+        "compare": ["--node", "node1", "--ipset-save", str(DUMPS / "node1.ipset-save"), SHOP],
+        "explain": ["--from", "shop/frontend", "--to", "shop/db", SHOP], "trace": ["--from", "shop/frontend", "--to", "shop/db", SHOP]}
 
 BAD = [
     ("agent", "--min-sync-interval", "-1", "must be >= 0 seconds, got -1"),
@@ -120,7 +121,7 @@ def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
     (["compare", SHOP], "nftpolicy: the following arguments are required: --node, --ipset-save (see 'nftpolicy compare --help')"),
     (["sandbox", "--ipv6", "--dual-stack", SHOP], "nftpolicy: --dual-stack: not allowed with argument --ipv6"),
     (["renderr", SHOP], "nftpolicy: command: invalid choice: 'renderr' (choose from 'render', 'sandbox', 'compare', "
-                        "'agent', 'cleanup') (see 'nftpolicy --help')"),
+                        "'agent', 'cleanup', 'explain', 'trace') (see 'nftpolicy --help')"),
     ([], "nftpolicy: the following arguments are required: command (see 'nftpolicy --help')"),
 ])
 def test_argparse_errors_are_one_line_without_the_usage_block(clean_env, capsys, argv, line):

@@ -186,8 +186,14 @@ class Dispatch:
     map: str
 
 
+@dataclass(frozen=True)
+class SetTrace:
+    """``meta nftrace set 1``: the kernel reports the packet's walk through every chain to
+    ``nft monitor trace`` listeners (only in the chains :func:`trace_chains` adds for a trace)."""
+
+
 Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
-                  LocalAddress, Unmarked, Limit, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch]
+                  LocalAddress, Unmarked, Limit, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch, SetTrace]
 
 
 # ---- table objects ------------------------------------------------------------------------------
@@ -362,6 +368,28 @@ def base_chains(config: Config) -> list[Chain]:
                       for family, pod_map in POD_MAPS.items()]
         chains.append(Chain(name, tuple(rules), hook))
     return chains
+
+
+TRACE_CHAINS: dict[str, Hook] = {"NFTPOLICY-TRACE-INPUT": "input", "NFTPOLICY-TRACE-FORWARD": "forward",
+                                  "NFTPOLICY-TRACE-OUTPUT": "output"}
+
+
+def trace_chains(source: str, destination: str, protocol: str, port: int | None) -> list[Chain]:
+    """The chains ``nftpolicy trace`` adds to our table for one connection and deletes after it:
+    one per hook of our base chains, hooked just before them (our priority - 1), whose one rule
+    sets ``nftrace`` on the packets ``source`` -> ``destination`` of ``protocol`` (``ICMP``: echo
+    requests) and destination ``port``."""
+    family = family_of(destination)
+    matches: list[Statement] = [AddressIs(family, "saddr", (source,)), AddressIs(family, "daddr", (destination,))]
+    if protocol == "ICMP":
+        matches.append(IcmpTypes(family, ("echo-request",)))
+    else:
+        matches.append(Protocols((protocol.lower(),)))
+        if port is not None:
+            matches.append(DestinationPorts(port, port))
+    what = f"{protocol}/{port}" if protocol != "ICMP" else "ICMP echo"
+    return [Chain(name, (Rule((*matches, SetTrace()), f"trace {source} -> {destination} {what}"),), hook)
+            for name, hook in TRACE_CHAINS.items()]
 
 
 def table(model: RuleModel) -> Table:

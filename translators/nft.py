@@ -80,6 +80,8 @@ def statement_json(s: Statement) -> Json:
         return {"jump": {"target": s.target}}
     if isinstance(s, layout.Dispatch):
         return {"vmap": {"key": _payload(IP[s.family], s.field), "data": f"@{s.map}"}}
+    if isinstance(s, layout.SetTrace):
+        return {"mangle": {"key": {"meta": {"key": "nftrace"}}, "value": 1}}
     raise TypeError(f"no nft statement for {s!r}")
 
 
