@@ -12,6 +12,7 @@ from nftpolicy.translators.rules import Config
 from .nftables import NftDataplane
 from .ops import Health, Metrics, serve_http, setup_logging
 from .reconcile import HEARTBEAT, Reconciler
+from .rulecounters import RuleCounters
 from .sources import KubeSource, ManifestsSource, Store
 
 log = logging.getLogger("nftpolicy.agent")
@@ -30,6 +31,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         return 1
     stop = threading.Event()
     metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
+    metrics.registry.register(RuleCounters(dataplane))  # read from the kernel at each scrape
     store = Store(metrics)
     try:
         server = serve_http(args.http_address, metrics, health)
