@@ -20,7 +20,7 @@ import yaml
 from nftpolicy.translators import iptables as iptables_render
 from nftpolicy.translators import nft, nfttext
 from nftpolicy.translators.kuberouter import DumpError, select
-from nftpolicy.translators.cases import Case, CaseError, format_matrix, is_case, parse_case
+from nftpolicy.translators.cases import Case, CaseError, is_case, parse_case
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config, RuleModel
 
@@ -35,6 +35,7 @@ from .dataplane import DataplaneError
 from .nftables import NftDataplane
 from .ops import gc_paused
 from .probes import ProbeSpec
+from . import report
 from .replay import Disagreement, disagreements, replay_twins, start_daemons
 from .sandbox import Sandbox, SandboxError
 
@@ -223,13 +224,6 @@ def _read_cases(paths: list[str]) -> list[Case] | None:
     return [parse_case(d) for d in documents] if documents else None
 
 
-def _print_matrices(sandbox: Sandbox, results: dict) -> None:
-    pods = list(sandbox.pods)
-    for (spec, family), matrix in sorted(results.items(), key=lambda kv: (kv[0][0].port, kv[0][0].protocol, kv[0][1])):
-        print(f"\n{spec.protocol}/{spec.port} {family}")
-        print(format_matrix(pods, matrix))
-
-
 DATAPLANE_CHOICES = {"nft": ("nft",), "iptables": ("iptables",), "kube-router": ("kube-router",),
                      "both": ("nft", "kube-router"), "nft,iptables": ("nft", "iptables")}
 
@@ -282,15 +276,16 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     config = config_from(args)
     dataplanes = _dataplanes(args)
     live = _sandbox_control_plane(args, dataplanes)
-    with contextlib.ExitStack() as stack:
+    with report.Report(args.output, args.report, config) as out, contextlib.ExitStack() as stack:
         control_plane = stack.enter_context(ControlPlane()) if live else None
         if cases is None:
-            return _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes)
-        return _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted)
+            return _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes, out)
+        return _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted, out)
 
 
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
-                       nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...]) -> int:
+                       nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...],
+                       out: report.Report) -> int:
     objects, unreadable = read_objects(args.paths)
     cluster, invalid = build_cluster(objects)
     _report_skipped(unreadable + ([] if control_plane else invalid), args.strict)
@@ -313,7 +308,7 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
                   f"their manifests give)", file=sys.stderr)
     if len(dataplanes) > 1:
         print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
-    _print_matrices(sandboxes[0], results[0])
+    out.matrices(sandboxes[0].pods, results[0], sandboxes[0].with_sandbox_pods(cluster))
     if len(dataplanes) > 1:
         disagree = _print_disagreements("", dataplanes, disagreements(results[0], results[1]),
                                         sandboxes[0].with_sandbox_pods(cluster))
@@ -324,7 +319,8 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
 
 
 def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: ControlPlane | None, nodes: list[str],
-                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], interrupted: threading.Event) -> int:
+                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], interrupted: threading.Event,
+                   out: report.Report) -> int:
     failures = disagree = compared = 0
     with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes,
                                          control_plane, args.kube_router)) as replayed:  # cleaned up on any exception
@@ -333,8 +329,8 @@ def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: C
                 raise KeyboardInterrupt
             for error in steps[0].errors:
                 print(f"nftpolicy: skipped {error}", file=sys.stderr)
-            print(f"== {steps[0].case.name}")
-            _print_matrices(sandboxes[0], steps[0].results)
+            expected = {(ProbeSpec(p.port, p.protocol), f): p.expected for p in steps[0].case.probes for f in families}
+            out.matrices(sandboxes[0].pods, steps[0].results, steps[0].cluster, expected, steps[0].case.name)
             compared += sum(1 for matrix in steps[0].results.values() for src, dst in matrix if src != dst)
             for spec, family in steps[0].not_probed:
                 print(f"{spec.protocol}/{spec.port} {family}: not probed (the kernel has no {spec.protocol})")
@@ -435,6 +431,8 @@ def parser() -> argparse.ArgumentParser:
                          help="the kube-router binary for --dataplane kube-router|both (default .tools/bin/kube-router, then $PATH)")
     sandbox.add_argument("--iptables-loader", choices=("nft", "legacy"), default="nft",
                          help="iptables-nft-restore or iptables-legacy-restore for the iptables variant (default %(default)s)")
+    sandbox.add_argument("--output", choices=("text", "json"), default="text", help="matrices as a compact table with a legend (default) or one JSON object")
+    sandbox.add_argument("--report", metavar="FILE.html", help="also write the matrices as a self-contained HTML page")
     add_config_arguments(sandbox)
     sandbox.set_defaults(func=cmd_sandbox)
 
@@ -478,7 +476,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        with report.quiet_broken_pipe():  # `| head` ends quietly
+            return int(args.func(args))
+        return 141  # the reader went away first (128 + SIGPIPE, as a shell reports it)
     except KeyboardInterrupt:
         print("nftpolicy: interrupted", file=sys.stderr)
         return 130
