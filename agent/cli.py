@@ -301,6 +301,8 @@ def parser() -> argparse.ArgumentParser:
                          help="the kube-router binary for --dataplane kube-router|both (default .tools/bin/kube-router, then $PATH)")
     sandbox.add_argument("--iptables-loader", choices=("nft", "legacy"), default="nft",
                          help="iptables-nft-restore or iptables-legacy-restore for the iptables variant (default %(default)s)")
+    sandbox.add_argument("--output", choices=("text", "json"), default="text", help="matrices as a compact table with a legend (default) or one JSON object")
+    sandbox.add_argument("--report", metavar="FILE.html", help="also write the matrices as a self-contained HTML page")
     add_config_arguments(sandbox)
 
     cmp = sub.add_parser("compare", help="replay a kube-router node's iptables-save/ipset dump and nftpolicy's ruleset in twin sandboxes, report every difference")

@@ -16,6 +16,7 @@ from .logs import setup_logging
 from .metrics import Metrics
 from .nftables import NftDataplane
 from .reconcile import HEARTBEAT, Reconciler
+from .rulecounters import RuleCounters
 from .sources import KubeSource, ManifestsSource, Store
 
 log = logging.getLogger("nftpolicy.agent")
@@ -44,6 +45,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         return 1
     stop = threading.Event()
     metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
+    metrics.registry.register(RuleCounters(dataplane))  # read from the kernel at each scrape
     store = Store(metrics)
     health.unlisted = store.unlisted
     try:

@@ -75,10 +75,12 @@ class NftDataplane:
         """Commit ``batch`` (``{"nftables": [...]}``); raises NftError with libnftables' reason."""
         self._cmd(batch)
 
-    def _cmd(self, batch: Json) -> Json:
+    def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False) -> Json:
         with self._entered():
             ctx = nftables.Nftables()
             ctx.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
+            ctx.set_terse_output(terse)  # lists leave set elements out
+            ctx.set_stateless_output(stateless)  # lists leave counter values out
             rc, output, error = ctx.cmd(orjson.dumps(batch).decode())
         if rc != 0:
             raise NftError(str(error).strip() or f"libnftables returned {rc}")
@@ -88,13 +90,24 @@ class NftDataplane:
         """Replace our table with ``model``'s (:func:`nft.full_transaction`: one transaction)."""
         self.run(nft.full_transaction(model))
 
-    def listing(self) -> list[Json]:
-        """Our table's objects as the kernel lists them (``list table``; empty when absent)."""
+    def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
+        """Our table's objects as the kernel lists them (``list table``; empty when absent).
+
+        ``stateless`` (the default) lists counters without their values (``{"counter": null}``,
+        as we render them), so a listing compares with a render whatever traffic passed;
+        ``terse`` leaves set elements out (the cost is then the rules', not the sets')."""
         try:
-            listed = self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]})
+            listed = self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]}, terse, stateless)
         except NftError:
             return []
         return [item for item in listed.get("nftables", []) if "metainfo" not in item]
+
+    def counted_rules(self) -> list[Json]:
+        """The ``rule`` bodies of our table that hold a counter, with its packets and bytes, as
+        the kernel lists them now (a terse list: no set element is read); empty when the table
+        is absent."""
+        rules = (item["rule"] for item in self.listing(terse=True, stateless=False) if "rule" in item)
+        return [r for r in rules if any("counter" in e for e in r.get("expr", ()))]
 
     def has_table(self) -> bool:
         """True while our table and its FORWARD base chain are there (a cheap look-up)."""

@@ -155,6 +155,12 @@ class Log:
 
 
 @dataclass(frozen=True)
+class Counter:
+    """Count the packets and bytes that reach this statement (nft ``counter``, read back by the
+    agent's metrics; iptables counts every rule, so its printer prints nothing for it)."""
+
+
+@dataclass(frozen=True)
 class Reject:
     """Reject: a TCP reset when ``tcp_reset`` (after ``Protocols(("tcp",))``), else ICMP port
     unreachable of the packet's family."""
@@ -193,7 +199,7 @@ class SetTrace:
 
 
 Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
-                  LocalAddress, Unmarked, Limit, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch, SetTrace]
+                  LocalAddress, Unmarked, Limit, Counter, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch, SetTrace]
 
 
 # ---- table objects ------------------------------------------------------------------------------
@@ -275,7 +281,8 @@ def default_chain(config: Config) -> Chain:
 def allow_rule(config: Config, chain: PolicyChain, allow: AllowRule) -> Rule:
     """One allowed (peers, port) tuple of a policy: match the peer (the source for ingress, the
     destination for egress), the named port and the port, then set the policy mark and return
-    (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the API reference)."""
+    (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the API reference). A
+    counter before the mark counts the packets this rule allowed (the agent's allowed metric)."""
     statements: list[Statement] = []
     if allow.peer_set:
         assert allow.family
@@ -287,7 +294,7 @@ def allow_rule(config: Config, chain: PolicyChain, allow: AllowRule) -> Rule:
         statements.append(Protocols((allow.port.protocol.lower(),)))
         if allow.port.first is not None:
             statements.append(DestinationPorts(allow.port.first, allow.port.first if allow.port.last is None else allow.port.last))
-    return Rule((*statements, SetMark(config.policy_mark), Verdict("return")), allow.comment)
+    return Rule((*statements, Counter(), SetMark(config.policy_mark), Verdict("return")), allow.comment)
 
 
 def policy_chain(config: Config, chain: PolicyChain) -> Chain:
@@ -300,12 +307,24 @@ def _pod_addresses(pod: PodChain) -> dict[Family, tuple[str, ...]]:
     return {f: ips for f, ips in by_family.items() if ips}
 
 
+def log_prefix(direction: str, pod: str) -> str:
+    """The NFLOG prefix of a packet rejected for ``direction`` (``ingress``/``egress``) of pod
+    ``pod`` (``namespace/name``): ``nftpolicy reject ingress shop/api-0: ``. The direction comes
+    before the pod, so a printer's cut (the kernel keeps 127 bytes) only ever shortens the name."""
+    return f"nftpolicy reject {direction} {pod}: "
+
+
 def pod_chain(config: Config, pod: PodChain) -> Chain:
     """``KUBE-POD-FW-<hash>`` of one isolated local pod (DESIGN.md section 2), in order: common
     chain; start unmarked; the node itself may always reach its pods (kubelet probes); the policy
     chains of each direction, each only for that direction and only while no policy has set the
-    mark (the first allow ends the walk); NFLOG and reject what no policy allowed; clear the
-    policy mark, set the passed mark."""
+    mark (the first allow ends the walk); then, for each isolated direction (``ip daddr`` of the
+    pod: ingress, ``ip saddr``: egress), NFLOG and a counted reject of what no policy allowed;
+    clear the policy mark, set the passed mark.
+
+    A direction that no policy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets the
+    mark, so it needs no reject; every packet dispatched here has one of the pod's addresses as
+    its source or destination, so the rejects cover all that was left unmarked."""
     unmarked = Unmarked(config.policy_mark)
     addresses = _pod_addresses(pod)
     rules = [Rule((Jump(COMMON_CHAIN),), f"{pod.pod} common"),
@@ -318,10 +337,18 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
         for target in chains if chains is not None else (DEFAULT_CHAIN,):
             rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
                       for family, ips in addresses.items()]
+    for direction, chains, field in directions:
+        if chains is None:
+            continue
+        for family, ips in addresses.items():
+            this_pod = AddressIs(family, field, ips)
+            rules += [
+                Rule((this_pod, unmarked, Limit(*LOG_RATE), Log(log_prefix(direction, pod.pod), config.nflog_group)),
+                     f"{pod.pod} log rejected {direction}"),
+                Rule((this_pod, unmarked, Protocols(("tcp",)), Counter(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
+                Rule((this_pod, unmarked, Counter(), Reject()), f"{pod.pod} reject {direction}"),
+            ]
     rules += [
-        Rule((unmarked, Limit(*LOG_RATE), Log(f"nftpolicy reject {pod.pod}: ", config.nflog_group)), f"{pod.pod} log rejected"),
-        Rule((unmarked, Protocols(("tcp",)), Reject(tcp_reset=True)), f"{pod.pod} reject"),
-        Rule((unmarked, Reject()), f"{pod.pod} reject"),
         Rule((ClearMark(config.policy_mark),), f"{pod.pod} clear policy mark"),
         Rule((SetMark(config.passed_mark),), f"{pod.pod} passed"),
     ]

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import yaml
 
-from nftpolicy.translators.cases import Case, format_matrix, is_case, parse_case
+from nftpolicy.translators.cases import Case, is_case, parse_case
 from nftpolicy.translators.manifests import build_cluster, load_yaml_documents
 from nftpolicy.translators.model import Cluster, Family
 from nftpolicy.translators.rules import Config
 
 from ..cli import DATAPLANE_CHOICES, UsageError, config_from
 from ..compare import explain, verdict
+from .. import report
 from ..controlplane import ControlPlane, find_binary
 from ..manifests import manifest_files, read_objects
 from ..probes import ProbeSpec
@@ -41,13 +42,6 @@ def _read_cases(paths: list[str]) -> list[Case] | None:
             return None
         documents.append(docs[0])
     return [parse_case(d) for d in documents] if documents else None
-
-
-def _print_matrices(sandbox: Sandbox, results: dict) -> None:
-    pods = list(sandbox.pods)
-    for (spec, family), matrix in sorted(results.items(), key=lambda kv: (kv[0][0].port, kv[0][0].protocol, kv[0][1])):
-        print(f"\n{spec.protocol}/{spec.port} {family}")
-        print(format_matrix(pods, matrix))
 
 
 def _dataplanes(args: argparse.Namespace) -> tuple[str, ...]:
@@ -94,15 +88,16 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     config = config_from(args)
     dataplanes = _dataplanes(args)
     live = _sandbox_control_plane(args, dataplanes)
-    with contextlib.ExitStack() as stack:
+    with report.Report(args.output, args.report, config) as out, contextlib.ExitStack() as stack:
         control_plane = stack.enter_context(ControlPlane()) if live else None
         if cases is None:
-            return _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes)
-        return _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted)
+            return _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes, out)
+        return _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted, out)
 
 
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
-                       nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...]) -> int:
+                       nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...],
+                       out: report.Report) -> int:
     objects, unreadable = read_objects(args.paths)
     cluster, invalid = build_cluster(objects)
     _report_skipped(unreadable + ([] if control_plane else invalid), args.strict)
@@ -127,7 +122,7 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
     results = [sandbox.probe(specs, families) for sandbox in sandboxes]
     if len(dataplanes) > 1:
         print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
-    _print_matrices(sandboxes[0], results[0])
+    out.matrices(sandboxes[0].pods, results[0], sandboxes[0].with_sandbox_pods(cluster))
     if len(dataplanes) > 1:
         disagree = _print_disagreements("", dataplanes, disagreements(results[0], results[1]),
                                         sandboxes[0].with_sandbox_pods(cluster))
@@ -138,7 +133,8 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
 
 
 def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: ControlPlane | None, nodes: list[str],
-                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], interrupted: threading.Event) -> int:
+                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], interrupted: threading.Event,
+                   out: report.Report) -> int:
     failures = disagree = compared = 0
     with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes,
                                          control_plane, args.kube_router)) as replayed:  # cleaned up on any exception
@@ -147,8 +143,8 @@ def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: C
                 raise KeyboardInterrupt
             for error in steps[0].errors:
                 print(f"nftpolicy: skipped {error}", file=sys.stderr)
-            print(f"== {steps[0].case.name}")
-            _print_matrices(sandboxes[0], steps[0].results)
+            expected = {(ProbeSpec(p.port, p.protocol), f): p.expected for p in steps[0].case.probes for f in families}
+            out.matrices(sandboxes[0].pods, steps[0].results, steps[0].cluster, expected, steps[0].case.name)
             compared += sum(1 for matrix in steps[0].results.values() for src, dst in matrix if src != dst)
             for spec, family in steps[0].not_probed:
                 print(f"{spec.protocol}/{spec.port} {family}: not probed (the kernel has no {spec.protocol})")
