@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from importlib.metadata import version
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 from nftpolicy.translators.cases import CaseError
 from nftpolicy.translators.kuberouter import DumpError
@@ -40,14 +40,15 @@ def env_name(flag: str) -> str:
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 
 
-class _FromEnvironment(list):
+class _FromEnvironment(list[Any]):
     """The list a repeatable flag got from its variable: the first use on the command line replaces it."""
 
 
 class _Append(argparse._AppendAction):
     """``action="append"``, where the command line replaces a list from the environment."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         if isinstance(getattr(namespace, self.dest, None), _FromEnvironment):
             setattr(namespace, self.dest, [])
         super().__call__(parser, namespace, values, option_string)
@@ -72,7 +73,7 @@ class Parser(argparse.ArgumentParser):
         hint = "" if flag_named else f" (see '{self.prog} --help')"
         self.exit(2, f"nftpolicy: {message}{hint}\n")
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:  # named with the command's own --help
             command = getattr(parsed, "command", None)
@@ -80,7 +81,8 @@ class Parser(argparse.ArgumentParser):
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]:
         for action in self._actions:
             flag = next((o for o in action.option_strings if o.startswith("--")), None)
             if flag is None or action.dest in ("help", "version"):
@@ -106,7 +108,7 @@ class Parser(argparse.ArgumentParser):
                 if action.choices is not None and value not in action.choices:
                     raise argparse.ArgumentTypeError(
                         f"invalid choice: {value!r} (choose from {', '.join(map(repr, action.choices))})")
-                converted.append(action.type(value) if action.type else value)
+                converted.append(action.type(value) if callable(action.type) else value)
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
             self.error(f"{flag}: {exc} (from {env})")
         return _FromEnvironment(converted) if isinstance(action, argparse._AppendAction) else converted[0]
@@ -374,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         command = importlib.import_module(f"nftpolicy.agent.commands.{args.command}")
-        return getattr(command, f"cmd_{args.command}")(args)
+        return int(getattr(command, f"cmd_{args.command}")(args))
     except KeyboardInterrupt:
         print("nftpolicy: interrupted", file=sys.stderr)
         return 130

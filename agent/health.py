@@ -47,6 +47,12 @@ class Health:
         return reasons
 
 
+class _Server6(ThreadingHTTPServer):
+    """The HTTP server on an IPv6 address (``[::]:port``)."""
+
+    address_family = socket.AF_INET6
+
+
 def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
     """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port`` (``[::]:port`` for IPv6)
     from a daemon thread.
@@ -80,7 +86,7 @@ def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPS
             pass
 
     host = host.strip("[]") or "0.0.0.0"
-    server_class = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6}) if ":" in host else ThreadingHTTPServer
+    server_class: type[ThreadingHTTPServer] = _Server6 if ":" in host else ThreadingHTTPServer
     server = server_class((host, int(port)), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()

@@ -13,6 +13,7 @@ reported and the kind is relisted only after the longest backoff.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -273,7 +274,7 @@ class KubeSource:
         self._succeeded = {kind: time.monotonic() for kind in self.calls}
         self._streaming: set[str] = set()
         for kind in self.calls:
-            metrics.watch_seconds_since_success.labels(kind).set_function(lambda kind=kind: self.seconds_failing(kind))
+            metrics.watch_seconds_since_success.labels(kind).set_function(functools.partial(self.seconds_failing, kind))
 
     def seconds_failing(self, kind: str) -> float:
         """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
@@ -302,11 +303,17 @@ class KubeSource:
             log.warning("API %s request failed (%s), retry %d in %.1fs", kind, describe(exc), state.attempt_number,
                         state.next_action.sleep if state.next_action else 0, extra={"kind": kind, "reason": reason})
 
+        def sleep(seconds: float) -> None:
+            self.stop.wait(seconds)  # a stop ends the pause at once
+
+        def after(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome and state.outcome.failed else None
+            if exc is not None:
+                self.metrics.api_errors.labels(kind, _reason(exc)).inc()
+
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: _retryable(e) and not self.stop.is_set()),
-            wait=wait, sleep=self.stop.wait, before_sleep=before_sleep, reraise=True,
-            after=lambda state: self.metrics.api_errors.labels(kind, _reason(state.outcome.exception())).inc()
-            if state.outcome and state.outcome.failed else None,
+            wait=wait, sleep=sleep, before_sleep=before_sleep, reraise=True, after=after,
         )
 
     def _run(self, kind: str) -> None:
@@ -339,7 +346,7 @@ class KubeSource:
         objects before the next is fetched, so the agent never holds a whole cluster of API
         objects (150,000 pods are about a gigabyte of them)."""
         call, kwargs = self.calls[kind]
-        pages = {"count": 0, "version": ""}
+        pages: dict[str, Any] = {"count": 0, "version": ""}  # what the pages said, for the log
 
         def items() -> Iterator[Any]:
             token = None
@@ -387,7 +394,7 @@ class KubeSource:
                 event = orjson.loads(line)
                 kind_of_event, obj = event.get("type"), event.get("object") or {}
                 if kind_of_event == "ERROR":
-                    code = obj.get("code") if isinstance(obj.get("code"), int) else 410
+                    code: int = obj["code"] if isinstance(obj.get("code"), int) else 410
                     raise RelistNeeded(f"watch error: {code} {obj.get('message')}", code)
                 if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
                     self.store.apply(kind, kind_of_event, obj)

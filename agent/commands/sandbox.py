@@ -83,7 +83,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
     cases = _read_cases(args.paths)
-    families = ("ipv4", "ipv6") if args.dual_stack else ("ipv6",) if args.ipv6 else ("ipv4",)
+    families: tuple[Family, ...] = ("ipv4", "ipv6") if args.dual_stack else ("ipv6",) if args.ipv6 else ("ipv4",)
     nodes = args.node or ["node1"]
     config = config_from(args)
     dataplanes = _dataplanes(args)
