@@ -41,7 +41,7 @@ def test_a_denied_packet_shows_the_reject():
     assert result.returncode == 1, result.stderr
     assert lines[0] == "TRACE  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 TCP/5432: refused"
     assert "  KUBE-NWPLCY-VHTYM5YFL6X3MAZN: policy shop/frontend-egress egress: no rule matched -> return" in lines
-    reject = lines.index("  KUBE-POD-FW-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject -> drop")
+    reject = lines.index("  KUBE-POD-FW-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject egress -> drop")
     assert lines[reject + 1:] == ["node node2:", "  (no packet of it in our table here)"]  # refused before it left node1
 
 
