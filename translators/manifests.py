@@ -26,7 +26,8 @@ import json
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping  # collections.abc: isinstance on typing's alias is slow
+from typing import Any
 
 import orjson
 import yaml
@@ -167,9 +168,6 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
                 errors.append(ManifestError(str(kind or "object"), str(name), hint, origin))
             continue
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        name = meta.get("name") or meta.get("generateName")
-        ref = f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else str(name)
         try:
             if kind == "Namespace":
                 ns = namespace_from(obj)
@@ -184,6 +182,9 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 node = node_from(obj)
                 nodes[node.name] = node
         except InvalidField as exc:
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+            name = meta.get("name") or meta.get("generateName")
+            ref = f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else str(name)
             errors.append(ManifestError(kind, ref, str(exc), origin))
     return Cluster(namespaces=namespaces, pods=pods, policies=policies, nodes=nodes), errors
 
@@ -278,19 +279,29 @@ def _label_error(key: Any, value: Any) -> str | None:
 
 
 def _labels(value: Any, path: str) -> Mapping[str, str]:
-    """Validated labels. Equal label sets are one shared object (the replicas of a workload
-    carry the same labels): never modify the result."""
+    """Validated labels, keys in sorted order. Equal label sets are one shared object (the
+    replicas of a workload carry the same labels; the node renderer groups pods by it): never
+    modify the result."""
     labels = _mapping(value, path)
-    for k, v in labels.items():
-        error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
-        if error:
-            raise InvalidField(f"{path}.{k}", error)
-    return _shared_labels(frozenset(labels.items()))
+    try:
+        return _shared_labels(tuple(labels), tuple(labels.values()))
+    except TypeError:  # an unhashable key or value (a list, a mapping): not a string either
+        bad = next(k for k, v in labels.items() if not isinstance(k, str) or not isinstance(v, str))
+        raise InvalidField(f"{path}.{bad}", "label keys and values must be strings") from None
+    except InvalidField as exc:
+        raise InvalidField(f"{path}.{exc.path}", exc.message) from None
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _shared_labels(items: frozenset[tuple[str, str]]) -> Mapping[str, str]:
-    return {sys.intern(k): sys.intern(v) for k, v in sorted(items)}
+def _shared_labels(keys: tuple[Any, ...], values: tuple[Any, ...]) -> Mapping[str, str]:
+    """The labels ``keys[i]: values[i]``, validated once per label set (a set seen before is
+    valid: only strings are cached, and nothing but a string equals one); raises InvalidField
+    with the key as its path."""
+    for k, v in zip(keys, values):
+        error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
+        if error:
+            raise InvalidField(str(k), error)
+    return {sys.intern(k): sys.intern(v) for k, v in sorted(zip(keys, values))}
 
 
 def namespace_from(obj: Mapping[str, Any]) -> Namespace:
@@ -347,7 +358,7 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
     status = _mapping(obj.get("status"), "status")
     ips: list[str] = []
     for i, entry in enumerate(_list(status.get("podIPs"), "status.podIPs")):
-        ips.append(str(_mapping(entry, f"status.podIPs[{i}]").get("ip")))
+        ips.append(str((entry if type(entry) is dict else _mapping(entry, f"status.podIPs[{i}]")).get("ip")))
     if not ips and status.get("podIP"):
         ips.append(str(status["podIP"]))
     for i, ip in enumerate(ips):
@@ -355,21 +366,7 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
         if canonical is None:
             raise InvalidField(f"status.podIPs[{i}]", f"invalid IP address {ip!r}")
         ips[i] = canonical
-    ports = []
-    for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
-        # Paths are spelled out only for an error: this loop runs for every port of every pod.
-        container_ports = _mapping(container, f"spec.containers[{ci}]").get("ports")
-        for pi, p in enumerate(_list(container_ports, f"spec.containers[{ci}].ports") if container_ports else ()):
-            if type(p) is not dict:
-                p = _mapping(p, f"spec.containers[{ci}].ports[{pi}]")
-            number, protocol, port_name = p.get("containerPort"), p.get("protocol") or "TCP", p.get("name")
-            if port_name is not None and not isinstance(port_name, str):
-                raise InvalidField(f"spec.containers[{ci}].ports[{pi}].name", f"must be a string, got {port_name!r}")
-            if type(number) is not int or not 1 <= number <= 65535:
-                raise InvalidField(f"spec.containers[{ci}].ports[{pi}].containerPort", f"must be a number 1-65535, got {number!r}")
-            if protocol not in PROTOCOLS:
-                _protocol(protocol, f"spec.containers[{ci}].ports[{pi}].protocol")
-            ports.append(_container_port(port_name, number, protocol))
+    ports = _container_ports(spec)
     node = spec.get("nodeName")
     return Pod(  # the strings that repeat across pods are interned: one copy each in memory
         namespace=sys.intern(_namespace(obj)),
@@ -379,8 +376,65 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
         ips=tuple(ips),
         phase=sys.intern(str(status.get("phase") or ("Running" if ips else "Pending"))),
         host_network=_boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
-        ports=tuple(ports),
+        ports=ports,
     )
+
+
+def _container_ports(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
+    """The containers' ports, in order. Pods of one workload have the same ports: the common
+    case (lists of dicts with integer port numbers) is looked up by the ports' (name, number,
+    protocol) in a cache of port lists that passed the full check, and shares its tuple; any
+    other shape gets the full check, which names the first invalid field."""
+    containers = spec.get("containers")
+    if type(containers) is list:
+        key = []
+        for container in containers:
+            entries = container.get("ports") if type(container) is dict else None
+            if type(entries) is not list:
+                if entries or type(container) is not dict:
+                    break  # not a list of ports (or not a container object): the full check says why
+                continue
+            for p in entries:
+                number = p.get("containerPort") if type(p) is dict else None
+                if type(number) is not int:  # also refuses True and 80.0, which equal 1 and 80
+                    break
+                key.append((p.get("name"), number, p.get("protocol")))
+            else:
+                continue
+            break
+        else:
+            try:
+                return _checked_ports(tuple(key))
+            except (TypeError, InvalidField):  # an unhashable name or protocol, or an invalid value
+                pass
+    return _container_ports_checked(spec)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _checked_ports(key: tuple[tuple[Any, int, Any], ...]) -> tuple[ContainerPort, ...]:
+    """``(name, number, protocol)`` triples (numbers are ints) -> ContainerPorts, or InvalidField.
+    Only triples of strings, None and ints are cached, and only a string equals a string, None
+    None, and an int an int here, so a hit is a port list that passed the full check."""
+    return _container_ports_checked({"containers": [{"ports": [{"name": n, "containerPort": c, "protocol": p} for n, c, p in key]}]})
+
+
+def _container_ports_checked(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
+    """The full check of ``spec.containers[*].ports``: raises InvalidField naming the first
+    invalid field."""
+    ports = []
+    for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
+        container_ports = _mapping(container, f"spec.containers[{ci}]").get("ports")
+        for pi, p in enumerate(_list(container_ports, f"spec.containers[{ci}].ports") if container_ports else ()):
+            p = _mapping(p, f"spec.containers[{ci}].ports[{pi}]")
+            number, protocol, port_name = p.get("containerPort"), p.get("protocol") or "TCP", p.get("name")
+            if port_name is not None and not isinstance(port_name, str):
+                raise InvalidField(f"spec.containers[{ci}].ports[{pi}].name", f"must be a string, got {port_name!r}")
+            if type(number) is not int or not 1 <= number <= 65535:
+                raise InvalidField(f"spec.containers[{ci}].ports[{pi}].containerPort", f"must be a number 1-65535, got {number!r}")
+            if protocol not in PROTOCOLS:
+                _protocol(protocol, f"spec.containers[{ci}].ports[{pi}].protocol")
+            ports.append(_container_port(port_name, number, protocol))
+    return tuple(ports)
 
 
 # Pods of one workload name the same ports: one shared (immutable) object per distinct port.
