@@ -243,10 +243,18 @@ def object_ref(kind: str, obj: Mapping[str, Any]) -> str:
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:
+    """``metadata.namespace`` (default ``default``), interned."""
     namespace = obj["metadata"].get("namespace") or "default"
+    if type(namespace) is str and namespace in _NAMESPACES:  # one of the few names seen already
+        return _NAMESPACES[namespace]
     if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
         raise InvalidField("metadata.namespace", f"invalid namespace {namespace!r} (a lower-case RFC 1123 label)")
-    return namespace
+    if len(_NAMESPACES) >= 1 << 14:
+        _NAMESPACES.clear()
+    return _NAMESPACES.setdefault(namespace, sys.intern(namespace))
+
+
+_NAMESPACES: dict[str, str] = {}  # valid namespace names seen (bounded), each its interned self
 
 
 def _label_key(key: Any, path: str, what: str = "label") -> str:
@@ -369,7 +377,7 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
     ports = _container_ports(spec)
     node = spec.get("nodeName")
     return Pod(  # the strings that repeat across pods are interned: one copy each in memory
-        namespace=sys.intern(_namespace(obj)),
+        namespace=_namespace(obj),
         name=name,
         labels=_labels(meta.get("labels"), "metadata.labels"),
         node=sys.intern(node) if isinstance(node, str) else node,
@@ -459,16 +467,28 @@ def _boolean(value: Any, path: str) -> bool:
 
 def _network(value: Any, path: str, new: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """A CIDR; ``new``: also refuse what kube-apiserver (v1.36) refuses in a new object."""
-    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F.:]+/[0-9]{1,3}", value):
+    if not isinstance(value, str):
         raise InvalidField(path, f"invalid CIDR {value!r}")
+    try:
+        return _cidr(value, new)
+    except ValueError as exc:
+        raise InvalidField(path, str(exc)) from None
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _cidr(value: str, new: bool) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """:func:`_network` of a string, cached (policies repeat their CIDRs; networks are
+    immutable); raises ValueError with the reason."""
+    if not re.fullmatch(r"[0-9a-fA-F.:]+/[0-9]{1,3}", value):
+        raise ValueError(f"invalid CIDR {value!r}")
     try:
         network = ipaddress.ip_network(value, strict=False)
     except ValueError:
-        raise InvalidField(path, f"invalid CIDR {value!r}") from None
+        raise ValueError(f"invalid CIDR {value!r}") from None
     if new and ipaddress.ip_interface(value).ip != network.network_address:
-        raise InvalidField(path, f"invalid CIDR {value!r}: must not have bits set beyond the prefix length (use {network})")
+        raise ValueError(f"invalid CIDR {value!r}: must not have bits set beyond the prefix length (use {network})")
     if new and isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped is not None:
-        raise InvalidField(path, f"invalid CIDR {value!r}: must not have an IPv4-mapped IPv6 address")
+        raise ValueError(f"invalid CIDR {value!r}: must not have an IPv4-mapped IPv6 address")
     return network
 
 
