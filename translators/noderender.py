@@ -490,9 +490,10 @@ class NodeRenderer:
                     self._scopes_in.setdefault(name, set()).add(scope)
         users.add(key)
         counts = self._sets[key].counts
-        if key.kind == "addr" and scope.block is None:  # the common case, without a call per pod
+        if key.kind == "addr" and scope.block is None and not scope.local:  # the common case, without a call per pod
             v6 = key.family == "ipv6"
-            counts.update(ip for pod in self._scope_pods(scope) for ip in pod.ips if (":" in ip) == v6)
+            counts.update([ip for members in self._scope_groups(scope) for pod in members.values() for ip in pod.ips
+                           if (":" in ip) == v6])
         else:
             for pod in self._scope_pods(scope):
                 counts.update(_elements(key, pod))
@@ -518,15 +519,22 @@ class NodeRenderer:
             if selector is None or selector.matches(labels):
                 yield from group.values()
 
-    def _scope_pods(self, scope: Scope) -> Iterator[Pod]:
+    def _scope_groups(self, scope: Scope) -> list[dict[str, Pod]]:
+        """The pod groups of the namespaces ``scope`` covers whose labels its podSelector
+        matches (``local`` is not applied)."""
         if scope.block is not None:
             namespaces: Iterable[str] = list(self._groups)
         elif scope.namespace is not None:
             namespaces = (scope.namespace,)
         else:
             namespaces = self._selector_scopes[scope]
-        for namespace in namespaces:
-            for pod in self._pods_of(namespace, scope.pod_selector):
+        selector, groups = scope.pod_selector, self._groups
+        return [members for namespace in namespaces if namespace in groups for labels, members in groups[namespace].values()
+                if selector is None or selector.matches(labels)]
+
+    def _scope_pods(self, scope: Scope) -> Iterator[Pod]:
+        for members in self._scope_groups(scope):
+            for pod in members.values():
                 if not scope.local or self._is_local(pod):
                     yield pod
 
