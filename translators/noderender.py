@@ -436,6 +436,8 @@ class NodeRenderer:
     def _address_set(self, key: SetKey, ordered: bool = True) -> AddressSet:
         if key.kind == "interval":
             elements: tuple[Any, ...] = _block_elements(key)
+        elif ordered and key.kind == "addr":  # addresses of one family: their bytes sort as _element_order does
+            elements = tuple(sorted(self._sets[key].counts, key=_ADDRESS_BYTES[key.family]))
         elif ordered:
             elements = tuple(sorted(self._sets[key].counts, key=_element_order))
         else:
@@ -752,6 +754,9 @@ def _packed(ip: str) -> bytes:
     """An address as its bytes: IPv4 (4 bytes) sorts before IPv6 (16), each in numeric order
     when compared after the length."""
     return socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+
+
+_ADDRESS_BYTES = {"ipv4": functools.partial(socket.inet_pton, socket.AF_INET), "ipv6": functools.partial(socket.inet_pton, socket.AF_INET6)}
 
 
 def _element_order(element: Any) -> tuple[Any, ...]:
