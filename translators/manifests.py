@@ -302,14 +302,18 @@ def _labels(value: Any, path: str) -> Mapping[str, str]:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _shared_labels(keys: tuple[Any, ...], values: tuple[Any, ...]) -> Mapping[str, str]:
-    """The labels ``keys[i]: values[i]``, validated once per label set (a set seen before is
-    valid: only strings are cached, and nothing but a string equals one); raises InvalidField
-    with the key as its path."""
+    """The labels ``keys[i]: values[i]``, validated once per label set and order (a set seen
+    before is valid: only strings are cached, and nothing but a string equals one); raises
+    InvalidField with the key as its path. Every order of a set gives the dict of its sorted
+    order (the API server sends keys sorted)."""
     for k, v in zip(keys, values):
         error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
         if error:
             raise InvalidField(str(k), error)
-    return {sys.intern(k): sys.intern(v) for k, v in sorted(zip(keys, values))}
+    if list(keys) != sorted(keys):
+        ordered = sorted(zip(keys, values))
+        return _shared_labels(tuple(k for k, _ in ordered), tuple(v for _, v in ordered))
+    return {sys.intern(k): sys.intern(v) for k, v in zip(keys, values)}
 
 
 def namespace_from(obj: Mapping[str, Any]) -> Namespace:
@@ -420,9 +424,9 @@ def _container_ports(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
 
 @functools.lru_cache(maxsize=1 << 12)
 def _checked_ports(key: tuple[tuple[Any, int, Any], ...]) -> tuple[ContainerPort, ...]:
-    """``(name, number, protocol)`` triples (numbers are ints) -> ContainerPorts, or InvalidField.
-    Only triples of strings, None and ints are cached, and only a string equals a string, None
-    None, and an int an int here, so a hit is a port list that passed the full check."""
+    """``(name, number, protocol)`` triples -> ContainerPorts, or InvalidField. A hit equals,
+    element by element, a port list that passed the full check, and equal values get the same
+    verdict there (the numbers are exact ints: True and 80.0, equal to 1 and 80, never get here)."""
     return _container_ports_checked({"containers": [{"ports": [{"name": n, "containerPort": c, "protocol": p} for n, c, p in key]}]})
 
 
