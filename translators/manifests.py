@@ -118,17 +118,30 @@ def _load_yaml(text: str, origin: str) -> tuple[list[Any], list[ManifestError]]:
     return docs, errors
 
 
-def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
+def parse_documents(text: str | bytes, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
     """Split YAML or JSON text into ``(origin, object)`` pairs, flattening ``kind: List``,
     ``kind: <Kind>List`` (raw API list output) and top-level arrays.
 
+    ``text`` may be a file's bytes: JSON is then parsed without a decoded copy (a 150,000-pod
+    dump is 95 MB); bytes that are not UTF-8 raise UnicodeDecodeError.
     Returns the objects and one error per document that cannot be parsed (the others are kept).
     """
-    try:
-        # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
-        docs, errors = ([orjson.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
-    except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
-        docs, errors = _load_yaml(text, origin)
+    docs: list[Any] | None = None
+    if isinstance(text, bytes):
+        if text.lstrip()[:1] in (b"{", b"["):
+            try:
+                docs, errors = [orjson.loads(text)], []
+            except (ValueError, RecursionError):
+                pass
+        if docs is None:
+            text = text.decode()
+    if docs is None:
+        assert isinstance(text, str)
+        try:
+            # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
+            docs, errors = ([orjson.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
+        except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
+            docs, errors = _load_yaml(text, origin)
     objects: list[tuple[str, Any]] = []
     pending = docs[::-1]  # a stack, next document last: each document is handled once
     while pending:
