@@ -174,6 +174,9 @@ class FakeApiServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # TCP_NODELAY, as Go's net/http (kube-apiserver) sets: else a watch event written
+            # while the previous one is unacknowledged waits for the client's delayed ACK (40 ms).
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 pass
