@@ -675,18 +675,19 @@ def policy_object(p: NetworkPolicy) -> dict[str, Any]:
 
 
 def pod_object(p: Pod) -> dict[str, Any]:
-    """A Pod manifest (spec.nodeName, status.podIPs) for a model pod."""
+    """A Pod manifest (spec.nodeName, status.podIPs) for a model pod; labels in key order, as
+    the API server (Go's JSON encoding of a map) sends them."""
     status: dict[str, Any] = {"phase": p.phase}
     if p.ips:
         status.update(podIP=p.ips[0], podIPs=[{"ip": ip} for ip in p.ips])
     ports = [{"containerPort": c.port, "protocol": c.protocol, **({"name": c.name} if c.name else {})} for c in p.ports]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(p.labels)},
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(sorted(p.labels.items()))},
             "spec": {"nodeName": p.node, "hostNetwork": p.host_network, "containers": [{"name": "c", "ports": ports}]}, "status": status}
 
 
 def namespace_object(ns: Namespace) -> dict[str, Any]:
     """A Namespace manifest for a model namespace."""
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": dict(ns.labels)}}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": dict(sorted(ns.labels.items()))}}
 
 
 def api_objects(cluster: Cluster) -> Iterator[dict[str, Any]]:
