@@ -40,7 +40,7 @@ from nftpolicy.translators.manifests import (
 )
 from nftpolicy.translators.model import Cluster
 
-from .manifests import manifest_files, read_objects
+from .manifestfiles import manifest_files, read_objects
 from .memory import gc_paused
 from .metrics import Metrics
 

@@ -90,7 +90,7 @@ FRONTEND, API, PROMETHEUS, DB, DEBUG = "10.244.1.10", "10.244.1.11", "10.244.1.1
 
 @pytest.fixture(scope="module")
 def shop() -> Enforcement:
-    from nftpolicy.agent.manifests import load_cluster
+    from nftpolicy.agent.manifestfiles import load_cluster
 
     cluster, errors = load_cluster([str(SHOP)])
     assert errors == []

@@ -9,7 +9,7 @@ import sys
 from nftpolicy.translators.manifests import ManifestError
 from nftpolicy.translators.model import NAMESPACE_NAME_LABEL, Cluster
 
-from ..manifests import load_cluster
+from ..manifestfiles import load_cluster
 
 
 def report_skipped(errors: list[ManifestError], strict: bool) -> None:

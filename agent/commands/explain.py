@@ -29,7 +29,7 @@ from nftpolicy.translators.verdict import (
 
 from ..cli import UsageError, config_from
 from ..debughttp import DEBUG_PATH
-from ..manifests import load_cluster
+from ..manifestfiles import load_cluster
 
 AGENT_TIMEOUT = 5.0
 

@@ -20,7 +20,7 @@ from ..cli import DATAPLANE_CHOICES, UsageError, config_from
 from ..compare import explain, verdict
 from .. import report
 from ..controlplane import ControlPlane, find_binary
-from ..manifests import manifest_files, read_objects
+from ..manifestfiles import manifest_files, read_objects
 from ..probes import ProbeSpec
 from ..replay import Disagreement, disagreements, replay_twins, start_daemons
 from ..sandbox import Sandbox

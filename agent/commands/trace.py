@@ -30,7 +30,7 @@ from nftpolicy.translators.rules import Config
 from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 
 from ..cli import UsageError, check_exists, config_from
-from ..manifests import load_cluster
+from ..manifestfiles import load_cluster
 from ..nftables import NftDataplane, TraceMonitor
 from ..probes import ProbeSpec
 from ..sandbox import Sandbox
