@@ -12,6 +12,8 @@ section 2):
 * a pod without a ``KUBE-POD-FW-`` chain on its node, or whose chain has no policy chains for a
   direction, is not isolated for that direction (the API reference: only a policy of that type
   selecting the pod isolates it);
+* a connection from an address to itself never leaves the pod (its loopback), so no chain sees
+  it: allowed in both directions, as upstream's conformance tests expect of a pod's own address;
 * exemptions, in the order the table applies them: an established (or related) connection is
   accepted by the base chains; the common chain accepts essential ICMP errors
   (:data:`~nftpolicy.translators.layout.ESSENTIAL_ICMP`); traffic to a pod from an address of
@@ -39,8 +41,8 @@ from .noderender import NodeRenderer, build_rule_model
 from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
-Exemption = Literal["established", "essential ICMP error", "node-local source", "service cluster IP", "node port",
-                    "external IP"]
+Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
+                    "node port", "external IP"]
 _RULE_INDEX = re.compile(r" (?:ingress|egress) rule (\d+)$")
 
 
@@ -249,6 +251,8 @@ class Enforcement:
         targets = getattr(chain, direction) if chain is not None else None
         policies = tuple(index.policy_chains[t].policy for t in targets or ())
         side = DirectionVerdict(direction, address, key, node, True, targets is not None, True, policies)
+        if address == peer:
+            return dataclasses.replace(side, exemption="own address")
         exemption = self._input_exemption(node, conn) if direction == "egress" else None
         if exemption is None and targets is not None:
             exemption = self._chain_exemption(node, conn, direction)
@@ -375,6 +379,7 @@ def _rule_text(summary: RuleSummary, with_policy: bool, verb: str = "") -> str:
 
 
 EXEMPTION_TEXT: dict[str, str] = {
+    "own address": "allowed: to its own address (it never leaves the pod)",
     "established": "allowed: an established or related connection",
     "essential ICMP error": "allowed: an essential ICMP error (always accepted)",
     "node-local source": "allowed: from an address of its own node (the node may always reach its pods)",
