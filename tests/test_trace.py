@@ -5,6 +5,7 @@ the trace chains go away afterwards, also when the command is stopped with SIGTE
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from nftpolicy.agent import netns
+from nftpolicy.agent.nftables import TraceMonitor
 from nftpolicy.translators.layout import TRACE_CHAINS
 
 from .conftest import REPO, nft
@@ -71,3 +74,18 @@ def test_on_a_node_the_trace_chains_go_away_after_a_timeout_and_after_sigterm(ma
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 143
     assert nft(ns, "list", "table", "inet", "nftpolicy") == before
+
+
+def test_the_monitor_listens_once_entered(make_netns):
+    """A packet sent right after TraceMonitor's __enter__ is reported: it returns once its socket
+    has joined the kernel's trace group (no retry needed, no packet of the walk missed)."""
+    ns = make_netns()
+    netns.ip_batch(["link set lo up"], ns)
+    nft(ns, "-f", "-", stdin="table inet tracetest {\n chain out {\n type filter hook output priority 0;\n"
+                             " udp dport 9 meta nftrace set 1\n }\n}\n")
+    for attempt in range(3):
+        with TraceMonitor(ns) as monitor:
+            with netns.entered(ns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.sendto(b"x", ("127.0.0.1", 9))
+            lines = list(monitor.lines(1.0))
+        assert any(" inet tracetest out " in line for line in lines), (attempt, lines)

@@ -39,7 +39,6 @@ from .explain import connections, parse_port
 _EVENT = re.compile(r"^trace id (\S+) inet (\S+) (\S+) (.*)$")
 _RULE = re.compile(r"^(?:rule (?P<text>.*?)|unknown rule handle (?P<handle>\d+)) \(verdict (?P<verdict>[^)]*)\)\s*$")
 _COMMENT = re.compile(r'comment "([^"]*)"')
-ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -158,11 +157,9 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
                 dataplane = NftDataplane(config.table, sandbox.node_netns(node))
                 stack.enter_context(traced(dataplane, config, conn))
                 monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane)
-            for _ in range(ATTEMPTS):  # until the monitor listens: each attempt is one new connection
-                connected = sandbox.connect(source.key, conn.destination, spec)
-                first = _steps(*monitors[nodes[0]], config.table, 1.0)
-                if first:
-                    break
+            # Every monitor listens once entered, so this one connection's first packet is the first traced.
+            connected = sandbox.connect(source.key, conn.destination, spec)
+            first = _steps(*monitors[nodes[0]], config.table, 1.0)
             head = f"TRACE  {engine.name(conn.source)} -> {engine.name(conn.destination)} {conn.text()}: " \
                    f"{'connected' if connected else 'refused'}"
             _print(head, nodes[0], first)
