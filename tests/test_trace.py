@@ -89,3 +89,21 @@ def test_the_monitor_listens_once_entered(make_netns):
                 sock.sendto(b"x", ("127.0.0.1", 9))
             lines = list(monitor.lines(1.0))
         assert any(" inet tracetest out " in line for line in lines), (attempt, lines)
+
+
+def test_the_trace_ends_cleanly_when_the_agent_replaced_the_table_meanwhile(make_netns):
+    """The agent's full resync replaces the table (trace chains included) while a trace waits:
+    the trace's clean-up then finds nothing to delete, and must not fail for it."""
+    from nftpolicy.agent.commands.trace import traced
+    from nftpolicy.agent.nftables import NftDataplane
+    from nftpolicy.translators.rules import Config
+    from nftpolicy.translators.verdict import Connection
+
+    ns = make_netns()
+    rules = subprocess.run([NFTPOLICY, "render", "--node", "node1", SHOP], capture_output=True, text=True, check=True).stdout
+    nft(ns, "-f", "-", stdin=rules)
+    before = nft(ns, "list", "table", "inet", "nftpolicy")
+    with traced(NftDataplane("nftpolicy", ns), Config(), Connection("10.244.1.10", "10.244.2.10", "TCP", 5432)):
+        assert all(name in nft(ns, "list", "table", "inet", "nftpolicy") for name in TRACE_CHAINS)
+        nft(ns, "-f", "-", stdin=rules)  # a full replace, as the agent's resync commits
+    assert nft(ns, "list", "table", "inet", "nftpolicy") == before

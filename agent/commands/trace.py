@@ -53,15 +53,18 @@ class Step:
 
 @contextlib.contextmanager
 def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
-    """Our table with the trace chains for ``conn`` while the body runs, then without them."""
+    """Our table with the trace chains for ``conn`` while the body runs, then without them (those
+    still there: the agent's full resync replaces the table, trace chains included)."""
     chains = layout.trace_chains(conn.source, conn.destination, conn.protocol, conn.port)
     objects = [o for c in chains for o in nft.chain_json(config.table, config.priority - 1, c)]
     dataplane.run({"nftables": [{"add": o} for o in objects]})
     try:
         yield
     finally:
-        refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains]
-        dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
+        listed = {o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o}
+        refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains if c.name in listed]
+        if refs:
+            dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
 
 
 def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: dict[str, str]) -> list[Step]:
