@@ -107,3 +107,16 @@ def test_the_trace_ends_cleanly_when_the_agent_replaced_the_table_meanwhile(make
         assert all(name in nft(ns, "list", "table", "inet", "nftpolicy") for name in TRACE_CHAINS)
         nft(ns, "-f", "-", stdin=rules)  # a full replace, as the agent's resync commits
     assert nft(ns, "list", "table", "inet", "nftpolicy") == before
+
+
+def test_sctp_without_kernel_sctp_is_one_line():
+    """The sandbox cannot send SCTP on a kernel without it (as in many CI kernels): one line and
+    exit 2, not a socket traceback; with SCTP the packet is traced."""
+    from nftpolicy.agent.probes import sctp_supported
+
+    result = trace("--from", "shop/frontend", "--to", "shop/db", "--port", "sctp/5432", SHOP)
+    assert "Traceback" not in result.stderr
+    if sctp_supported():
+        assert result.returncode == 1 and result.stdout.startswith("TRACE  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 SCTP/5432: refused")
+    else:
+        assert (result.returncode, result.stderr) == (2, "nftpolicy: --port sctp/5432: this kernel has no SCTP, so the sandbox cannot send it\n")

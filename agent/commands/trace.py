@@ -32,7 +32,7 @@ from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 from ..cli import UsageError, check_exists, config_from
 from ..manifests import load_cluster
 from ..nftables import NftDataplane, TraceMonitor
-from ..probes import ProbeSpec
+from ..probes import ProbeSpec, sctp_supported
 from ..sandbox import Sandbox
 from .explain import connections, parse_port
 
@@ -152,6 +152,8 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
         source, target = engine.pod_at(conn.source), engine.pod_at(conn.destination)
         if source is None or source.key not in sandbox.pods:
             raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")
+        if conn.protocol == "SCTP" and not sctp_supported():
+            raise UsageError(f"--port {args.port or conn.text().lower()}: this kernel has no SCTP, so the sandbox cannot send it")
         nodes = list(dict.fromkeys(p.node for p in (source, target) if p is not None and p.node))
         spec = ProbeSpec(conn.port or 0, conn.protocol)
         with contextlib.ExitStack() as stack:
