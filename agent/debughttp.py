@@ -60,9 +60,11 @@ def serve_debug(address: str, snapshot: Callable[[], dict[str, Any] | None]) -> 
 
 def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:
     """:func:`serve_debug` of ``reconciler``'s committed model (read under its lock, between
-    syncs; building it takes about as long as a full render's model step)."""
+    syncs; building it takes about as long as a full render's model step) and of the addresses
+    of its Node object."""
     def snapshot() -> dict[str, Any] | None:
+        node = reconciler.store.get("Node", reconciler.node)
         with reconciler.lock:
             renderer = reconciler.renderer
-            return None if renderer is None else renderer_json(renderer)
+            return None if renderer is None else renderer_json(renderer, node.addresses if node is not None else ())
     return serve_debug(address, snapshot)

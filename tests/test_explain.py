@@ -119,6 +119,10 @@ def test_explain_against_a_running_agent(make_netns, tmp_path):
         assert denied.stdout.splitlines()[2] == "  ingress of shop/db-0: enforced on node node2, whose rules are not known here"
         unknown = ask("--from", "shop/api", "--to", "shop/db", "--port", "5432")
         assert unknown.returncode == 1 and unknown.stdout.startswith("UNKNOWN  shop/api-5f6b7c9d4-q8w2n -> shop/db-0 TCP/5432")
+        # the node itself (kubelet probes) always reaches its pods: the agent knows its node's addresses
+        kubelet = ask("--from", "172.18.0.2", "--to", "shop/api", "--port", "8080")
+        assert kubelet.returncode == 0 and kubelet.stdout.splitlines()[2] == (
+            "  ingress of shop/api-5f6b7c9d4-q8w2n: allowed: from an address of its own node (the node may always reach its pods)")
     finally:
         agent.terminate()
         agent.wait(timeout=15)

@@ -431,11 +431,13 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 # ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
 
-def renderer_json(renderer: NodeRenderer) -> dict[str, Any]:
-    """What a node renderer enforces (:func:`enforcement_json` of its node's model and every
-    enforceable pod it knows; node addresses are not part of it): the agent's debug endpoint."""
+def renderer_json(renderer: NodeRenderer, node_addresses: Sequence[str] = ()) -> dict[str, Any]:
+    """What a node renderer enforces (:func:`enforcement_json` of its node's model, every
+    enforceable pod it knows and ``node_addresses``, its node's: the node-local and node-port
+    exemptions need them): the agent's debug endpoint."""
     endpoints = [Endpoint.of(p) for p in renderer.pods.values() if p.enforceable]
-    return enforcement_json(Enforcement({renderer.node: renderer.model(ordered=False)}, endpoints))
+    addresses = {renderer.node: node_addresses} if renderer.node and node_addresses else {}
+    return enforcement_json(Enforcement({renderer.node: renderer.model(ordered=False)}, endpoints, addresses))
 
 
 def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:
