@@ -37,7 +37,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
 from .model import Cluster, Direction, Family, Pod, family_of
-from .noderender import NodeRenderer, build_rule_model
+from .noderender import build_rule_model
 from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
@@ -431,13 +431,12 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 # ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
 
-def renderer_json(renderer: NodeRenderer, node_addresses: Sequence[str] = ()) -> dict[str, Any]:
-    """What a node renderer enforces (:func:`enforcement_json` of its node's model, every
-    enforceable pod it knows and ``node_addresses``, its node's: the node-local and node-port
-    exemptions need them): the agent's debug endpoint."""
-    endpoints = [Endpoint.of(p) for p in renderer.pods.values() if p.enforceable]
-    addresses = {renderer.node: node_addresses} if renderer.node and node_addresses else {}
-    return enforcement_json(Enforcement({renderer.node: renderer.model(ordered=False)}, endpoints, addresses))
+def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Sequence[str] = ()) -> dict[str, Any]:
+    """What one node enforces (:func:`enforcement_json` of its ``model``, the enforceable ones of
+    ``pods`` and ``node_addresses``, its node's: the node-local and node-port exemptions need
+    them): the agent's debug endpoint."""
+    endpoints = [Endpoint.of(p) for p in pods if p.enforceable]
+    return enforcement_json(Enforcement({node: model}, endpoints, {node: node_addresses} if node_addresses else {}))
 
 
 def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:
