@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import orjson
 
-from nftpolicy.translators.verdict import renderer_json
+from nftpolicy.translators.verdict import node_json
 
 from .reconcile import Reconciler
 
@@ -24,7 +24,7 @@ DEBUG_PATH = "/debug/model"
 
 def serve_debug(address: str, snapshot: Callable[[], dict[str, Any] | None]) -> ThreadingHTTPServer:
     """Serve ``GET /debug/model`` on ``host:port`` (``[::1]:port`` for IPv6; port 0: a free one)
-    from a daemon thread: ``snapshot()`` as JSON (:func:`~nftpolicy.translators.verdict.renderer_json`
+    from a daemon thread: ``snapshot()`` as JSON (:func:`~nftpolicy.translators.verdict.node_json`
     of the committed model), or 503 while it returns None (no sync committed yet). Raises OSError
     when the address cannot be bound."""
     host, _, port = address.rpartition(":")
@@ -59,10 +59,15 @@ def serve_debug(address: str, snapshot: Callable[[], dict[str, Any] | None]) -> 
 
 
 def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:
-    """:func:`serve_debug` of ``reconciler``'s committed model (read under its lock, between
-    syncs; building it takes about as long as a full render's model step)."""
+    """:func:`serve_debug` of ``reconciler``'s committed model and pods (taken under its lock,
+    between syncs: a few milliseconds; turned into JSON after it, which takes about 0.1 s per
+    10,000 pods) and of the addresses of its Node object."""
     def snapshot() -> dict[str, Any] | None:
+        node = reconciler.store.get("Node", reconciler.node)
         with reconciler.lock:
             renderer = reconciler.renderer
-            return None if renderer is None else renderer_json(renderer)
+            if renderer is None:
+                return None
+            model, pods = renderer.model(ordered=False), list(renderer.pods.values())
+        return node_json(reconciler.node, model, pods, node.addresses if node is not None else ())
     return serve_debug(address, snapshot)

@@ -6,10 +6,12 @@ namespace; the kernel takes each batch as one transaction: it lands whole or not
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
 import signal
+import time
 from contextlib import nullcontext
 from typing import Any, Iterator
 
@@ -47,6 +49,9 @@ FEATURE_PROBES = {
         "add chain inet {t} probe_6\nadd rule inet {t} probe_6 limit rate 10/minute burst 10 packets log group 100",
 }
 FEATURE_TABLE = "nftpolicy-feature-check"
+NETLINK_NETFILTER = 12  # <linux/netlink.h>
+NFNLGRP_NFTRACE = 9  # <linux/netfilter/nfnetlink.h>: the group trace events are sent to
+MONITOR_START_TIMEOUT = 30.0  # seconds for ``monitor trace`` to join it
 
 
 def release_memory() -> None:
@@ -151,6 +156,12 @@ class TraceMonitor:
     command's output until it ends, which ``monitor`` never does, so the child unbuffers its
     context (libnftables then writes each event to stdout, a pipe to this process, flushed per
     event). The child dies with this process (``PR_SET_PDEATHSIG``) and on :meth:`__exit__`.
+
+    :meth:`__enter__` returns once the child's netfilter netlink socket has joined the trace group
+    (``NFNLGRP_NFTRACE``, seen in the ``Groups`` column of ``/proc/<child>/net/netlink``, the
+    child's namespace's list): from then on the kernel queues every trace event for it, so a
+    packet sent after it is reported whole. Raises NftError when the child ends first or has not
+    joined within :data:`MONITOR_START_TIMEOUT` seconds.
     """
 
     def __init__(self, netns_name: str | None = None) -> None:
@@ -175,7 +186,41 @@ class TraceMonitor:
                 os._exit(1)
         os.close(write)
         self.pid, self._read = pid, read
+        try:
+            self._wait_listening()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + MONITOR_START_TIMEOUT
+        while not self._listening():
+            if os.waitpid(self.pid, os.WNOHANG) != (0, 0):
+                self.pid = 0
+                os.close(self._read)
+                raise NftError("monitor trace ended before it listened")
+            if time.monotonic() > deadline:
+                raise NftError(f"monitor trace did not listen within {MONITOR_START_TIMEOUT:g} s")
+            time.sleep(0.01)
+
+    def _listening(self) -> bool:
+        """True once a netfilter netlink socket of the child has joined NFNLGRP_NFTRACE."""
+        inodes = set()
+        with contextlib.suppress(FileNotFoundError):
+            for fd in os.listdir(f"/proc/{self.pid}/fd"):
+                with contextlib.suppress(FileNotFoundError):
+                    link = os.readlink(f"/proc/{self.pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(int(link[8:-1]))
+        try:
+            with open(f"/proc/{self.pid}/net/netlink") as table:
+                rows = [line.split() for line in table.readlines()[1:]]
+        except FileNotFoundError:
+            return False
+        # columns: sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode; Groups: bit n-1 is group n
+        return any(int(r[1]) == NETLINK_NETFILTER and int(r[3], 16) >> (NFNLGRP_NFTRACE - 1) & 1 and int(r[9]) in inodes
+                   for r in rows)
 
     def lines(self, timeout: float) -> Iterator[str]:
         """The monitor's lines as they come, until ``timeout`` seconds pass without one."""

@@ -119,6 +119,33 @@ def test_explain_against_a_running_agent(make_netns, tmp_path):
         assert denied.stdout.splitlines()[2] == "  ingress of shop/db-0: enforced on node node2, whose rules are not known here"
         unknown = ask("--from", "shop/api", "--to", "shop/db", "--port", "5432")
         assert unknown.returncode == 1 and unknown.stdout.startswith("UNKNOWN  shop/api-5f6b7c9d4-q8w2n -> shop/db-0 TCP/5432")
+        # the node itself (kubelet probes) always reaches its pods: the agent knows its node's addresses
+        kubelet = ask("--from", "172.18.0.2", "--to", "shop/api", "--port", "8080")
+        assert kubelet.returncode == 0 and kubelet.stdout.splitlines()[2] == (
+            "  ingress of shop/api-5f6b7c9d4-q8w2n: allowed: from an address of its own node (the node may always reach its pods)")
     finally:
         agent.terminate()
         agent.wait(timeout=15)
+
+
+def test_the_debug_endpoint_holds_the_sync_lock_only_to_take_the_model(monkeypatch):
+    """Turning the model and every pod into JSON takes 0.1 s at 10,000 pods and 0.8 s at 50,000:
+    done under the reconciler's lock, each GET would hold up the syncs that long."""
+    from nftpolicy.agent.debughttp import start_debug
+    from nftpolicy.translators import verdict
+
+    from .test_reconcile import _objects, _reconciler, _store
+    from nftpolicy.agent.fakenft import FakeNftDataplane
+
+    reconciler = _reconciler(_store(_objects()), FakeNftDataplane())
+    assert reconciler.sync(full=True)
+    held = []
+    endpoint_of = verdict.Endpoint.of
+    monkeypatch.setattr(verdict.Endpoint, "of", staticmethod(lambda pod: held.append(reconciler.lock.locked()) or endpoint_of(pod)))
+    server = start_debug("127.0.0.1:0", reconciler)
+    try:
+        status, body = http_get(f"http://127.0.0.1:{server.server_address[1]}/debug/model")
+    finally:
+        server.shutdown()
+    assert status == 200 and len(json.loads(body)["pods"]) == 6
+    assert held and not any(held)

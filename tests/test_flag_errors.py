@@ -202,3 +202,14 @@ def test_a_repeatable_flag_on_the_command_line_replaces_its_variable(clean_env):
     assert cli.parser().parse_args(["render", SHOP]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
     args = cli.parser().parse_args(["render", "--service-cidr", "10.0.0.0/16", "--service-cidr", "10.1.0.0/16", SHOP])
     assert args.service_cidr == ["10.0.0.0/16", "10.1.0.0/16"]
+
+
+def test_an_empty_debug_address_turns_the_endpoint_off(clean_env, capsys):
+    """``--debug-address ''`` is documented as off, and the chart's schema allows
+    ``agent.debugAddress: ""``: the agent must start without the endpoint, not exit 2."""
+    assert cli.parser().parse_args(["agent", "--debug-address", ""]).debug_address == ""
+    clean_env.setenv("NFTPOLICY_DEBUG_ADDRESS", "")
+    assert cli.parser().parse_args(["agent"]).debug_address == ""
+    assert exit_of(["agent", "--debug-address", "nowhere"], capsys) == (2, [
+        "nftpolicy: --debug-address: invalid address 'nowhere' (expected HOST:PORT, HOST an IPv4 address, [IPv6 address], "
+        "a name or empty)"])

@@ -143,3 +143,12 @@ def test_the_default_table_fits_and_head_ends_quietly():
                           shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=300)
     assert (gone.stdout, gone.stderr) == ("rc=141\n", "")
     assert set(netns.existing(OURS)) == before  # each sandbox went
+
+
+@pytest.mark.parametrize("where", ["a directory", "in no directory"])
+def test_a_report_path_that_cannot_be_written_is_one_line_before_the_run(tmp_path, where):
+    path = tmp_path if where == "a directory" else tmp_path / "none" / "report.html"
+    out = subprocess.run([NFTPOLICY, "sandbox", "--report", str(path), str(REPO / "examples" / "shop")],
+                         capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout) == (2, "")  # refused before any sandbox was built
+    assert out.stderr == f"nftpolicy: --report {path}: cannot write a file there\n"

@@ -5,6 +5,7 @@ the trace chains go away afterwards, also when the command is stopped with SIGTE
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from nftpolicy.agent import netns
+from nftpolicy.agent.nftables import TraceMonitor
 from nftpolicy.translators.layout import TRACE_CHAINS
 
 from .conftest import REPO, nft
@@ -71,3 +74,49 @@ def test_on_a_node_the_trace_chains_go_away_after_a_timeout_and_after_sigterm(ma
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 143
     assert nft(ns, "list", "table", "inet", "nftpolicy") == before
+
+
+def test_the_monitor_listens_once_entered(make_netns):
+    """A packet sent right after TraceMonitor's __enter__ is reported: it returns once its socket
+    has joined the kernel's trace group (no retry needed, no packet of the walk missed)."""
+    ns = make_netns()
+    netns.ip_batch(["link set lo up"], ns)
+    nft(ns, "-f", "-", stdin="table inet tracetest {\n chain out {\n type filter hook output priority 0;\n"
+                             " udp dport 9 meta nftrace set 1\n }\n}\n")
+    for attempt in range(3):
+        with TraceMonitor(ns) as monitor:
+            with netns.entered(ns), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.sendto(b"x", ("127.0.0.1", 9))
+            lines = list(monitor.lines(1.0))
+        assert any(" inet tracetest out " in line for line in lines), (attempt, lines)
+
+
+def test_the_trace_ends_cleanly_when_the_agent_replaced_the_table_meanwhile(make_netns):
+    """The agent's full resync replaces the table (trace chains included) while a trace waits:
+    the trace's clean-up then finds nothing to delete, and must not fail for it."""
+    from nftpolicy.agent.commands.trace import traced
+    from nftpolicy.agent.nftables import NftDataplane
+    from nftpolicy.translators.rules import Config
+    from nftpolicy.translators.verdict import Connection
+
+    ns = make_netns()
+    rules = subprocess.run([NFTPOLICY, "render", "--node", "node1", SHOP], capture_output=True, text=True, check=True).stdout
+    nft(ns, "-f", "-", stdin=rules)
+    before = nft(ns, "list", "table", "inet", "nftpolicy")
+    with traced(NftDataplane("nftpolicy", ns), Config(), Connection("10.244.1.10", "10.244.2.10", "TCP", 5432)):
+        assert all(name in nft(ns, "list", "table", "inet", "nftpolicy") for name in TRACE_CHAINS)
+        nft(ns, "-f", "-", stdin=rules)  # a full replace, as the agent's resync commits
+    assert nft(ns, "list", "table", "inet", "nftpolicy") == before
+
+
+def test_sctp_without_kernel_sctp_is_one_line():
+    """The sandbox cannot send SCTP on a kernel without it (as in many CI kernels): one line and
+    exit 2, not a socket traceback; with SCTP the packet is traced."""
+    from nftpolicy.agent.probes import sctp_supported
+
+    result = trace("--from", "shop/frontend", "--to", "shop/db", "--port", "sctp/5432", SHOP)
+    assert "Traceback" not in result.stderr
+    if sctp_supported():
+        assert result.returncode == 1 and result.stdout.startswith("TRACE  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 SCTP/5432: refused")
+    else:
+        assert (result.returncode, result.stderr) == (2, "nftpolicy: --port sctp/5432: this kernel has no SCTP, so the sandbox cannot send it\n")

@@ -6,7 +6,8 @@
 * Its reasons: the policy and rule index that allowed, the policies that isolate, the
   exemptions, and what the rules do allow when none did.
 * Kernel: on random small clusters (hypothesis), the engine's verdict equals the real packet's
-  verdict in a sandbox, for TCP, UDP and ICMP echo, same node and across nodes.
+  verdict in a sandbox, for TCP, UDP and ICMP echo, same node and across nodes, and from a pod
+  to itself.
 """
 
 from __future__ import annotations
@@ -154,6 +155,18 @@ def test_exemptions():
     assert e.verdict(Connection("10.0.0.1", "10.96.0.10", "UDP", 53)).egress.exemption == "service cluster IP"
 
 
+def test_a_pod_to_its_own_address_is_allowed(shop):
+    """The packet stays on the pod's loopback: no chain of any node sees it (the sandbox's
+    diagonal is connected), even when the pod is isolated in both directions."""
+    m = cluster_of(ns("x"), pod("x/a", "10.0.0.1", "fd00::1", node="n1", app="a"), netpol("x/deny", {}, types=["Ingress", "Egress"]))
+    for address in ("10.0.0.1", "fd00::1"):
+        v = enforcement_of(m).verdict(Connection(address, address, "TCP", 80))
+        assert v.allowed is True and v.egress.exemption == v.ingress.exemption == "own address"
+        assert verdict_lines(v)[1] == "  egress of x/a: allowed: to its own address (it never leaves the pod)"
+    v = shop.verdict(Connection(DB, DB, "TCP", 5432))  # isolated for ingress, and no rule allows it
+    assert v.allowed is True and v.ingress.exemption == "own address"
+
+
 def test_a_node_whose_model_is_absent_is_unknown(shop):
     node1 = Enforcement({"node1": shop.models["node1"]}, shop.pods, shop.node_addresses)
     v = node1.verdict(Connection(FRONTEND, DB, "TCP", 5432))
@@ -225,8 +238,6 @@ def test_engine_verdict_equals_the_packet_verdict(objects):
         wrong = []
         for (spec, _), matrix in results.items():
             for (src, dst), connected in matrix.items():
-                if src == dst:
-                    continue
                 conn = Connection(cluster.pods[src].ips[0], cluster.pods[dst].ips[0], spec.protocol,  # type: ignore[arg-type]
                                   None if spec.protocol == "ICMP" else spec.port)
                 if enforcement.verdict(conn).allowed is not connected:

@@ -12,6 +12,8 @@ section 2):
 * a pod without a ``KUBE-POD-FW-`` chain on its node, or whose chain has no policy chains for a
   direction, is not isolated for that direction (the API reference: only a policy of that type
   selecting the pod isolates it);
+* a connection from an address to itself never leaves the pod (its loopback), so no chain sees
+  it: allowed in both directions, as upstream's conformance tests expect of a pod's own address;
 * exemptions, in the order the table applies them: an established (or related) connection is
   accepted by the base chains; the common chain accepts essential ICMP errors
   (:data:`~nftpolicy.translators.layout.ESSENTIAL_ICMP`); traffic to a pod from an address of
@@ -35,12 +37,12 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
 from .model import Cluster, Direction, Family, Pod, family_of
-from .noderender import NodeRenderer, build_rule_model
+from .noderender import build_rule_model
 from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
-Exemption = Literal["established", "essential ICMP error", "node-local source", "service cluster IP", "node port",
-                    "external IP"]
+Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
+                    "node port", "external IP"]
 _RULE_INDEX = re.compile(r" (?:ingress|egress) rule (\d+)$")
 
 
@@ -249,6 +251,8 @@ class Enforcement:
         targets = getattr(chain, direction) if chain is not None else None
         policies = tuple(index.policy_chains[t].policy for t in targets or ())
         side = DirectionVerdict(direction, address, key, node, True, targets is not None, True, policies)
+        if address == peer:
+            return dataclasses.replace(side, exemption="own address")
         exemption = self._input_exemption(node, conn) if direction == "egress" else None
         if exemption is None and targets is not None:
             exemption = self._chain_exemption(node, conn, direction)
@@ -375,6 +379,7 @@ def _rule_text(summary: RuleSummary, with_policy: bool, verb: str = "") -> str:
 
 
 EXEMPTION_TEXT: dict[str, str] = {
+    "own address": "allowed: to its own address (it never leaves the pod)",
     "established": "allowed: an established or related connection",
     "essential ICMP error": "allowed: an essential ICMP error (always accepted)",
     "node-local source": "allowed: from an address of its own node (the node may always reach its pods)",
@@ -426,11 +431,12 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 # ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
 
-def renderer_json(renderer: NodeRenderer) -> dict[str, Any]:
-    """What a node renderer enforces (:func:`enforcement_json` of its node's model and every
-    enforceable pod it knows; node addresses are not part of it): the agent's debug endpoint."""
-    endpoints = [Endpoint.of(p) for p in renderer.pods.values() if p.enforceable]
-    return enforcement_json(Enforcement({renderer.node: renderer.model(ordered=False)}, endpoints))
+def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Sequence[str] = ()) -> dict[str, Any]:
+    """What one node enforces (:func:`enforcement_json` of its ``model``, the enforceable ones of
+    ``pods`` and ``node_addresses``, its node's: the node-local and node-port exemptions need
+    them): the agent's debug endpoint."""
+    endpoints = [Endpoint.of(p) for p in pods if p.enforceable]
+    return enforcement_json(Enforcement({node: model}, endpoints, {node: node_addresses} if node_addresses else {}))
 
 
 def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:

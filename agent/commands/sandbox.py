@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -71,6 +72,13 @@ def _sandbox_control_plane(args: argparse.Namespace, dataplanes: tuple[str, ...]
     return live
 
 
+def _check_report_path(path: str | None) -> None:
+    """Refuse a ``--report`` path that cannot be written (a directory, or in no writable
+    directory) before anything is built: the page is written only at the end of the run."""
+    if path and (os.path.isdir(path) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK)):
+        raise UsageError(f"--report {path}: cannot write a file there")
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed; an interrupt
     # that Python swallowed (raised inside a __del__ or a weakref callback) stops the next step.
@@ -88,6 +96,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     config = config_from(args)
     dataplanes = _dataplanes(args)
     live = _sandbox_control_plane(args, dataplanes)
+    _check_report_path(args.report)
     with report.Report(args.output, args.report, config) as out, contextlib.ExitStack() as stack:
         control_plane = stack.enter_context(ControlPlane()) if live else None
         if cases is None:

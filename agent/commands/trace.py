@@ -32,14 +32,13 @@ from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 from ..cli import UsageError, check_exists, config_from
 from ..manifestfiles import load_cluster
 from ..nftables import NftDataplane, TraceMonitor
-from ..probes import ProbeSpec
+from ..probes import ProbeSpec, sctp_supported
 from ..sandbox import Sandbox
 from .explain import connections, parse_port
 
 _EVENT = re.compile(r"^trace id (\S+) inet (\S+) (\S+) (.*)$")
 _RULE = re.compile(r"^(?:rule (?P<text>.*?)|unknown rule handle (?P<handle>\d+)) \(verdict (?P<verdict>[^)]*)\)\s*$")
 _COMMENT = re.compile(r'comment "([^"]*)"')
-ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -54,15 +53,18 @@ class Step:
 
 @contextlib.contextmanager
 def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
-    """Our table with the trace chains for ``conn`` while the body runs, then without them."""
+    """Our table with the trace chains for ``conn`` while the body runs, then without them (those
+    still there: the agent's full resync replaces the table, trace chains included)."""
     chains = layout.trace_chains(conn.source, conn.destination, conn.protocol, conn.port)
     objects = [o for c in chains for o in nft.chain_json(config.table, config.priority - 1, c)]
     dataplane.run({"nftables": [{"add": o} for o in objects]})
     try:
         yield
     finally:
-        refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains]
-        dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
+        listed = {o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o}
+        refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains if c.name in listed]
+        if refs:
+            dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
 
 
 def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: dict[str, str]) -> list[Step]:
@@ -150,6 +152,8 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
         source, target = engine.pod_at(conn.source), engine.pod_at(conn.destination)
         if source is None or source.key not in sandbox.pods:
             raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")
+        if conn.protocol == "SCTP" and not sctp_supported():
+            raise UsageError(f"--port {args.port or conn.text().lower()}: this kernel has no SCTP, so the sandbox cannot send it")
         nodes = list(dict.fromkeys(p.node for p in (source, target) if p is not None and p.node))
         spec = ProbeSpec(conn.port or 0, conn.protocol)
         with contextlib.ExitStack() as stack:
@@ -158,11 +162,9 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
                 dataplane = NftDataplane(config.table, sandbox.node_netns(node))
                 stack.enter_context(traced(dataplane, config, conn))
                 monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane)
-            for _ in range(ATTEMPTS):  # until the monitor listens: each attempt is one new connection
-                connected = sandbox.connect(source.key, conn.destination, spec)
-                first = _steps(*monitors[nodes[0]], config.table, 1.0)
-                if first:
-                    break
+            # Every monitor listens once entered, so this one connection's first packet is the first traced.
+            connected = sandbox.connect(source.key, conn.destination, spec)
+            first = _steps(*monitors[nodes[0]], config.table, 1.0)
             head = f"TRACE  {engine.name(conn.source)} -> {engine.name(conn.destination)} {conn.text()}: " \
                    f"{'connected' if connected else 'refused'}"
             _print(head, nodes[0], first)
