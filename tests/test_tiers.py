@@ -11,12 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nftpolicy.translators.cases import load_case
+from nftpolicy.translators.cases import evaluated_matrix, load_case
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster
 from nftpolicy.translators.tiers import connection_allowed, direction_decision, tier_order
-
-from tests.cnpcases import case_cluster, evaluated_matrix
 
 CASES = Path(__file__).parent / "conformance"
 
@@ -204,10 +202,9 @@ NETPOL_CASES = sorted(p for p in CASES.glob("*/*.yaml") if "clusterNetworkPolici
 @pytest.mark.parametrize("path", NETPOL_CASES, ids=[p.stem for p in NETPOL_CASES])
 def test_the_network_policy_tier_gives_every_networkpolicy_case_its_expected_matrix(path):
     case = load_case(path.read_text())
-    c = case_cluster(case)
     for probe in case.probes:
-        wrong = {cell: want for cell, want in probe.expected.items() if cell[0] != cell[1]
-                 and evaluated_matrix(c, case, probe)[cell] != want}
+        evaluated = evaluated_matrix(case, probe)
+        wrong = {cell: want for cell, want in probe.expected.items() if cell[0] != cell[1] and evaluated[cell] != want}
         assert not wrong, f"{probe.protocol}/{probe.port}: {wrong}"
 
 
