@@ -141,6 +141,8 @@ def config_from(args: argparse.Namespace) -> Config:
     """Build the :class:`Config` from parsed flags. Raises UsageError when the marks collide."""
     if args.policy_mark == args.passed_mark:
         raise UsageError(f"--policy-mark and --passed-mark must differ (both {args.policy_mark:#x})")
+    if Config.pass_mark in (args.policy_mark, args.passed_mark):
+        raise UsageError(f"--policy-mark and --passed-mark must differ from the ClusterNetworkPolicy pass mark {Config.pass_mark:#x}")
     return Config(
         table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
@@ -483,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         print("nftpolicy: interrupted", file=sys.stderr)
         return 130
     except (FileNotFoundError, CaseError, DataplaneError, SandboxError, DumpError, NetnsError, UsageError,
-            ControlPlaneError) as exc:
+            ControlPlaneError, iptables_render.Unsupported) as exc:
         print(f"nftpolicy: {exc}", file=sys.stderr)
         return 2
 
