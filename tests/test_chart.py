@@ -222,7 +222,8 @@ def test_rbac_is_read_only_on_exactly_what_the_agent_watches(name):
     granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
     assert granted == {(group, resource, verb) for group, resource in
-                       [("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies")]
+                       [("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies"),
+                        ("policy.networking.k8s.io", "clusternetworkpolicies")]
                        for verb in ("get", "list", "watch")}
     assert not any(d["kind"] in ("Role", "RoleBinding") for d in docs)
     binding, account = one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")

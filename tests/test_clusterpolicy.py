@@ -175,3 +175,25 @@ def test_the_input_object_is_not_modified():
     before = copy.deepcopy(obj)
     cluster_policy_from(obj)
     assert obj == before
+
+
+def test_fail_closed_keeps_good_rules_drops_bad_accepts_and_denies_for_bad_deny_and_pass():
+    from nftpolicy.translators.clusterpolicy import fail_closed_cluster_policy
+
+    obj = cnp("p", ingress=[rule("Accept"), rule("Accept", [{"future": {}}]), rule("Pass", [{"future": {}}])],
+              egress=[rule("Deny", [{"nodes": {}}], key="to")])
+    with pytest.raises(InvalidField):
+        cluster_policy_from(obj)
+    policy = fail_closed_cluster_policy(obj)
+    assert policy is not None and (policy.name, policy.tier, policy.priority) == ("p", "Admin", 3)
+    assert policy.ingress == (ClusterRule("Accept", (ClusterPeer(namespaces=RAVENCLAW),)),
+                              ClusterRule("Deny", (ClusterPeer(namespaces=LabelSelector()),), name="fail-closed rule 2"))
+    assert policy.egress == (ClusterRule("Deny", (ClusterPeer(namespaces=LabelSelector()), ClusterPeer(networks=(
+        ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")))), name="fail-closed rule 0"),)
+
+
+def test_fail_closed_needs_tier_priority_and_subject():
+    from nftpolicy.translators.clusterpolicy import fail_closed_cluster_policy
+
+    assert fail_closed_cluster_policy(cnp(priority=5000)) is None
+    assert fail_closed_cluster_policy(cnp(subject={})) is None

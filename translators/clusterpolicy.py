@@ -290,3 +290,37 @@ def network_contains(peer: ClusterPeer, address: str) -> bool:
     """True when ``address`` is in one of a networks peer's CIDRs."""
     ip = ipaddress.ip_address(address)
     return any(ip.version == n.version and ip in n for n in peer.networks)
+
+
+def fail_closed_cluster_policy(obj: Mapping[str, Any]) -> ClusterNetworkPolicy | None:
+    """For a ClusterNetworkPolicy that failed validation (the agent should never meet one from
+    the API server; an incompatible CRD version could hold fields it does not know): the policy
+    with each rule that fails validation replaced as the API reference prescribes for a peer it
+    cannot read ("For Accept rules, fail closed means: treat the rule as matching no traffic.
+    For Deny and Pass rules, fail closed means: treat the rule as a 'Deny all' rule"): an Accept
+    rule is left out, any other becomes Deny from/to every pod (and, for egress, every address).
+
+    None when the tier, priority or subject cannot be read (the policy cannot be placed).
+    """
+    try:
+        skeleton = cluster_policy_from({**obj, "spec": {k: v for k, v in _mapping(obj.get("spec"), "spec").items()
+                                                        if k not in ("ingress", "egress")}})
+    except InvalidField:
+        return None
+    spec = obj["spec"]
+    kept: dict[str, list[ClusterRule]] = {"ingress": [], "egress": []}
+    for direction in ("ingress", "egress"):
+        items = spec.get(direction) if isinstance(spec.get(direction), list) else []
+        for i, item in enumerate(items[:MAX_RULES]):
+            try:
+                kept[direction].extend(_rules([item], f"spec.{direction}", direction))
+            except InvalidField:
+                action = item.get("action") if isinstance(item, Mapping) else None
+                if action != "Accept":
+                    everything = [ClusterPeer(namespaces=LabelSelector())]
+                    if direction == "egress":
+                        everything.append(ClusterPeer(networks=(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))))
+                    kept[direction].append(ClusterRule("Deny", tuple(everything), name=f"fail-closed rule {i}"))
+    return ClusterNetworkPolicy(name=skeleton.name, tier=skeleton.tier, priority=skeleton.priority,
+                                subject_namespaces=skeleton.subject_namespaces, subject_pods=skeleton.subject_pods,
+                                ingress=tuple(kept["ingress"]), egress=tuple(kept["egress"]))
