@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from nftpolicy.agent.compare import explain
 from nftpolicy.agent.controlplane import ControlPlane
-from nftpolicy.agent.replay import replay
+from nftpolicy.agent.replay import replay, replay_twins
 from nftpolicy.translators.cases import load_case
 
 from .conftest import clear_api
@@ -69,3 +70,20 @@ def test_through_the_agent(through_agents, path):
     assert step.differences == [], "\n".join(
         f"{step.case.name} {s.protocol}/{s.port} {fam} {a} -> {b}: expected {'allowed' if w else 'blocked'}"
         for s, fam, a, b, w, _ in step.differences)
+
+
+def test_beside_the_real_kube_router_every_difference_is_a_cluster_policy():
+    """kube-router has no ClusterNetworkPolicy: beside it (one API server, twin sandboxes), the
+    cells where it differs from nftpolicy are exactly those a ClusterNetworkPolicy decides, each
+    explained by compare's note."""
+    cases = [load_case(p.read_text()) for p in sorted((ROOT / "cnp-own").glob("*.yaml"))]
+    seen = 0
+    with ControlPlane() as cp, closing(replay_twins(cases, ("node1", "node2"), ("ipv4",), dataplanes=("nft", "kube-router"),
+                                                    control_plane=cp)) as steps:
+        for _, (ours, theirs), (disagreeing,) in steps:
+            assert ours.differences == [], ours.case.name
+            for spec, _, src, dst, nft_verdict, kube_router in disagreeing:
+                note = explain(ours.cluster, spec, src, dst, kube_router, nft_verdict)
+                assert note is not None and note.startswith("deliberate: kube-router has no ClusterNetworkPolicy"), (ours.case.name, src, dst)
+                seen += 1
+    assert seen > 0

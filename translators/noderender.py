@@ -246,6 +246,7 @@ class NodeRenderer:
         # direction) exists while the policy selects a local pod; pod chains decide it
         self.cluster_policies: dict[str, ClusterNetworkPolicy] = {}
         self._tier_chains: dict[tuple[str, str], tuple[TierChain, list[SetKey]]] = {}
+        self._subjects: dict[str, set[str]] = {}  # ClusterNetworkPolicy -> local pods its subject selects
 
     # ---- inputs --------------------------------------------------------------------------
 
@@ -336,7 +337,8 @@ class NodeRenderer:
         self._known_namespaces.add(name)
         labels = self.namespace_labels(name)
         if self.cluster_policies and self._local.get(name):  # a subject may start or stop selecting its pods
-            self._pod_chains_stale = True
+            for pod in self._local[name].values():
+                self._update_subjects(pod.key, pod)
         for scope, matched in self._selector_scopes.items():
             assert scope.namespace_selector is not None
             now = scope.namespace_selector.matches(labels)
@@ -382,6 +384,8 @@ class NodeRenderer:
         for scope in list(self._scopes_in.get(namespace, ())) + list(self._block_scopes):
             self._update_member(scope, before, after)
         self._update_local(key, before, after)
+        if self.cluster_policies and any(p is not None and self._is_local(p) for p in (before, after)):
+            self._update_subjects(key, after if after is not None and self._is_local(after) else None)
         families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
         if families != self.families:
             self.families = families
@@ -409,8 +413,11 @@ class NodeRenderer:
         rebuilt when the pod chains are next refreshed."""
         if policy is None:
             self.cluster_policies.pop(key, None)
+            self._subjects.pop(key, None)
         else:
             self.cluster_policies[key] = policy
+            self._subjects[key] = {p.key for pods in self._local.values() for p in pods.values()
+                                   if policy.selects(self.namespace_labels(p.namespace), p.labels)}
         self._drop_tier_chains([k for k in self._tier_chains if k[0] == key])
 
     # ---- outputs -------------------------------------------------------------------------
@@ -652,7 +659,8 @@ class NodeRenderer:
         chains: dict[str, PodChain] = {}
         dispatched: set[str] = set()  # an address reaches one pod chain (Running pods first)
         local = [p for pods in self._local.values() for p in pods.values()]
-        tiers = self._refresh_tier_chains(local)
+        tiers = self._refresh_tier_chains()
+        tier_policy = {c.name: c.policy for c, _ in self._tier_chains.values()}
         for pod in sorted(local, key=lambda p: (p.phase != "Running", p.key)):
             ips = tuple(ip for ip in pod.ips if ip not in dispatched)
             dispatched.update(pod.ips)
@@ -677,8 +685,7 @@ class NodeRenderer:
                                     # the Baseline tier only where no NetworkPolicy isolates the pod
                                     baseline_ingress=tuple(pod_tiers.get("baseline_ingress", ())) if ingress is None else (),
                                     baseline_egress=tuple(pod_tiers.get("baseline_egress", ())) if egress is None else (),
-                                    tier_policies=tuple(sorted({(c.name, c.policy) for c, _ in self._tier_chains.values()
-                                                                if c.name in {n for v in pod_tiers.values() for n in v}})))
+                                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in pod_tiers.values() for n in v})))
         if self._tier_chains:  # tier chains that no pod chain jumps to go
             jumped = {n for c in chains.values() for n in (*c.admin_ingress, *c.admin_egress, *c.baseline_ingress, *c.baseline_egress)}
             self._drop_tier_chains([k for k, (c, _) in self._tier_chains.items() if c.name not in jumped], refresh=False)
@@ -700,7 +707,17 @@ class NodeRenderer:
             self._chains_before.setdefault(chain.name, chain)
         self._pod_chains_stale = self._pod_chains_stale or refresh
 
-    def _refresh_tier_chains(self, local: list[Pod]) -> dict[str, dict[str, list[str]]]:
+    def _update_subjects(self, key: str, pod: Pod | None) -> None:
+        """Local pod ``key`` changed (None: gone or not local): which subjects select it."""
+        labels = self.namespace_labels(pod.namespace) if pod is not None else {}
+        for name, policy in self.cluster_policies.items():
+            selected = self._subjects[name]
+            now = pod is not None and policy.selects(labels, pod.labels)
+            if now != (key in selected):
+                selected.add(key) if now else selected.discard(key)
+                self._pod_chains_stale = True
+
+    def _refresh_tier_chains(self) -> dict[str, dict[str, list[str]]]:
         """Build the tier chains of the ClusterNetworkPolicies that select a local pod (and drop
         the others); returns, for each local pod they select, the pod chain fields
         (``admin_ingress``, ...) with the chain names in evaluation order (``(priority, name)``)."""
@@ -709,7 +726,7 @@ class NodeRenderer:
         tiers: dict[str, dict[str, list[str]]] = {}
         wanted: set[tuple[str, str]] = set()
         for policy in sorted(self.cluster_policies.values(), key=lambda p: (p.priority, p.name)):
-            selected = [p for p in local if policy.selects(self.namespace_labels(p.namespace), p.labels)]
+            selected = self._subjects[policy.name]
             for direction in DIRECTIONS:
                 if not selected or not policy.rules(direction):
                     continue
@@ -723,8 +740,9 @@ class NodeRenderer:
                     self._tier_chains[key] = (chain, set_keys)
                     self._chains_before.setdefault(chain.name, None)
                 name = self._tier_chains[key][0].name
-                for pod in selected:
-                    tiers.setdefault(pod.key, {}).setdefault(f"{policy.tier.lower()}_{direction}", []).append(name)
+                field = f"{policy.tier.lower()}_{direction}"
+                for pod_key in selected:
+                    tiers.setdefault(pod_key, {}).setdefault(field, []).append(name)
         self._drop_tier_chains([key for key in self._tier_chains if key not in wanted], refresh=False)
         return tiers
 
