@@ -694,7 +694,6 @@ class NodeRenderer:
                 self._chains_before[name] = self._pod_chains.get(name)
         self._pod_chains = chains
 
-
     # ---- ClusterNetworkPolicy tier chains -------------------------------------------------
 
     def _drop_tier_chains(self, keys: list[tuple[str, str]], refresh: bool = True) -> None:
@@ -713,8 +712,11 @@ class NodeRenderer:
         for name, policy in self.cluster_policies.items():
             selected = self._subjects[name]
             now = pod is not None and policy.selects(labels, pod.labels)
-            if now != (key in selected):
-                selected.add(key) if now else selected.discard(key)
+            if now and key not in selected:
+                selected.add(key)
+                self._pod_chains_stale = True
+            elif not now and key in selected:
+                selected.discard(key)
                 self._pod_chains_stale = True
 
     def _refresh_tier_chains(self) -> dict[str, dict[str, list[str]]]:
