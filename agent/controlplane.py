@@ -182,6 +182,7 @@ class ControlPlane:
         self._wait("etcd", self._etcd, lambda: self._etcd_healthy(), 30)
         self.start_apiserver()
         self.apply(cluster_network_policy_crd())
+        assert self._apiserver is not None
         self._wait("kube-apiserver", self._apiserver, lambda: self._serves("ClusterNetworkPolicy"), 30)
 
     def start_apiserver(self) -> None:
