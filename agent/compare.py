@@ -21,6 +21,7 @@ from nftpolicy.translators.kuberouter import Dump
 from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule
 from nftpolicy.translators.rules import FAMILIES, Config
 from nftpolicy.translators.tiers import direction_decision
+from nftpolicy.translators.verdict import Connection, Enforcement, enforcement_of
 
 from .iptables import IptablesBatch
 from .probes import ProbeSpec
@@ -77,17 +78,14 @@ def _selects(policy: NetworkPolicy, pod: Pod) -> bool:
     return pod.enforceable and policy.namespace == pod.namespace and policy.pod_selector.matches(pod.labels)
 
 
-def involved_policies(cluster: Cluster, node: str, src: str, dst: str) -> tuple[str, ...]:
+def involved_policies(engine: Enforcement, node: str, src: Pod, dst: Pod, family: Family) -> tuple[str, ...]:
     """``<ns>/<policy> (ingress of <pod>)`` for the policies isolating ``dst`` for ingress when it
-    runs on ``node``, and ``(egress of <pod>)`` for those isolating ``src`` for egress there."""
-    found = []
-    for key in sorted(cluster.policies):
-        policy = cluster.policies[key]
-        for direction, pod_key in (("ingress", dst), ("egress", src)):
-            pod = cluster.pods.get(pod_key)
-            if pod and pod.node == node and direction in policy.policy_types and _selects(policy, pod):
-                found.append(f"{key} ({direction} of {pod_key})")
-    return tuple(found)
+    runs on ``node``, and ``(egress of <pod>)`` for those isolating ``src`` for egress there, as
+    the verdict engine reads them from ``engine``'s rule model of ``node``."""
+    verdict = engine.verdict(Connection(src.addresses(family)[0], dst.addresses(family)[0]))
+    found = [(policy, side.direction, side.pod) for side in (verdict.ingress, verdict.egress) if side.node == node
+             for policy in side.policies]
+    return tuple(f"{policy} ({direction} of {pod})" for policy, direction, pod in sorted(found, key=lambda f: (f[0], f[1] != "ingress")))
 
 
 def _except_cancels_peer(rule: PolicyRule) -> bool:
@@ -217,13 +215,16 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
     report = Report(node, local, [s for s in specs if any(k[0] == s for k in nftpolicy)], families,
                     sum(len(m) for m in nftpolicy.values()), loader, dump.rule_count,
                     left_out=list(dump.left_out), not_built=not_built)
+    engine = enforcement_of(cluster, [node], config)
     for spec, family, src, dst, a, b in disagreements(kube_router, nftpolicy):
-        report.differences.append(Difference(spec, family, src, dst, a, b, involved_policies(cluster, node, src, dst),
+        policies = involved_policies(engine, node, cluster.pods[src], cluster.pods[dst], family)
+        report.differences.append(Difference(spec, family, src, dst, a, b, policies,
                                              explain(cluster, spec, src, dst, a, b, dump.accepts_icmp_echo)))
     return report
 
 
-def _verdict(value: bool | None) -> str:
+def verdict(value: bool | None) -> str:
+    """A probed cell as a word: ``allowed``, ``blocked``, or ``not probed`` (None)."""
     return "not probed" if value is None else "allowed" if value else "blocked"
 
 
@@ -241,8 +242,8 @@ def format_report(report: Report) -> str:
         f"({', '.join(report.families)}), every pair with an end on {report.node}",
     ]
     for d in report.differences:
-        line = (f"DIFF {_spec(d.spec)} {d.family} {d.src} -> {d.dst}: kube-router {_verdict(d.kube_router)}, "
-                f"nftpolicy {_verdict(d.nftpolicy)}; policies: {', '.join(d.policies) or 'none'}")
+        line = (f"DIFF {_spec(d.spec)} {d.family} {d.src} -> {d.dst}: kube-router {verdict(d.kube_router)}, "
+                f"nftpolicy {verdict(d.nftpolicy)}; policies: {', '.join(d.policies) or 'none'}")
         lines.append(line + (f" [{d.note}]" if d.note else ""))
     if report.left_out:
         lines.append(f"left out of the dump ({len(report.left_out)}: not kube-router's network policy):")

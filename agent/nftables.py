@@ -7,8 +7,11 @@ namespace; the kernel takes each batch as one transaction: it lands whole or not
 from __future__ import annotations
 
 import ctypes
+import os
+import select
+import signal
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Iterator
 
 import nftables
 import orjson
@@ -72,10 +75,12 @@ class NftDataplane:
         """Commit ``batch`` (``{"nftables": [...]}``); raises NftError with libnftables' reason."""
         self._cmd(batch)
 
-    def _cmd(self, batch: Json) -> Json:
+    def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False) -> Json:
         with self._entered():
             ctx = nftables.Nftables()
             ctx.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
+            ctx.set_terse_output(terse)  # lists leave set elements out
+            ctx.set_stateless_output(stateless)  # lists leave counter values out
             rc, output, error = ctx.cmd(orjson.dumps(batch).decode())
         if rc != 0:
             raise NftError(str(error).strip() or f"libnftables returned {rc}")
@@ -85,13 +90,24 @@ class NftDataplane:
         """Replace our table with ``model``'s (:func:`nft.full_transaction`: one transaction)."""
         self.run(nft.full_transaction(model))
 
-    def listing(self) -> list[Json]:
-        """Our table's objects as the kernel lists them (``list table``; empty when absent)."""
+    def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
+        """Our table's objects as the kernel lists them (``list table``; empty when absent).
+
+        ``stateless`` (the default) lists counters without their values (``{"counter": null}``,
+        as we render them), so a listing compares with a render whatever traffic passed;
+        ``terse`` leaves set elements out (the cost is then the rules', not the sets')."""
         try:
-            listed = self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]})
+            listed = self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]}, terse, stateless)
         except NftError:
             return []
         return [item for item in listed.get("nftables", []) if "metainfo" not in item]
+
+    def counted_rules(self) -> list[Json]:
+        """The ``rule`` bodies of our table that hold a counter, with its packets and bytes, as
+        the kernel lists them now (a terse list: no set element is read); empty when the table
+        is absent."""
+        rules = (item["rule"] for item in self.listing(terse=True, stateless=False) if "rule" in item)
+        return [r for r in rules if any("counter" in e for e in r.get("expr", ()))]
 
     def has_table(self) -> bool:
         """True while our table and its FORWARD base chain are there (a cheap look-up)."""
@@ -123,3 +139,59 @@ class NftDataplane:
                 if rc != 0:
                     missing.append(f"{feature}: {error.strip().splitlines()[0] if error.strip() else rc}")
         return missing
+
+
+class TraceMonitor:
+    """libnftables' ``monitor trace`` inside network namespace ``netns_name`` (None: ours), run
+    in a child process (context manager) whose output :meth:`lines` reads.
+
+    libnftables 1.0.6 prints trace events as text lines, also with JSON output on:
+    ``trace id <id> inet <table> <chain> rule <rule> comment "<comment>" (verdict <verdict>)``,
+    ``... policy accept``, ``... packet: <headers>``. The python3-nftables bindings buffer a
+    command's output until it ends, which ``monitor`` never does, so the child unbuffers its
+    context (libnftables then writes each event to stdout, a pipe to this process, flushed per
+    event). The child dies with this process (``PR_SET_PDEATHSIG``) and on :meth:`__exit__`.
+    """
+
+    def __init__(self, netns_name: str | None = None) -> None:
+        self.netns = netns_name
+        self.pid = 0
+        self._read = -1
+        self._pending = b""
+
+    def __enter__(self) -> "TraceMonitor":
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            try:
+                os.close(read)
+                os.dup2(write, 1)
+                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+                with netns.entered(self.netns) if self.netns else nullcontext():
+                    ctx = nftables.Nftables()
+                    ctypes.CDLL("libnftables.so.1").nft_ctx_unbuffer_output(ctypes.c_void_p(ctx._Nftables__ctx))
+                    ctx.cmd("monitor trace")
+            finally:
+                os._exit(1)
+        os.close(write)
+        self.pid, self._read = pid, read
+        return self
+
+    def lines(self, timeout: float) -> Iterator[str]:
+        """The monitor's lines as they come, until ``timeout`` seconds pass without one."""
+        while True:
+            while b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                yield line.decode(errors="replace")
+            ready, _, _ = select.select([self._read], [], [], timeout)
+            chunk = os.read(self._read, 65536) if ready else b""
+            if not chunk:
+                return
+            self._pending += chunk
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            os.close(self._read)
+            self.pid = 0

@@ -65,7 +65,7 @@ def config_flags(config: Config) -> list[str]:
 def cluster_from_api(control_plane: ControlPlane) -> Any:
     """The cluster as the API holds it now, converted as the agent converts it (a
     :class:`~nftpolicy.translators.model.Cluster`)."""
-    from .ops import Metrics  # with the Kubernetes client: only when a control plane runs
+    from .metrics import Metrics  # with the Kubernetes client: only when a control plane runs
     from .sources import KINDS, Store
 
     store = Store(Metrics())

@@ -26,14 +26,28 @@ from nftpolicy.translators.noderender import NodeRenderer
 from nftpolicy.translators.rules import Config
 
 from .dataplane import Dataplane, DataplaneError
+from .health import Health
+from .memory import gc_paused
+from .metrics import Metrics
 from .nftables import release_memory
-from .ops import Health, Metrics, gc_paused
 from .sources import Store
 
 log = logging.getLogger("nftpolicy.reconcile")
 Json = dict[str, Any]
 HEARTBEAT = 5.0
 MAX_RETRY_DELAY = 30.0
+
+
+def empty_table_reason(renderer: NodeRenderer, pod_chains: int) -> str | None:
+    """Why the table has no pod chain (None when it has ``pod_chains``): no running pod with an
+    address on the node, or no policy selects one of them."""
+    if pod_chains:
+        return None
+    local = [p for p in renderer.pods.values() if p.node == renderer.node and p.ips and not p.host_network
+             and p.phase not in ("Succeeded", "Failed")]
+    if not local:
+        return f"no running pod with an IP address on node {renderer.node} ({len(renderer.pods)} pods in the cluster)"
+    return f"no NetworkPolicy selects any of the {len(local)} pods on node {renderer.node}"
 
 
 class Reconciler:
@@ -48,7 +62,9 @@ class Reconciler:
         self.dataplane = dataplane
         # The model the kernel holds (None: unknown, the next sync replaces the table).
         self.renderer: NodeRenderer | None = None
+        self.lock = threading.Lock()  # held by each sync: readers (the debug endpoint) see a committed model
         self.failures = 0
+        self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
 
     def _table_lost(self) -> bool:
         """True when what we committed is no longer in the kernel: our table or its FORWARD base
@@ -76,6 +92,10 @@ class Reconciler:
     def sync(self, full: bool) -> bool:
         """Commit the changes since the last sync (everything when ``full``); True when the
         kernel took them."""
+        with self.lock:
+            return self._sync(full)
+
+    def _sync(self, full: bool) -> bool:
         started = time.monotonic()
         batch: Json | None
         if full or self.renderer is None:
@@ -97,11 +117,13 @@ class Reconciler:
             self.metrics.sync_failures.labels(mode).inc()
             if since is not None and self.store.pending_since is None:
                 self.store.pending_since = since  # still owed to the kernel
+            self.health.sync_failure = " ".join(str(exc).split())
             log.error("sync failed, the kernel keeps the previous ruleset: %s", str(exc).strip(),
                       extra={"mode": mode, "commands": commands})
             return False
         took = time.monotonic() - started
         self.failures = 0
+        self.health.sync_failure = None
         self.renderer = renderer
         self.metrics.sync_duration.labels(mode).observe(took)
         self.metrics.transaction_commands.labels(mode).observe(commands)
@@ -111,6 +133,9 @@ class Reconciler:
             self.metrics.table_objects.labels(kind).set(value)
         if since is not None:
             self.metrics.event_to_kernel.observe(time.monotonic() - since)
+        if (why := empty_table_reason(renderer, counts["pod chains"])) != self.empty_reason and why:
+            log.info("the table isolates no pod: %s", why)
+        self.empty_reason = why
         if mode == "full":
             # The model lives long: collect once, then keep it out of later collections, whose
             # pauses would otherwise dominate the sync latency tail; give freed memory back.

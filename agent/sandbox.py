@@ -31,7 +31,7 @@ from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.manifests import ManifestError, object_ref
 from nftpolicy.translators.model import Cluster, Family, Pod, family_of
 from nftpolicy.translators.noderender import build_rule_model
-from nftpolicy.translators.rules import Config
+from nftpolicy.translators.rules import FAMILIES, Config
 
 from . import netns
 from .controlplane import ApiError, ControlPlane
@@ -155,7 +155,7 @@ class Sandbox:
                         f"addr add {node.addresses['ipv4']}/32 dev eth1", f"addr add {node.addresses['ipv6']}/128 dev eth1 nodad"]
             for other in self.nodes.values():
                 if other is not node:
-                    commands += [f"route add {other.addresses[f]} dev eth1" for f in ("ipv4", "ipv6")]
+                    commands += [f"route add {other.addresses[f]} dev eth1" for f in FAMILIES]
             for key, pod in self.pods.items():
                 if pod.node == node.name:
                     commands += [f"link add {veth[key]} type veth peer name eth0 netns {self.pod_netns[key]}",
@@ -230,7 +230,7 @@ class Sandbox:
             if isinstance(obj, dict) and obj.get("kind") in wanted:
                 wanted[obj["kind"]].append((origin, obj))
         for node in self.nodes.values():
-            addresses = [{"type": "InternalIP", "address": node.addresses[f]} for f in ("ipv4", "ipv6")]
+            addresses = [{"type": "InternalIP", "address": node.addresses[f]} for f in FAMILIES]
             addresses.append({"type": "Hostname", "address": node.name})
             control_plane.apply({"apiVersion": "v1", "kind": "Node",
                                  "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name}},
@@ -242,7 +242,7 @@ class Sandbox:
             built = self.pods.get(object_ref("Pod", pod))
             if built is not None:
                 host = self.nodes[built.node].addresses  # type: ignore[index]
-                host_ips = [host[f] for f in ("ipv4", "ipv6") if any(ipaddress.ip_address(ip).version == (4 if f == "ipv4" else 6) for ip in built.ips)]
+                host_ips = [host[f] for f in FAMILIES if any(family_of(ip) == f for ip in built.ips)]
                 wanted["Pod"][i] = (origin, {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": built.node},
                                              "status": {**(pod.get("status") or {}), "phase": "Running",
                                                         "hostIP": host_ips[0], "hostIPs": [{"ip": ip} for ip in host_ips],

@@ -13,6 +13,7 @@ reported and the kind is relisted only after the longest backoff.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import orjson
 import tenacity
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
@@ -39,8 +41,9 @@ from nftpolicy.translators.manifests import (
 )
 from nftpolicy.translators.model import Cluster
 
-from .manifests import manifest_files, read_objects
-from .ops import Metrics, gc_paused
+from .manifestfiles import manifest_files, read_objects
+from .memory import gc_paused
+from .metrics import Metrics
 
 log = logging.getLogger("nftpolicy.sources")
 
@@ -54,7 +57,13 @@ FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 # Kinds whose resource only exists when its CRD is installed: a 404 on the list means "none".
 OPTIONAL = {"ClusterNetworkPolicy": "clusternetworkpolicies.policy.networking.k8s.io"}
-MAX_BACKOFF = 30.0
+MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that end at once, and after a 4xx
+# Retries of a failing request (5xx, connection errors, timeouts): exponential from 0.2 s, capped at
+# RETRY_CAP, plus up to RETRY_JITTER of random delay, so that nodes do not retry in step. The cap keeps
+# the agent quick to notice an API server that is back (the first change after a 60 s outage lands
+# within 5 s), while a faulty server still gets at most one request per kind and node every 3-4 s.
+RETRY_CAP = 3.0
+RETRY_JITTER = 1.0
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
 
@@ -144,6 +153,11 @@ class Store:
         with self._lock:
             return self._objects[kind].get(key)
 
+    def unlisted(self) -> list[str]:
+        """The kinds not listed yet, in :data:`KINDS` order."""
+        with self._lock:
+            return [kind for kind in KINDS if kind not in self._listed]
+
     def listed(self, kinds: tuple[str, ...] = KINDS) -> bool:
         """True once every kind in ``kinds`` has been listed."""
         with self._lock:
@@ -228,6 +242,11 @@ def _retry_after(state: tenacity.RetryCallState) -> float | None:
     return None
 
 
+class SourceError(RuntimeError):
+    """The API source cannot start: the kubeconfig cannot be read, or there is no in-cluster
+    configuration (the message says which, on one line)."""
+
+
 class KubeSource:
     """List and watch Pods (all namespaces), Namespaces, NetworkPolicies, this Node and, when
     their CRD is installed, ClusterNetworkPolicies.
@@ -239,10 +258,15 @@ class KubeSource:
     def __init__(self, store: Store, metrics: Metrics, node: str, kubeconfig: str | None,
                  api_timeout: float, watch_timeout: int, stop: threading.Event) -> None:
         configuration = k8s.Configuration()
-        if kubeconfig:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)
+        try:
+            if kubeconfig:
+                k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            else:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+        except (k8s_config.ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
+            reason = " ".join(str(exc).split())
+            raise SourceError(f"cannot read kubeconfig {kubeconfig}: {reason}" if kubeconfig else
+                              f"no in-cluster configuration ({reason}): outside a pod, give --kubeconfig") from None
         configuration.retries = False  # tenacity decides
         api = k8s.ApiClient(configuration)
         core, networking = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)
@@ -258,6 +282,19 @@ class KubeSource:
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
+        # Per kind: when a request last succeeded (monotonic; the start until the first), and
+        # whether a watch stream is open now (it counts as succeeding while it lasts).
+        self._succeeded = {kind: time.monotonic() for kind in self.calls}
+        self._streaming: set[str] = set()
+        for kind in self.calls:
+            metrics.watch_seconds_since_success.labels(kind).set_function(functools.partial(self.seconds_failing, kind))
+
+    def seconds_failing(self, kind: str) -> float:
+        """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
+        return 0.0 if kind in self._streaming else time.monotonic() - self._succeeded[kind]
+
+    def _success(self, kind: str) -> None:
+        self._succeeded[kind] = time.monotonic()
 
     def start(self) -> list[threading.Thread]:
         """Start one daemon thread per kind; they run until ``stop`` is set."""
@@ -267,7 +304,7 @@ class KubeSource:
         return threads
 
     def _retrying(self, kind: str) -> tenacity.Retrying:
-        backoff = tenacity.wait_exponential_jitter(multiplier=0.2, max=MAX_BACKOFF)
+        backoff = tenacity.wait_exponential(multiplier=0.2, max=RETRY_CAP) + tenacity.wait_random(0, RETRY_JITTER)
 
         def wait(state: tenacity.RetryCallState) -> float:
             return _retry_after(state) or backoff(state)
@@ -279,11 +316,17 @@ class KubeSource:
             log.warning("API %s request failed (%s), retry %d in %.1fs", kind, describe(exc), state.attempt_number,
                         state.next_action.sleep if state.next_action else 0, extra={"kind": kind, "reason": reason})
 
+        def sleep(seconds: float) -> None:
+            self.stop.wait(seconds)  # a stop ends the pause at once
+
+        def after(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome and state.outcome.failed else None
+            if exc is not None:
+                self.metrics.api_errors.labels(kind, _reason(exc)).inc()
+
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: _retryable(e) and not self.stop.is_set()),
-            wait=wait, sleep=self.stop.wait, before_sleep=before_sleep, reraise=True,
-            after=lambda state: self.metrics.api_errors.labels(kind, _reason(state.outcome.exception())).inc()
-            if state.outcome and state.outcome.failed else None,
+            wait=wait, sleep=sleep, before_sleep=before_sleep, reraise=True, after=after,
         )
 
     def _run(self, kind: str) -> None:
@@ -316,7 +359,9 @@ class KubeSource:
 
     def _absent(self, kind: str) -> None:
         """The API has no resource for ``kind`` (its CRD is not installed): none of them, said
-        once; the list is tried again every :data:`MAX_BACKOFF` seconds."""
+        once; the list is tried again every :data:`MAX_BACKOFF` seconds. The answer counts as
+        a success (the kind is not stale: the API said there are none)."""
+        self._success(kind)
         if kind not in self.absent:
             self.absent.add(kind)
             log.warning("the API has no %s (its CRD is not installed): enforcing without %ss; checking again every %.0fs",
@@ -329,7 +374,7 @@ class KubeSource:
         objects before the next is fetched, so the agent never holds a whole cluster of API
         objects (150,000 pods are about a gigabyte of them)."""
         call, kwargs = self.calls[kind]
-        pages = {"count": 0, "version": ""}
+        pages: dict[str, Any] = {"count": 0, "version": ""}  # what the pages said, for the log
 
         def items() -> Iterator[Any]:
             token = None
@@ -343,6 +388,7 @@ class KubeSource:
                     if exc.status == 410 and token:  # the continue token expired: list again now
                         raise RelistNeeded("the list's continue token expired") from None
                     raise
+                self._success(kind)
                 body = orjson.loads(response.data)
                 meta = body.get("metadata") or {}
                 pages["count"] += 1
@@ -370,6 +416,8 @@ class KubeSource:
             if exc.status == 410:
                 raise RelistNeeded(f"resourceVersion {version} is gone") from None
             raise
+        self._success(kind)
+        self._streaming.add(kind)
         try:
             for line in iter_resp_lines(response):
                 if self.stop.is_set():
@@ -377,12 +425,14 @@ class KubeSource:
                 event = orjson.loads(line)
                 kind_of_event, obj = event.get("type"), event.get("object") or {}
                 if kind_of_event == "ERROR":
-                    code = obj.get("code") if isinstance(obj.get("code"), int) else 410
+                    code: int = obj["code"] if isinstance(obj.get("code"), int) else 410
                     raise RelistNeeded(f"watch error: {code} {obj.get('message')}", code)
                 if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
                     self.store.apply(kind, kind_of_event, obj)
                 self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
         finally:
+            self._streaming.discard(kind)
+            self._success(kind)  # the stream lasted until now
             response.release_conn()
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import ipaddress
 import json
 import os
 import platform
@@ -62,7 +61,8 @@ from nftpolicy.agent.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators.nft import ruleset_objects  # noqa: E402
 from nftpolicy.translators.noderender import build_rule_model  # noqa: E402
-from nftpolicy.translators.rules import AddressSet, PolicyChain, RuleModel
+from nftpolicy.translators.rules import RuleModel  # noqa: E402
+from nftpolicy.translators.verdict import Connection, Enforcement  # noqa: E402
 
 VARIANTS = ("none", "conntrack", "nft", "nft-50-policies", "iptables-nft", "iptables-legacy")
 BENCH_TABLE = "nftpolicy-bench-conntrack"
@@ -76,48 +76,23 @@ def log(*args: Any) -> None:
 
 # ---- choosing the pair ------------------------------------------------------------------------
 
-def _in_set(s: AddressSet, ip: str) -> bool:
-    if s.kind == "addr":
-        return ip in s.elements
-    return any(ipaddress.ip_address(ip) in ipaddress.ip_network(n) for n in s.elements)
-
-
-def _chain_allows(chain: PolicyChain, sets: dict[str, AddressSet], src: str, dst: str, port: int) -> bool:
-    """Whether one policy chain of the rule model allows TCP src -> dst:port (IPv4)."""
-    peer = src if chain.direction == "ingress" else dst
-    for rule in chain.rules:
-        if rule.family not in (None, "ipv4"):
-            continue
-        if rule.peer_set and not _in_set(sets[rule.peer_set], peer):
-            continue
-        if rule.named_port_set and (dst, "tcp", port) not in sets[rule.named_port_set].elements:
-            continue
-        if rule.port and (rule.port.protocol != "TCP" or (rule.port.first is not None and not rule.port.first <= port <= rule.port.last)):  # type: ignore[operator]
-            continue
-        return True
-    return False
-
-
 def choose_pair(cluster, model: RuleModel) -> tuple[str, str, int]:
     """(client pod, server pod, TCP port): both isolated by policies in the direction they are used,
-    and allowed by both, first in name order."""
-    sets = {s.name: s for s in model.sets}
-    chains = {c.name: c for c in model.policy_chains}
+    and allowed by both (the verdict engine on the node's model), first in name order."""
+    engine = Enforcement({None: model})
     pods = {c.pod: c for c in model.pod_chains}
     for server_key in sorted(pods):
-        server = pods[server_key]
-        if not server.ingress:
+        if not pods[server_key].ingress:
             continue
         dst = cluster.pods[server_key].addresses("ipv4")[0]
         ports = sorted({p.port for p in cluster.pods[server_key].ports if p.protocol == "TCP"})
         for client_key in sorted(pods):
-            client = pods[client_key]
-            if client_key == server_key or not client.egress:
+            if client_key == server_key or not pods[client_key].egress:
                 continue
             src = cluster.pods[client_key].addresses("ipv4")[0]
             for port in ports:
-                if any(_chain_allows(chains[c], sets, src, dst, port) for c in server.ingress) and \
-                        any(_chain_allows(chains[c], sets, src, dst, port) for c in client.egress):
+                verdict = engine.verdict(Connection(src, dst, "TCP", port))
+                if verdict.egress.allowed_by and verdict.ingress.allowed_by:
                     return client_key, server_key, port
     raise SystemExit("no allowed pair of policy-isolated local pods in this cluster")
 

@@ -219,6 +219,12 @@ def _workload_pods(app: App, team: str, rng: random.Random) -> list[_PodSpec]:
     return pods
 
 
+def _shared(label_sets: dict[frozenset[tuple[str, str]], dict[str, str]], labels: dict[str, str]) -> dict[str, str]:
+    """One labels object per distinct label set in ``label_sets``, as translators.manifests gives
+    the agent (the node renderer groups a workload's pods by their shared labels object)."""
+    return label_sets.setdefault(frozenset(labels.items()), labels)
+
+
 @dataclass
 class Synthetic:
     """A generated cluster plus what the policy generator needs to refer to it."""
@@ -319,6 +325,7 @@ def generate(pods: int, policies: int, namespaces: int, node_pods: int = 110, se
     slots: dict[int, int] = {}
     status = _rng(seed, "status")
     pod_objects: dict[str, Pod] = {}
+    label_sets: dict[frozenset[tuple[str, str]], dict[str, str]] = {}
     running_ips_by_node: dict[int, list[tuple[str, ...]]] = {}
     order = sorted(range(len(specs)), key=lambda i: (node_of[i], i))
     for i in order:
@@ -341,7 +348,7 @@ def generate(pods: int, policies: int, namespaces: int, node_pods: int = 110, se
                     phase = "Succeeded"  # finished pod still listing its (released) IP
                 else:
                     running_ips_by_node.setdefault(n, []).append(ips)
-        pod = Pod(s.namespace, s.name, s.labels, f"node-{n}", ips, phase, s.host_network, s.ports)
+        pod = Pod(s.namespace, s.name, _shared(label_sets, s.labels), f"node-{n}", ips, phase, s.host_network, s.ports)
         pod_objects[pod.key] = pod
     assert len(pod_objects) == pods, "pod names collided"
     synthetic = Synthetic(Cluster(ns_objects, pod_objects, {}, _nodes(node_count, dual_stack)), infos, seed, node_pods, dual_stack)
@@ -561,6 +568,7 @@ def add_unmatched_pods(syn: Synthetic, count: int, namespaces: int = 50) -> Synt
     for name in names:
         ns_objects[name] = Namespace(name, {NAMESPACE_NAME_LABEL: name, "team": "batch", "env": "batch"})
     per_node = MAX_PODS_PER_NODE
+    label_sets: dict[frozenset[tuple[str, str]], dict[str, str]] = {}
     made = 0
     app_no = 0
     while made < count:
@@ -571,7 +579,7 @@ def add_unmatched_pods(syn: Synthetic, count: int, namespaces: int = 50) -> Synt
             idx = made + r
             n, slot = first_node + idx // per_node, idx % per_node
             ips = (pod_ip4(n, slot), pod_ip6(n, slot)) if syn.dual_stack else (pod_ip4(n, slot),)
-            pod = Pod(ns, f"etl-{app_no}-{template}-{r}", {"app": f"etl-{app_no}", "tier": "batch", "pod-template-hash": template},
+            pod = Pod(ns, f"etl-{app_no}-{template}-{r}", _shared(label_sets, {"app": f"etl-{app_no}", "tier": "batch", "pod-template-hash": template}),
                       f"node-{n}", ips, "Running", False, _ports(("web", 8080, "TCP"), ("prom", 9100, "TCP")))
             pods[pod.key] = pod
         made += replicas
@@ -667,18 +675,19 @@ def policy_object(p: NetworkPolicy) -> dict[str, Any]:
 
 
 def pod_object(p: Pod) -> dict[str, Any]:
-    """A Pod manifest (spec.nodeName, status.podIPs) for a model pod."""
+    """A Pod manifest (spec.nodeName, status.podIPs) for a model pod; labels in key order, as
+    the API server (Go's JSON encoding of a map) sends them."""
     status: dict[str, Any] = {"phase": p.phase}
     if p.ips:
         status.update(podIP=p.ips[0], podIPs=[{"ip": ip} for ip in p.ips])
     ports = [{"containerPort": c.port, "protocol": c.protocol, **({"name": c.name} if c.name else {})} for c in p.ports]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(p.labels)},
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(sorted(p.labels.items()))},
             "spec": {"nodeName": p.node, "hostNetwork": p.host_network, "containers": [{"name": "c", "ports": ports}]}, "status": status}
 
 
 def namespace_object(ns: Namespace) -> dict[str, Any]:
     """A Namespace manifest for a model namespace."""
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": dict(ns.labels)}}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": dict(sorted(ns.labels.items()))}}
 
 
 def api_objects(cluster: Cluster) -> Iterator[dict[str, Any]]:

@@ -12,7 +12,7 @@ import pytest
 
 from nftpolicy.agent import netns
 from nftpolicy.agent.netns import RUN_TAG_ENV
-from nftpolicy.agent.manifests import load_cluster
+from nftpolicy.agent.manifestfiles import load_cluster
 from nftpolicy.translators.manifests import build_cluster, parse_documents
 
 REPO = Path(__file__).resolve().parent.parent

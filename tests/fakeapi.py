@@ -3,7 +3,9 @@
 Serves what the agent reads, to the official ``kubernetes`` client, over plain HTTP on 127.0.0.1:
 
 * ``GET /api/v1/namespaces``, ``/api/v1/pods``, ``/api/v1/nodes`` (``fieldSelector=metadata.name=X``),
-  ``/apis/networking.k8s.io/v1/networkpolicies``: a list with ``metadata.resourceVersion``;
+  ``/apis/networking.k8s.io/v1/networkpolicies``: a list with ``metadata.resourceVersion``, in
+  pages of ``limit`` objects with a ``continue`` token when asked, as the real API server pages
+  (the token is the last key served; the pages are not one snapshot, as the real ones are);
 * the same with ``watch=true``: a chunked stream of ``{"type", "object"}`` lines from
   ``resourceVersion``, ``BOOKMARK`` events when ``allowWatchBookmarks``, closed after
   ``timeoutSeconds``; a resourceVersion older than the history gives an ``ERROR`` event with a
@@ -17,6 +19,7 @@ meanwhile are lost from the history, so watchers must relist).
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import socket
@@ -57,6 +60,7 @@ class FakeApiServer:
         self._watch_errors = 0
         self._watch_error_code = 500
         self._cuts = 0
+        self._listing: tuple[tuple | None, list[tuple[str, str, str]]] = (None, [])  # (kind, selector, version), keys
         self._released = threading.Event()
         self.server: ThreadingHTTPServer | None = None
         self.port = 0
@@ -175,6 +179,9 @@ class FakeApiServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # TCP_NODELAY, as Go's net/http (kube-apiserver) sets: else a watch event written
+            # while the previous one is unacknowledged waits for the client's delayed ACK (40 ms).
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -199,9 +206,18 @@ class FakeApiServer:
                 if query.get("watch") in ("true", "1"):
                     return self._watch(kind, query)
                 with fake.lock:
-                    items = [o for (k, _, _), o in sorted(fake.objects.items()) if k == kind and _selected(o, query)]
-                    body = {"kind": f"{kind}List", "apiVersion": API_VERSION[kind],
-                            "metadata": {"resourceVersion": str(fake.version)}, "items": items}
+                    listing = (kind, query.get("fieldSelector"), fake.version)
+                    if fake._listing[0] != listing:  # the pages of one list share the sorted keys
+                        fake._listing = (listing, sorted(k for k in fake.objects if k[0] == kind and _selected(fake.objects[k], query)))
+                    keys = fake._listing[1]
+                    start = bisect.bisect_right(keys, tuple(json.loads(query["continue"]))) if query.get("continue") else 0
+                    limit = int(query["limit"]) if query.get("limit", "").isdigit() and int(query["limit"]) > 0 else len(keys)
+                    page = keys[start:start + limit]
+                    meta = {"resourceVersion": str(fake.version)}
+                    if start + limit < len(keys):  # more to come: continue after this page's last key
+                        meta["continue"] = json.dumps(page[-1])
+                    body = {"kind": f"{kind}List", "apiVersion": API_VERSION[kind], "metadata": meta,
+                            "items": [fake.objects[k] for k in page]}
                 self._json(200, body)
 
             def _status(self, code: int, headers: dict | None = None) -> None:

@@ -474,3 +474,73 @@ def test_agent_serves_the_chart_probes(make_netns, tmp_path):
         agent.terminate()
         agent.wait(timeout=20)
     assert agent.returncode == 0, log.read_text()
+
+
+# --- the schema refuses what the agent refuses -------------------------------------------------
+
+BAD_AGENT_VALUES = [
+    {"serviceCidrs": ["10.96.0.0"]}, {"serviceCidrs": ["300.1.2.0/24"]}, {"externalCidrs": ["10.0.0.0/33"]},
+    {"externalCidrs": ["fd00::/129"]}, {"externalCidrs": ["fe80::%eth0/64"]}, {"serviceCidrs": ["cluster"]},
+    {"nodePortRange": "32767-30000"}, {"nodePortRange": "0-100"}, {"nodePortRange": "30000-70000"},
+    {"policyMark": "0x3"}, {"policyMark": "0x100000000"}, {"passedMark": 3}, {"passedMark": 4294967296},
+    {"policyMark": "0x20000"}, {"policyMark": "131072"}, {"passedMark": 65536},  # the same bit as the other mark
+    {"policyMark": "0x00040000"}, {"passedMark": 262144},  # the ClusterNetworkPolicy pass mark
+    {"httpAddress": "0.0.0.0:99999"}, {"httpAddress": "garbage"}, {"httpAddress": "300.0.0.1:9476"},
+    {"httpAddress": "[zz::1]:9476"}, {"httpAddress": "a b:9476"},
+    {"table": "a.b"}, {"table": "1table"}, {"priority": 2147483648},
+    {"minSyncInterval": -1}, {"resyncInterval": 0}, {"apiTimeout": 0}, {"watchTimeout": 0}, {"watchTimeout": 1.5},
+    {"logFormat": "xml"}, {"logLevel": "trace"},
+]
+GOOD_AGENT_VALUES = [
+    {"serviceCidrs": ["10.96.0.0/12", "fd00:10:96::/108"]}, {"externalCidrs": ["0.0.0.0/0", "::/0", "::ffff:10.0.0.0/104"]},
+    {"nodePortRange": "30000-30000"}, {"nodePortRange": "1-65535"}, {"policyMark": "0x00080000"},
+    {"policyMark": "0x80000000", "passedMark": 1}, {"passedMark": "0x200000"}, {"minSyncInterval": 0},
+    {"httpAddress": "[::]:9476"}, {"httpAddress": "127.0.0.1:1"}, {"httpAddress": "localhost:9476"},
+    {"httpAddress": ":9476"}, {"table": "my_table-2"}, {"priority": -2147483648},
+]
+
+
+def agent_refuses(monkeypatch, overrides: dict) -> bool:
+    """True when the agent's own parser refuses the environment the chart makes of ``overrides``
+    (over the defaults of values.yaml), as it would in the pod."""
+    values = chart_values("default")["agent"] | overrides
+    by_key = {value_key(a): flag_name(a) for a in agent_flags()}
+    env = {"NODE_NAME": "node1"}
+    for key, value in values.items():
+        if value in ("", [], None):
+            continue
+        env[cli.env_name(by_key[key])] = ",".join(value) if isinstance(value, list) else \
+            (str(int(value)) if isinstance(value, float) and key == "watchTimeout" and value.is_integer() else str(value))
+    try:
+        parse_agent(monkeypatch, env)
+    except (SystemExit, cli.UsageError):
+        return True
+    return False
+
+
+def helm_refuses(values: dict) -> str:
+    """Helm's error for ``values`` (nested, as in values.yaml), or "" when it renders."""
+    args = [a for key, value in values.items() for a in ("--set-json", f"{key}={json.dumps(value)}")]
+    result = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args, check=False)
+    return result.stderr.strip() if result.returncode else ""
+
+
+@pytest.mark.parametrize("overrides", BAD_AGENT_VALUES, ids=lambda o: json.dumps(o))
+def test_the_schema_and_the_agent_both_refuse_a_bad_value(monkeypatch, overrides):
+    assert agent_refuses(monkeypatch, overrides), f"the agent takes {overrides}"
+    assert helm_refuses({f"agent.{k}": v for k, v in overrides.items()}), f"helm takes {overrides}"
+
+
+@pytest.mark.parametrize("overrides", GOOD_AGENT_VALUES, ids=lambda o: json.dumps(o))
+def test_the_schema_and_the_agent_both_take_a_good_value(monkeypatch, overrides):
+    assert not agent_refuses(monkeypatch, overrides), f"the agent refuses {overrides}"
+    assert helm_refuses({f"agent.{k}": v for k, v in overrides.items()}) == ""
+
+
+@pytest.mark.parametrize(("quantity", "good"), [
+    ("100m", True), ("128Mi", True), ("1.5", True), ("2e3", True), (2, True), ("0.5Gi", True),
+    ("lots", False), ("128MB", False), ("-1", False), (-1, False), ("1 Gi", False),
+])
+def test_resource_quantities_are_checked(quantity, good):
+    error = helm_refuses({"resources.requests.cpu": quantity, "resources.limits.memory": quantity})
+    assert (error == "") is good, error

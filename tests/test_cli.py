@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-import re
+import os
 import signal
 import subprocess
 import sys
@@ -121,3 +121,37 @@ def test_render_shows_progress_only_on_a_terminal(monkeypatch, capsys, terminal)
         assert text.endswith("\r\033[K")
     else:
         assert text == ""
+
+
+@pytest.mark.kernel
+def test_sandbox_into_a_closed_pipe_ends_quietly_and_cleans_up():
+    """``nftpolicy sandbox ... | head``: no BrokenPipeError traceback, exit 141, no namespace left."""
+    before = set(netns.existing(OURS))
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([NFTPOLICY, "sandbox", str(REPO / "examples" / "shop")], stdout=write, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (out.returncode, out.stderr) == (141, "")
+    assert set(netns.existing(OURS)) == before
+
+
+def test_the_safety_net_matches_only_this_runs_namespaces(monkeypatch):
+    """conftest's safety net deletes leftovers named nftp-<RUN_TAG>...: a sandbox that an operator
+    (no tag: its run id is hex only) or another test run (another tag) has open never matches."""
+    from nftpolicy.agent.sandbox import Sandbox
+
+    from .conftest import RUN_TAG
+
+    assert OURS == f"nftp-{RUN_TAG}" and RUN_TAG[0] not in "0123456789abcdef"
+    ours = Sandbox([])
+    monkeypatch.delenv(netns.RUN_TAG_ENV)
+    operators = Sandbox([])
+    monkeypatch.setenv(netns.RUN_TAG_ENV, "t" + ("0000" if RUN_TAG != "t0000" else "0001"))
+    other_run = Sandbox([])
+    for sandbox in (ours, operators, other_run):
+        sandbox.prober.close()  # never entered: no namespace was made
+    assert ours.prefix.startswith(OURS)
+    assert not operators.prefix.startswith(OURS) and not other_run.prefix.startswith(OURS)

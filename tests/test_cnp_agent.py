@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from nftpolicy.agent import sources
-from nftpolicy.agent.ops import Metrics
+from nftpolicy.agent.metrics import Metrics
 from nftpolicy.agent.sources import KubeSource, Store
 
 from .agentenv import AgentEnv

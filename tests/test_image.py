@@ -14,6 +14,7 @@ creates, and the test checks that it is there before anything is loaded.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import secrets
@@ -39,8 +40,11 @@ MIRROR = os.environ.get("NFTPOLICY_CI_MIRROR", "http://deb.debian.org/debian")
 # buildah's state (locks, mounts) for that storage, one per cache directory.
 RUNROOT = f"/run/nftpolicy-ci/{hashlib.sha256(str(CACHE).encode()).hexdigest()[:12]}"
 BASE_IMAGE = "localhost/nftpolicy-ci-base:bookworm"
-IMAGE = "localhost/nftpolicy:test"
-BUILD_STAGE = "localhost/nftpolicy-build:test"
+# Tags of this run's own (other runs, e.g. of another checkout, share the storage and its cache).
+RUN = os.environ.get("NFTPOLICY_RUN_TAG") or secrets.token_hex(3)
+IMAGE = f"localhost/nftpolicy:test-{RUN}"
+BUILD_STAGE = f"localhost/nftpolicy-build:test-{RUN}"
+BUILD_LOCK = CACHE / "build.lock"  # one build, prune or tag removal at a time in the storage
 # The host's CA bundle, for pip inside the build (a proxy with its own CA); a build argument
 # and a volume, so nothing of it stays in the image.
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -101,24 +105,37 @@ def image():
     for tool in ("buildah", "debootstrap"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} is missing: run `bash .ci/install`")
-    base_image()
-    ca = ["--volume", f"{HOST_CA}:{BUILD_CA}:ro", "--build-arg", f"PIP_CERT={BUILD_CA}"] if HOST_CA.exists() else []
-    build = ["build", "--isolation", "chroot", "--layers", "--pull=never", "--build-arg", f"BASE={BASE_IMAGE}", *ca,
-             "--file", str(CONTAINERFILE)]
-    started = time.monotonic()
-    # The build stage first, tagged, so that pruning keeps its cached layers (apt) too; the full
-    # build then reuses them.
-    buildah(*build, "--target", "build", "--tag", BUILD_STAGE, str(REPO), timeout=1200)
-    buildah(*build, "--tag", IMAGE, str(REPO), timeout=1200)
-    build_seconds = time.monotonic() - started
-    # Earlier builds' images, now untagged, go; the layers under the two tags (the cache) stay.
-    buildah("rmi", "--prune", check=False)
-    container = f"nftpolicy-test-{secrets.token_hex(3)}"
-    buildah("from", "--pull=never", "--name", container, IMAGE)
+    with stack_lock():
+        base_image()
+        ca = ["--volume", f"{HOST_CA}:{BUILD_CA}:ro", "--build-arg", f"PIP_CERT={BUILD_CA}"] if HOST_CA.exists() else []
+        build = ["build", "--isolation", "chroot", "--layers", "--pull=never", "--build-arg", f"BASE={BASE_IMAGE}", *ca,
+                 "--file", str(CONTAINERFILE)]
+        started = time.monotonic()
+        # The build stage first, tagged, so that pruning keeps its cached layers (apt) too; the full
+        # build then reuses them.
+        buildah(*build, "--target", "build", "--tag", BUILD_STAGE, str(REPO), timeout=1200)
+        buildah(*build, "--tag", IMAGE, str(REPO), timeout=1200)
+        build_seconds = time.monotonic() - started
+        # Earlier builds' images, now untagged, go; the layers under tagged images (the cache, and
+        # what another run uses now) stay.
+        buildah("rmi", "--prune", check=False)
+        container = f"nftpolicy-test-{RUN}-{secrets.token_hex(3)}"
+        buildah("from", "--pull=never", "--name", container, IMAGE)
     try:
         yield Image(container, build_seconds)
     finally:
         buildah("rm", container, check=False)
+        with stack_lock():
+            buildah("rmi", IMAGE, BUILD_STAGE, check=False)  # this run's tags; the layers stay as cache
+
+
+def stack_lock():
+    """An exclusive lock on the shared storage (flock on BUILD_LOCK): held while building,
+    pruning and removing tags, so that two runs never prune or re-tag under each other."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    handle = open(BUILD_LOCK, "a")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
 
 
 # Capability bits 0-31 (linux/capability.h), to read /proc/PID/status.

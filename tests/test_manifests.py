@@ -650,9 +650,9 @@ def test_invalid_yaml_is_reported_with_origin(text):
     assert len(errors) == 1
     error = errors[0]
     assert (error.kind, error.ref, error.origin) == ("document", "#1", "broken.yaml")
-    assert error.message.startswith("not valid YAML/JSON: ")
+    assert error.message.startswith("not valid YAML/JSON at line ")
     assert "\n" not in str(error)
-    assert str(error).startswith("document #1: not valid YAML/JSON: ") and str(error).endswith("(broken.yaml)")
+    assert str(error).startswith("document #1: not valid YAML/JSON at line ") and str(error).endswith("(broken.yaml)")
 
 
 def test_a_broken_document_loses_only_itself():
@@ -785,6 +785,39 @@ def test_pod_named_container_ports():
 ])
 def test_pod_errors_exact_text(obj, expected):
     assert str(the_error(obj)) == f"{expected} ({ORIGIN})"
+
+
+@pytest.mark.parametrize("containers, labels, expected", [
+    pytest.param([{"ports": [{"name": "http", "containerPort": True}]}], {"app": "web"},
+                 "spec.containers[0].ports[0].containerPort: must be a number 1-65535, got True", id="port-True-equals-1"),
+    pytest.param([{"ports": [{"name": "http", "containerPort": 1.0}]}], {"app": "web"},
+                 "spec.containers[0].ports[0].containerPort: must be a number 1-65535, got 1.0", id="port-float"),
+    pytest.param({"ports": [{"name": "http", "containerPort": 1}]}, {"app": "web"},
+                 "spec.containers: must be a list, got dict", id="containers-mapping"),
+    pytest.param([{"ports": {"name": "http", "containerPort": 1}}], {"app": "web"},
+                 "spec.containers[0].ports: must be a list, got dict", id="ports-mapping"),
+    pytest.param([{"ports": [{"name": "http", "containerPort": 1}]}], {"app": 1},
+                 "metadata.labels.app: label keys and values must be strings", id="label-int"),
+])
+def test_a_valid_pod_seen_before_never_makes_an_invalid_one_valid(containers, labels, expected):
+    """Validation results are shared between pods with equal ports and labels (the common valid
+    case is looked up): a value that compares equal to a valid one (True == 1, 1.0 == 1) or the
+    same values in another shape still gets the full check."""
+    valid = pod_from(pod("x", "seen", pod_ip="10.0.0.1", labels={"app": "web"},
+                         containers=[{"ports": [{"name": "http", "containerPort": 1}]}]))
+    assert valid.ports == (ContainerPort("http", 1, "TCP"),) and valid.labels == {"app": "web"}
+    with pytest.raises(InvalidField) as error:
+        pod_from(pod("x", "other", pod_ip="10.0.0.2", labels=labels, containers=containers))
+    assert str(error.value) == expected
+
+
+def test_pods_with_equal_labels_and_ports_share_them():
+    """Replicas share one labels object (the node renderer groups pods by it) and one ports tuple."""
+    ports = [{"name": "http", "containerPort": 8080}]
+    a = pod_from(pod("x", "a", pod_ip="10.0.0.1", labels={"app": "web", "tier": "f"}, containers=[{"ports": ports}]))
+    b = pod_from(pod("x", "b", pod_ip="10.0.0.2", labels={"tier": "f", "app": "web"}, containers=[{"ports": list(ports)}]))
+    assert a.labels is b.labels and list(a.labels) == ["app", "tier"]
+    assert a.ports is b.ports
 
 
 # --------------------------------------------------------------------------- nodes

@@ -15,7 +15,7 @@ import pytest
 
 from nftpolicy.agent import sources
 from nftpolicy.agent.controlplane import ControlPlane
-from nftpolicy.agent.ops import Metrics
+from nftpolicy.agent.metrics import Metrics
 
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from nftpolicy.agent.fakenft import FakeNftDataplane, FakeTable
-from nftpolicy.agent.ops import Health, Metrics
+from nftpolicy.agent.health import Health
+from nftpolicy.agent.metrics import Metrics
 from nftpolicy.agent.reconcile import Reconciler
 from nftpolicy.agent.sources import KINDS, Store
 from nftpolicy.translators import nft

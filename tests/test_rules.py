@@ -2,10 +2,10 @@
 selector sets) and the model helpers.
 
 Pure: no kernel, no root. Clusters are built from manifest dicts through ``build_cluster`` so the
-tests read like the Kubernetes API. Verdicts are checked with :func:`model_allows`, a small
-evaluator of the RuleModel (pod chains -> policy chains -> AllowRules and sets) that mirrors how
-the nft ruleset uses it: a packet passes when the source pod's egress and the destination pod's
-ingress both allow it (a direction no policy isolates allows everything).
+tests read like the Kubernetes API. Verdicts are checked with :func:`model_allows`, the verdict
+engine (nftpolicy.translators.verdict) on one rule model: a packet passes when the source pod's
+egress and the destination pod's ingress both allow it (a direction no policy isolates allows
+everything); the property test checks it against a reference evaluator written from the API.
 
 Semantics: DESIGN.md section 3 and the ``networking.k8s.io/v1`` NetworkPolicy API reference.
 """
@@ -29,6 +29,7 @@ from nftpolicy.translators.model import (
     family_of,
 )
 from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.verdict import Connection, Enforcement
 from nftpolicy.translators.rules import (
     COMMENT_MAX_BYTES,
     AddressSet,
@@ -96,55 +97,14 @@ def model_of(*objects: dict[str, Any], node: str | None = None) -> RuleModel:
     return build_rule_model(cluster_of(*objects), node)
 
 
-# --------------------------------------------------------------------------- rule model evaluator
-
-
-def _in_set(s: AddressSet, element: Any) -> bool:
-    if s.kind == "addr":
-        return any(ipaddress.ip_address(e) == ipaddress.ip_address(element) for e in s.elements)
-    if s.kind == "interval":
-        ip = ipaddress.ip_address(element)
-        return any(ip.version == ipaddress.ip_network(e).version and ip in ipaddress.ip_network(e) for e in s.elements)
-    ip, proto, port = element
-    return any(ipaddress.ip_address(e[0]) == ipaddress.ip_address(ip) and e[1] == proto and e[2] == port for e in s.elements)
+# --------------------------------------------------------------------------- rule model verdicts
 
 
 def model_allows(m: RuleModel, src: str, dst: str, protocol: str = "TCP", port: int = 80) -> bool:
-    """True when the rule model lets ``src`` -> ``dst`` (``protocol``/``port``) through.
-
-    The source's pod chain is walked for egress, the destination's for ingress; a pod without a
-    chain, or a direction that is None, is not isolated. An AllowRule matches when its family,
-    peer set (the other end), port match and named-port set (destination . proto . port) match.
-    """
-    sets = {s.name: s for s in m.sets}
-    chains = {c.name: c for c in m.policy_chains}
-    pod_chain_of = {ipaddress.ip_address(ip): pc for pc in m.pod_chains for ip in pc.ips}
-    family = family_of(dst)
-
-    def rule_allows(rule, peer: str) -> bool:
-        if rule.family is not None and rule.family != family:
-            return False
-        if rule.peer_set is not None and not _in_set(sets[rule.peer_set], peer):
-            return False
-        if rule.port is not None:
-            if rule.port.protocol != protocol:
-                return False
-            if rule.port.first is not None and not rule.port.first <= port <= rule.port.last:
-                return False
-        return rule.named_port_set is None or _in_set(sets[rule.named_port_set], (dst, protocol.lower(), port))
-
-    def direction_allows(pod_ip: str, direction: str, peer: str) -> bool:
-        pc = pod_chain_of.get(ipaddress.ip_address(pod_ip))
-        if pc is None or getattr(pc, direction) is None:
-            return True
-        for chain_name in getattr(pc, direction):
-            chain = chains[chain_name]
-            assert chain.direction == direction
-            if any(rule_allows(r, peer) for r in chain.rules):
-                return True
-        return False
-
-    return direction_allows(src, "egress", dst) and direction_allows(dst, "ingress", src)
+    """True when the rule model lets ``src`` -> ``dst`` (``protocol``/``port``) through: the
+    verdict engine (nftpolicy.translators.verdict) on ``m`` alone, which walks the source's pod
+    chain for egress and the destination's for ingress (a pod without one is not isolated)."""
+    return Enforcement({None: m}).verdict(Connection(src, dst, protocol, port)).allowed is True
 
 
 def pod_chain(m: RuleModel, key: str):

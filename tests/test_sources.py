@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from nftpolicy.agent.ops import Metrics
+from nftpolicy.agent.metrics import Metrics
 from nftpolicy.agent.sources import KubeSource, ManifestsSource, Store
 
 from .fakeapi import FakeApiServer, namespace, node, pod
@@ -233,7 +233,7 @@ def test_manifests_directory_is_reread_on_change(tmp_path):
 def test_health_server_on_ipv4_and_ipv6(address):
     import urllib.request
 
-    from nftpolicy.agent.ops import Health, serve_http
+    from nftpolicy.agent.health import Health, serve_http
 
     health = Health(window=60)
     server = serve_http(address, Metrics(), health)
@@ -325,3 +325,32 @@ def test_a_port_name_that_is_not_a_string_is_refused_and_the_poll_lives_on(tmp_p
         eventually(lambda: set(store.take()[0].pods) == {"x/q"})
     finally:
         stop.set()
+
+
+def test_the_api_back_after_an_outage_is_noticed_within_the_retry_cap(api, source):
+    """During an outage each kind's retry delay grows only to RETRY_CAP + RETRY_JITTER (4 s), so
+    a change made once the API is back reaches the store within 5 s however long the outage
+    lasted. (With the old delays, 0.2 s doubling to 30 s plus up to 1 s of jitter, the 7th retry
+    of this 20 s outage comes at 12.6-18.6 s and the 8th at 25.4 s or later: at least 5.4 s after
+    the API is back.) And
+    nftpolicy_watch_seconds_since_success says how long each kind has been without an answer."""
+    from nftpolicy.agent.sources import RETRY_CAP, RETRY_JITTER
+
+    store, metrics, start = source
+    start()
+    eventually(lambda: sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod") == 0.0)
+    with api.outage():
+        time.sleep(20.0)
+        failing = sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod")
+        assert 19.0 <= failing <= 21.0, failing
+        assert sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Namespace") >= 19.0
+    back = time.monotonic()
+    api.put(pod("x", "after", "10.0.0.9"))
+    eventually(lambda: "x/after" in pods(store), timeout=10)
+    took = time.monotonic() - back
+    assert took <= RETRY_CAP + RETRY_JITTER + 1.0 <= 5.0, f"the change after the outage took {took:.1f} s"
+    eventually(lambda: sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod") == 0.0)
+    # the server still gets no tight loop: at most one request per kind per 0.2 s early on, and
+    # one per RETRY_CAP..RETRY_CAP + RETRY_JITTER once the delay has grown
+    retries = sample(metrics, "nftpolicy_api_retries_total", kind="Pod", reason="connection")
+    assert 6 <= retries <= 14, retries

@@ -22,7 +22,7 @@ from nftpolicy.agent.probes import ProbeSpec
 from nftpolicy.agent.sandbox import Sandbox
 from nftpolicy.translators import layout
 from nftpolicy.translators.layout import (
-    AddressInSet, AddressIs, ClearMark, ConntrackState, DestinationPorts, Dispatch, IcmpTypes, Jump, Limit, LocalAddress,
+    AddressInSet, AddressIs, ClearMark, ConntrackState, Counter, DestinationPorts, Dispatch, IcmpTypes, Jump, Limit, LocalAddress,
     Log, NamedPortInSet, Protocols, Reject, SetMark, Unmarked, Verdict,
 )
 from nftpolicy.translators.manifests import build_cluster
@@ -75,7 +75,7 @@ class Packet:
             return self.mark & s.bits == 0
         if isinstance(s, (ConntrackState, IcmpTypes, LocalAddress)):
             return False  # a new TCP/UDP connection between pods
-        if isinstance(s, Limit):
+        if isinstance(s, (Limit, Counter)):
             return True
         raise AssertionError(f"not a match: {s!r}")
 

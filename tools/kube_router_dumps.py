@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from nftpolicy.agent.controlplane import ControlPlane, ControlPlaneError, find_binary
-from nftpolicy.agent.manifests import manifest_files, read_objects
+from nftpolicy.agent.manifestfiles import manifest_files, read_objects
 from nftpolicy.agent.nodedaemons import KUBE_ROUTER_SYNC_END, KubeRouters
 from nftpolicy.agent.sandbox import Sandbox, SandboxError
 from nftpolicy.translators.manifests import build_cluster

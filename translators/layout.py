@@ -155,6 +155,12 @@ class Log:
 
 
 @dataclass(frozen=True)
+class Counter:
+    """Count the packets and bytes that reach this statement (nft ``counter``, read back by the
+    agent's metrics; iptables counts every rule, so its printer prints nothing for it)."""
+
+
+@dataclass(frozen=True)
 class Reject:
     """Reject: a TCP reset when ``tcp_reset`` (after ``Protocols(("tcp",))``), else ICMP port
     unreachable of the packet's family."""
@@ -186,8 +192,14 @@ class Dispatch:
     map: str
 
 
+@dataclass(frozen=True)
+class SetTrace:
+    """``meta nftrace set 1``: the kernel reports the packet's walk through every chain to
+    ``nft monitor trace`` listeners (only in the chains :func:`trace_chains` adds for a trace)."""
+
+
 Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
-                  LocalAddress, Unmarked, Limit, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch]
+                  LocalAddress, Unmarked, Limit, Counter, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch, SetTrace]
 
 
 # ---- table objects ------------------------------------------------------------------------------
@@ -270,7 +282,8 @@ def default_chain(config: Config) -> Chain:
 def allow_rule(config: Config, chain: PolicyChain, allow: AllowRule) -> Rule:
     """One allowed (peers, port) tuple of a policy: match the peer (the source for ingress, the
     destination for egress), the named port and the port, then set the policy mark and return
-    (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the API reference)."""
+    (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the API reference). A
+    counter before the mark counts the packets this rule allowed (the agent's allowed metric)."""
     statements: list[Statement] = []
     if allow.peer_set:
         assert allow.family
@@ -282,7 +295,7 @@ def allow_rule(config: Config, chain: PolicyChain, allow: AllowRule) -> Rule:
         statements.append(Protocols((allow.port.protocol.lower(),)))
         if allow.port.first is not None:
             statements.append(DestinationPorts(allow.port.first, allow.port.first if allow.port.last is None else allow.port.last))
-    return Rule((*statements, SetMark(config.policy_mark), Verdict("return")), allow.comment)
+    return Rule((*statements, Counter(), SetMark(config.policy_mark), Verdict("return")), allow.comment)
 
 
 def policy_chain(config: Config, chain: PolicyChain) -> Chain:
@@ -293,6 +306,13 @@ def policy_chain(config: Config, chain: PolicyChain) -> Chain:
 def _pod_addresses(pod: PodChain) -> dict[Family, tuple[str, ...]]:
     by_family = {f: tuple(ip for ip in pod.ips if family_of(ip) == f) for f in FAMILIES}
     return {f: ips for f, ips in by_family.items() if ips}
+
+
+def log_prefix(direction: str, pod: str) -> str:
+    """The NFLOG prefix of a packet rejected for ``direction`` (``ingress``/``egress``) of pod
+    ``pod`` (``namespace/name``): ``nftpolicy reject ingress shop/api-0: ``. The direction comes
+    before the pod, so a printer's cut (the kernel keeps 127 bytes) only ever shortens the name."""
+    return f"nftpolicy reject {direction} {pod}: "
 
 
 def tier_rule(config: Config, chain: TierChain, rule: TierRule) -> list[Rule]:
@@ -338,8 +358,14 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     policy mark (the first allow ends the walk): the Admin tier chains (and while no Pass rule
     has set the pass mark), then the NetworkPolicy chains, or where no NetworkPolicy isolates
     the pod the Baseline tier chains (the same way) and ``KUBE-NWPLCY-DEFAULT``; the pass mark is
-    cleared after each tier. Then NFLOG and reject what nothing allowed; clear the policy mark,
-    set the passed mark."""
+    cleared after each tier. Then, for each isolated direction (``ip daddr`` of the pod: ingress,
+    ``ip saddr``: egress), NFLOG and a counted reject of what nothing allowed; clear the policy
+    mark, set the passed mark.
+
+    A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
+    the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no
+    reject; every packet dispatched here has one of the pod's addresses as its source or
+    destination, so the rejects cover all that was left unmarked."""
     unmarked = Unmarked(config.policy_mark)
     tiered = any(pod.tiers("ingress") + pod.tiers("egress"))
     in_tier = Unmarked(config.policy_mark | config.pass_mark)
@@ -365,10 +391,18 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
         for target in chains if chains is not None else (DEFAULT_CHAIN,):
             rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
                       for family, ips in addresses.items()]
+    for direction, chains, field in directions:
+        if chains is None:
+            continue
+        for family, ips in addresses.items():
+            this_pod = AddressIs(family, field, ips)
+            rules += [
+                Rule((this_pod, unmarked, Limit(*LOG_RATE), Log(log_prefix(direction, pod.pod), config.nflog_group)),
+                     f"{pod.pod} log rejected {direction}"),
+                Rule((this_pod, unmarked, Protocols(("tcp",)), Counter(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
+                Rule((this_pod, unmarked, Counter(), Reject()), f"{pod.pod} reject {direction}"),
+            ]
     rules += [
-        Rule((unmarked, Limit(*LOG_RATE), Log(f"nftpolicy reject {pod.pod}: ", config.nflog_group)), f"{pod.pod} log rejected"),
-        Rule((unmarked, Protocols(("tcp",)), Reject(tcp_reset=True)), f"{pod.pod} reject"),
-        Rule((unmarked, Reject()), f"{pod.pod} reject"),
         Rule((ClearMark(config.policy_mark),), f"{pod.pod} clear policy mark"),
         Rule((SetMark(config.passed_mark),), f"{pod.pod} passed"),
     ]
@@ -415,6 +449,28 @@ def base_chains(config: Config) -> list[Chain]:
                       for family, pod_map in POD_MAPS.items()]
         chains.append(Chain(name, tuple(rules), hook))
     return chains
+
+
+TRACE_CHAINS: dict[str, Hook] = {"NFTPOLICY-TRACE-INPUT": "input", "NFTPOLICY-TRACE-FORWARD": "forward",
+                                  "NFTPOLICY-TRACE-OUTPUT": "output"}
+
+
+def trace_chains(source: str, destination: str, protocol: str, port: int | None) -> list[Chain]:
+    """The chains ``nftpolicy trace`` adds to our table for one connection and deletes after it:
+    one per hook of our base chains, hooked just before them (our priority - 1), whose one rule
+    sets ``nftrace`` on the packets ``source`` -> ``destination`` of ``protocol`` (``ICMP``: echo
+    requests) and destination ``port``."""
+    family = family_of(destination)
+    matches: list[Statement] = [AddressIs(family, "saddr", (source,)), AddressIs(family, "daddr", (destination,))]
+    if protocol == "ICMP":
+        matches.append(IcmpTypes(family, ("echo-request",)))
+    else:
+        matches.append(Protocols((protocol.lower(),)))
+        if port is not None:
+            matches.append(DestinationPorts(port, port))
+    what = f"{protocol}/{port}" if protocol != "ICMP" else "ICMP echo"
+    return [Chain(name, (Rule((*matches, SetTrace()), f"trace {source} -> {destination} {what}"),), hook)
+            for name, hook in TRACE_CHAINS.items()]
 
 
 def table(model: RuleModel) -> Table:

@@ -26,7 +26,8 @@ import json
 import re
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping  # collections.abc: isinstance on typing's alias is slow
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import yaml
@@ -111,26 +112,57 @@ def _load_yaml(text: str, origin: str) -> tuple[list[Any], list[ManifestError]]:
     except (yaml.YAMLError, RecursionError):
         pass
     docs, errors = [], []
+    starts = [0] + [m.end() for m in re.finditer(r"(?m)^---[ \t]*(?:#.*)?$", text)]
     for i, chunk in enumerate(re.split(r"(?m)^---[ \t]*(?:#.*)?$", text)):
         try:
             docs.extend(load_yaml_documents(chunk))
         except (yaml.YAMLError, RecursionError) as exc:
-            reason = str(exc).replace("\n", " ") if isinstance(exc, yaml.YAMLError) else "nested too deeply"
-            errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON: {reason}", origin))
+            first_line = text.count("\n", 0, starts[i])  # of the chunk in the file, from 0
+            errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON{_yaml_error(exc, first_line)}", origin))
     return docs, errors
 
 
-def parse_documents(text: str, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
+def _yaml_error(exc: BaseException, first_line: int) -> str:
+    """One line for a YAML error in a document whose first line is ``first_line`` (from 0) of
+    its file: `` at line L, column C: problem (context at line L, column C)``, the file's own
+    1-based lines and columns (PyYAML counts both from 0 within the text it was given)."""
+    def at(mark: yaml.Mark) -> str:
+        return f"line {first_line + mark.line + 1}, column {mark.column + 1}"
+
+    if isinstance(exc, RecursionError):
+        return ": nested too deeply"
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        context = f" ({exc.context} at {at(exc.context_mark)})" if exc.context and exc.context_mark else \
+            f" ({exc.context})" if exc.context else ""
+        return f" at {at(exc.problem_mark)}: {exc.problem}{context}"
+    return ": " + " ".join(str(exc).split())
+
+
+def parse_documents(text: str | bytes, origin: str = "<input>") -> tuple[list[tuple[str, Any]], list[ManifestError]]:
     """Split YAML or JSON text into ``(origin, object)`` pairs, flattening ``kind: List``,
     ``kind: <Kind>List`` (raw API list output) and top-level arrays.
 
+    ``text`` may be a file's bytes: JSON is then parsed without a decoded copy (a 150,000-pod
+    dump is 95 MB); bytes that are not UTF-8 raise UnicodeDecodeError.
     Returns the objects and one error per document that cannot be parsed (the others are kept).
     """
-    try:
-        # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
-        docs, errors = ([orjson.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
-    except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
-        docs, errors = _load_yaml(text, origin)
+    docs: list[Any] | None = None
+    errors: list[ManifestError] = []
+    if isinstance(text, bytes):
+        if text.lstrip()[:1] in (b"{", b"["):
+            try:
+                docs, errors = [orjson.loads(text)], []
+            except (ValueError, RecursionError):
+                pass
+        if docs is None:
+            text = text.decode()
+    if docs is None:
+        assert isinstance(text, str)
+        try:
+            # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
+            docs, errors = ([orjson.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
+        except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
+            docs, errors = _load_yaml(text, origin)
     objects: list[tuple[str, Any]] = []
     pending = docs[::-1]  # a stack, next document last: each document is handled once
     while pending:
@@ -171,9 +203,6 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
                 errors.append(ManifestError(str(kind or "object"), str(name), hint, origin))
             continue
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        name = meta.get("name") or meta.get("generateName")
-        ref = f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else str(name)
         try:
             if kind == "Namespace":
                 ns = namespace_from(obj)
@@ -192,6 +221,9 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 node = node_from(obj)
                 nodes[node.name] = node
         except InvalidField as exc:
+            meta = _mapping_or_empty(obj.get("metadata"))
+            name = meta.get("name") or meta.get("generateName")
+            ref = f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else str(name)
             errors.append(ManifestError(kind, ref, str(exc), origin))
     return Cluster(namespaces=namespaces, pods=pods, policies=policies, nodes=nodes, cluster_policies=cluster_policies), errors
 
@@ -220,7 +252,12 @@ def _known_fields(value: Mapping[str, Any], part: str, path: str) -> None:
         raise InvalidField(f"{path}.{unknown[0]}", f"unknown field (expected one of {', '.join(sorted(_FIELDS[part]))})")
 
 
-def _name(obj: Mapping[str, Any], pattern: re.Pattern = _DNS_SUBDOMAIN) -> str:
+def _mapping_or_empty(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one (for reading an object that may be malformed)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _name(obj: Mapping[str, Any], pattern: re.Pattern[str] = _DNS_SUBDOMAIN) -> str:
     meta = _mapping(obj.get("metadata"), "metadata")
     name, prefix = meta.get("name"), meta.get("generateName")
     if not name and isinstance(prefix, str) and prefix:
@@ -241,7 +278,7 @@ def object_ref(kind: str, obj: Mapping[str, Any]) -> str:
     """``namespace/name`` for Pods and NetworkPolicies, ``name`` otherwise: what the object is
     called (with only ``generateName``, the name :func:`_name` generates for it, so that such
     objects never share a key); never raises (an invalid name is kept as it is)."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    meta = _mapping_or_empty(obj.get("metadata"))
     try:
         name = _name(obj)
     except InvalidField:
@@ -250,10 +287,18 @@ def object_ref(kind: str, obj: Mapping[str, Any]) -> str:
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:
+    """``metadata.namespace`` (default ``default``), interned."""
     namespace = obj["metadata"].get("namespace") or "default"
+    if type(namespace) is str and namespace in _NAMESPACES:  # one of the few names seen already
+        return _NAMESPACES[namespace]
     if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
         raise InvalidField("metadata.namespace", f"invalid namespace {namespace!r} (a lower-case RFC 1123 label)")
-    return namespace
+    if len(_NAMESPACES) >= 1 << 14:
+        _NAMESPACES.clear()
+    return _NAMESPACES.setdefault(namespace, sys.intern(namespace))
+
+
+_NAMESPACES: dict[str, str] = {}  # valid namespace names seen (bounded), each its interned self
 
 
 def _label_key(key: Any, path: str, what: str = "label") -> str:
@@ -286,19 +331,33 @@ def _label_error(key: Any, value: Any) -> str | None:
 
 
 def _labels(value: Any, path: str) -> Mapping[str, str]:
-    """Validated labels. Equal label sets are one shared object (the replicas of a workload
-    carry the same labels): never modify the result."""
+    """Validated labels, keys in sorted order. Equal label sets are one shared object (the
+    replicas of a workload carry the same labels; the node renderer groups pods by it): never
+    modify the result."""
     labels = _mapping(value, path)
-    for k, v in labels.items():
-        error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
-        if error:
-            raise InvalidField(f"{path}.{k}", error)
-    return _shared_labels(frozenset(labels.items()))
+    try:
+        return _shared_labels(tuple(labels), tuple(labels.values()))
+    except TypeError:  # an unhashable key or value (a list, a mapping): not a string either
+        bad = next(k for k, v in labels.items() if not isinstance(k, str) or not isinstance(v, str))
+        raise InvalidField(f"{path}.{bad}", "label keys and values must be strings") from None
+    except InvalidField as exc:
+        raise InvalidField(f"{path}.{exc.path}", exc.message) from None
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _shared_labels(items: frozenset[tuple[str, str]]) -> Mapping[str, str]:
-    return {sys.intern(k): sys.intern(v) for k, v in sorted(items)}
+def _shared_labels(keys: tuple[Any, ...], values: tuple[Any, ...]) -> Mapping[str, str]:
+    """The labels ``keys[i]: values[i]``, validated once per label set and order (a set seen
+    before is valid: only strings are cached, and nothing but a string equals one); raises
+    InvalidField with the key as its path. Every order of a set gives the dict of its sorted
+    order (the API server sends keys sorted)."""
+    for k, v in zip(keys, values):
+        error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
+        if error:
+            raise InvalidField(str(k), error)
+    if list(keys) != sorted(keys):
+        ordered = sorted(zip(keys, values))
+        return _shared_labels(tuple(k for k, _ in ordered), tuple(v for _, v in ordered))
+    return {sys.intern(k): sys.intern(v) for k, v in zip(keys, values)}
 
 
 def namespace_from(obj: Mapping[str, Any]) -> Namespace:
@@ -355,7 +414,7 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
     status = _mapping(obj.get("status"), "status")
     ips: list[str] = []
     for i, entry in enumerate(_list(status.get("podIPs"), "status.podIPs")):
-        ips.append(str(_mapping(entry, f"status.podIPs[{i}]").get("ip")))
+        ips.append(str((entry if type(entry) is dict else _mapping(entry, f"status.podIPs[{i}]")).get("ip")))
     if not ips and status.get("podIP"):
         ips.append(str(status["podIP"]))
     for i, ip in enumerate(ips):
@@ -363,13 +422,66 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
         if canonical is None:
             raise InvalidField(f"status.podIPs[{i}]", f"invalid IP address {ip!r}")
         ips[i] = canonical
+    ports = _container_ports(spec)
+    node = spec.get("nodeName")
+    return Pod(  # the strings that repeat across pods are interned: one copy each in memory
+        namespace=_namespace(obj),
+        name=name,
+        labels=_labels(meta.get("labels"), "metadata.labels"),
+        node=sys.intern(node) if isinstance(node, str) else node,
+        ips=tuple(ips),
+        phase=sys.intern(str(status.get("phase") or ("Running" if ips else "Pending"))),
+        host_network=_boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
+        ports=ports,
+    )
+
+
+def _container_ports(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
+    """The containers' ports, in order. Pods of one workload have the same ports: the common
+    case (lists of dicts with integer port numbers) is looked up by the ports' (name, number,
+    protocol) in a cache of port lists that passed the full check, and shares its tuple; any
+    other shape gets the full check, which names the first invalid field."""
+    containers = spec.get("containers")
+    if type(containers) is list:
+        key = []
+        for container in containers:
+            entries = container.get("ports") if type(container) is dict else None
+            if type(entries) is not list:
+                if entries or type(container) is not dict:
+                    break  # not a list of ports (or not a container object): the full check says why
+                continue
+            for p in entries:
+                number = p.get("containerPort") if type(p) is dict else None
+                if type(number) is not int:  # also refuses True and 80.0, which equal 1 and 80
+                    break
+                key.append((p.get("name"), number, p.get("protocol")))
+            else:
+                continue
+            break
+        else:
+            try:
+                return _checked_ports(tuple(key))
+            except (TypeError, InvalidField):  # an unhashable name or protocol, or an invalid value
+                pass
+    return _container_ports_checked(spec)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _checked_ports(key: tuple[tuple[Any, int, Any], ...]) -> tuple[ContainerPort, ...]:
+    """``(name, number, protocol)`` triples -> ContainerPorts, or InvalidField. A hit equals,
+    element by element, a port list that passed the full check, and equal values get the same
+    verdict there (the numbers are exact ints: True and 80.0, equal to 1 and 80, never get here)."""
+    return _container_ports_checked({"containers": [{"ports": [{"name": n, "containerPort": c, "protocol": p} for n, c, p in key]}]})
+
+
+def _container_ports_checked(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
+    """The full check of ``spec.containers[*].ports``: raises InvalidField naming the first
+    invalid field."""
     ports = []
     for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
-        # Paths are spelled out only for an error: this loop runs for every port of every pod.
         container_ports = _mapping(container, f"spec.containers[{ci}]").get("ports")
         for pi, p in enumerate(_list(container_ports, f"spec.containers[{ci}].ports") if container_ports else ()):
-            if type(p) is not dict:
-                p = _mapping(p, f"spec.containers[{ci}].ports[{pi}]")
+            p = _mapping(p, f"spec.containers[{ci}].ports[{pi}]")
             number, protocol, port_name = p.get("containerPort"), p.get("protocol") or "TCP", p.get("name")
             if port_name is not None and not isinstance(port_name, str):
                 raise InvalidField(f"spec.containers[{ci}].ports[{pi}].name", f"must be a string, got {port_name!r}")
@@ -378,17 +490,7 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
             if protocol not in PROTOCOLS:
                 _protocol(protocol, f"spec.containers[{ci}].ports[{pi}].protocol")
             ports.append(_container_port(port_name, number, protocol))
-    node = spec.get("nodeName")
-    return Pod(  # the strings that repeat across pods are interned: one copy each in memory
-        namespace=sys.intern(_namespace(obj)),
-        name=name,
-        labels=_labels(meta.get("labels"), "metadata.labels"),
-        node=sys.intern(node) if isinstance(node, str) else node,
-        ips=tuple(ips),
-        phase=sys.intern(str(status.get("phase") or ("Running" if ips else "Pending"))),
-        host_network=_boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
-        ports=tuple(ports),
-    )
+    return tuple(ports)
 
 
 # Pods of one workload name the same ports: one shared (immutable) object per distinct port.
@@ -413,16 +515,28 @@ def _boolean(value: Any, path: str) -> bool:
 
 def _network(value: Any, path: str, new: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """A CIDR; ``new``: also refuse what kube-apiserver (v1.36) refuses in a new object."""
-    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F.:]+/[0-9]{1,3}", value):
+    if not isinstance(value, str):
         raise InvalidField(path, f"invalid CIDR {value!r}")
+    try:
+        return _cidr(value, new)
+    except ValueError as exc:
+        raise InvalidField(path, str(exc)) from None
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _cidr(value: str, new: bool) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """:func:`_network` of a string, cached (policies repeat their CIDRs; networks are
+    immutable); raises ValueError with the reason."""
+    if not re.fullmatch(r"[0-9a-fA-F.:]+/[0-9]{1,3}", value):
+        raise ValueError(f"invalid CIDR {value!r}")
     try:
         network = ipaddress.ip_network(value, strict=False)
     except ValueError:
-        raise InvalidField(path, f"invalid CIDR {value!r}") from None
+        raise ValueError(f"invalid CIDR {value!r}") from None
     if new and ipaddress.ip_interface(value).ip != network.network_address:
-        raise InvalidField(path, f"invalid CIDR {value!r}: must not have bits set beyond the prefix length (use {network})")
+        raise ValueError(f"invalid CIDR {value!r}: must not have bits set beyond the prefix length (use {network})")
     if new and isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped is not None:
-        raise InvalidField(path, f"invalid CIDR {value!r}: must not have an IPv4-mapped IPv6 address")
+        raise ValueError(f"invalid CIDR {value!r}: must not have an IPv4-mapped IPv6 address")
     return network
 
 
@@ -539,7 +653,7 @@ def policy_from(obj: Mapping[str, Any], new: bool = False) -> NetworkPolicy:
         namespace=_namespace(obj),
         name=name,
         pod_selector=selector_from(spec.get("podSelector"), "spec.podSelector"),
-        policy_types=frozenset(t.lower() for t in types),  # type: ignore[misc]
+        policy_types=frozenset(t.lower() for t in types),
         ingress=ingress,
         egress=egress,
     )
@@ -554,11 +668,11 @@ def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
     server does (Ingress, plus Egress when egress rules are present). None when the object has no
     name at all.
     """
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    meta = _mapping_or_empty(obj.get("metadata"))
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         return None
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    spec = _mapping_or_empty(obj.get("spec"))
     try:
         selector = selector_from(spec.get("podSelector"), "spec.podSelector")
     except InvalidField:
@@ -569,5 +683,5 @@ def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
         directions = {"ingress", "egress"} if isinstance(spec.get("egress"), list) and spec["egress"] else {"ingress"}
     return NetworkPolicy(
         namespace=str(meta.get("namespace") or "default"), name=name, pod_selector=selector,
-        policy_types=frozenset(directions),  # type: ignore[arg-type]
+        policy_types=frozenset(directions),
     )

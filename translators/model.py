@@ -66,9 +66,13 @@ class LabelSelector:
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """True when ``labels`` satisfy every term of the selector."""
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.match_expressions
-        )
+        for k, v in self.match_labels:  # loops, not all(): this runs for every pod group and selector
+            if labels.get(k) != v:
+                return False
+        for r in self.match_expressions:
+            if not r.matches(labels):
+                return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ def _one_or_set(values: list[Any]) -> Any:
 
 def statement_json(s: Statement) -> Json:
     """One statement of :mod:`~nftpolicy.translators.layout` as a libnftables JSON statement
-    (libnftables-json(5): MATCH, MANGLE, VERDICT, REJECT, LOG, LIMIT, VMAP)."""
+    (libnftables-json(5): MATCH, MANGLE, VERDICT, REJECT, LOG, LIMIT, COUNTER, VMAP)."""
     if isinstance(s, layout.AddressIs):
         return _match(_payload(IP[s.family], s.field), _one_or_set([element_json(a) for a in s.addresses]))
     if isinstance(s, layout.AddressInSet):
@@ -66,6 +66,8 @@ def statement_json(s: Statement) -> Json:
         return _match({"&": [MARK, s.bits]}, 0)
     if isinstance(s, layout.Limit):
         return {"limit": {"rate": s.rate, "per": s.per, "burst": s.burst}}
+    if isinstance(s, layout.Counter):
+        return {"counter": None}
     if isinstance(s, layout.SetMark):
         return {"mangle": {"key": MARK, "value": {"|": [MARK, s.bits]}}}
     if isinstance(s, layout.ClearMark):
@@ -80,6 +82,8 @@ def statement_json(s: Statement) -> Json:
         return {"jump": {"target": s.target}}
     if isinstance(s, layout.Dispatch):
         return {"vmap": {"key": _payload(IP[s.family], s.field), "data": f"@{s.map}"}}
+    if isinstance(s, layout.SetTrace):
+        return {"mangle": {"key": {"meta": {"key": "nftrace"}}, "value": 1}}
     raise TypeError(f"no nft statement for {s!r}")
 
 

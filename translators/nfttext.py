@@ -62,6 +62,8 @@ def _statement(s: Json) -> str:
         return f"limit rate {body['rate']}/{body['per']} burst {body['burst']} packets"
     if key == "log":
         return f'log prefix "{body["prefix"]}" group {body["group"]}'
+    if key == "counter":
+        return "counter"
     if key == "reject":
         return "reject" if body is None else f"reject with {body['type']}"
     raise ValueError(f"no nft syntax for statement {key!r}")

@@ -173,7 +173,7 @@ def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
 @functools.lru_cache(maxsize=4096)
 def _block_elements(key: SetKey) -> tuple[str, ...]:
     assert key.block is not None
-    return tuple(str(n) for n in ipaddress.collapse_addresses(key.block.networks()))  # type: ignore[arg-type]
+    return tuple(str(n) for n in ipaddress.collapse_addresses(key.block.networks()))  # type: ignore[type-var]  # one family
 
 
 @dataclass
@@ -218,8 +218,11 @@ class NodeRenderer:
         self.namespaces: dict[str, Namespace] = {}
         self.pods: dict[str, Pod] = {}
         self.policies: dict[str, NetworkPolicy] = {}
-        # pods that count (enforceable): namespace -> label set -> (labels, {key: pod})
-        self._groups: dict[str, dict[frozenset[tuple[str, str]], tuple[Mapping[str, str], dict[str, Pod]]]] = {}
+        # pods that count (enforceable): namespace -> id of a labels object -> (labels, {key: pod}).
+        # Pods of one workload share one labels object (translators.manifests shares equal label
+        # sets), so a group is a workload's pods, tested against a selector once; a group holds
+        # its labels object, so the id cannot be reused while the group exists.
+        self._groups: dict[str, dict[int, tuple[Mapping[str, str], dict[str, Pod]]]] = {}
         self._known_namespaces: set[str] = set()
         self._family_pods: Counter[Family] = Counter()
         self.families: tuple[Family, ...] = ("ipv4",)
@@ -253,12 +256,15 @@ class NodeRenderer:
     def load(self, cluster: Cluster) -> "NodeRenderer":
         """Take every object of ``cluster`` (namespaces, then pods, then policies); returns self.
 
-        Into a renderer that has no policy yet (a full render), pods are only indexed: no set
-        exists that they could change, so each costs a few dictionary updates.
+        Into a renderer that has no policy yet, pods are only indexed: no set exists that they
+        could change, so each costs a few dictionary updates. Into an empty renderer (a full
+        render), the loaded model is where changes start: :meth:`take_changes` reports what
+        changes after the load (a full replace carries the whole model anyway).
         """
+        empty = not (self.namespaces or self.pods or self.policies or self.cluster_policies or self._known_namespaces)
         for name, ns in cluster.namespaces.items():
             self.set_namespace(name, ns)
-        if self.policies:
+        if self.policies or self.cluster_policies:
             for key, pod in cluster.pods.items():
                 self.set_pod(key, pod)
         else:
@@ -267,16 +273,17 @@ class NodeRenderer:
             self.set_policy(key, policy)
         for key, cluster_policy in cluster.cluster_policies.items():
             self.set_cluster_policy(key, cluster_policy)
+        if empty:
+            self._refresh_pod_chains()
+            self._born, self._dead, self._added, self._removed, self._chains_before = set(), {}, {}, {}, {}
         return self
 
     def _index_pods(self, pods: Mapping[str, Pod]) -> None:
         """What :meth:`set_pod` does for new pods, when there are no sets and no policies."""
         self.pods.update(pods)
         v4 = v6 = 0
-        groups: dict[frozenset[tuple[str, str]], tuple[Mapping[str, str], dict[str, Pod]]] = {}
+        groups: dict[int, tuple[Mapping[str, str], dict[str, Pod]]] = {}
         namespace = None
-        # Replicas share one labels object (translators.manifests interns them): freeze each once.
-        frozen: dict[int, tuple[Mapping[str, str], frozenset[tuple[str, str]]]] = {}
         for key, pod in pods.items():
             if not pod.enforceable:
                 continue
@@ -285,13 +292,9 @@ class NodeRenderer:
                 if namespace not in self._known_namespaces:
                     self.set_namespace(namespace, None)
                 groups = self._groups.setdefault(namespace, {})
-            seen = frozen.get(id(pod.labels))
-            if seen is None or seen[0] is not pod.labels:
-                seen = frozen[id(pod.labels)] = (pod.labels, frozenset(pod.labels.items()))
-            labels = seen[1]
-            group = groups.get(labels)
+            group = groups.get(id(pod.labels))
             if group is None:
-                group = groups[labels] = (pod.labels, {})
+                group = groups[id(pod.labels)] = (pod.labels, {})
             group[1][key] = pod
             if len(pod.ips) == 1:
                 if ":" in pod.ips[0]:
@@ -370,14 +373,14 @@ class NodeRenderer:
         for p, step in ((before, -1), (after, 1)):
             if p is None:
                 continue
-            labels = frozenset(p.labels.items())
             groups = self._groups.setdefault(namespace, {})
             if step > 0:
-                groups.setdefault(labels, (p.labels, {}))[1][key] = p
+                groups.setdefault(id(p.labels), (p.labels, {}))[1][key] = p
             else:
-                groups[labels][1].pop(key)
-                if not groups[labels][1]:
-                    del groups[labels]
+                members = groups[id(p.labels)][1]
+                del members[key]
+                if not members:
+                    del groups[id(p.labels)]
             for family in FAMILIES:
                 if p.addresses(family):
                     self._family_pods[family] += step
@@ -445,7 +448,8 @@ class NodeRenderer:
                 "pod chains": len(self._pod_chains)}
 
     def take_changes(self) -> Changes:
-        """Everything that changed in the model since the last call (or since the start)."""
+        """Everything that changed in the model since the last call (or since the start, or
+        since a :meth:`load` into an empty renderer)."""
         self._refresh_pod_chains()
         changes = Changes(sets_added=[self._address_set(key) for key in sorted(self._born, key=lambda k: k.name)],
                           sets_removed=sorted(key.name for key in self._dead))
@@ -468,6 +472,8 @@ class NodeRenderer:
     def _address_set(self, key: SetKey, ordered: bool = True) -> AddressSet:
         if key.kind == "interval":
             elements: tuple[Any, ...] = _block_elements(key)
+        elif ordered and key.kind == "addr":  # addresses of one family: their bytes sort as _element_order does
+            elements = tuple(sorted(self._sets[key].counts, key=_ADDRESS_BYTES[key.family]))
         elif ordered:
             elements = tuple(sorted(self._sets[key].counts, key=_element_order))
         else:
@@ -522,9 +528,10 @@ class NodeRenderer:
                     self._scopes_in.setdefault(name, set()).add(scope)
         users.add(key)
         counts = self._sets[key].counts
-        if key.kind == "addr" and scope.block is None:  # the common case, without a call per pod
+        if key.kind == "addr" and scope.block is None and not scope.local:  # the common case, without a call per pod
             v6 = key.family == "ipv6"
-            counts.update(ip for pod in self._scope_pods(scope) for ip in pod.ips if (":" in ip) == v6)
+            counts.update([ip for members in self._scope_groups(scope) for pod in members.values() for ip in pod.ips
+                           if (":" in ip) == v6])
         else:
             for pod in self._scope_pods(scope):
                 counts.update(_elements(key, pod))
@@ -550,15 +557,22 @@ class NodeRenderer:
             if selector is None or selector.matches(labels):
                 yield from group.values()
 
-    def _scope_pods(self, scope: Scope) -> Iterator[Pod]:
+    def _scope_groups(self, scope: Scope) -> list[dict[str, Pod]]:
+        """The pod groups of the namespaces ``scope`` covers whose labels its podSelector
+        matches (``local`` is not applied)."""
         if scope.block is not None:
             namespaces: Iterable[str] = list(self._groups)
         elif scope.namespace is not None:
             namespaces = (scope.namespace,)
         else:
             namespaces = self._selector_scopes[scope]
-        for namespace in namespaces:
-            for pod in self._pods_of(namespace, scope.pod_selector):
+        selector, groups = scope.pod_selector, self._groups
+        return [members for namespace in namespaces if namespace in groups for labels, members in groups[namespace].values()
+                if selector is None or selector.matches(labels)]
+
+    def _scope_pods(self, scope: Scope) -> Iterator[Pod]:
+        for members in self._scope_groups(scope):
+            for pod in members.values():
                 if not scope.local or self._is_local(pod):
                     yield pod
 
@@ -843,6 +857,9 @@ def _packed(ip: str) -> bytes:
     """An address as its bytes: IPv4 (4 bytes) sorts before IPv6 (16), each in numeric order
     when compared after the length."""
     return socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+
+
+_ADDRESS_BYTES = {"ipv4": functools.partial(socket.inet_pton, socket.AF_INET), "ipv6": functools.partial(socket.inet_pton, socket.AF_INET6)}
 
 
 def _element_order(element: Any) -> tuple[Any, ...]:

@@ -37,12 +37,11 @@ def read_objects(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[list[
     per file that is not UTF-8 or document that does not parse (the rest is still returned)."""
     objects, errors = [], []
     for name in manifest_files(paths):
-        try:
-            text = stdin.read() if name == "-" else Path(name).read_bytes().decode()
+        try:  # a file's bytes as they are: JSON needs no decoded copy
+            docs, errs = parse_documents(stdin.read() if name == "-" else Path(name).read_bytes(), "<stdin>" if name == "-" else name)
         except UnicodeDecodeError as exc:
             errors.append(ManifestError("file", name, f"not UTF-8 text: {exc.reason} at byte {exc.start}"))
             continue
-        docs, errs = parse_documents(text, "<stdin>" if name == "-" else name)
         objects.extend(docs)
         errors.extend(errs)
     return objects, errors

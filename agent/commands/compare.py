@@ -1,0 +1,43 @@
+"""``nftpolicy compare``: a kube-router node's dump and nftpolicy's ruleset in twin sandboxes, every difference reported."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from nftpolicy.translators.kuberouter import DumpError, select
+
+from ..cli import config_from
+from ..compare import compare, format_report
+from . import load_manifests
+
+
+def read_dump(flag: str, path: str) -> str:
+    """The text of the dump file given to ``flag``. Raises DumpError when it is not text (a
+    binary file, a compressed dump) and FileNotFoundError when it does not exist."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise DumpError(f"{flag} {path}: not a text dump (not UTF-8 at byte {exc.start}); "
+                        f"give the output of {flag[2:].replace('ipset-save', 'ipset save')}") from None
+    if "\0" in text:
+        raise DumpError(f"{flag} {path}: not a text dump (a NUL byte at byte {text.index(chr(0))})")
+    return text
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    cluster = load_manifests(args)
+    saves = {"ipv4": read_dump("--iptables-save", args.iptables_save)} if args.iptables_save else {}
+    if args.ip6tables_save:
+        saves["ipv6"] = read_dump("--ip6tables-save", args.ip6tables_save)
+    if not saves:
+        print("nftpolicy: give --iptables-save and/or --ip6tables-save", file=sys.stderr)
+        return 2
+    dump = select(saves, read_dump("--ipset-save", args.ipset_save), args.ipset_save)
+    report = compare(cluster, args.node, dump, config_from(args), args.timeout, args.loader, args.port or (), args.icmp)
+    print(format_report(report))
+    return 1 if report.differences else 0

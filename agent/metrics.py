@@ -1,0 +1,38 @@
+"""The agent's Prometheus metrics.
+
+Metric names follow Prometheus conventions (``_seconds``, ``_total`` added by the client for
+counters); every metric lives in the agent's own registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SIZE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000, 10000, 50000)
+
+
+class Metrics:
+    """Every metric the agent exports (issue "The agent", section Operations)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.sync_duration = Histogram("nftpolicy_sync_duration_seconds", "Render plus commit time of one sync, by mode (full, incremental).",
+                                       ["mode"], registry=r, buckets=LATENCY_BUCKETS)
+        self.sync_failures = Counter("nftpolicy_sync_failures", "Syncs whose transaction the kernel refused, by mode.", ["mode"], registry=r)
+        self.transaction_commands = Histogram("nftpolicy_transaction_commands", "Commands in one committed transaction, by mode.",
+                                              ["mode"], registry=r, buckets=SIZE_BUCKETS)
+        self.event_to_kernel = Histogram("nftpolicy_event_to_kernel_seconds", "From receiving an object change to committing it to the kernel.",
+                                         registry=r, buckets=LATENCY_BUCKETS)
+        self.api_errors = Counter("nftpolicy_api_errors", "Kubernetes API errors, by kind and reason.", ["kind", "reason"], registry=r)
+        self.api_retries = Counter("nftpolicy_api_retries", "Kubernetes API retries after backoff, by kind and reason.", ["kind", "reason"], registry=r)
+        self.watch_seconds_since_success = Gauge(
+            "nftpolicy_watch_seconds_since_success",
+            "Seconds since the last successful API response for a kind (0 while its watch is open): alert when it grows.",
+            ["kind"], registry=r)
+        self.watched_objects = Gauge("nftpolicy_watched_objects", "Objects held in memory, by kind.", ["kind"], registry=r)
+        self.invalid_objects = Gauge("nftpolicy_invalid_objects", "Objects that failed validation (skipped, or failing closed for policies).",
+                                     ["kind"], registry=r)
+        self.table_objects = Gauge("nftpolicy_table_objects", "Objects in our nftables table, by type (chains, rules, sets, elements).",
+                                   ["type"], registry=r)
+        self.last_success = Gauge("nftpolicy_last_successful_sync_timestamp_seconds", "Unix time of the last committed sync.", registry=r)

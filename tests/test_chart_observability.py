@@ -1,0 +1,180 @@
+"""The chart's optional observability objects: the ulogd sidecar (drop events as JSON lines), the
+Grafana dashboard and the PrometheusRule.
+
+The ulogd sidecar's configuration, exactly as the chart renders it, runs Debian's ulogd2 in a
+sandbox node namespace and writes a JSON line for a packet our table rejected; every metric the
+dashboard and the alerts name is one the real agent exports; ``promtool check rules`` (Debian's
+``prometheus``) passes on the rendered rules. ulogd2, ulogd2-json and prometheus come from
+``.ci/install``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from nftpolicy.agent.controlplane import free_port
+from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.sandbox import Sandbox
+
+from .conftest import REPO, example_cluster, http_get
+from .test_chart import KUBE_VERSIONS, KUBERNETES_VALIDATE, NFTPOLICY, one, render, render_text
+
+ENABLED = ("--set", "ulogd.enabled=true,grafanaDashboard.enabled=true,prometheusRule.enabled=true")
+
+
+def _containers(docs: list[dict]) -> dict[str, dict]:
+    return {c["name"]: c for c in one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]}
+
+
+def _config_map(docs: list[dict], suffix: str) -> dict:
+    (found,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith(suffix)]
+    return found
+
+
+def _rules(docs: list[dict]) -> list[dict]:
+    return [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+
+
+def _dashboard(docs: list[dict]) -> dict:
+    return json.loads(_config_map(docs, "-dashboard")["data"]["nftpolicy.json"])
+
+
+def _dashboard_exprs(dashboard: dict) -> list[str]:
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    return exprs + [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+
+
+def test_all_off_by_default():
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in render("default")]
+    assert not [k for k in kinds if k[0] in ("ConfigMap", "PrometheusRule")]
+    assert list(_containers(render("default"))) == ["agent"]
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_enabled_objects_validate(kube_version, tmp_path):
+    rendered = tmp_path / "enabled.yaml"
+    rendered.write_text(render_text("default", kube_version, *ENABLED))
+    out = subprocess.run([str(KUBERNETES_VALIDATE), "--strict", "-k", kube_version, str(rendered)],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(rendered.read_text()) if d]
+    passed = [line for line in out.stdout.splitlines() if " passed for resource " in line]
+    assert len(passed) == len(kinds) - 1  # all but the PrometheusRule, a CRD (checked by promtool below)
+
+
+def test_ulogd_sidecar_reads_the_config_map():
+    docs = render("default", *ENABLED)
+    sidecar = _containers(docs)["ulogd"]
+    assert sidecar["image"] == _containers(docs)["agent"]["image"]
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    (mount,) = sidecar["volumeMounts"]
+    volumes = {v["name"]: v for v in one(docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mount["name"]]["configMap"]["name"] == _config_map(docs, "-ulogd")["metadata"]["name"]
+    assert sidecar["command"] == ["ulogd", "-c", f"{mount['mountPath']}/ulogd.conf"]
+
+
+@pytest.mark.kernel
+def test_ulogd_as_the_chart_configures_it_writes_a_json_line_per_rejected_packet(tmp_path):
+    docs = render("default", *ENABLED)
+    sidecar = _containers(docs)["ulogd"]
+    mount_path = sidecar["volumeMounts"][0]["mountPath"]
+    for name, text in _config_map(docs, "-ulogd")["data"].items():
+        (tmp_path / name).write_text(text)
+    command = [str(tmp_path) + arg[len(mount_path):] if arg.startswith(mount_path) else arg for arg in sidecar["command"]]
+    cluster = example_cluster()
+    frontend, api = cluster.pods["shop/frontend-7d9c8b6f5-x2k4p"], cluster.pods["shop/api-5f6b7c9d4-q8w2n"]
+    with Sandbox(list(cluster.pods.values()), timeout=0.5) as sandbox:
+        placed = sandbox.with_sandbox_pods(cluster)
+        sandbox.apply(placed)
+        node = placed.pods[api.key].node
+        assert node == placed.pods[frontend.key].node  # frontend's egress allows the api; the api's ingress refuses 5432
+        events = tmp_path / "events.jsonl"
+        with events.open("w") as out, (tmp_path / "ulogd.log").open("w") as err:
+            ulogd = subprocess.Popen(["ip", "netns", "exec", sandbox.node_netns(node), *command], stdout=out, stderr=err)
+        try:
+            time.sleep(1.0)  # ulogd binds its NFLOG group
+            assert ulogd.poll() is None, (tmp_path / "ulogd.log").read_text()
+            api_ip = placed.pods[api.key].ips[0]
+            assert not sandbox.connect(frontend.key, api_ip, ProbeSpec(5432, "TCP"))
+            deadline = time.monotonic() + 10
+            while not events.read_text().strip() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            ulogd.terminate()
+            ulogd.wait(timeout=10)
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    assert lines, (tmp_path / "ulogd.log").read_text()
+    event = lines[0]
+    assert event["oob.prefix"] == "nftpolicy reject ingress shop/api-5f6b7c9d4-q8w2n: "
+    assert (event["src_ip"], event["dest_ip"], event["ip.protocol"], event["dest_port"]) == \
+        (placed.pods[frontend.key].ips[0], api_ip, 6, 5432)
+    assert isinstance(event["src_port"], int) and event["tcp.syn"] == 1
+
+
+def test_dashboard_config_map_for_the_grafana_sidecar():
+    docs = render("default", *ENABLED, "--set", "grafanaDashboard.namespace=monitoring")
+    config_map = _config_map(docs, "-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    dashboard = _dashboard(docs)
+    assert dashboard["uid"] == "nftpolicy-agent" and len(dashboard["panels"]) >= 10
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_alerts_cover_what_the_issue_asks():
+    rules = {r["alert"]: r for r in _rules(render("default", *ENABLED))}
+    wanted = {"NftpolicySyncFailing": "nftpolicy_sync_failures_total", "NftpolicySyncStale": "nftpolicy_last_successful_sync_timestamp_seconds",
+              "NftpolicySyncSlow": "nftpolicy_sync_duration_seconds_bucket", "NftpolicyInvalidObjects": "nftpolicy_invalid_objects",
+              "NftpolicyApiErrors": "nftpolicy_api_errors_total"}
+    assert set(rules) == set(wanted)
+    for alert, metric in wanted.items():
+        assert metric in rules[alert]["expr"]
+    assert "> 900" in rules["NftpolicySyncStale"]["expr"]
+
+
+def test_promtool_accepts_the_rendered_rules(tmp_path):
+    docs = render("default", *ENABLED)
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text(yaml.safe_dump(one(docs, "PrometheusRule")["spec"]))
+    out = subprocess.run(["promtool", "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(_rules(docs))} rules found" in out.stdout
+
+
+def _exported_names(text: str) -> set[str]:
+    """Every series name a /metrics page can hold, from its ``# TYPE`` lines."""
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+        names |= {name + s for s in ("_bucket", "_sum", "_count")} if kind == "histogram" else {name}
+    return names
+
+
+@pytest.mark.kernel
+def test_every_expression_names_a_metric_the_agent_exports(make_netns, tmp_path):
+    port = free_port()
+    log = tmp_path / "agent.log"
+    with log.open("w") as err:
+        agent = subprocess.Popen([NFTPOLICY, "agent", "--manifests", str(REPO / "examples" / "shop"), "--node", "node1",
+                                  "--netns", make_netns(), "--http-address", f"127.0.0.1:{port}"], stdout=err, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while http_get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
+            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        exported = _exported_names(http_get(f"http://127.0.0.1:{port}/metrics")[1])
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
+    assert {"nftpolicy_denied_packets_total", "nftpolicy_allowed_packets_total", "nftpolicy_sync_duration_seconds_bucket"} <= exported
+    docs = render("default", *ENABLED)
+    exprs = [r["expr"] for r in _rules(docs)] + _dashboard_exprs(_dashboard(docs))
+    named = {m for e in exprs for m in re.findall(r"\bnftpolicy_[a-z_]+", e)}
+    assert len(named) >= 12
+    assert named <= exported, sorted(named - exported)

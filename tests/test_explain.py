@@ -1,0 +1,124 @@
+"""``nftpolicy explain``: golden text for the shop example, JSON output, bad input (one line,
+exit 2), and the same answers from a running agent's debug endpoint (which the metrics port
+never serves)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nftpolicy.agent.cli import main
+from nftpolicy.agent.controlplane import free_port
+
+from .conftest import REPO, http_get
+
+SHOP = str(REPO / "examples" / "shop")
+GOLDEN = REPO / "tests" / "golden" / "explain-shop.txt"
+NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
+# Every kind of answer: denied both ways, allowed by a rule of each peer kind, a port outside a
+# rule, a container port default, not isolated, an address at either end, ICMP echo.
+COMMANDS = [
+    "--from shop/frontend --to shop/db --port tcp/5432",
+    "--from shop/api --to shop/db --port 5432",
+    "--from shop/frontend --to shop/api",
+    "--from ops/prometheus --to shop/api --port 9090",
+    "--from ops/debug --to shop/cache --port 6379",
+    "--from shop/api --to shop/cache --port 6500 --port icmp",
+    "--from shop/frontend --to 8.8.8.8 --port udp/53",
+    "--from shop/frontend --to 8.8.8.8 --port 443",
+    "--from 203.0.113.0/24 --to shop/db --port 5432",
+]
+
+
+def explain_text(capsys, args: str, *paths: str) -> tuple[int, str]:
+    code = main(["explain", *args.split(), *paths])
+    return code, capsys.readouterr().out
+
+
+def test_golden_text_for_the_shop_example(capsys):
+    text = ""
+    for args in COMMANDS:
+        code, out = explain_text(capsys, args, SHOP)
+        text += f"$ nftpolicy explain {args} examples/shop  # exit {code}\n{out}"
+    assert text == GOLDEN.read_text()
+
+
+def test_exit_codes_and_the_issue_s_lines(capsys):
+    code, out = explain_text(capsys, "--from shop/frontend --to shop/db --port tcp/5432", SHOP)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == "DENIED  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 TCP/5432"
+    assert lines[1].startswith("  egress of shop/frontend-7d9c8b6f5-x2k4p: isolated by shop/frontend-egress; "
+                               "no rule allows shop/db-0 on TCP/5432 (rule 0 allows to pods in shop: app=api on any port")
+    assert explain_text(capsys, "--from ops/prometheus --to shop/api --port 9090", SHOP)[0] == 0
+
+
+def test_json_output(capsys):
+    code, out = explain_text(capsys, "--from ops/prometheus --to shop/api --port 9090 --port 8080 --output json", SHOP)
+    verdicts = json.loads(out)
+    assert code == 1 and [v["allowed"] for v in verdicts] == [True, False]
+    assert verdicts[0]["connection"] == {"source": "10.244.1.12", "destination": "10.244.1.11", "protocol": "TCP", "port": 9090,
+                                         "icmp_type": "echo-request", "established": False}
+    assert verdicts[0]["ingress"]["allowed_by"]["policy"] == "shop/api-ingress" and verdicts[0]["ingress"]["allowed_by"]["rule"] == 1
+    assert verdicts[1]["ingress"]["policies"] == ["shop/api-ingress"] and [r["rule"] for r in verdicts[1]["ingress"]["rules"]] == [0, 1]
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--from shop/nothing --to shop/db", "nftpolicy: --from shop/nothing: no running pod with an address of that name"),
+    ("--from shop/frontend --to 10.0.0.300/8", "nftpolicy: --to 10.0.0.300/8: not NS/POD, an address or a CIDR"),
+    ("--from shop/frontend --to shop/db --port tcp/70000", "nftpolicy: invalid --port 'tcp/70000' (expected [TCP|UDP|SCTP/]PORT or icmp)"),
+    ("--from shop/frontend --to shop/db --port gre/1", "nftpolicy: invalid --port 'gre/1' (expected [TCP|UDP|SCTP/]PORT or icmp)"),
+    ("--from shop/ --to shop/db", "nftpolicy: --from shop/: not NS/POD, an address or a CIDR"),
+    ("--from shop/frontend --to fd00::1", "nftpolicy: shop/frontend and fd00::1 have no address family in common"),
+])
+def test_bad_input_gets_one_line_and_exit_2(capsys, args, message):
+    assert main(["explain", *args.split(), SHOP]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [message] and captured.out == ""
+
+
+def test_an_unreachable_agent_gets_one_line_and_exit_2(capsys):
+    port = free_port()
+    assert main(["explain", "--from", "shop/frontend", "--to", "shop/db", "--agent", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"nftpolicy: cannot reach the agent at http://127.0.0.1:{port}: ")
+
+
+@pytest.mark.kernel
+def test_explain_against_a_running_agent(make_netns, tmp_path):
+    netns = make_netns()
+    http, debug = free_port(), free_port()
+    log = (tmp_path / "agent.log").open("w")
+    agent = subprocess.Popen([NFTPOLICY, "agent", "--manifests", SHOP, "--node", "node1", "--netns", netns,
+                              "--http-address", f"127.0.0.1:{http}", "--debug-address", f"127.0.0.1:{debug}"],
+                             stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.monotonic() + 20
+        while http_get(f"http://127.0.0.1:{http}/readyz")[0] != 200:
+            assert time.monotonic() < deadline and agent.poll() is None, (tmp_path / "agent.log").read_text()
+            time.sleep(0.1)
+        assert http_get(f"http://127.0.0.1:{http}/debug/model")[0] == 404  # never on the metrics port
+        status, body = http_get(f"http://127.0.0.1:{debug}/debug/model")
+        assert status == 200 and [m["node"] for m in json.loads(body)["models"]] == ["node1"]
+
+        def ask(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([NFTPOLICY, "explain", "--agent", f"http://127.0.0.1:{debug}", *args], capture_output=True, text=True)
+
+        allowed = ask("--from", "ops/prometheus", "--to", "shop/api", "--port", "9090")
+        assert allowed.returncode == 0 and allowed.stdout.splitlines()[2] == (
+            "  ingress of shop/api-5f6b7c9d4-q8w2n: isolated by shop/api-ingress; allowed by shop/api-ingress rule 1 "
+            "(from pods in namespaces team=ops: app=prometheus on port metrics/TCP of local pods in shop: app=api)")
+        # shop/db runs on node2: this agent enforces only the frontend's egress, which denies it
+        denied = ask("--from", "shop/frontend", "--to", "shop/db", "--port", "5432")
+        assert denied.returncode == 1 and denied.stdout.splitlines()[0] == "DENIED  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 TCP/5432"
+        assert denied.stdout.splitlines()[2] == "  ingress of shop/db-0: enforced on node node2, whose rules are not known here"
+        unknown = ask("--from", "shop/api", "--to", "shop/db", "--port", "5432")
+        assert unknown.returncode == 1 and unknown.stdout.startswith("UNKNOWN  shop/api-5f6b7c9d4-q8w2n -> shop/db-0 TCP/5432")
+    finally:
+        agent.terminate()
+        agent.wait(timeout=15)

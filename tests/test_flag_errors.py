@@ -1,0 +1,204 @@
+"""Every mistake in a flag gets one line naming the flag (and the NFTPOLICY_* variable when it
+came from the environment, as the Helm chart gives every setting) and exit 2: never a
+traceback, never argparse's usage block."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+import pytest
+
+from nftpolicy.agent import cli
+
+from .conftest import REPO
+from .test_cli import NFTPOLICY, run
+
+SHOP = str(REPO / "examples" / "shop")
+DUMPS = REPO / "tests" / "fixtures" / "kube-router-v2.1.0" / "shop"
+# What each command needs besides the flag under test, so that only that flag is wrong.
+REST = {"render": [SHOP], "sandbox": [SHOP], "agent": ["--node", "node1"], "cleanup": [],
+        "compare": ["--node", "node1", "--ipset-save", str(DUMPS / "node1.ipset-save"), SHOP],
+        "explain": ["--from", "shop/frontend", "--to", "shop/db", SHOP], "trace": ["--from", "shop/frontend", "--to", "shop/db", SHOP]}
+
+BAD = [
+    ("agent", "--min-sync-interval", "-1", "must be >= 0 seconds, got -1"),
+    ("agent", "--min-sync-interval", "soon", "invalid number of seconds 'soon'"),
+    ("agent", "--resync-interval", "0", "must be > 0 seconds, got 0"),
+    ("agent", "--api-timeout", "nan", "must be > 0 seconds, got nan"),
+    ("agent", "--watch-timeout", "1.5", "must be a whole number of seconds, got 1.5"),
+    ("agent", "--watch-timeout", "0", "must be >= 1 seconds, got 0"),
+    ("agent", "--http-address", "127.0.0.1:99999", "invalid port 99999 in '127.0.0.1:99999' (0 to 65535)"),
+    ("agent", "--http-address", "garbage",
+     "invalid address 'garbage' (expected HOST:PORT, HOST an IPv4 address, [IPv6 address], a name or empty)"),
+    ("agent", "--http-address", "300.1.2.3:80", "invalid IPv4 address '300.1.2.3' in '300.1.2.3:80'"),
+    ("agent", "--http-address", "[10.0.0.1]:80",
+     "invalid IPv6 address [10.0.0.1] in '[10.0.0.1]:80' (expected HOST:PORT, HOST an IPv4 address, [IPv6 address], a name or empty)"),
+    ("agent", "--log-format", "xml", "invalid choice: 'xml' (choose from 'text', 'json')"),
+    ("agent", "--priority", "filter", "invalid priority 'filter' (expected an integer)"),
+    ("agent", "--priority", "0x80000000", "must be a signed 32-bit integer, got 0x80000000"),
+    ("agent", "--policy-mark", "0x3", "a mark must be one bit of 32, got 0x3"),
+    ("agent", "--passed-mark", "0x100000000", "a mark must be one bit of 32, got 0x100000000"),
+    ("agent", "--policy-mark", "high", "invalid mark 'high' (expected one bit, as 0x... or a decimal number)"),
+    ("agent", "--node-port-range", "32767-30000",
+     "invalid port range '32767-30000' (expected LOW-HIGH, 1 <= LOW <= HIGH <= 65535)"),
+    ("agent", "--service-cidr", "10.0.0.0", "invalid CIDR '10.0.0.0' (expected ADDRESS/PREFIX)"),
+    ("agent", "--external-cidr", "::1/200", "invalid CIDR '::1/200' (expected ADDRESS/PREFIX)"),
+    ("agent", "--table", "a;b", "invalid table name 'a;b' (a letter, then letters, digits, '-' or '_')"),
+    ("render", "--format", "yaml", "invalid choice: 'yaml' (choose from 'nft', 'json', 'iptables', 'ip6tables', 'ipset')"),
+    ("sandbox", "--timeout", "-2", "must be > 0 seconds, got -2"),
+    ("sandbox", "--dataplane", "ebpf",
+     "invalid choice: 'ebpf' (choose from 'nft', 'iptables', 'kube-router', 'both', 'nft,iptables')"),
+    ("compare", "--port", "http", "invalid port 'http' (expected [TCP|UDP|SCTP/]PORT)"),
+    ("compare", "--timeout", "x", "invalid number of seconds 'x'"),
+    ("cleanup", "--table", "1table", "invalid table name '1table' (a letter, then letters, digits, '-' or '_')"),
+]
+
+
+def exit_of(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """Parse ``argv`` with the real parser: the exit code and the lines on stderr."""
+    with pytest.raises(SystemExit) as exited:
+        cli.parser().parse_args(argv)
+    return exited.value.code, capsys.readouterr().err.splitlines()
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in [n for n in os.environ if n.startswith(cli.ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(("command", "flag", "value", "message"), BAD, ids=[f"{c}{f}={v}" for c, f, v, _ in BAD])
+def test_a_bad_flag_is_one_line_from_the_command_line_and_from_the_environment(clean_env, capsys, command, flag, value, message):
+    assert exit_of([command, f"{flag}={value}", *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message}"])
+    clean_env.setenv(cli.env_name(flag), value)
+    assert exit_of([command, *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})"])
+
+
+def test_a_repeatable_flag_names_the_bad_item_of_its_variable(clean_env, capsys):
+    clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12, fd00::/108,bad")
+    assert exit_of(["render", SHOP], capsys) == (2, ["nftpolicy: --service-cidr: invalid CIDR 'bad' (expected ADDRESS/PREFIX) (from NFTPOLICY_SERVICE_CIDR)"])
+    clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12, fd00::/108")
+    assert cli.parser().parse_args(["render", SHOP]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
+
+
+def test_a_boolean_variable_is_true_false_or_refused(clean_env, capsys):
+    for raw, value in (("true", True), ("FALSE", False), ("1", True), ("no", False)):
+        clean_env.setenv("NFTPOLICY_STRICT", raw)
+        assert cli.parser().parse_args(["render", SHOP]).strict is value
+    clean_env.setenv("NFTPOLICY_STRICT", "maybe")
+    assert exit_of(["render", SHOP], capsys) == (2, ["nftpolicy: --strict: expected true or false, got 'maybe' (from NFTPOLICY_STRICT)"])
+
+
+def test_the_command_line_wins_over_the_environment(clean_env):
+    clean_env.setenv("NFTPOLICY_MIN_SYNC_INTERVAL", "3")
+    assert cli.parser().parse_args(["agent"]).min_sync_interval == 3.0
+    assert cli.parser().parse_args(["agent", "--min-sync-interval", "0.5"]).min_sync_interval == 0.5
+
+
+def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
+    """argparse says ``invalid <lambda> value`` or ``invalid float value`` for a type that raises
+    ValueError: every typed flag of every command says what it expected instead."""
+    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for command, command_parser in sub.choices.items():
+        for action in command_parser._actions:
+            if action.type is None or not action.option_strings:
+                continue
+            flag = next(o for o in action.option_strings if o.startswith("--"))
+            code, lines = exit_of([command, f"{flag}=%%", *REST[command]], capsys)
+            assert code == 2 and len(lines) == 1 and lines[0].startswith(f"nftpolicy: {flag}: "), lines
+            assert " value: " not in lines[0] and "<" not in lines[0], lines
+            checked += 1
+    assert checked >= 25
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["render", "--nope", SHOP], "nftpolicy: unrecognized arguments: --nope (see 'nftpolicy render --help')"),
+    (["render"], "nftpolicy: the following arguments are required: PATH (see 'nftpolicy render --help')"),
+    (["compare", SHOP], "nftpolicy: the following arguments are required: --node, --ipset-save (see 'nftpolicy compare --help')"),
+    (["sandbox", "--ipv6", "--dual-stack", SHOP], "nftpolicy: --dual-stack: not allowed with argument --ipv6"),
+    (["renderr", SHOP], "nftpolicy: command: invalid choice: 'renderr' (choose from 'render', 'sandbox', 'compare', "
+                        "'agent', 'cleanup', 'explain', 'trace') (see 'nftpolicy --help')"),
+    ([], "nftpolicy: the following arguments are required: command (see 'nftpolicy --help')"),
+])
+def test_argparse_errors_are_one_line_without_the_usage_block(clean_env, capsys, argv, line):
+    assert exit_of(argv, capsys) == (2, [line])
+
+
+def test_a_bad_environment_value_ends_the_real_command_with_one_line():
+    """The console script as the chart runs it (the variable, no flags): today's traceback was 36 lines."""
+    out = subprocess.run([NFTPOLICY, "agent", "--node", "node1", "--manifests", SHOP], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "NFTPOLICY_MIN_SYNC_INTERVAL": "-1"}, timeout=60)
+    assert (out.returncode, out.stderr) == (2, "nftpolicy: --min-sync-interval: must be >= 0 seconds, got -1 (from NFTPOLICY_MIN_SYNC_INTERVAL)\n")
+
+
+@pytest.mark.parametrize(("command", "flag", "value", "message"), [
+    ("agent", "--kubeconfig", "/no/such/kubeconfig", "no such file: /no/such/kubeconfig"),
+    ("agent", "--manifests", "/no/such/dir", "no such directory: /no/such/dir"),
+    ("agent", "--netns", "nftp-no-such-namespace", "no such network namespace (see 'ip netns list'): nftp-no-such-namespace"),
+    ("cleanup", "--netns", "nftp-no-such-namespace", "no such network namespace (see 'ip netns list'): nftp-no-such-namespace"),
+])
+def test_a_missing_path_is_one_line_from_the_command_line_and_from_the_environment(command, flag, value, message):
+    """Checked when the command runs (the chart's paths exist only in its container)."""
+    base = {"PATH": "/usr/bin:/bin"}
+    argv = [NFTPOLICY, command, *REST[command], "--http-address", "127.0.0.1:0"][: None if command == "agent" else 2]
+    given = subprocess.run([*argv, flag, value], capture_output=True, text=True, env=base, timeout=60)
+    assert (given.returncode, given.stderr) == (2, f"nftpolicy: {flag}: {message}\n")
+    from_env = subprocess.run(argv, capture_output=True, text=True, env=base | {cli.env_name(flag): value}, timeout=60)
+    assert (from_env.returncode, from_env.stderr) == (2, f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})\n")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("x: 1\n", "nftpolicy: cannot read kubeconfig {path}: Invalid kube-config file. Expected key current-context in {path}"),
+    ("clusters: [\n", "nftpolicy: cannot read kubeconfig {path}: while parsing a flow node expected the node content, "
+                      "but found '<stream end>' in \"{path}\", line 2, column 1"),
+    (b"\x7fELF\x02\x01\x01\x00\xd0\xd0", "nftpolicy: cannot read kubeconfig {path}: 'utf-8' codec can't decode byte 0xd0 "
+                                         "in position 8: invalid continuation byte"),
+])
+def test_an_unreadable_kubeconfig_is_one_line(tmp_path, content, message):
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = run("agent", "--node", "node1", "--kubeconfig", str(path), "--http-address", "127.0.0.1:0")
+    assert (out.returncode, out.stderr.splitlines()[-1:]) == (2, [message.format(path=path)])
+    assert "Traceback" not in out.stderr
+
+
+def test_no_in_cluster_configuration_is_one_line():
+    out = subprocess.run([NFTPOLICY, "agent", "--node", "node1", "--http-address", "127.0.0.1:0"], capture_output=True,
+                         text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == ("nftpolicy: no in-cluster configuration (Service host/port is not set.): "
+                                           "outside a pod, give --kubeconfig")
+
+
+@pytest.mark.parametrize("flag", ["--iptables-save", "--ipset-save"])
+def test_a_binary_dump_given_to_compare_is_one_line(tmp_path, flag):
+    binary = tmp_path / "dump.gz"
+    binary.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)))
+    files = {"--iptables-save": str(DUMPS / "node1.iptables-save"), "--ipset-save": str(DUMPS / "node1.ipset-save")}
+    files[flag] = str(binary)
+    out = run("compare", "--node", "node1", *[a for f, p in files.items() for a in (f, p)], SHOP)
+    what = "iptables-save" if flag == "--iptables-save" else "ipset save"
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: {flag} {binary}: not a text dump (not UTF-8 at byte 1); give the output of {what}\n")
+
+
+def test_render_into_a_closed_pipe_ends_quietly():
+    """``nftpolicy render ... | head``: the reader goes away; no BrokenPipeError traceback, exit 141
+    (what a process killed by SIGPIPE reports)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        out = subprocess.run([NFTPOLICY, "render", SHOP], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (out.returncode, out.stderr) == (141, "")
+
+
+def test_a_repeatable_flag_on_the_command_line_replaces_its_variable(clean_env):
+    clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12,fd00::/108")
+    assert cli.parser().parse_args(["render", SHOP]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
+    args = cli.parser().parse_args(["render", "--service-cidr", "10.0.0.0/16", "--service-cidr", "10.1.0.0/16", SHOP])
+    assert args.service_cidr == ["10.0.0.0/16", "10.1.0.0/16"]

@@ -1,0 +1,83 @@
+"""Drops that name the pod, allows that name the policy: the real agent's rule counters as
+Prometheus metrics, after real packets between sandbox pods in a namespace this test made."""
+
+from __future__ import annotations
+
+import pytest
+
+from nftpolicy.agent.nftables import NftDataplane
+from nftpolicy.agent.rulecounters import RuleCounters, tally
+
+from .agentenv import AgentEnv
+from .test_agent_e2e import SLOTS, B, policy
+
+pytestmark = pytest.mark.kernel
+
+DENIED_PROBES, ALLOWED_PROBES = 3, 2
+
+
+@pytest.fixture
+def env(tmp_path):
+    env = AgentEnv(tmp_path, SLOTS).put_slot_pods()
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def test_denied_and_allowed_metrics_count_each_probe(env):
+    # x/b takes ingress from x/c only; x/a is refused. Only a connection's first packet walks
+    # the chains (later ones are established), so each probe is one counted packet.
+    env.api.put(policy("b-from-c", {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [
+        {"from": [{"podSelector": {"matchLabels": {"app": "c"}}}], "ports": [{"port": 80}]}]}))
+    env.start_agent()
+    env.eventually(lambda: env.connects("x/a", B), False)
+    denied = {"namespace": "x", "pod": "b", "direction": "ingress"}
+    allowed = {"namespace": "x", "policy": "b-from-c", "direction": "ingress"}
+    before = env.metric("nftpolicy_denied_packets_total", **denied), env.metric("nftpolicy_allowed_packets_total", **allowed)
+    for _ in range(DENIED_PROBES):
+        assert not env.connects("x/a", B)
+    for _ in range(ALLOWED_PROBES):
+        assert env.connects("x/c", B)
+    assert env.metric("nftpolicy_denied_packets_total", **denied) - before[0] == DENIED_PROBES
+    assert env.metric("nftpolicy_allowed_packets_total", **allowed) - before[1] == ALLOWED_PROBES
+    # x/b is not isolated for egress: no reject of that direction, so no sample for it
+    _, text = env.http("/metrics")
+    assert 'direction="egress",namespace="x",pod="b"' not in text
+    assert "# TYPE nftpolicy_denied_packets_total counter" in text
+
+
+def test_first_probe_after_the_sync_counts_from_zero(env):
+    """The very first denied probe gives exactly 1 (nothing else walked the chain)."""
+    env.api.put(policy("deny-b", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}))
+    env.start_agent()
+    env.eventually(lambda: env.metric("nftpolicy_table_objects", type="pod chains"), 1.0)
+    assert env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress") == 0
+    assert not env.connects("x/a", B)
+    assert env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress") == 1
+
+
+def test_a_missing_table_gives_no_samples(make_netns):
+    collector = RuleCounters(NftDataplane("nftpolicy", make_netns()))
+    families = list(collector.collect())
+    assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets"]
+    assert all(not f.samples for f in families)
+
+
+def test_labels_come_from_the_comments_and_the_address_match():
+    def rule(chain, comment, field, packets, reject=True):
+        expr = [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": field}}, "right": "10.0.0.1"}},
+                {"counter": {"packets": packets, "bytes": 60 * packets}}]
+        expr.append({"reject": None} if reject else {"return": None})
+        return {"chain": chain, "comment": comment, "expr": expr}
+
+    denied, allowed = tally([
+        rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 2),
+        rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 3),  # the tcp reset and the other reject add up
+        rule("KUBE-POD-FW-X", "shop/api-0 reject egress", "saddr", 1),
+        rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 0", "saddr", 4, reject=False),
+        rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 1", "saddr", 5, reject=False),
+        rule("KUBE-NWPLCY-Q", "shop/a-name-cut-by-nft-at-128-byt", "saddr", 6, reject=False),
+    ])
+    assert denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1}
+    assert allowed == {("shop", "api-ingress", "ingress"): 9, ("", "KUBE-NWPLCY-Q", "unknown"): 6}

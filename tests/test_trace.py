@@ -1,0 +1,73 @@
+"""``nftpolicy trace``: a real packet's path through our chains in a sandbox (the policy chain and
+rule that allowed it; the reject of a denied one), and on a node (a namespace the test made):
+the trace chains go away afterwards, also when the command is stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nftpolicy.translators.layout import TRACE_CHAINS
+
+from .conftest import REPO, nft
+
+pytestmark = pytest.mark.kernel
+NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
+SHOP = str(REPO / "examples" / "shop")
+
+
+def trace(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([NFTPOLICY, "trace", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_an_allowed_packet_shows_the_policy_rules_that_allowed_it():
+    result = trace("--from", "ops/prometheus", "--to", "shop/api", "--port", "9090", SHOP)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stderr
+    assert lines[:2] == ["TRACE  ops/prometheus-0 -> shop/api-5f6b7c9d4-q8w2n TCP/9090: connected", "node node1:"]
+    assert "  KUBE-NWPLCY-DMGOM57662FD7PZ3: policy shop/api-ingress ingress rule 1 (allows) -> return" in lines
+    assert "  KUBE-POD-FW-PAL6TE76LJVQCTZ2: pod shop/api-5f6b7c9d4-q8w2n ingress -> jump KUBE-NWPLCY-DMGOM57662FD7PZ3" in lines
+    assert lines[-1] == "  KUBE-ROUTER-FORWARD: end of chain, policy -> accept"
+
+
+def test_a_denied_packet_shows_the_reject():
+    result = trace("--from", "shop/frontend", "--to", "shop/db", "--port", "tcp/5432", SHOP)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1, result.stderr
+    assert lines[0] == "TRACE  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 TCP/5432: refused"
+    assert "  KUBE-NWPLCY-VHTYM5YFL6X3MAZN: policy shop/frontend-egress egress: no rule matched -> return" in lines
+    reject = lines.index("  KUBE-POD-FW-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject egress -> drop")
+    assert lines[reject + 1:] == ["node node2:", "  (no packet of it in our table here)"]  # refused before it left node1
+
+
+def test_bad_input_gets_one_line_and_exit_2():
+    result = trace("--from", "shop/nothing", "--to", "shop/db", SHOP)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "nftpolicy: --from shop/nothing: no running pod with an address of that name"]
+    result = trace("--from", "shop/frontend", "--to", "10.0.0.1", "--netns", "none")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "nftpolicy: --from shop/frontend: on a node, give an address (names need manifests)"]
+
+
+def test_on_a_node_the_trace_chains_go_away_after_a_timeout_and_after_sigterm(make_netns):
+    ns = make_netns()
+    rules = subprocess.run([NFTPOLICY, "render", "--node", "node1", SHOP], capture_output=True, text=True, check=True).stdout
+    nft(ns, "-f", "-", stdin=rules)
+    before = nft(ns, "list", "table", "inet", "nftpolicy")
+    result = trace("--from", "10.244.1.10", "--to", "10.244.2.10", "--port", "5432", "--netns", ns, "--timeout", "0.5")
+    assert result.returncode == 1 and "(no packet of it in our table here)" in result.stdout
+    assert nft(ns, "list", "table", "inet", "nftpolicy") == before
+    proc = subprocess.Popen([NFTPOLICY, "trace", "--from", "10.244.1.10", "--to", "10.244.2.10", "--netns", ns, "--timeout", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not any(name in nft(ns, "list", "table", "inet", "nftpolicy") for name in TRACE_CHAINS):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 143
+    assert nft(ns, "list", "table", "inet", "nftpolicy") == before

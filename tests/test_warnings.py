@@ -1,0 +1,58 @@
+"""Nothing passes in silence: a --node without pods, paths without objects, pods in namespaces
+that were not given and a family that probes nothing are each a warning line, and with
+--strict exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import REPO
+from .test_cli import run
+
+SHOP = REPO / "examples" / "shop"
+POD_IN_OPS = """
+apiVersion: v1
+kind: Pod
+metadata: {namespace: ops, name: p, labels: {app: p}}
+spec: {nodeName: node1, containers: [{name: c}]}
+status: {phase: Running, podIP: 10.244.1.50}
+"""
+NAMESPACE_NOTE = ("their labels are unknown, so a namespaceSelector sees only kubernetes.io/metadata.name "
+                  "(add the Namespace objects to the manifests)")
+
+
+@pytest.mark.parametrize(("args", "stdin", "warning"), [
+    (["--node", "node7", str(SHOP)], None, "no pod runs on node node7 (--node); the pods' nodes: node1, node2"),
+    (["-"], "# nothing but a comment\n", "no Pod, Namespace, NetworkPolicy or Node found in -"),
+    (["-"], POD_IN_OPS, f"pods in namespaces without a Namespace object: ops; {NAMESPACE_NOTE}"),
+])
+def test_render_warns_and_strict_refuses(args, stdin, warning):
+    out = run("render", *args, stdin=stdin)
+    assert (out.returncode, out.stderr) == (0, f"nftpolicy: warning: {warning}\n")
+    assert "table inet nftpolicy" in out.stdout
+    strict = run("render", "--strict", *args, stdin=stdin)
+    assert (strict.returncode, strict.stderr, strict.stdout) == (2, f"nftpolicy: warning: {warning}\n", "")
+
+
+def test_the_example_gets_no_warning():
+    out = run("render", "--strict", "--node", "node1", str(SHOP))
+    assert (out.returncode, out.stderr) == (0, "")
+
+
+def test_compare_warns_about_a_node_without_pods():
+    dumps = REPO / "tests" / "fixtures" / "kube-router-v2.1.0" / "shop"
+    out = run("compare", "--strict", "--node", "node7", "--iptables-save", str(dumps / "node1.iptables-save"),
+              "--ipset-save", str(dumps / "node1.ipset-save"), str(SHOP))
+    assert (out.returncode, out.stderr) == (2, "nftpolicy: warning: no pod runs on node node7 (--node); the pods' nodes: node1, node2\n")
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize(("args", "warning"), [
+    (["--ipv6"], "nothing probed over ipv6: no pod has an ipv6 address (pods keep the addresses their manifests give)"),
+    (["--node", "node1", "--node", "node3"], "no pod runs on node node3 (--node): every pod has another spec.nodeName"),
+])
+def test_sandbox_warns_and_strict_refuses(args, warning):
+    out = run("sandbox", *args, str(SHOP))
+    assert out.returncode == 0 and out.stderr == f"nftpolicy: warning: {warning}\n", out.stderr
+    strict = run("sandbox", "--strict", *args, str(SHOP))
+    assert (strict.returncode, strict.stderr, strict.stdout) == (2, f"nftpolicy: warning: {warning}\n", "")

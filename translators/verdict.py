@@ -1,0 +1,462 @@
+"""The verdict engine: what nftpolicy's rules do with one connection, and why.
+
+Pure: rule models in (:mod:`nftpolicy.translators.rules`, as
+:mod:`nftpolicy.translators.noderender` builds them), a :class:`Verdict` out. It walks what
+:mod:`nftpolicy.translators.layout` turns each model into, in the kernel's order (DESIGN.md
+section 2):
+
+* a packet leaves its source pod's node through that pod's chain (its **egress**) and enters
+  its destination pod's node through that pod's chain (its **ingress**); the rule model of the
+  source's node decides the egress, the destination's node's model the ingress, and the
+  connection passes when both allow it;
+* a pod without a ``KUBE-POD-FW-`` chain on its node, or whose chain has no policy chains for a
+  direction, is not isolated for that direction (the API reference: only a policy of that type
+  selecting the pod isolates it);
+* exemptions, in the order the table applies them: an established (or related) connection is
+  accepted by the base chains; the common chain accepts essential ICMP errors
+  (:data:`~nftpolicy.translators.layout.ESSENTIAL_ICMP`); traffic to a pod from an address of
+  its own node is accepted (kubelet probes); traffic to the node itself (``KUBE-ROUTER-INPUT``)
+  returns for service cluster IPs, node ports on node addresses and external ranges;
+* otherwise the pod chain jumps to the policy chains of the direction in order, and the first
+  allow rule that matches (family, peer set, port, named-port set) allows; none: reject.
+
+:class:`Enforcement` holds the models (one per node, or one for node None: every pod local), the
+pods (key, node, addresses: to name both ends and to pick the node whose model decides) and the
+nodes' addresses; :meth:`Enforcement.verdict` answers one :class:`Connection`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
+from .model import Cluster, Direction, Family, Pod, family_of
+from .noderender import NodeRenderer, build_rule_model
+from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel
+
+ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
+Exemption = Literal["established", "essential ICMP error", "node-local source", "service cluster IP", "node port",
+                    "external IP"]
+_RULE_INDEX = re.compile(r" (?:ingress|egress) rule (\d+)$")
+
+
+def canonical(address: str) -> str:
+    """An address in canonical text (``fd00::1``, not ``fd00:0::01``). Raises ValueError."""
+    return str(ipaddress.ip_address(address))
+
+
+@dataclass(frozen=True)
+class Connection:
+    """The first packet of a connection: ``source`` -> ``destination`` addresses (one family),
+    ``protocol`` and destination ``port`` (None for ICMP). ICMP is an echo request unless
+    ``icmp_type`` names another type (nft's names: ``destination-unreachable``...).
+    ``established``: the packet belongs to a connection conntrack already knows."""
+
+    source: str
+    destination: str
+    protocol: ConnectionProtocol = "TCP"
+    port: int | None = None
+    icmp_type: str = "echo-request"
+    established: bool = False
+
+    @property
+    def family(self) -> Family:
+        """The connection's address family."""
+        return family_of(self.destination)
+
+    def text(self) -> str:
+        """``TCP/5432``, ``ICMP/echo-request``."""
+        return f"ICMP/{self.icmp_type}" if self.protocol == "ICMP" else f"{self.protocol}/{self.port}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A pod as the engine names it: ``namespace/name``, its node, its addresses and its
+    container ports as ``(protocol, number)``."""
+
+    key: str
+    node: str | None
+    ips: tuple[str, ...]
+    ports: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def of(pod: Pod) -> "Endpoint":
+        """The endpoint of a model pod."""
+        return Endpoint(pod.key, pod.node, pod.ips, tuple(sorted({(p.protocol, p.port) for p in pod.ports})))
+
+
+@dataclass(frozen=True)
+class RuleSummary:
+    """What one rule of a policy allows, in words: ``peers`` (what its peer sets select) and
+    ``ports`` (``TCP/8080``, ``TCP/6000-6999``, a named-port set's description, ``any port``).
+    ``rule`` is the rule's index in the policy's ingress or egress list (None when the comment
+    that carries it was cut at nft's 128 bytes)."""
+
+    policy: str
+    direction: Direction
+    rule: int | None
+    peers: tuple[str, ...]
+    ports: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DirectionVerdict:
+    """One direction of a connection: the egress of its source or the ingress of its destination.
+
+    ``pod`` is the pod whose chain decides (None: the address is no pod, nothing is enforced);
+    ``node`` the node whose rule model decided; ``known`` False when that node's model was not
+    given (an agent knows only its own node: ``allowed`` is then None). ``isolated``: the pod has
+    a pod chain with policy chains for this direction; ``policies`` the policies of those chains
+    in walk order. ``exemption`` names what allowed it before any policy; ``allowed_by`` the rule
+    that allowed it; when neither, ``rules`` lists what the policies' rules of this family allow.
+    """
+
+    direction: Direction
+    address: str
+    pod: str | None
+    node: str | None
+    known: bool
+    isolated: bool
+    allowed: bool | None
+    policies: tuple[str, ...] = ()
+    exemption: Exemption | None = None
+    allowed_by: RuleSummary | None = None
+    rules: tuple[RuleSummary, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The connection's verdict: ``allowed`` True when both directions allow it, False when one
+    denies it, None when no direction denies it but one is not known (its node's model absent)."""
+
+    connection: Connection
+    allowed: bool | None
+    egress: DirectionVerdict
+    ingress: DirectionVerdict
+
+    def as_json(self) -> dict[str, Any]:
+        """The verdict as plain JSON data (``explain --output json``)."""
+        return dataclasses.asdict(self)
+
+
+def rule_index(comment: str) -> int | None:
+    """The policy rule index that an allow rule's comment ``<ns>/<name> <direction> rule <i>``
+    carries (:mod:`~nftpolicy.translators.noderender` writes it); None when the comment was cut."""
+    match = _RULE_INDEX.search(comment)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class _NodeIndex:
+    """One node's rule model, indexed for look-ups."""
+
+    model: RuleModel
+    pod_chains: dict[str, PodChain] = field(default_factory=dict)
+    policy_chains: dict[str, PolicyChain] = field(default_factory=dict)
+    sets: dict[str, AddressSet] = field(default_factory=dict)
+    members: dict[str, Any] = field(default_factory=dict)  # set name -> frozenset, or networks
+
+    def __post_init__(self) -> None:
+        self.pod_chains = {canonical(ip): chain for chain in self.model.pod_chains for ip in chain.ips}
+        self.policy_chains = {chain.name: chain for chain in self.model.policy_chains}
+        self.sets = {s.name: s for s in self.model.sets}
+
+    def contains(self, name: str, element: Any) -> bool:
+        """True when ``element`` (an address, or ``(address, protocol, port)``) is in set ``name``."""
+        members = self.members.get(name)
+        if members is None:
+            s = self.sets[name]
+            if s.kind == "interval":
+                members = [ipaddress.ip_network(e) for e in s.elements]
+            elif s.kind == "addr":
+                members = frozenset(canonical(e) for e in s.elements)
+            else:
+                members = frozenset((canonical(e[0]), e[1], e[2]) for e in s.elements)
+            self.members[name] = members
+        if isinstance(members, list):
+            address = ipaddress.ip_address(element)
+            return any(address.version == net.version and address in net for net in members)
+        return element in members
+
+    def describe(self, name: str) -> str:
+        """What set ``name`` selects (its comment)."""
+        return self.sets[name].comment
+
+
+class Enforcement:
+    """What nftpolicy enforces: ``models`` (node name -> that node's rule model; key None: one
+    model in which every pod is local), ``pods`` (to name addresses and find the node whose model
+    decides; an address of no listed pod is looked up in every model's pod chains) and
+    ``node_addresses`` (node name -> its addresses, for the node-local exemption and traffic to
+    the node itself)."""
+
+    def __init__(self, models: Mapping[str | None, RuleModel], pods: Iterable[Endpoint] = (),
+                 node_addresses: Mapping[str, Sequence[str]] | None = None) -> None:
+        self.models = dict(models)
+        self.pods = tuple(pods)
+        self.node_addresses = {name: tuple(canonical(a) for a in addresses) for name, addresses in (node_addresses or {}).items()}
+        self._nodes = {name: _NodeIndex(model) for name, model in self.models.items()}
+        self._pod_at: dict[str, Endpoint] = {}
+        for pod in self.pods:
+            for ip in pod.ips:
+                self._pod_at.setdefault(canonical(ip), pod)
+
+    def pod_at(self, address: str) -> Endpoint | None:
+        """The listed pod that holds ``address``, if any."""
+        return self._pod_at.get(canonical(address))
+
+    def name(self, address: str) -> str:
+        """The pod key at ``address``, else the address."""
+        pod = self.pod_at(address)
+        return pod.key if pod is not None else canonical(address)
+
+    def verdict(self, connection: Connection) -> Verdict:
+        """The verdict of ``connection`` with its reasons. Raises ValueError for an address that
+        does not parse or a connection whose two addresses are of different families."""
+        conn = dataclasses.replace(connection, source=canonical(connection.source), destination=canonical(connection.destination))
+        if family_of(conn.source) != family_of(conn.destination):
+            raise ValueError(f"{conn.source} and {conn.destination} are of different address families")
+        egress = self._direction("egress", conn.source, conn.destination, conn)
+        ingress = self._direction("ingress", conn.destination, conn.source, conn)
+        sides = (egress.allowed, ingress.allowed)
+        allowed = False if False in sides else None if None in sides else True
+        return Verdict(conn, allowed, egress, ingress)
+
+    def _node_of(self, address: str) -> tuple[str | None, _NodeIndex | None, bool]:
+        """(node name, its index, known) for the pod at ``address``."""
+        pod = self.pod_at(address)
+        if pod is not None:
+            for name in (pod.node, None):
+                if name in self._nodes:
+                    return name, self._nodes[name], True
+            return pod.node, None, False
+        for name, index in self._nodes.items():
+            if address in index.pod_chains:
+                return name, index, True
+        return None, None, True
+
+    def _direction(self, direction: Direction, address: str, peer: str, conn: Connection) -> DirectionVerdict:
+        node, index, known = self._node_of(address)
+        pod = self.pod_at(address)
+        chain = index.pod_chains.get(address) if index is not None else None
+        key = pod.key if pod is not None else chain.pod if chain is not None else None
+        if not known or index is None:
+            return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
+        targets = getattr(chain, direction) if chain is not None else None
+        policies = tuple(index.policy_chains[t].policy for t in targets or ())
+        side = DirectionVerdict(direction, address, key, node, True, targets is not None, True, policies)
+        exemption = self._input_exemption(node, conn) if direction == "egress" else None
+        if exemption is None and targets is not None:
+            exemption = self._chain_exemption(node, conn, direction)
+        if exemption is not None or targets is None:
+            return dataclasses.replace(side, exemption=exemption)
+        for target in targets:
+            for rule in index.policy_chains[target].rules:
+                if _matches(index, rule, direction, peer, conn):
+                    return dataclasses.replace(side, allowed_by=_summaries(index, index.policy_chains[target], [rule])[0])
+        summaries = tuple(s for t in targets for s in _summaries(index, index.policy_chains[t], [
+            r for r in index.policy_chains[t].rules if r.family in (None, conn.family)]))
+        return dataclasses.replace(side, allowed=False, rules=summaries)
+
+    def _config(self, node: str | None) -> Config:
+        index = self._nodes.get(node)
+        return index.model.config if index is not None else Config()
+
+    def _input_exemption(self, node: str | None, conn: Connection) -> Exemption | None:
+        """``KUBE-ROUTER-INPUT``'s returns, for traffic from a pod to its own node: to a service
+        cluster IP or an external range (kube-proxy's IPVS mode binds those to the node, so they
+        reach INPUT), or to a node port of a node address."""
+        config, destination = self._config(node), ipaddress.ip_address(conn.destination)
+        local = conn.destination in self.node_addresses.get(node or "", ())
+
+        def inside(cidrs: tuple[str, ...]) -> bool:
+            return any(destination in ipaddress.ip_network(c) for c in cidrs if family_of(c) == conn.family)
+
+        if not local and not inside(config.service_cidrs + config.external_cidrs):
+            return None
+        if conn.established:
+            return "established"
+        if inside(config.service_cidrs):
+            return "service cluster IP"
+        if local and config.node_port_range and conn.protocol.lower() in NODE_PORT_PROTOCOLS and conn.port is not None \
+                and config.node_port_range[0] <= conn.port <= config.node_port_range[1]:
+            return "node port"
+        if inside(config.external_cidrs):
+            return "external IP"
+        return None
+
+    def _chain_exemption(self, node: str | None, conn: Connection, direction: Direction) -> Exemption | None:
+        """What the base chains, the common chain and the pod chain accept before any policy."""
+        if conn.established:
+            return "established"
+        if conn.protocol == "ICMP" and conn.icmp_type in ESSENTIAL_ICMP[conn.family]:
+            return "essential ICMP error"
+        if direction == "ingress" and conn.source in self.node_addresses.get(node or "", ()):
+            return "node-local source"
+        return None
+
+
+def _matches(index: _NodeIndex, rule: AllowRule, direction: Direction, peer: str, conn: Connection) -> bool:
+    """What :func:`~nftpolicy.translators.layout.allow_rule` matches: family, the peer (source
+    for ingress, destination for egress) in the peer set, the named port
+    (``destination . protocol . port``) in its set, the protocol and port range."""
+    if rule.family is not None and rule.family != conn.family:
+        return False
+    if rule.peer_set is not None and not index.contains(rule.peer_set, peer):
+        return False
+    if rule.named_port_set is not None and (conn.protocol == "ICMP" or not index.contains(
+            rule.named_port_set, (conn.destination, conn.protocol.lower(), conn.port))):
+        return False
+    if rule.port is not None:
+        if rule.port.protocol != conn.protocol:
+            return False
+        if rule.port.first is not None and not (conn.port is not None and rule.port.first <= conn.port <= (rule.port.last or rule.port.first)):
+            return False
+    return True
+
+
+def port_text(port: PortMatch) -> str:
+    """``TCP/8080``, ``TCP/6000-6999`` or ``every UDP port``."""
+    if port.first is None:
+        return f"every {port.protocol} port"
+    return f"{port.protocol}/{port.first}" + (f"-{port.last}" if port.last not in (None, port.first) else "")
+
+
+def _summaries(index: _NodeIndex, chain: PolicyChain, rules: Sequence[AllowRule]) -> list[RuleSummary]:
+    """The allow rules of ``chain`` grouped by policy rule index, in order, in words."""
+    grouped: dict[int | None, tuple[list[str], list[str]]] = {}
+    for rule in rules:
+        peers, ports = grouped.setdefault(rule_index(rule.comment), ([], []))
+        if rule.named_port_set is not None:
+            what = index.describe(rule.named_port_set)
+            if chain.direction == "egress":  # the set of the peers' named port: the peer match as well
+                peers.append(what)
+                ports.append("that named port")
+            else:
+                ports.append(what)
+        elif rule.port is not None:
+            ports.append(port_text(rule.port))
+        else:
+            ports.append("any port")
+        if rule.peer_set is not None:
+            peers.append(index.describe(rule.peer_set))
+        elif rule.named_port_set is None or chain.direction == "ingress":
+            peers.append("any source" if chain.direction == "ingress" else "any destination")
+    return [RuleSummary(chain.policy, chain.direction, i, tuple(dict.fromkeys(peers)), tuple(dict.fromkeys(ports)))
+            for i, (peers, ports) in grouped.items()]
+
+
+def enforcement_of(cluster: Cluster, nodes: Iterable[str | None] | None = None, config: Config = Config()) -> Enforcement:
+    """:class:`Enforcement` of ``cluster``: the rule model of each of ``nodes`` (default: every
+    node a pod runs on, and None, a model where every pod is local, for pods without a node), its
+    enforceable pods and its nodes' addresses."""
+    pods = [p for p in cluster.pods.values() if p.enforceable]
+    names: list[str | None] = list(nodes) if nodes is not None else \
+        [*sorted({p.node for p in pods if p.node}), *([None] if any(not p.node for p in pods) else [])]
+    models = {name: build_rule_model(cluster, name, config) for name in names}
+    return Enforcement(models, [Endpoint.of(p) for p in pods], {n.name: n.addresses for n in cluster.nodes.values()})
+
+
+# ---- words ---------------------------------------------------------------------------------------
+
+def _rule_text(summary: RuleSummary, with_policy: bool, verb: str = "") -> str:
+    """``shop/db-ingress rule 0 (from ipBlock 10.244.1.0/24 on TCP/5432)``, or with ``verb``
+    ``rule 0 allows from ... on ...``."""
+    where = "from" if summary.direction == "ingress" else "to"
+    name = f"rule {summary.rule}" if summary.rule is not None else "a rule"
+    if with_policy:
+        name = f"{summary.policy} {name}"
+    what = f"{where} {' or '.join(summary.peers)} on {', '.join(summary.ports)}"
+    return f"{name} {verb} {what}" if verb else f"{name} ({what})"
+
+
+EXEMPTION_TEXT: dict[str, str] = {
+    "established": "allowed: an established or related connection",
+    "essential ICMP error": "allowed: an essential ICMP error (always accepted)",
+    "node-local source": "allowed: from an address of its own node (the node may always reach its pods)",
+    "service cluster IP": "allowed: to a service cluster IP (exempt in KUBE-ROUTER-INPUT)",
+    "node port": "allowed: to a node port of its node (exempt in KUBE-ROUTER-INPUT)",
+    "external IP": "allowed: to an external or load-balancer IP (exempt in KUBE-ROUTER-INPUT)",
+}
+
+
+def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
+    """One line for one direction, e.g. ``ingress of shop/db: allowed by shop/db-ingress rule 0
+    (from ipBlock 10.244.1.0/24 except 10.244.1.10/32; TCP/5432)``."""
+    conn = verdict.connection
+    if side.pod is None:
+        return f"{side.direction} of {side.address}: not a pod, nothing enforced"
+    head = f"{side.direction} of {side.pod}"
+    if not side.known:
+        return f"{head}: enforced on node {side.node}, whose rules are not known here"
+    if side.exemption is not None:
+        return f"{head}: {EXEMPTION_TEXT[side.exemption]}"
+    if not side.isolated:
+        return f"{head}: not isolated (no policy selects it for {side.direction}), allowed"
+    isolated = f"isolated by {', '.join(side.policies)}"
+    if side.allowed_by is not None:
+        return f"{head}: {isolated}; allowed by {_rule_text(side.allowed_by, True)}"
+    peer = conn.destination if side.direction == "egress" else conn.source
+    target = f"{_name(verdict, peer)} on {conn.text()}"
+    allowing = "; ".join(_rule_text(s, len(side.policies) > 1, "allows") for s in side.rules) or "its policies have no rules: deny all"
+    return f"{head}: {isolated}; no rule allows {target} ({allowing})"
+
+
+def _name(verdict: Verdict, address: str) -> str:
+    for side in (verdict.egress, verdict.ingress):
+        if side.address == address and side.pod is not None:
+            return side.pod
+    return address
+
+
+def verdict_lines(verdict: Verdict) -> list[str]:
+    """The verdict in a few plain lines: ``DENIED  shop/frontend -> shop/db TCP/5432``, then the
+    egress and the ingress line (:func:`direction_text`)."""
+    word = {True: "ALLOWED", False: "DENIED", None: "UNKNOWN"}[verdict.allowed]
+    conn = verdict.connection
+    head = f"{word}  {_name(verdict, conn.source)} -> {_name(verdict, conn.destination)} {conn.text()}"
+    if conn.established:
+        head += " (established)"
+    return [head, "  " + direction_text(verdict, verdict.egress), "  " + direction_text(verdict, verdict.ingress)]
+
+
+# ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
+
+def renderer_json(renderer: NodeRenderer) -> dict[str, Any]:
+    """What a node renderer enforces (:func:`enforcement_json` of its node's model and every
+    enforceable pod it knows; node addresses are not part of it): the agent's debug endpoint."""
+    endpoints = [Endpoint.of(p) for p in renderer.pods.values() if p.enforceable]
+    return enforcement_json(Enforcement({renderer.node: renderer.model(ordered=False)}, endpoints))
+
+
+def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:
+    """Everything :class:`Enforcement` holds as plain JSON data (:func:`enforcement_from_json`
+    reads it back): ``models`` as ``[{"node": ..., "model": ...}]``, ``pods``, ``node_addresses``."""
+    return {"models": [{"node": node, "model": dataclasses.asdict(model)} for node, model in enforcement.models.items()],
+            "pods": [dataclasses.asdict(p) for p in enforcement.pods],
+            "node_addresses": {k: list(v) for k, v in enforcement.node_addresses.items()}}
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
+    """The :class:`Enforcement` that :func:`enforcement_json` wrote. Raises KeyError, TypeError or
+    ValueError for data of another shape."""
+    models: dict[str | None, RuleModel] = {}
+    for entry in data["models"]:
+        m = entry["model"]
+        config = Config(**{k: _tuples(v) for k, v in m["config"].items()})
+        sets = tuple(AddressSet(**{**s, "elements": _tuples(s["elements"])}) for s in m["sets"])
+        chains = tuple(PolicyChain(**{**c, "rules": tuple(
+            AllowRule(**{**r, "port": PortMatch(**r["port"]) if r["port"] else None}) for r in c["rules"])})
+            for c in m["policy_chains"])
+        pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
+        models[entry["node"]] = RuleModel(config, sets, chains, pods)
+    endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
+    return Enforcement(models, endpoints, data.get("node_addresses") or {})
