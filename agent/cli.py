@@ -15,6 +15,7 @@ from importlib.metadata import version
 from typing import Any, Callable, NoReturn, Sequence
 
 from nftpolicy.translators.cases import CaseError
+from nftpolicy.translators.iptables import Unsupported
 from nftpolicy.translators.kuberouter import DumpError
 from nftpolicy.translators.rules import Config
 
@@ -247,6 +248,8 @@ def config_from(args: argparse.Namespace) -> Config:
     """Build the :class:`Config` from parsed flags. Raises UsageError when the marks collide."""
     if args.policy_mark == args.passed_mark:
         raise UsageError(f"--policy-mark and --passed-mark must differ (both {args.policy_mark:#x})")
+    if Config.pass_mark in (args.policy_mark, args.passed_mark):
+        raise UsageError(f"--policy-mark and --passed-mark must differ from the ClusterNetworkPolicy pass mark {Config.pass_mark:#x}")
     return Config(
         table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
@@ -391,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except (FileNotFoundError, CaseError, DataplaneError, SandboxError, DumpError, NetnsError, UsageError,
-            ControlPlaneError) as exc:
+            ControlPlaneError, Unsupported) as exc:
         print(f"nftpolicy: {exc}", file=sys.stderr)
         return 2
 

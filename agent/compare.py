@@ -20,6 +20,7 @@ from typing import Sequence
 from nftpolicy.translators.kuberouter import Dump
 from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule
 from nftpolicy.translators.rules import FAMILIES, Config
+from nftpolicy.translators.tiers import direction_decision
 from nftpolicy.translators.verdict import Connection, Enforcement, enforcement_of
 
 from .iptables import IptablesBatch
@@ -28,7 +29,8 @@ from .replay import disagreements
 from .sandbox import Sandbox, SandboxError
 
 # The deliberate differences (README, "Deliberate differences"); each was seen with the real
-# kube-router v2.1.0 (tests/fixtures/kube-router-v2.1.0, tests/test_real_dumps.py) except ICMP_NOTE,
+# kube-router v2.1.0 (tests/fixtures/kube-router-v2.1.0, tests/test_real_dumps.py; CLUSTER_POLICY_NOTE:
+# tests/test_cnp_conformance.py, the real kube-router beside the agents) except ICMP_NOTE,
 # which only applies to a dump that has such an ACCEPT rule (Dump.accepts_icmp_echo): v2.1.0 has none.
 ICMP_NOTE = ("deliberate: this kube-router accepts every ICMP echo request before the policies "
              "(KUBE-NWPLCY-COMMON of releases after v2.1.0); nftpolicy leaves echo to the policies")
@@ -36,6 +38,7 @@ BOTH_TYPES_NOTE = ("deliberate: kube-router jumps to a policy with both policyTy
                    "check, so one selected pod's rule of one direction allows the other direction ({})")
 IPBLOCK_NOTE = ("deliberate: kube-router keeps every ipBlock peer of a rule in one hash:net set, so one peer's "
                 "except (nomatch) cancels another peer's equal CIDR ({})")
+CLUSTER_POLICY_NOTE = "deliberate: kube-router has no ClusterNetworkPolicy; in nftpolicy {} decides this cell"
 NAMED_PORT_NOTE = ("deliberate: for an egress rule without `to`, kube-router resolves a named port on the pods "
                    "of the policy's own namespace and allows those numbers to every destination; nftpolicy "
                    "resolves it on each destination pod ({})")
@@ -126,6 +129,12 @@ def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: 
     if spec.protocol == "ICMP" and kube_router and not ours and icmp_echo_accepted:
         return ICMP_NOTE
     a, b = cluster.pods.get(src), cluster.pods.get(dst)
+    if cluster.cluster_policies and a and b and spec.protocol != "ICMP" and kube_router != ours:
+        decisions = [direction_decision(cluster, "egress", a, b, spec.protocol, spec.port),  # type: ignore[arg-type]
+                     direction_decision(cluster, "ingress", b, a, spec.protocol, spec.port)]  # type: ignore[arg-type]
+        tiers = [d.by for d in decisions if d.by.startswith("ClusterNetworkPolicy")]
+        if tiers:
+            return CLUSTER_POLICY_NOTE.format(" and ".join(tiers))
     if ours and kube_router is False:
         overlapping = []
         for key, policy in sorted(cluster.policies.items()):

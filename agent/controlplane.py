@@ -7,7 +7,10 @@ scheduler, controller manager or kubelet: objects are created through the API wi
 subresource (the Kubernetes API concepts page: "status is written by a different actor").
 
 Binaries (:func:`find_binary`): ``etcd`` and ``kube-apiserver`` as ``.ci/install`` builds them
-into ``.tools/bin`` from the Go modules pinned in ``tools/k8s``, else from ``$PATH``.
+into ``.tools/bin`` from the Go modules pinned in ``tools/k8s``, else from ``$PATH``. The
+ClusterNetworkPolicy CRD (:func:`cluster_network_policy_crd`, the experimental channel of
+sigs.k8s.io/network-policy-api v0.2.0, from the Go module cache or the module proxy) is
+installed at start, as on a cluster that runs a ClusterNetworkPolicy implementation.
 
 Files live in one temporary directory: etcd's data, the service-account signing key, the static
 token file, kube-apiserver's self-signed serving certificate (``--cert-dir``) and the admin
@@ -34,6 +37,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import yaml
+
 from .netns import run_tag
 
 REPO_TOOLS = Path(__file__).resolve().parent.parent / ".tools" / "bin"
@@ -51,7 +56,11 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
+    "ClusterNetworkPolicy": ("/apis/policy.networking.k8s.io/v1alpha2", "clusternetworkpolicies", False),
 }
+CRD_MODULE = "sigs.k8s.io/network-policy-api@v0.2.0"
+CRD_FILE = "config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml"
 WITH_STATUS = ("Pod", "Node")
 
 
@@ -84,6 +93,18 @@ def find_binary(name: str, given: str | None = None) -> str:
     if not found:
         raise ControlPlaneError(f"{name} not found in {REPO_TOOLS} or $PATH (bash .ci/install builds it)")
     return found
+
+
+def cluster_network_policy_crd() -> dict[str, Any]:
+    """The ClusterNetworkPolicy CRD of :data:`CRD_MODULE` (``go mod download``: the Go module
+    cache, else the module proxy). Raises ControlPlaneError when go cannot get it."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    try:
+        out = subprocess.run([go, "mod", "download", "-json", CRD_MODULE], capture_output=True, text=True, timeout=300, check=True)
+        crd: dict[str, Any] = yaml.safe_load((Path(json.loads(out.stdout)["Dir"]) / CRD_FILE).read_text())
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
+        raise ControlPlaneError(f"cannot get the ClusterNetworkPolicy CRD from {CRD_MODULE} with {go}: {exc}") from None
+    return crd
 
 
 def free_port() -> int:
@@ -160,6 +181,9 @@ class ControlPlane:
         ])
         self._wait("etcd", self._etcd, lambda: self._etcd_healthy(), 30)
         self.start_apiserver()
+        self.apply(cluster_network_policy_crd())
+        assert self._apiserver is not None
+        self._wait("kube-apiserver", self._apiserver, lambda: self._serves("ClusterNetworkPolicy"), 30)
 
     def start_apiserver(self) -> None:
         """Start kube-apiserver (again, after :meth:`stop_apiserver`; etcd keeps the data)."""
@@ -241,6 +265,13 @@ class ControlPlane:
         try:
             return bool(self.request("GET", "/readyz", raw=True) == "ok")
         except (ControlPlaneError, OSError, ssl.SSLError):
+            return False
+
+    def _serves(self, kind: str) -> bool:
+        try:
+            self.items(kind)
+            return True
+        except ApiError:
             return False
 
     def _write_kubeconfig(self, path: str, token: str, user: str) -> None:

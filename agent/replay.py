@@ -78,7 +78,7 @@ def replay_twins(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), famil
     daemon has synced. Yields after every step: the sandboxes, one :class:`StepResult` per
     dataplane, and for each dataplane after the first the cells where it disagrees with the first.
     """
-    pods_only = dataclasses.replace(cases[0], policies=())
+    pods_only = dataclasses.replace(cases[0], policies=(), cluster_policies=())
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(pods_only, {}))
     with contextlib.ExitStack() as stack:
         sandboxes = [stack.enter_context(Sandbox(skeleton.pods.values(), nodes, families, None, config, timeout, d))

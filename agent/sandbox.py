@@ -44,6 +44,8 @@ NETNS_PREFIX = "nftp-"
 GATEWAY_V4 = "169.254.1.1"
 GATEWAY_V6 = "fe80::1"
 DATAPLANES = ("nft", "iptables-nft", "iptables-legacy", "kube-router")
+# The kinds publish writes to a control plane, in this order.
+PUBLISHED = ("Namespace", "Pod", "NetworkPolicy", "ClusterNetworkPolicy")
 NODE_SYSCTLS = {
     "net.ipv4.ip_forward": "1",
     "net.ipv6.conf.all.forwarding": "1",
@@ -217,12 +219,13 @@ class Sandbox:
         this sandbox built it: a Node per sandbox node (InternalIP = the node namespace's
         address), each Pod on its sandbox node with its sandbox addresses, status written through
         the status subresource. Namespaces that pods use are created; NetworkPolicies and Pods
-        that ``objects`` no longer has are deleted (a later step replaces an earlier one).
+        that ``objects`` no longer has are deleted (a later step replaces an earlier one), and
+        ClusterNetworkPolicies likewise.
 
         Returns one error per object the API server refused (its own reason); the rest is applied.
         """
         errors: list[ManifestError] = []
-        wanted: dict[str, list[tuple[str, dict[str, Any]]]] = {kind: [] for kind in ("Namespace", "Pod", "NetworkPolicy")}
+        wanted: dict[str, list[tuple[str, dict[str, Any]]]] = {kind: [] for kind in PUBLISHED}
         for origin, obj in objects:
             if isinstance(obj, dict) and obj.get("kind") in wanted:
                 wanted[obj["kind"]].append((origin, obj))
@@ -244,7 +247,7 @@ class Sandbox:
                                              "status": {**(pod.get("status") or {}), "phase": "Running",
                                                         "hostIP": host_ips[0], "hostIPs": [{"ip": ip} for ip in host_ips],
                                                         "podIP": built.ips[0], "podIPs": [{"ip": ip} for ip in built.ips]}})
-        for kind in ("Namespace", "Pod", "NetworkPolicy"):
+        for kind in PUBLISHED:
             keep = set()
             for origin, obj in wanted[kind]:
                 ref = object_ref(kind, obj)
@@ -256,7 +259,7 @@ class Sandbox:
             if kind != "Namespace":
                 for item in control_plane.items(kind):
                     if object_ref(kind, item) not in keep:
-                        control_plane.delete(kind, item["metadata"]["name"], item["metadata"]["namespace"])
+                        control_plane.delete(kind, item["metadata"]["name"], item["metadata"].get("namespace"))
         return errors
 
     def node_netns(self, name: str) -> str:

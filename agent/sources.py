@@ -29,6 +29,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
 
+from nftpolicy.translators.clusterpolicy import cluster_policy_from, fail_closed_cluster_policy
 from nftpolicy.translators.manifests import (
     InvalidField,
     fail_closed_policy,
@@ -46,10 +47,16 @@ from .metrics import Metrics
 
 log = logging.getLogger("nftpolicy.sources")
 
-KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
+KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
 CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
+    "ClusterNetworkPolicy": cluster_policy_from,
 }
+FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "NetworkPolicy": fail_closed_policy, "ClusterNetworkPolicy": fail_closed_cluster_policy,
+}
+# Kinds whose resource only exists when its CRD is installed: a 404 on the list means "none".
+OPTIONAL = {"ClusterNetworkPolicy": "clusternetworkpolicies.policy.networking.k8s.io"}
 MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that end at once, and after a 4xx
 # Retries of a failing request (5xx, connection errors, timeouts): exponential from 0.2 s, capped at
 # RETRY_CAP, plus up to RETRY_JITTER of random delay, so that nodes do not retry in step. The cap keeps
@@ -81,8 +88,9 @@ class Store:
         self.pending_since: float | None = None
 
     def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
-        """The model object, or None (a NetworkPolicy that fails validation: its fail-closed
-        stand-in); ``invalid`` (key -> message) records each invalid object."""
+        """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
+        validation: its fail-closed stand-in); ``invalid`` (key -> message) records each invalid
+        object."""
         try:
             model = CONVERT[kind](obj)
             invalid.pop(key, None)
@@ -92,7 +100,7 @@ class Store:
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
             invalid[key] = message
-            return fail_closed_policy(obj) if kind == "NetworkPolicy" else None
+            return FAIL_CLOSED[kind](obj) if kind in FAIL_CLOSED else None
 
     def _touch(self) -> None:
         if self.pending_since is None:
@@ -173,7 +181,8 @@ class Store:
             self._changes = {}
             objects = self._objects
             return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
-                           policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"])), since
+                           policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"]),
+                           cluster_policies=dict(objects["ClusterNetworkPolicy"])), since
 
 
 # ---- the Kubernetes API -------------------------------------------------------------------------
@@ -239,7 +248,8 @@ class SourceError(RuntimeError):
 
 
 class KubeSource:
-    """List and watch Pods (all namespaces), Namespaces, NetworkPolicies and this Node.
+    """List and watch Pods (all namespaces), Namespaces, NetworkPolicies, this Node and, when
+    their CRD is installed, ClusterNetworkPolicies.
 
     One thread per kind. ``api_timeout`` bounds every request (seconds, client side; a watch's
     read timeout is ``watch_timeout`` + ``api_timeout``, so a dead connection cannot hang).
@@ -265,10 +275,13 @@ class KubeSource:
             "Pod": (core.list_pod_for_all_namespaces, {}),
             "NetworkPolicy": (networking.list_network_policy_for_all_namespaces, {}),
             "Node": (core.list_node, {"field_selector": f"metadata.name={node}"}),
+            "ClusterNetworkPolicy": (k8s.CustomObjectsApi(api).list_cluster_custom_object,
+                                     {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"}),
         }
         self.store, self.metrics, self.stop = store, metrics, stop
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
+        self.absent: set[str] = set()  # optional kinds whose resource the API does not have
         # Per kind: when a request last succeeded (monotonic; the start until the first), and
         # whether a watch stream is open now (it counts as succeeding while it lasts).
         self._succeeded = {kind: time.monotonic() for kind in self.calls}
@@ -336,10 +349,25 @@ class KubeSource:
             except Exception as exc:  # a non-retryable API error (403, 404, ...): report, relist later
                 if self.stop.is_set():
                     return
+                if kind in OPTIONAL and isinstance(exc, k8s.ApiException) and exc.status == 404:
+                    self._absent(kind)
+                    continue
                 self.metrics.api_errors.labels(kind, _reason(exc)).inc()
                 log.error("API %s request failed, not retryable: %s; relisting in %.0fs", kind, describe(exc), MAX_BACKOFF,
                           extra={"kind": kind, "reason": _reason(exc)})
                 self.stop.wait(MAX_BACKOFF)
+
+    def _absent(self, kind: str) -> None:
+        """The API has no resource for ``kind`` (its CRD is not installed): none of them, said
+        once; the list is tried again every :data:`MAX_BACKOFF` seconds. The answer counts as
+        a success (the kind is not stale: the API said there are none)."""
+        self._success(kind)
+        if kind not in self.absent:
+            self.absent.add(kind)
+            log.warning("the API has no %s (its CRD is not installed): enforcing without %ss; checking again every %.0fs",
+                        OPTIONAL[kind], kind, MAX_BACKOFF, extra={"kind": kind})
+            self.store.replace(kind, [])  # none of them (and none left from before the CRD went)
+        self.stop.wait(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
         """List ``kind`` in pages of :data:`LIST_PAGE` objects; each page is converted to model
@@ -371,6 +399,9 @@ class KubeSource:
                     return
 
         count = self.store.replace(kind, items())
+        if kind in self.absent:
+            self.absent.discard(kind)
+            log.info("the API has %s now: watching %ss", OPTIONAL[kind], kind, extra={"kind": kind})
         self.versions[kind] = pages["version"]
         log.debug("listed %s: %d objects in %d pages at resourceVersion %s", kind, count, pages["count"], self.versions[kind])
 

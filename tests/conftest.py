@@ -64,11 +64,11 @@ def control_plane():
 
 
 def clear_api(cp) -> None:
-    """Delete every Pod and NetworkPolicy of a control plane (namespaces stay: no controller
-    would finalize their deletion), so the next test starts from namespaces only."""
-    for kind in ("NetworkPolicy", "Pod"):
+    """Delete every Pod, NetworkPolicy and ClusterNetworkPolicy of a control plane (namespaces
+    stay: no controller would finalize their deletion), so the next test starts from namespaces only."""
+    for kind in ("ClusterNetworkPolicy", "NetworkPolicy", "Pod"):
         for item in cp.items(kind):
-            cp.delete(kind, item["metadata"]["name"], item["metadata"]["namespace"])
+            cp.delete(kind, item["metadata"]["name"], item["metadata"].get("namespace"))
 
 
 def nft(ns: str, *args: str, stdin: str | None = None) -> str:

@@ -35,14 +35,19 @@ PATHS = {
     "/api/v1/pods": "Pod",
     "/api/v1/nodes": "Node",
     "/apis/networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
+    "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies": "ClusterNetworkPolicy",  # with cluster_network_policies
 }
-API_VERSION = {"Namespace": "v1", "Pod": "v1", "Node": "v1", "NetworkPolicy": "networking.k8s.io/v1"}
+API_VERSION = {"Namespace": "v1", "Pod": "v1", "Node": "v1", "NetworkPolicy": "networking.k8s.io/v1",
+               "ClusterNetworkPolicy": "policy.networking.k8s.io/v1alpha2"}
 
 
 class FakeApiServer:
     """Start with :meth:`start`; change the cluster with :meth:`put` and :meth:`delete`."""
 
-    def __init__(self, bookmark_interval: float = 1.0) -> None:
+    def __init__(self, bookmark_interval: float = 1.0, cluster_network_policies: bool = False) -> None:
+        """``cluster_network_policies``: serve ClusterNetworkPolicies (their CRD is installed);
+        else their path is a 404, as on a cluster without the CRD."""
+        self.cluster_network_policies = cluster_network_policies
         self.lock = threading.Condition()
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.history: list[tuple[int, str, str, dict]] = []  # (resourceVersion, type, kind, object)
@@ -196,7 +201,7 @@ class FakeApiServer:
                 if fault:
                     return self._status(fault[0], fault[1])
                 kind = PATHS.get(url.path)
-                if kind is None:
+                if kind is None or (kind == "ClusterNetworkPolicy" and not fake.cluster_network_policies):
                     return self._status(404)
                 if query.get("watch") in ("true", "1"):
                     return self._watch(kind, query)

@@ -24,10 +24,11 @@ def test_readyz_names_the_kinds_not_listed_and_the_last_failure():
     server = serve_http("127.0.0.1:0", metrics, health)
     url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
     try:
-        assert http_get(url) == (503, "not ready: not listed yet: Namespace, Pod, NetworkPolicy, Node\n"
+        assert http_get(url) == (503, "not ready: not listed yet: Namespace, Pod, NetworkPolicy, Node, ClusterNetworkPolicy\n"
                                       "not ready: no sync committed yet\n")
         store.replace("Namespace", [])
         store.replace("Node", [])
+        store.replace("ClusterNetworkPolicy", [])
         assert http_get(url) == (503, "not ready: not listed yet: Pod, NetworkPolicy\nnot ready: no sync committed yet\n")
         store.replace("Pod", [])
         store.replace("NetworkPolicy", [])

@@ -222,7 +222,8 @@ def test_rbac_is_read_only_on_exactly_what_the_agent_watches(name):
     granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
     assert granted == {(group, resource, verb) for group, resource in
-                       [("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies")]
+                       [("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies"),
+                        ("policy.networking.k8s.io", "clusternetworkpolicies")]
                        for verb in ("get", "list", "watch")}
     assert not any(d["kind"] in ("Role", "RoleBinding") for d in docs)
     binding, account = one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")
@@ -483,6 +484,7 @@ BAD_AGENT_VALUES = [
     {"nodePortRange": "32767-30000"}, {"nodePortRange": "0-100"}, {"nodePortRange": "30000-70000"},
     {"policyMark": "0x3"}, {"policyMark": "0x100000000"}, {"passedMark": 3}, {"passedMark": 4294967296},
     {"policyMark": "0x20000"}, {"policyMark": "131072"}, {"passedMark": 65536},  # the same bit as the other mark
+    {"policyMark": "0x00040000"}, {"passedMark": 262144},  # the ClusterNetworkPolicy pass mark
     {"httpAddress": "0.0.0.0:99999"}, {"httpAddress": "garbage"}, {"httpAddress": "300.0.0.1:9476"},
     {"httpAddress": "[zz::1]:9476"}, {"httpAddress": "a b:9476"},
     {"table": "a.b"}, {"table": "1table"}, {"priority": 2147483648},
@@ -491,7 +493,7 @@ BAD_AGENT_VALUES = [
 ]
 GOOD_AGENT_VALUES = [
     {"serviceCidrs": ["10.96.0.0/12", "fd00:10:96::/108"]}, {"externalCidrs": ["0.0.0.0/0", "::/0", "::ffff:10.0.0.0/104"]},
-    {"nodePortRange": "30000-30000"}, {"nodePortRange": "1-65535"}, {"policyMark": "0x00040000"},
+    {"nodePortRange": "30000-30000"}, {"nodePortRange": "1-65535"}, {"policyMark": "0x00080000"},
     {"policyMark": "0x80000000", "passedMark": 1}, {"passedMark": "0x200000"}, {"minSyncInterval": 0},
     {"httpAddress": "[::]:9476"}, {"httpAddress": "127.0.0.1:1"}, {"httpAddress": "localhost:9476"},
     {"httpAddress": ":9476"}, {"table": "my_table-2"}, {"priority": -2147483648},

@@ -2,7 +2,8 @@
 
 A :class:`NodeRenderer` takes random sequences of object changes (pods relabelled, moved,
 finished, deleted and re-created; namespaces relabelled; policies deleted, re-created and
-rewritten so that shared sets appear and disappear). After every step, its model equals a render
+rewritten so that shared sets appear and disappear; ClusterNetworkPolicies deleted, re-created,
+moved in priority and tier, rewritten). After every step, its model equals a render
 of the same cluster from scratch, and the batch of its changes (``changes_transaction``), applied
 to the table that the previous step left (an in-memory table that refuses what the kernel
 refuses), gives exactly the table that a full load of the fresh render gives.
@@ -51,14 +52,47 @@ def _extra_policies() -> dict:
     return dict(cluster.policies)
 
 
+def _cluster_policies() -> dict:
+    """ClusterNetworkPolicies of both tiers over the example: every action, a priority tie,
+    named ports both ways, networks, subjects by namespace labels that the changes move."""
+    def cnp(name: str, tier: str, priority: int, subject: dict, **rules: list) -> tuple[str, dict]:
+        return ("extra", {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+                          "metadata": {"name": name}, "spec": {"tier": tier, "priority": priority, "subject": subject, **rules}})
+    ops, shop = {"matchLabels": {"team": "ops"}}, {"matchLabels": {"team": "shop"}}
+    objects = [
+        cnp("db-guard", "Admin", 10, {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}}, ingress=[
+            {"action": "Deny", "from": [{"namespaces": ops}], "protocols": [{"tcp": {"destinationPort": {"number": 5432}}}]},
+            {"action": "Accept", "from": [{"namespaces": {}}], "protocols": [{"destinationNamedPort": "metrics"}]}]),
+        cnp("shop-pass", "Admin", 10, {"namespaces": shop}, ingress=[{"action": "Pass", "from": [{"namespaces": shop}]}], egress=[
+            {"action": "Deny", "to": [{"networks": ["10.244.2.0/24", "10.0.0.0/8"]}],
+             "protocols": [{"udp": {"destinationPort": {"range": {"start": 50, "end": 60}}}}]}]),
+        cnp("default-deny", "Baseline", 100, {"namespaces": {}}, ingress=[{"action": "Deny", "from": [{"namespaces": {}}]}], egress=[
+            {"action": "Accept", "to": [{"pods": {"podSelector": {"matchLabels": {"app": "api"}}}}], "protocols": [{"destinationNamedPort": "http"}]},
+            {"action": "Pass", "to": [{"namespaces": ops}]}]),
+    ]
+    cluster, errors = build_cluster(objects)
+    assert not errors, errors
+    return dict(cluster.cluster_policies)
+
+
 BASE = example_cluster()
 POLICIES = {**BASE.policies, **_extra_policies()}
-START = dataclasses.replace(BASE, policies=POLICIES)
+CLUSTER_POLICIES = _cluster_policies()
+START = dataclasses.replace(BASE, policies=POLICIES, cluster_policies=CLUSTER_POLICIES)
 
 
 def _mutate(cluster: Cluster, rng: random.Random) -> tuple[str, str, object]:
     """One random change: ``(kind, key, new object or None)``."""
-    action = rng.randrange(9)
+    action = rng.randrange(12)
+    if action >= 9:
+        name = rng.choice(sorted(CLUSTER_POLICIES))
+        if action == 9:
+            return "ClusterNetworkPolicy", name, None if name in cluster.cluster_policies else CLUSTER_POLICIES[name]
+        other = CLUSTER_POLICIES[rng.choice(sorted(CLUSTER_POLICIES))]
+        if action == 10:  # another priority (ties included) or the other tier
+            return "ClusterNetworkPolicy", name, dataclasses.replace(CLUSTER_POLICIES[name], priority=rng.choice([0, 10, 100]),
+                                                                     tier=rng.choice(["Admin", "Baseline"]))
+        return "ClusterNetworkPolicy", name, dataclasses.replace(CLUSTER_POLICIES[name], ingress=other.ingress, egress=other.egress)
     key = rng.choice(sorted(BASE.pods))
     pod = cluster.pods.get(key) or BASE.pods[key]
     if action == 0:
@@ -86,7 +120,7 @@ def _mutate(cluster: Cluster, rng: random.Random) -> tuple[str, str, object]:
 
 
 def _apply(cluster: Cluster, kind: str, key: str, obj: object) -> Cluster:
-    field = {"Pod": "pods", "Namespace": "namespaces", "NetworkPolicy": "policies"}[kind]
+    field = {"Pod": "pods", "Namespace": "namespaces", "NetworkPolicy": "policies", "ClusterNetworkPolicy": "cluster_policies"}[kind]
     objects = dict(getattr(cluster, field))
     if obj is None:
         objects.pop(key, None)
@@ -141,11 +175,12 @@ def test_a_shared_set_goes_with_its_last_user():
     renderer.take_changes()
     model = renderer.model()
     (shared,) = [s.name for s in model.sets if s.comment == "pods in namespaces team=ops: (any)"]
-    users = sorted({c.policy for c in model.policy_chains for r in c.rules if r.peer_set == shared})
-    assert len(users) >= 2
-    for key in users[:-1]:
-        renderer.set_policy(key, None)
+    users = sorted({("NetworkPolicy", c.policy) for c in model.policy_chains for r in c.rules if r.peer_set == shared}
+                   | {("ClusterNetworkPolicy", c.policy) for c in model.tier_chains for r in c.rules if r.peer_set == shared})
+    assert len(users) >= 3 and {kind for kind, _ in users} == {"NetworkPolicy", "ClusterNetworkPolicy"}
+    for kind, key in users[:-1]:
+        renderer.apply(kind, key, None)
         assert shared in {s.name for s in renderer.model().sets}
-    renderer.set_policy(users[-1], None)
+    renderer.apply(*users[-1], None)
     assert shared not in {s.name for s in renderer.model().sets}
     assert shared in renderer.take_changes().sets_removed

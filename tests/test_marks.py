@@ -53,6 +53,7 @@ table inet othersys {{
         ip daddr {server_ip} tcp dport 80 meta mark & {mark:#x} == {mark:#x} counter comment "foreign mark kept"
         ip daddr {server_ip} tcp dport 80 meta mark & 0x10000 == 0x10000 counter comment "policy mark left set"
         ip daddr {server_ip} tcp dport 80 meta mark & 0x20000 == 0x20000 counter comment "passed mark set"
+        ip daddr {server_ip} tcp dport 80 meta mark & 0x40000 == 0x40000 counter comment "pass mark left set"
     }}
 }}
 """
@@ -96,3 +97,49 @@ def test_policy_mark_set_by_someone_else_does_not_allow():
         nft(node, "-f", "-", stdin=_other_system(sandbox.pods["x/server"].ips[0], 0x10000))
         result = sandbox.probe([ProbeSpec(81, "TCP")], ["ipv4"])
     assert result[(ProbeSpec(81, "TCP"), "ipv4")][("x/client", "x/server")] is False
+
+
+CLUSTER_POLICY = """
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: pass-80-deny-rest}
+spec:
+  tier: Admin
+  priority: 1
+  subject: {pods: {podSelector: {matchLabels: {app: server}}}}
+  ingress:
+  - {action: Pass, from: [{pods: {podSelector: {matchLabels: {app: client}}}}], protocols: [{tcp: {destinationPort: {number: 80}}}]}
+  - {action: Deny, from: [{namespaces: {}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: x, name: allow-client-81}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: client}}}], ports: [{port: 81}]}]
+"""
+
+
+@pytest.mark.parametrize("foreign_mark", [0x2000, 0xFFF8FFFF, 0x40000], ids=["hostport-0x2000", "every-other-bit", "our-pass-bit"])
+def test_the_pass_mark_stays_inside_the_pod_chain(foreign_mark):
+    """With a ClusterNetworkPolicy Pass rule (mark 0x40000) on the path: foreign bits (all but
+    0x10000, 0x20000, 0x40000) survive, the pass and policy marks leave cleared, and a pass bit
+    set by someone else skips no Admin rule (TCP 81 stays denied, though a NetworkPolicy allows it)."""
+    cluster = cluster_from_yaml(CLUSTER + CLUSTER_POLICY)
+    assert cluster.cluster_policies
+    with Sandbox(cluster.pods.values()) as sandbox:
+        sandbox.apply(cluster)
+        node = sandbox.nodes["node1"].netns
+        nft(node, "-f", "-", stdin=_other_system(sandbox.pods["x/server"].ips[0], foreign_mark))
+        result = sandbox.probe([ProbeSpec(80, "TCP"), ProbeSpec(81, "TCP")], ["ipv4"])
+        assert result[(ProbeSpec(80, "TCP"), "ipv4")][("x/client", "x/server")] is True
+        assert result[(ProbeSpec(81, "TCP"), "ipv4")][("x/client", "x/server")] is False
+        counters = _counters(node)
+    walked = counters["passed mark set"]  # the packets that walked the pod chain (the SYN): later ones are established
+    assert walked >= 1, counters
+    if foreign_mark == 0x40000:  # our bit: cleared in the pod chain, untouched on established packets
+        assert counters["foreign mark kept"] == counters["pass mark left set"] == counters["all"] - walked, counters
+    else:
+        assert counters["foreign mark kept"] == counters["all"] and counters["pass mark left set"] == 0, counters
+    assert counters["policy mark left set"] == 0, counters

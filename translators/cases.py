@@ -5,13 +5,16 @@ Format: ``tests/conformance/README.md`` (from the upstream Kubernetes e2e suite,
 ``pod: <name>``, serving 80 and 81 on TCP, UDP and SCTP with container ports named
 ``serve-<port>-<protocol>``. ``${hostCIDR:ns/pod}`` and ``${largeCIDR:ns/pod}`` in policies are
 filled from the pods' addresses (host prefix, and the /4 around the address).
+``clusterNetworkPolicies`` lists ClusterNetworkPolicy manifests (placeholders filled the same way);
+a probe's optional ``upstream`` table lists the cells an upstream test asserts
+(``<from> <to> ./X`` per line), which its ``expected`` matrix must agree with.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import yaml
@@ -38,6 +41,7 @@ class CaseProbe:
     port: int
     protocol: Protocol
     expected: Matrix
+    upstream: Matrix = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class Case:
     pods: tuple[CasePod, ...]
     policies: tuple[Mapping[str, Any], ...]
     probes: tuple[CaseProbe, ...]
+    cluster_policies: tuple[Mapping[str, Any], ...] = ()
 
 
 def is_case(document: Any) -> bool:
@@ -103,8 +108,21 @@ def parse_case(document: Mapping[str, Any]) -> Case:
         if protocol not in ("TCP", "UDP", "SCTP"):
             raise CaseError(f"{name}: probes[{i}].protocol: unknown protocol {protocol!r}")
         probes.append(CaseProbe(port=int(probe["port"]), protocol=protocol,
-                                expected=parse_matrix(probe["expected"], f"{name}: probes[{i}].expected")))
-    return Case(name=name, namespaces=namespaces, pods=pods, policies=tuple(document.get("policies") or ()), probes=tuple(probes))
+                                expected=parse_matrix(probe["expected"], f"{name}: probes[{i}].expected"),
+                                upstream=parse_cells(probe.get("upstream") or "", f"{name}: probes[{i}].upstream")))
+    return Case(name=name, namespaces=namespaces, pods=pods, policies=tuple(document.get("policies") or ()), probes=tuple(probes),
+                cluster_policies=tuple(document.get("clusterNetworkPolicies") or ()))
+
+
+def parse_cells(text: str, where: str) -> Matrix:
+    """Parse single cells, one per line: ``<from> <to> .`` (allowed) or ``X`` (blocked)."""
+    cells: Matrix = {}
+    for line in text.strip().splitlines():
+        parts = line.split()
+        if len(parts) != 3 or parts[2] not in ".X":
+            raise CaseError(f"{where}: bad cell {line.strip()!r} (expected '<from> <to> ./X')")
+        cells[(parts[0], parts[1])] = parts[2] == "."
+    return cells
 
 
 def fill_placeholders(value: Any, address_of: Mapping[str, str]) -> Any:
@@ -145,7 +163,7 @@ def case_manifests(case: Case, ips: Mapping[str, list[str]]) -> list[dict[str, A
             "status": {"phase": "Running", "podIPs": [{"ip": ip} for ip in ips.get(pod.key, [])]},
         })
     primary = {key: addresses[0] for key, addresses in ips.items() if addresses}
-    objects.extend(fill_placeholders(dict(p), primary) for p in case.policies)
+    objects.extend(fill_placeholders(dict(p), primary) for p in (*case.policies, *case.cluster_policies))
     return objects
 
 
@@ -174,3 +192,18 @@ def differences(expected: Matrix, actual: Matrix) -> list[tuple[str, str, bool, 
     return [(src, dst, want, actual.get((src, dst)))
             for (src, dst), want in sorted(expected.items())
             if src != dst and actual.get((src, dst)) != want]
+
+
+def evaluated_matrix(case: Case, probe: CaseProbe) -> Matrix:
+    """Every (from, to) cell of ``probe`` as :mod:`nftpolicy.translators.tiers` decides it, with
+    pod i of the case at 10.0.<i // 250>.<i % 250 + 1> (one /4, as ``largeCIDR`` assumes).
+    Raises CaseError when an object of the case is invalid."""
+    from .manifests import build_cluster  # the case format itself does not need the validators
+    from .tiers import connection_allowed
+
+    ips = {p.key: [f"10.0.{i // 250}.{i % 250 + 1}"] for i, p in enumerate(case.pods)}
+    cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips))
+    if errors:
+        raise CaseError(f"{case.name}: {errors[0]}")
+    pods = [cluster.pods[p.key] for p in case.pods]
+    return {(a.key, b.key): connection_allowed(cluster, a, b, probe.protocol, probe.port) for a in pods for b in pods}

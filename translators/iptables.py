@@ -225,9 +225,22 @@ class _Printer:
         return words, target
 
 
+class Unsupported(ValueError):
+    """What the iptables variant does not do (kube-router has no equivalent)."""
+
+
+def _decline_cluster_policies(model: RuleModel) -> None:
+    if model.tier_chains:
+        names = sorted({c.policy for c in model.tier_chains})
+        raise Unsupported(f"the iptables variant does not enforce ClusterNetworkPolicy (kube-router has no equivalent); "
+                          f"{', '.join(names)} select{'s' if len(names) == 1 else ''} pods of this node: use the nft ruleset")
+
+
 def filter_table(model: RuleModel, family: Family) -> tuple[list[str], list[Rule]]:
     """The chains we declare (besides INPUT/FORWARD/OUTPUT) and every rule, in order, for one
-    family: :func:`layout.table` printed as iptables rules."""
+    family: :func:`layout.table` printed as iptables rules. Raises :class:`Unsupported` when a
+    ClusterNetworkPolicy selects a pod of the node."""
+    _decline_cluster_policies(model)
     printer = _Printer(layout.table(model), family).build()
     return printer.chains, printer.rules
 
@@ -359,8 +372,10 @@ def to_ipset(model: RuleModel, families: Sequence[Family] = ("ipv4", "ipv6")) ->
     Per set: ``create TMP-<name> ... -exist``, ``flush``, ``add`` each element, ``create <name>
     ... -exist``, ``swap TMP-<name> <name>``, ``destroy TMP-<name>``. Rules that reference
     ``<name>`` see the new content at once (ipset(8), ``swap``). Sets the model no longer has are
-    not named here: remove them after the rules stop referring to them.
+    not named here: remove them after the rules stop referring to them. Raises
+    :class:`Unsupported` as :func:`filter_table` does.
     """
+    _decline_cluster_policies(model)
     lines = ["# nftpolicy iptables variant: ipset restore input (each set refilled in a copy and swapped in)"]
     for s in model.sets:
         if s.family not in families:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from .model import Family, family_of
-from .rules import FAMILIES, AddressSet, AllowRule, Config, PodChain, PolicyChain, RuleModel
+from .model import Direction, Family, family_of
+from .rules import FAMILIES, AddressSet, AllowRule, Config, PodChain, PolicyChain, RuleModel, TierChain, TierRule
 
 Field = Literal["saddr", "daddr"]
 Hook = Literal["input", "forward", "output"]
@@ -250,7 +250,8 @@ class VerdictMap:
 @dataclass(frozen=True)
 class Table:
     """Our whole table for one node, objects in dependency order: sets, then chains (common,
-    default, policy chains, pod chains, base chains); the maps name pod chains."""
+    default, policy chains, ClusterNetworkPolicy tier chains, pod chains, base chains); the maps
+    name pod chains."""
 
     name: str
     priority: int
@@ -314,26 +315,79 @@ def log_prefix(direction: str, pod: str) -> str:
     return f"nftpolicy reject {direction} {pod}: "
 
 
+def tier_rule(config: Config, chain: TierChain, rule: TierRule) -> list[Rule]:
+    """One (peer, port) match of a ClusterNetworkPolicy rule (the peer is the source for
+    ingress, the destination for egress) and its action: ``Accept`` sets the policy mark and
+    returns (the pod chain's later jumps, NetworkPolicies included, test the mark: "no further
+    ClusterNetworkPolicy or NetworkPolicy rules will be processed"); ``Deny`` rejects (a TCP
+    reset for TCP); ``Pass`` sets the pass mark and returns (the pod chain skips the rest of the
+    tier). Source: network-policy-api v0.2.0, ClusterNetworkPolicyRuleAction."""
+    matches: list[Statement] = []
+    if rule.peer_set:
+        assert rule.family
+        matches.append(AddressInSet(rule.family, "saddr" if chain.direction == "ingress" else "daddr", rule.peer_set))
+    if rule.named_port_set:
+        assert rule.family
+        matches.append(NamedPortInSet(rule.family, rule.named_port_set))
+    if rule.port:
+        matches.append(Protocols((rule.port.protocol.lower(),)))
+        if rule.port.first is not None:
+            matches.append(DestinationPorts(rule.port.first, rule.port.first if rule.port.last is None else rule.port.last))
+    if rule.action == "Accept":
+        return [Rule((*matches, SetMark(config.policy_mark), Verdict("return")), rule.comment)]
+    if rule.action == "Pass":
+        return [Rule((*matches, SetMark(config.pass_mark), Verdict("return")), rule.comment)]
+    protocol = rule.port.protocol if rule.port else None
+    if protocol == "TCP":
+        return [Rule((*matches, Reject(tcp_reset=True)), rule.comment)]
+    if protocol is not None:
+        return [Rule((*matches, Reject()), rule.comment)]
+    return [Rule((*matches, Protocols(("tcp",)), Reject(tcp_reset=True)), rule.comment), Rule((*matches, Reject()), rule.comment)]
+
+
+def tier_chain(config: Config, chain: TierChain) -> Chain:
+    """``KUBE-ANP-<hash>`` / ``KUBE-BANP-<hash>`` of one ClusterNetworkPolicy and direction:
+    its matches in the order the policy writes its rules (the first match decides)."""
+    return Chain(chain.name, tuple(r for rule in chain.rules for r in tier_rule(config, chain, rule)))
+
+
 def pod_chain(config: Config, pod: PodChain) -> Chain:
     """``KUBE-POD-FW-<hash>`` of one isolated local pod (DESIGN.md section 2), in order: common
-    chain; start unmarked; the node itself may always reach its pods (kubelet probes); the policy
-    chains of each direction, each only for that direction and only while no policy has set the
-    mark (the first allow ends the walk); then, for each isolated direction (``ip daddr`` of the
-    pod: ingress, ``ip saddr``: egress), NFLOG and a counted reject of what no policy allowed;
-    clear the policy mark, set the passed mark.
+    chain; start unmarked; the node itself may always reach its pods (kubelet probes); for each
+    direction, the tiers of that direction only, each jump only while no earlier one has set the
+    policy mark (the first allow ends the walk): the Admin tier chains (and while no Pass rule
+    has set the pass mark), then the NetworkPolicy chains, or where no NetworkPolicy isolates
+    the pod the Baseline tier chains (the same way) and ``KUBE-NWPLCY-DEFAULT``; the pass mark is
+    cleared after each tier. Then, for each isolated direction (``ip daddr`` of the pod: ingress,
+    ``ip saddr``: egress), NFLOG and a counted reject of what nothing allowed; clear the policy
+    mark, set the passed mark.
 
-    A direction that no policy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets the
-    mark, so it needs no reject; every packet dispatched here has one of the pod's addresses as
-    its source or destination, so the rejects cover all that was left unmarked."""
+    A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
+    the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no
+    reject; every packet dispatched here has one of the pod's addresses as its source or
+    destination, so the rejects cover all that was left unmarked."""
     unmarked = Unmarked(config.policy_mark)
+    tiered = any(pod.tiers("ingress") + pod.tiers("egress"))
+    in_tier = Unmarked(config.policy_mark | config.pass_mark)
+    policies = dict(pod.tier_policies)
     addresses = _pod_addresses(pod)
     rules = [Rule((Jump(COMMON_CHAIN),), f"{pod.pod} common"),
-             Rule((ClearMark(config.policy_mark),), f"{pod.pod} start unmarked")]
+             Rule((ClearMark(config.policy_mark | config.pass_mark if tiered else config.policy_mark),), f"{pod.pod} start unmarked")]
     rules += [Rule((AddressIs(family, "daddr", ips), LocalAddress("saddr"), Verdict("accept")), f"{pod.pod} from the local node")
               for family, ips in addresses.items()]
-    directions: tuple[tuple[str, tuple[str, ...] | None, Field], ...] = (
+    directions: tuple[tuple[Direction, tuple[str, ...] | None, Field], ...] = (
         ("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr"))
+
+    def tier(direction: Direction, name: str, chains: tuple[str, ...], field: Field) -> list[Rule]:
+        jumps = [Rule((AddressIs(family, field, ips), in_tier, Jump(target)), f"{pod.pod} {direction} {name} tier: {policies[target]}")
+                 for target in chains for family, ips in addresses.items()]
+        return jumps + [Rule((ClearMark(config.pass_mark),), f"{pod.pod} {direction} end of {name} tier")] if jumps else []
+
     for direction, chains, field in directions:
+        admin, baseline = pod.tiers(direction)
+        rules += tier(direction, "admin", admin, field)
+        if chains is None:
+            rules += tier(direction, "baseline", baseline, field)
         for target in chains if chains is not None else (DEFAULT_CHAIN,):
             rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
                       for family, ips in addresses.items()]
@@ -424,6 +478,7 @@ def table(model: RuleModel) -> Table:
     c = model.config
     chains = [common_chain(), default_chain(c)]
     chains += [policy_chain(c, chain) for chain in model.policy_chains]
+    chains += [tier_chain(c, chain) for chain in model.tier_chains]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
     chains += base_chains(c)
     return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains))

@@ -27,7 +27,7 @@ import re
 import sys
 from dataclasses import dataclass
 from collections.abc import Iterable, Mapping  # collections.abc: isinstance on typing's alias is slow
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import yaml
@@ -49,7 +49,10 @@ from .model import (
     Requirement,
 )
 
-KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node")
+if TYPE_CHECKING:
+    from .clusterpolicy import ClusterNetworkPolicy
+
+KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
 # IANA service name (RFC 6335, Kubernetes' IsValidPortName): 1-15 of [a-z0-9-], at least one
 # letter, no leading, trailing or doubled hyphen.
 # Object names and labels, as the API server validates them (k8s.io/apimachinery validation).
@@ -186,6 +189,7 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
     pods: dict[str, Pod] = {}
     policies: dict[str, NetworkPolicy] = {}
     nodes: dict[str, Node] = {}
+    cluster_policies: dict[str, ClusterNetworkPolicy] = {}
     errors: list[ManifestError] = []
     for origin, obj in objects:
         if not isinstance(obj, Mapping):
@@ -209,6 +213,10 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
             elif kind == "NetworkPolicy":
                 policy = policy_from(obj, new=True)
                 policies[policy.key] = policy
+            elif kind == "ClusterNetworkPolicy":
+                from .clusterpolicy import cluster_policy_from  # it builds on this module's validators
+                cluster_policy = cluster_policy_from(obj)
+                cluster_policies[cluster_policy.key] = cluster_policy
             else:
                 node = node_from(obj)
                 nodes[node.name] = node
@@ -217,7 +225,7 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
             name = meta.get("name") or meta.get("generateName")
             ref = f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else str(name)
             errors.append(ManifestError(kind, ref, str(exc), origin))
-    return Cluster(namespaces=namespaces, pods=pods, policies=policies, nodes=nodes), errors
+    return Cluster(namespaces=namespaces, pods=pods, policies=policies, nodes=nodes, cluster_policies=cluster_policies), errors
 
 
 def _mapping(value: Any, path: str) -> Mapping[str, Any]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import TYPE_CHECKING, Literal, Mapping
+
+if TYPE_CHECKING:
+    from .clusterpolicy import ClusterNetworkPolicy
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
 Direction = Literal["ingress", "egress"]
@@ -238,6 +241,7 @@ class Cluster:
     pods: Mapping[str, Pod] = field(default_factory=dict)
     policies: Mapping[str, NetworkPolicy] = field(default_factory=dict)
     nodes: Mapping[str, Node] = field(default_factory=dict)
+    cluster_policies: Mapping[str, ClusterNetworkPolicy] = field(default_factory=dict)  # by name
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         """Labels of a namespace; one absent from the model has only its automatic name label."""

@@ -13,14 +13,19 @@ from . import layout
 from .layout import POD_MAPS
 from .model import Family, family_of
 from .nft import Json, map_element_json, set_json, chain_json, element_json
-from .noderender import Changes
-from .rules import Config, PodChain, PolicyChain
+from .noderender import AnyChain, Changes
+from .rules import Config, PodChain, PolicyChain, TierChain
 
 
-def chain_objects(config: Config, chain: PolicyChain | PodChain) -> list[Json]:
-    """The ``chain`` object of one policy or pod chain followed by its rules (the same objects
-    :func:`ruleset_objects` has for it)."""
-    decided = layout.policy_chain(config, chain) if isinstance(chain, PolicyChain) else layout.pod_chain(config, chain)
+def chain_objects(config: Config, chain: AnyChain) -> list[Json]:
+    """The ``chain`` object of one policy, tier or pod chain followed by its rules (the same
+    objects :func:`ruleset_objects` has for it)."""
+    if isinstance(chain, PolicyChain):
+        decided = layout.policy_chain(config, chain)
+    elif isinstance(chain, TierChain):
+        decided = layout.tier_chain(config, chain)
+    else:
+        decided = layout.pod_chain(config, chain)
     return chain_json(config.table, config.priority, decided)
 
 
@@ -31,7 +36,8 @@ def changes_transaction(config: Config, changes: Changes) -> Json:
     Order, so that each command only references what exists by then: add new sets and new
     (empty) chains; delete stale elements, then add new ones; flush and refill every changed
     chain and fill new ones; move the verdict-map dispatch of changed pod chains; flush, then
-    delete removed chains (pod chains, then policy chains); delete removed sets.
+    delete removed chains (pod chains, then the policy and tier chains they jumped to); delete
+    removed sets.
     """
     table = {"family": "inet", "table": config.table}
     cmds: list[Json] = [{"add": {"table": {"family": "inet", "name": config.table}}}]
@@ -62,7 +68,7 @@ def changes_transaction(config: Config, changes: Changes) -> Json:
     for family, elements in fresh.items():
         if elements:
             cmds.append({"add": {"element": {**table, "name": POD_MAPS[family], "elem": sorted(elements, key=lambda e: e[0])}}})
-    removed = sorted(changes.chains.items(), key=lambda kv: isinstance(kv[1][0], PolicyChain))
+    removed = sorted(changes.chains.items(), key=lambda kv: not isinstance(kv[1][0], PodChain))  # pod chains first: they jump to the others
     for name, (before, after) in removed:
         if after is None:
             cmds.append({"flush": {"chain": {**table, "name": name}}})

@@ -31,7 +31,7 @@ import ipaddress
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Mapping
 
 import orjson
 
@@ -61,11 +61,15 @@ from .rules import (
     PolicyChain,
     PortMatch,
     RuleModel,
+    TierChain,
     address_order,
     comment,
     hashed_name,
     selector_text,
 )
+
+if TYPE_CHECKING:
+    from .clusterpolicy import ClusterNetworkPolicy
 
 SetKind = Literal["addr", "interval", "named_port"]
 DIRECTIONS: tuple[Direction, ...] = ("ingress", "egress")
@@ -180,13 +184,16 @@ class _Set:
     counts: Counter[Any] = field(default_factory=Counter)
 
 
+AnyChain = PolicyChain | PodChain | TierChain
+
+
 @dataclass
 class Changes:
     """What changed in the model since the last :meth:`NodeRenderer.take_changes`.
 
     ``sets_added``/``sets_removed``: whole sets (added ones with their elements);
     ``elements_added``/``elements_removed``: set name -> elements, for sets that exist before and
-    after; ``chains``: chain name -> (before, after), each a PolicyChain, a PodChain or None
+    after; ``chains``: chain name -> (before, after), each a PolicyChain, a PodChain, a TierChain or None
     (absent), only where they differ.
     """
 
@@ -194,7 +201,7 @@ class Changes:
     sets_removed: list[str] = field(default_factory=list)
     elements_added: dict[str, list[Any]] = field(default_factory=dict)
     elements_removed: dict[str, list[Any]] = field(default_factory=dict)
-    chains: dict[str, tuple[PolicyChain | PodChain | None, PolicyChain | PodChain | None]] = field(default_factory=dict)
+    chains: dict[str, tuple[AnyChain | None, AnyChain | None]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.sets_added or self.sets_removed or self.elements_added or self.elements_removed or self.chains)
@@ -237,7 +244,12 @@ class NodeRenderer:
         self._dead: dict[SetKey, set[Any]] = {}
         self._added: dict[SetKey, set[Any]] = {}
         self._removed: dict[SetKey, set[Any]] = {}
-        self._chains_before: dict[str, PolicyChain | PodChain | None] = {}
+        self._chains_before: dict[str, AnyChain | None] = {}
+        # ClusterNetworkPolicies (translators/tierchains.py): a tier chain per (policy,
+        # direction) exists while the policy selects a local pod; pod chains decide it
+        self.cluster_policies: dict[str, ClusterNetworkPolicy] = {}
+        self._tier_chains: dict[tuple[str, str], tuple[TierChain, list[SetKey]]] = {}
+        self._subjects: dict[str, set[str]] = {}  # ClusterNetworkPolicy -> local pods its subject selects
 
     # ---- inputs --------------------------------------------------------------------------
 
@@ -249,16 +261,18 @@ class NodeRenderer:
         render), the loaded model is where changes start: :meth:`take_changes` reports what
         changes after the load (a full replace carries the whole model anyway).
         """
-        empty = not (self.namespaces or self.pods or self.policies or self._known_namespaces)
+        empty = not (self.namespaces or self.pods or self.policies or self.cluster_policies or self._known_namespaces)
         for name, ns in cluster.namespaces.items():
             self.set_namespace(name, ns)
-        if self.policies:
+        if self.policies or self.cluster_policies:
             for key, pod in cluster.pods.items():
                 self.set_pod(key, pod)
         else:
             self._index_pods(cluster.pods)
         for key, policy in cluster.policies.items():
             self.set_policy(key, policy)
+        for key, cluster_policy in cluster.cluster_policies.items():
+            self.set_cluster_policy(key, cluster_policy)
         if empty:
             self._refresh_pod_chains()
             self._born, self._dead, self._added, self._removed, self._chains_before = set(), {}, {}, {}, {}
@@ -297,14 +311,17 @@ class NodeRenderer:
         self.families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
 
     def apply(self, kind: str, key: str, obj: Any) -> None:
-        """One changed object of ``kind`` (``Namespace``, ``Pod``, ``NetworkPolicy``; None:
-        deleted). Other kinds (``Node``) do not shape the rules and are ignored."""
+        """One changed object of ``kind`` (``Namespace``, ``Pod``, ``NetworkPolicy``,
+        ``ClusterNetworkPolicy``; None: deleted). Other kinds (``Node``) do not shape the rules
+        and are ignored."""
         if kind == "Pod":
             self.set_pod(key, obj)
         elif kind == "Namespace":
             self.set_namespace(key, obj)
         elif kind == "NetworkPolicy":
             self.set_policy(key, obj)
+        elif kind == "ClusterNetworkPolicy":
+            self.set_cluster_policy(key, obj)
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         """A namespace's labels; one without a Namespace object has only its name label."""
@@ -322,6 +339,9 @@ class NodeRenderer:
             return
         self._known_namespaces.add(name)
         labels = self.namespace_labels(name)
+        if self.cluster_policies and self._local.get(name):  # a subject may start or stop selecting its pods
+            for pod in self._local[name].values():
+                self._update_subjects(pod.key, pod)
         for scope, matched in self._selector_scopes.items():
             assert scope.namespace_selector is not None
             now = scope.namespace_selector.matches(labels)
@@ -367,11 +387,14 @@ class NodeRenderer:
         for scope in list(self._scopes_in.get(namespace, ())) + list(self._block_scopes):
             self._update_member(scope, before, after)
         self._update_local(key, before, after)
+        if self.cluster_policies and any(p is not None and self._is_local(p) for p in (before, after)):
+            self._update_subjects(key, after if after is not None and self._is_local(after) else None)
         families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
         if families != self.families:
             self.families = families
             for policy_key in list(self.policies):
                 self._render_policy(policy_key)
+            self._drop_tier_chains(list(self._tier_chains))
 
     def set_policy(self, key: str, policy: NetworkPolicy | None) -> None:
         """A NetworkPolicy was added or changed (None: deleted)."""
@@ -388,6 +411,18 @@ class NodeRenderer:
         self._render_policy(key)
         self._pod_chains_stale = True
 
+    def set_cluster_policy(self, key: str, policy: ClusterNetworkPolicy | None) -> None:
+        """A ClusterNetworkPolicy was added or changed (None: deleted). Its tier chains are
+        rebuilt when the pod chains are next refreshed."""
+        if policy is None:
+            self.cluster_policies.pop(key, None)
+            self._subjects.pop(key, None)
+        else:
+            self.cluster_policies[key] = policy
+            self._subjects[key] = {p.key for pods in self._local.values() for p in pods.values()
+                                   if policy.selects(self.namespace_labels(p.namespace), p.labels)}
+        self._drop_tier_chains([k for k in self._tier_chains if k[0] == key])
+
     # ---- outputs -------------------------------------------------------------------------
 
     def model(self, ordered: bool = True) -> RuleModel:
@@ -401,6 +436,7 @@ class NodeRenderer:
             sets=tuple(sorted(sets, key=lambda s: s.name)),
             policy_chains=tuple(sorted((c for c, _ in self._policy_chains.values()), key=lambda c: c.name)),
             pod_chains=tuple(sorted(self._pod_chains.values(), key=lambda c: c.name)),
+            tier_chains=tuple(sorted((c for c, _ in self._tier_chains.values()), key=lambda c: c.name)),
         )
 
     def counts(self) -> dict[str, int]:
@@ -623,8 +659,9 @@ class NodeRenderer:
             if name is not None and name not in self._chains_before:
                 self._chains_before[name] = old[0] if old is not None else None
 
-    def _chains_now(self) -> dict[str, PolicyChain | PodChain]:
-        now: dict[str, PolicyChain | PodChain] = {c.name: c for c, _ in self._policy_chains.values()}
+    def _chains_now(self) -> dict[str, AnyChain]:
+        now: dict[str, AnyChain] = {c.name: c for c, _ in self._policy_chains.values()}
+        now.update((c.name, c) for c, _ in self._tier_chains.values())
         now.update(self._pod_chains)
         return now
 
@@ -636,6 +673,8 @@ class NodeRenderer:
         chains: dict[str, PodChain] = {}
         dispatched: set[str] = set()  # an address reaches one pod chain (Running pods first)
         local = [p for pods in self._local.values() for p in pods.values()]
+        tiers = self._refresh_tier_chains()
+        tier_policy = {c.name: c.policy for c, _ in self._tier_chains.values()}
         for pod in sorted(local, key=lambda p: (p.phase != "Running", p.key)):
             ips = tuple(ip for ip in pod.ips if ip not in dispatched)
             dispatched.update(pod.ips)
@@ -646,18 +685,82 @@ class NodeRenderer:
                         entry = self._policy_chains.get((policy_key, direction))
                         if entry is not None:
                             selecting.setdefault(direction, []).append(entry[0].name)
-            if not selecting or not ips:
+            pod_tiers = tiers.get(pod.key, {})
+            if not (selecting or pod_tiers) or not ips:
                 continue  # not isolated in either direction: nothing to enforce
             name = hashed_name("KUBE-POD-FW-", pod.namespace, pod.name)
             ingress, egress = selecting.get("ingress"), selecting.get("egress")
             chains[name] = PodChain(name=name, pod=pod.key, ips=tuple(sorted(set(ips), key=address_order)),
                                     ingress=tuple(sorted(ingress)) if ingress is not None else None,
                                     egress=tuple(sorted(egress)) if egress is not None else None,
-                                    comment=comment(f"{pod.key} pod"))
+                                    comment=comment(f"{pod.key} pod"),
+                                    admin_ingress=tuple(pod_tiers.get("admin_ingress", ())),
+                                    admin_egress=tuple(pod_tiers.get("admin_egress", ())),
+                                    # the Baseline tier only where no NetworkPolicy isolates the pod
+                                    baseline_ingress=tuple(pod_tiers.get("baseline_ingress", ())) if ingress is None else (),
+                                    baseline_egress=tuple(pod_tiers.get("baseline_egress", ())) if egress is None else (),
+                                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in pod_tiers.values() for n in v})))
+        if self._tier_chains:  # tier chains that no pod chain jumps to go
+            jumped = {n for c in chains.values() for n in (*c.admin_ingress, *c.admin_egress, *c.baseline_ingress, *c.baseline_egress)}
+            self._drop_tier_chains([k for k, (c, _) in self._tier_chains.items() if c.name not in jumped], refresh=False)
         for name in self._pod_chains.keys() | chains.keys():
             if self._pod_chains.get(name) != chains.get(name) and name not in self._chains_before:
                 self._chains_before[name] = self._pod_chains.get(name)
         self._pod_chains = chains
+
+    # ---- ClusterNetworkPolicy tier chains -------------------------------------------------
+
+    def _drop_tier_chains(self, keys: list[tuple[str, str]], refresh: bool = True) -> None:
+        """Remove these tier chains; ``refresh``: the next pod chain refresh builds what is
+        still wanted."""
+        for key in keys:
+            chain, set_keys = self._tier_chains.pop(key)
+            for set_key in set_keys:
+                self._release(set_key)
+            self._chains_before.setdefault(chain.name, chain)
+        self._pod_chains_stale = self._pod_chains_stale or refresh
+
+    def _update_subjects(self, key: str, pod: Pod | None) -> None:
+        """Local pod ``key`` changed (None: gone or not local): which subjects select it."""
+        labels = self.namespace_labels(pod.namespace) if pod is not None else {}
+        for name, policy in self.cluster_policies.items():
+            selected = self._subjects[name]
+            now = pod is not None and policy.selects(labels, pod.labels)
+            if now and key not in selected:
+                selected.add(key)
+                self._pod_chains_stale = True
+            elif not now and key in selected:
+                selected.discard(key)
+                self._pod_chains_stale = True
+
+    def _refresh_tier_chains(self) -> dict[str, dict[str, list[str]]]:
+        """Build the tier chains of the ClusterNetworkPolicies that select a local pod (and drop
+        the others); returns, for each local pod they select, the pod chain fields
+        (``admin_ingress``, ...) with the chain names in evaluation order (``(priority, name)``)."""
+        from .tierchains import build_tier_chain  # it builds on this module's set keys
+
+        tiers: dict[str, dict[str, list[str]]] = {}
+        wanted: set[tuple[str, str]] = set()
+        for policy in sorted(self.cluster_policies.values(), key=lambda p: (p.priority, p.name)):
+            selected = self._subjects[policy.name]
+            for direction in DIRECTIONS:
+                if not selected or not policy.rules(direction):
+                    continue
+                key = (policy.name, direction)
+                wanted.add(key)
+                if key not in self._tier_chains:
+                    set_keys: list[SetKey] = []
+                    chain = build_tier_chain(policy, direction, self.families, set_keys)
+                    for set_key in set_keys:
+                        self._acquire(set_key)
+                    self._tier_chains[key] = (chain, set_keys)
+                    self._chains_before.setdefault(chain.name, None)
+                name = self._tier_chains[key][0].name
+                field = f"{policy.tier.lower()}_{direction}"
+                for pod_key in selected:
+                    tiers.setdefault(pod_key, {}).setdefault(field, []).append(name)
+        self._drop_tier_chains([key for key in self._tier_chains if key not in wanted], refresh=False)
+        return tiers
 
 
 class _PolicyChainBuilder:

@@ -37,13 +37,16 @@ class Config:
     """Rendering settings (DESIGN.md sections 2 and 5), defaults as kube-router.
 
     ``priority`` is the base chains' hook priority (0 is nft's ``filter``); marks are bit masks;
-    ``node_port_range`` is inclusive; CIDR strings may mix families.
+    ``pass_mark`` is set by a ClusterNetworkPolicy ``Pass`` rule and lives only inside a pod
+    chain (cleared before its tier ends); ``node_port_range`` is inclusive; CIDR strings may
+    mix families.
     """
 
     table: str = "nftpolicy"
     priority: int = 0
     policy_mark: int = 0x10000
     passed_mark: int = 0x20000
+    pass_mark: int = 0x40000
     service_cidrs: tuple[str, ...] = ("10.96.0.0/12",)
     node_port_range: tuple[int, int] | None = (30000, 32767)
     external_cidrs: tuple[str, ...] = ()
@@ -103,11 +106,40 @@ class PolicyChain:
 
 
 @dataclass(frozen=True)
+class TierRule:
+    """One (peer, port) match of a ClusterNetworkPolicy rule and its ``action``: ``peer_set``,
+    ``port`` and ``named_port_set`` as in :class:`AllowRule` (every ClusterNetworkPolicy rule
+    names its peers, so ``peer_set`` is None only where ``named_port_set`` is the peer match)."""
+
+    action: Literal["Accept", "Deny", "Pass"]
+    family: Family | None
+    peer_set: str | None
+    port: PortMatch | None
+    named_port_set: str | None
+    comment: str
+
+
+@dataclass(frozen=True)
+class TierChain:
+    """``KUBE-ANP-<hash>`` (Admin tier) or ``KUBE-BANP-<hash>`` (Baseline tier) for one
+    ClusterNetworkPolicy and one direction: its rules in precedence order."""
+
+    name: str
+    policy: str
+    tier: Literal["Admin", "Baseline"]
+    direction: Direction
+    rules: tuple[TierRule, ...]
+    comment: str
+
+
+@dataclass(frozen=True)
 class PodChain:
     """``KUBE-POD-FW-<hash>`` for one local pod.
 
     ``ingress``/``egress`` list the policy chains to jump to for that direction; None means no
-    policy isolates the pod in that direction (jump ``KUBE-NWPLCY-DEFAULT``).
+    policy isolates the pod in that direction (jump ``KUBE-NWPLCY-DEFAULT``). ``admin_*`` and
+    ``baseline_*`` list the tier chains of the ClusterNetworkPolicies that select the pod, in
+    evaluation order (``(priority, name)``).
     """
 
     name: str
@@ -116,6 +148,17 @@ class PodChain:
     ingress: tuple[str, ...] | None
     egress: tuple[str, ...] | None
     comment: str
+    admin_ingress: tuple[str, ...] = ()
+    admin_egress: tuple[str, ...] = ()
+    baseline_ingress: tuple[str, ...] = ()
+    baseline_egress: tuple[str, ...] = ()
+    tier_policies: tuple[tuple[str, str], ...] = ()  # (tier chain, ClusterNetworkPolicy name), for comments
+
+    def tiers(self, direction: Direction) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The Admin and Baseline tier chains of one direction."""
+        if direction == "ingress":
+            return self.admin_ingress, self.baseline_ingress
+        return self.admin_egress, self.baseline_egress
 
 
 @dataclass(frozen=True)
@@ -126,6 +169,7 @@ class RuleModel:
     sets: tuple[AddressSet, ...]
     policy_chains: tuple[PolicyChain, ...]
     pod_chains: tuple[PodChain, ...]
+    tier_chains: tuple[TierChain, ...] = ()
 
 
 def hashed_name(prefix: str, *identity: str) -> str:

@@ -20,7 +20,11 @@ section 2):
   its own node is accepted (kubelet probes); traffic to the node itself (``KUBE-ROUTER-INPUT``)
   returns for service cluster IPs, node ports on node addresses and external ranges;
 * otherwise the pod chain jumps to the policy chains of the direction in order, and the first
-  allow rule that matches (family, peer set, port, named-port set) allows; none: reject.
+  allow rule that matches (family, peer set, port, named-port set) allows; none: reject;
+* ClusterNetworkPolicies (:mod:`nftpolicy.translators.tierchains`): before the policy chains,
+  the Admin tier chains, and where no policy isolates the direction the Baseline tier chains;
+  the first matching rule of a tier decides (Accept allows, Deny denies), a Pass rule ends its
+  tier (:mod:`nftpolicy.translators.tiers` states the same order from the API reference).
 
 :class:`Enforcement` holds the models (one per node, or one for node None: every pod local), the
 pods (key, node, addresses: to name both ends and to pick the node whose model decides) and the
@@ -38,12 +42,12 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
 from .model import Cluster, Direction, Family, Pod, family_of
 from .noderender import build_rule_model
-from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel
+from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel, TierChain, TierRule
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
                     "node port", "external IP"]
-_RULE_INDEX = re.compile(r" (?:ingress|egress) rule (\d+)$")
+_RULE_INDEX = re.compile(r" (?:ingress|egress) rule (\d+)(?: |$)")
 
 
 def canonical(address: str) -> str:
@@ -128,6 +132,8 @@ class DirectionVerdict:
     exemption: Exemption | None = None
     allowed_by: RuleSummary | None = None
     rules: tuple[RuleSummary, ...] = ()
+    cluster_rule: RuleSummary | None = None  # the ClusterNetworkPolicy rule that decided
+    cluster_action: str | None = None  # its tier and action: "Admin Deny", "Baseline Accept"
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,8 @@ class Verdict:
 
 def rule_index(comment: str) -> int | None:
     """The policy rule index that an allow rule's comment ``<ns>/<name> <direction> rule <i>``
-    carries (:mod:`~nftpolicy.translators.noderender` writes it); None when the comment was cut."""
+    (or a tier rule's ``<name> <tier> <direction> rule <i> ...``) carries
+    (:mod:`~nftpolicy.translators.noderender` writes it); None when the comment was cut."""
     match = _RULE_INDEX.search(comment)
     return int(match.group(1)) if match else None
 
@@ -159,12 +166,14 @@ class _NodeIndex:
     model: RuleModel
     pod_chains: dict[str, PodChain] = field(default_factory=dict)
     policy_chains: dict[str, PolicyChain] = field(default_factory=dict)
+    tier_chains: dict[str, TierChain] = field(default_factory=dict)
     sets: dict[str, AddressSet] = field(default_factory=dict)
     members: dict[str, Any] = field(default_factory=dict)  # set name -> frozenset, or networks
 
     def __post_init__(self) -> None:
         self.pod_chains = {canonical(ip): chain for chain in self.model.pod_chains for ip in chain.ips}
         self.policy_chains = {chain.name: chain for chain in self.model.policy_chains}
+        self.tier_chains = {chain.name: chain for chain in self.model.tier_chains}
         self.sets = {s.name: s for s in self.model.sets}
 
     def contains(self, name: str, element: Any) -> bool:
@@ -249,15 +258,25 @@ class Enforcement:
         if not known or index is None:
             return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
         targets = getattr(chain, direction) if chain is not None else None
+        admin, baseline = chain.tiers(direction) if chain is not None else ((), ())
+        tiers = (admin, baseline if targets is None else ())
         policies = tuple(index.policy_chains[t].policy for t in targets or ())
         side = DirectionVerdict(direction, address, key, node, True, targets is not None, True, policies)
         if address == peer:
             return dataclasses.replace(side, exemption="own address")
         exemption = self._input_exemption(node, conn) if direction == "egress" else None
-        if exemption is None and targets is not None:
+        if exemption is None and (targets is not None or any(tiers)):
             exemption = self._chain_exemption(node, conn, direction)
-        if exemption is not None or targets is None:
+        if exemption is not None:
             return dataclasses.replace(side, exemption=exemption)
+        decided = _tier_decision(index, tiers[0], direction, peer, conn)
+        if decided is None and targets is None:
+            decided = _tier_decision(index, tiers[1], direction, peer, conn)
+        if decided is not None:
+            action, summary = decided
+            return dataclasses.replace(side, allowed=action.endswith("Accept"), cluster_rule=summary, cluster_action=action)
+        if targets is None:
+            return side
         for target in targets:
             for rule in index.policy_chains[target].rules:
                 if _matches(index, rule, direction, peer, conn):
@@ -304,7 +323,21 @@ class Enforcement:
         return None
 
 
-def _matches(index: _NodeIndex, rule: AllowRule, direction: Direction, peer: str, conn: Connection) -> bool:
+def _tier_decision(index: _NodeIndex, chains: Sequence[str], direction: Direction, peer: str,
+                   conn: Connection) -> tuple[str, RuleSummary] | None:
+    """The first matching rule of one tier's chains, in order: its tier and action
+    (``Admin Deny``) and the rule in words; None when no rule matches or a Pass rule does."""
+    for name in chains:
+        chain = index.tier_chains[name]
+        for rule in chain.rules:
+            if _matches(index, rule, direction, peer, conn):
+                if rule.action == "Pass":
+                    return None
+                return f"{chain.tier} {rule.action}", _summaries(index, chain, [rule])[0]
+    return None
+
+
+def _matches(index: _NodeIndex, rule: AllowRule | TierRule, direction: Direction, peer: str, conn: Connection) -> bool:
     """What :func:`~nftpolicy.translators.layout.allow_rule` matches: family, the peer (source
     for ingress, destination for egress) in the peer set, the named port
     (``destination . protocol . port``) in its set, the protocol and port range."""
@@ -330,7 +363,7 @@ def port_text(port: PortMatch) -> str:
     return f"{port.protocol}/{port.first}" + (f"-{port.last}" if port.last not in (None, port.first) else "")
 
 
-def _summaries(index: _NodeIndex, chain: PolicyChain, rules: Sequence[AllowRule]) -> list[RuleSummary]:
+def _summaries(index: _NodeIndex, chain: PolicyChain | TierChain, rules: Sequence[AllowRule | TierRule]) -> list[RuleSummary]:
     """The allow rules of ``chain`` grouped by policy rule index, in order, in words."""
     grouped: dict[int | None, tuple[list[str], list[str]]] = {}
     for rule in rules:
@@ -400,6 +433,10 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
         return f"{head}: enforced on node {side.node}, whose rules are not known here"
     if side.exemption is not None:
         return f"{head}: {EXEMPTION_TEXT[side.exemption]}"
+    if side.cluster_rule is not None and side.cluster_action is not None:
+        tier, action = side.cluster_action.split()
+        verb = "allowed" if action == "Accept" else "denied"
+        return f"{head}: {verb} by the {tier} tier: ClusterNetworkPolicy {_rule_text(side.cluster_rule, True)}"
     if not side.isolated:
         return f"{head}: not isolated (no policy selects it for {side.direction}), allowed"
     isolated = f"isolated by {', '.join(side.policies)}"
@@ -463,6 +500,9 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
             AllowRule(**{**r, "port": PortMatch(**r["port"]) if r["port"] else None}) for r in c["rules"])})
             for c in m["policy_chains"])
         pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
-        models[entry["node"]] = RuleModel(config, sets, chains, pods)
+        tiers = tuple(TierChain(**{**c, "rules": tuple(
+            TierRule(**{**r, "port": PortMatch(**r["port"]) if r["port"] else None}) for r in c["rules"])})
+            for c in m.get("tier_chains") or ())
+        models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
     endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
     return Enforcement(models, endpoints, data.get("node_addresses") or {})

@@ -1,0 +1,157 @@
+"""The ClusterNetworkPolicy tiers in the table (translators/layout.py, tierchains.py,
+noderender.py): tier chains, their place in the pod chain, the marks. Pure: no kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nftpolicy.translators import iptables, layout
+from nftpolicy.translators.layout import (
+    AddressInSet, ClearMark, DestinationPorts, Jump, Protocols, Reject, SetMark, Unmarked, Verdict,
+)
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
+from nftpolicy.translators.rules import Config
+
+CONFIG = Config()
+OURS = CONFIG.policy_mark | CONFIG.passed_mark | CONFIG.pass_mark
+
+
+def pod(key: str, ip: str, node: str = "n1") -> dict[str, Any]:
+    namespace, name = key.split("/")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name, "labels": {"pod": name}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [{"name": "web", "containerPort": 80}]}]},
+            "status": {"phase": "Running", "podIPs": [{"ip": ip}]}}
+
+
+def cnp(name: str, tier: str, priority: int, namespace: str = "x", **rules: Any) -> dict[str, Any]:
+    return {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": name},
+            "spec": {"tier": tier, "priority": priority,
+                     "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}, **rules}}
+
+
+FROM_Y = [{"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]
+NETPOL = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "np"},
+          "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]}]}}
+PODS = [pod("x/a", "10.0.0.1"), pod("y/a", "10.0.1.1"), pod("z/a", "10.0.2.1", node="n2")]
+
+
+def table(*objects: dict[str, Any], node: str | None = "n1") -> layout.Table:
+    cluster, errors = build_cluster(("t", o) for o in [*PODS, *objects])
+    assert not errors, [str(e) for e in errors]
+    return layout.table(build_rule_model(cluster, node, CONFIG))
+
+
+def chain(t: layout.Table, prefix: str) -> list[layout.Chain]:
+    return [c for c in t.chains if c.name.startswith(prefix)]
+
+
+def test_each_action_becomes_its_verdict_in_written_order():
+    t = table(cnp("p", "Admin", 1, ingress=[
+        {"action": "Accept", "from": FROM_Y, "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]},
+        {"action": "Pass", "from": FROM_Y, "protocols": [{"udp": {"destinationPort": {"range": {"start": 53, "end": 60}}}}]},
+        {"action": "Deny", "from": FROM_Y}]))
+    (tier,) = chain(t, "KUBE-ANP-")
+    actions = [r.statements[-2:] if isinstance(r.statements[-1], Verdict) else r.statements[-1:] for r in tier.rules]
+    assert actions == [(SetMark(CONFIG.policy_mark), Verdict("return")), (SetMark(CONFIG.pass_mark), Verdict("return")),
+                       (Reject(tcp_reset=True),), (Reject(),)]
+    assert tier.rules[0].statements[1:3] == (Protocols(("tcp",)), DestinationPorts(80, 80))
+    assert tier.rules[1].statements[1:3] == (Protocols(("udp",)), DestinationPorts(53, 60))
+    assert tier.rules[2].statements[1] == Protocols(("tcp",))
+    assert all(isinstance(r.statements[0], AddressInSet) and r.statements[0].field == "saddr" for r in tier.rules)
+    assert [r.comment for r in tier.rules] == ["p Admin ingress rule 0 (Accept)", "p Admin ingress rule 1 (Pass)",
+                                               "p Admin ingress rule 2 (Deny)", "p Admin ingress rule 2 (Deny)"]
+
+
+def _jumps(c: layout.Chain) -> list[tuple[str, Any]]:
+    """The pod chain as (what, guard): jump targets by prefix and the pass-mark clears."""
+    found = []
+    for r in c.rules:
+        last = r.statements[-1]
+        if isinstance(last, Jump) and last.target != layout.COMMON_CHAIN:
+            guard = next(s for s in r.statements if isinstance(s, Unmarked))
+            found.append((last.target.rsplit("-", 1)[0], guard.bits))
+        elif last == ClearMark(CONFIG.pass_mark):
+            found.append(("clear pass", None))
+    return found
+
+
+TIER_GUARD = CONFIG.policy_mark | CONFIG.pass_mark
+
+
+def test_admin_before_networkpolicy_and_no_baseline_where_a_networkpolicy_isolates():
+    t = table(NETPOL, cnp("admin", "Admin", 1, ingress=[{"action": "Pass", "from": FROM_Y}]),
+              cnp("base", "Baseline", 1, ingress=[{"action": "Deny", "from": FROM_Y}]))
+    (pod_chain,) = chain(t, "KUBE-POD-FW-")
+    assert _jumps(pod_chain) == [("KUBE-ANP", TIER_GUARD), ("clear pass", None), ("KUBE-NWPLCY", CONFIG.policy_mark),
+                                 ("KUBE-NWPLCY", CONFIG.policy_mark)]  # the ingress policy, then egress DEFAULT
+    assert not chain(t, "KUBE-BANP-")  # it selects x/a only, whose ingress a NetworkPolicy isolates
+
+
+def test_baseline_where_no_networkpolicy_isolates_then_default():
+    t = table(cnp("admin", "Admin", 1, egress=[{"action": "Pass", "to": FROM_Y}]),
+              cnp("base-b", "Baseline", 2, ingress=[{"action": "Deny", "from": FROM_Y}]),
+              cnp("base-a", "Baseline", 2, ingress=[{"action": "Accept", "from": FROM_Y}]))
+    (pod_chain,) = chain(t, "KUBE-POD-FW-")
+    names = {c.name: c for c in t.chains}
+    assert _jumps(pod_chain) == [("KUBE-BANP", TIER_GUARD), ("KUBE-BANP", TIER_GUARD), ("clear pass", None),
+                                 ("KUBE-NWPLCY", CONFIG.policy_mark),  # ingress DEFAULT
+                                 ("KUBE-ANP", TIER_GUARD), ("clear pass", None), ("KUBE-NWPLCY", CONFIG.policy_mark)]
+    banp = [r.statements[-1].target for r in pod_chain.rules if isinstance(r.statements[-1], Jump) and "BANP" in r.statements[-1].target]
+    assert [names[b].rules[0].comment.split()[0] for b in banp] == ["base-a", "base-b"]  # (priority, name)
+    assert pod_chain.rules[1].statements == (ClearMark(CONFIG.policy_mark | CONFIG.pass_mark),)
+
+
+def test_a_pod_only_a_cluster_policy_selects_gets_a_pod_chain_and_its_dispatch():
+    t = table(cnp("deny-y", "Admin", 1, ingress=[{"action": "Deny", "from": FROM_Y}]))
+    (pod_chain,) = chain(t, "KUBE-POD-FW-")
+    assert [(e.address, e.chain) for m in t.maps for e in m.elements] == [("10.0.0.1", pod_chain.name)]
+
+
+def test_a_cluster_policy_without_a_local_subject_renders_nothing():
+    t = table(cnp("far", "Admin", 1, namespace="z", ingress=[{"action": "Deny", "from": FROM_Y}]))
+    assert not chain(t, "KUBE-ANP-") and not chain(t, "KUBE-POD-FW-")
+
+
+def test_a_remote_cluster_policy_change_touches_no_chain():
+    cluster, _ = build_cluster(("t", o) for o in PODS)
+    renderer = NodeRenderer("n1", CONFIG).load(cluster)
+    renderer.take_changes()
+    far, _ = build_cluster([("t", cnp("far", "Admin", 1, namespace="z", ingress=[{"action": "Deny", "from": FROM_Y}]))])
+    renderer.apply("ClusterNetworkPolicy", "far", far.cluster_policies["far"])
+    assert not renderer.take_changes()
+
+
+def test_every_mark_we_write_is_inside_our_bits():
+    t = table(NETPOL, cnp("admin", "Admin", 1, ingress=[{"action": "Pass", "from": FROM_Y}],
+                          egress=[{"action": "Accept", "to": FROM_Y}]),
+              cnp("base", "Baseline", 1, namespace="y", ingress=[{"action": "Pass", "from": FROM_Y}]), node=None)
+    written = [s.bits for c in t.chains for r in c.rules for s in r.statements if isinstance(s, (SetMark, ClearMark))]
+    assert CONFIG.pass_mark in written
+    assert all(bits & ~OURS == 0 for bits in written)
+
+
+def test_named_ports_resolve_on_the_destination_pods_for_each_protocol():
+    t = table(cnp("web", "Admin", 1, ingress=[{"action": "Deny", "from": FROM_Y, "protocols": [{"destinationNamedPort": "web"}]}]))
+    named = sorted((s.comment, s.elements) for s in t.sets if s.kind == "named_port")
+    assert named == [("port web/SCTP of local pods in namespaces kubernetes.io/metadata.name=x: (any)", ()),
+                     ("port web/TCP of local pods in namespaces kubernetes.io/metadata.name=x: (any)", (("10.0.0.1", "tcp", 80),)),
+                     ("port web/UDP of local pods in namespaces kubernetes.io/metadata.name=x: (any)", ())]
+
+
+def test_the_iptables_variant_declines_cluster_policies():
+    cluster, _ = build_cluster(("t", o) for o in [*PODS, cnp("deny-y", "Admin", 1, ingress=[{"action": "Deny", "from": FROM_Y}])])
+    model = build_rule_model(cluster, "n1", CONFIG)
+    with pytest.raises(iptables.Unsupported, match=r"^the iptables variant does not enforce ClusterNetworkPolicy .*deny-y selects pods of this node"):
+        iptables.to_restore(model)
+    with pytest.raises(iptables.Unsupported):
+        iptables.to_ipset(model)
+
+
+def test_the_marks_flags_may_not_take_the_pass_mark(capsys):
+    from nftpolicy.agent.cli import main
+
+    assert main(["render", "--policy-mark", hex(CONFIG.pass_mark), "examples/shop"]) == 2
+    assert capsys.readouterr().err == "nftpolicy: --policy-mark and --passed-mark must differ from the ClusterNetworkPolicy pass mark 0x40000\n"

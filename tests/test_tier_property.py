@@ -1,0 +1,216 @@
+"""Random clusters with both kinds of policy: the tier evaluator (translators/tiers.py, straight
+from the API reference) and the table the node renderer and layout decide give the same verdict
+on every cell.
+
+The table is run by a small interpreter of the layout's statements (what nft does with them:
+jumps and returns, marks under masks, set lookups, rejects), packet by packet through
+``KUBE-ROUTER-FORWARD``, so the check covers the tier chains, their place in the pod chain, the
+marks and the shared sets, without a kernel; a few random clusters also run in the sandbox with
+real packets.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.sandbox import Sandbox
+from nftpolicy.translators import layout
+from nftpolicy.translators.layout import (
+    AddressInSet, AddressIs, ClearMark, ConntrackState, Counter, DestinationPorts, Dispatch, IcmpTypes, Jump, Limit, LocalAddress,
+    Log, NamedPortInSet, Protocols, Reject, SetMark, Unmarked, Verdict,
+)
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.model import family_of
+from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.tiers import connection_allowed
+
+NAMESPACES = ("x", "y", "z")
+PODS = [(ns, name) for ns in NAMESPACES for name in ("a", "b")]
+PROBES = (("TCP", 80), ("TCP", 81), ("UDP", 53), ("UDP", 55))
+
+
+def _ip(i: int) -> str:
+    return f"10.0.{i // 2}.{i % 2 + 1}"
+
+
+def _in(s: layout.AddressSet, element: Any) -> bool:
+    if s.kind == "addr":
+        return element in s.elements
+    if s.kind == "interval":
+        ip = ipaddress.ip_address(element)
+        return any(ip.version == ipaddress.ip_network(n).version and ip in ipaddress.ip_network(n) for n in s.elements)
+    return element in s.elements
+
+
+class Packet:
+    """A new connection's first packet through our table: ``allowed`` unless a rule rejects it."""
+
+    def __init__(self, table: layout.Table, saddr: str, daddr: str, protocol: str, port: int) -> None:
+        self.chains = {c.name: c for c in table.chains}
+        self.sets = {s.name: s for s in table.sets}
+        self.maps = {m.name: {e.address: e.chain for e in m.elements} for m in table.maps}
+        self.saddr, self.daddr, self.protocol, self.port = saddr, daddr, protocol.lower(), port
+        self.mark = 0
+
+    def matches(self, s: Any) -> bool:
+        if isinstance(s, AddressIs):
+            address = self.saddr if s.field == "saddr" else self.daddr
+            return family_of(address) == s.family and any(ipaddress.ip_address(address) in ipaddress.ip_network(a) for a in s.addresses)
+        if isinstance(s, AddressInSet):
+            address = self.saddr if s.field == "saddr" else self.daddr
+            return family_of(address) == s.family and _in(self.sets[s.name], address)
+        if isinstance(s, NamedPortInSet):
+            return family_of(self.daddr) == s.family and _in(self.sets[s.name], (self.daddr, self.protocol, self.port))
+        if isinstance(s, Protocols):
+            return self.protocol in s.names
+        if isinstance(s, DestinationPorts):
+            return s.first <= self.port <= s.last
+        if isinstance(s, Unmarked):
+            return self.mark & s.bits == 0
+        if isinstance(s, (ConntrackState, IcmpTypes, LocalAddress)):
+            return False  # a new TCP/UDP connection between pods
+        if isinstance(s, (Limit, Counter)):
+            return True
+        raise AssertionError(f"not a match: {s!r}")
+
+    def run(self, name: str) -> str | None:
+        """Walk chain ``name``: ``"accept"``, ``"reject"``, ``"drop"``, or None (went through or returned)."""
+        for rule in self.chains[name].rules:
+            for s in rule.statements:
+                if isinstance(s, (SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch)):
+                    verdict = self.act(s)
+                    if verdict == "return":
+                        return None
+                    if verdict is not None:
+                        return verdict
+                elif not self.matches(s):
+                    break
+        return None
+
+    def act(self, s: Any) -> str | None:
+        if isinstance(s, SetMark):
+            self.mark |= s.bits
+        elif isinstance(s, ClearMark):
+            self.mark &= ~s.bits
+        elif isinstance(s, Reject):
+            return "reject"
+        elif isinstance(s, Verdict):
+            return s.kind
+        elif isinstance(s, Jump):
+            return self.run(s.target)
+        elif isinstance(s, Dispatch):
+            address = self.saddr if s.field == "saddr" else self.daddr
+            target = self.maps[layout.POD_MAPS[s.family]].get(address) if family_of(address) == s.family else None
+            return self.run(target) if target else None
+        return None
+
+    def allowed(self) -> bool:
+        return self.run("KUBE-ROUTER-FORWARD") not in ("reject", "drop")
+
+
+SELECTOR = st.sampled_from([{}, {"matchLabels": {"team": "blue"}}, {"matchLabels": {"kubernetes.io/metadata.name": "x"}},
+                            {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["blue"]}]}])
+POD_SELECTOR = st.sampled_from([{}, {"matchLabels": {"app": "a"}}, {"matchLabels": {"app": "b"}}])
+PEER = st.one_of(st.builds(lambda s: {"namespaces": s}, SELECTOR),
+                 st.builds(lambda n, p: {"pods": {"namespaceSelector": n, "podSelector": p}}, SELECTOR, POD_SELECTOR))
+NETWORK = st.builds(lambda i, wide: {"networks": ["10.0.0.0/16" if wide else f"{_ip(i)}/32", "fd00::/8"]}, st.integers(0, 5), st.booleans())
+PORT = st.sampled_from([{"tcp": {"destinationPort": {"number": 80}}}, {"udp": {"destinationPort": {"range": {"start": 50, "end": 54}}}},
+                        {"destinationNamedPort": "web"}, {"destinationNamedPort": "dns"}, {"sctp": {"destinationPort": {"number": 80}}}])
+
+
+@st.composite
+def cluster_policy(draw: Any, i: int) -> dict[str, Any]:
+    def rules(direction: str) -> list[dict[str, Any]]:
+        found = []
+        for _ in range(draw(st.integers(0, 3))):
+            peers = draw(st.lists(PEER | NETWORK if direction == "egress" else PEER, min_size=1, max_size=2))
+            rule: dict[str, Any] = {"action": draw(st.sampled_from(["Accept", "Deny", "Pass"])),
+                                    "from" if direction == "ingress" else "to": peers}
+            ports = draw(st.lists(PORT, max_size=2))
+            if any("networks" in p for p in peers):
+                ports = [p for p in ports if "destinationNamedPort" not in p]  # the CRD's CEL rule
+            if ports:
+                rule["protocols"] = ports
+            found.append(rule)
+        return found
+
+    subject = draw(st.one_of(st.builds(lambda s: {"namespaces": s}, SELECTOR),
+                             st.builds(lambda n, p: {"pods": {"namespaceSelector": n, "podSelector": p}}, SELECTOR, POD_SELECTOR)))
+    return {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": f"cnp-{i}"},
+            "spec": {"tier": draw(st.sampled_from(["Admin", "Baseline"])), "priority": draw(st.sampled_from([1, 2])),
+                     "subject": subject, "ingress": rules("ingress"), "egress": rules("egress")}}
+
+
+@st.composite
+def network_policy(draw: Any, i: int) -> dict[str, Any]:
+    peer = st.sampled_from([{"podSelector": {"matchLabels": {"app": "a"}}}, {"namespaceSelector": {"matchLabels": {"team": "blue"}}},
+                            {"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.1.0/24"]}}])
+    port = st.sampled_from([{"port": 80}, {"protocol": "UDP", "port": 50, "endPort": 54}, {"port": "web"}])
+    rule = st.builds(lambda peers, ports: {k: v for k, v in (("peers", peers), ("ports", ports)) if v},
+                     st.lists(peer, max_size=2), st.lists(port, max_size=1))
+    types = draw(st.sampled_from([["Ingress"], ["Egress"], ["Ingress", "Egress"]]))
+    spec: dict[str, Any] = {"podSelector": draw(POD_SELECTOR), "policyTypes": types}
+    for t in types:
+        key, peers_key = t.lower(), "from" if t == "Ingress" else "to"
+        spec[key] = [{(peers_key if k == "peers" else k): v for k, v in r.items()} for r in draw(st.lists(rule, max_size=2))]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"namespace": draw(st.sampled_from(NAMESPACES)), "name": f"np-{i}"}, "spec": spec}
+
+
+@st.composite
+def clusters(draw: Any) -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {"team": draw(st.sampled_from(["blue", "red"]))}}}
+        for ns in NAMESPACES]
+    for i, (ns, name) in enumerate(PODS):
+        web = draw(st.sampled_from([80, 81]))  # "web" is 80 on some pods, 81 on others
+        objects.append({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"namespace": ns, "name": name, "labels": {"app": draw(st.sampled_from(["a", "b"]))}},
+                        "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [
+                            {"name": "web", "containerPort": web}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
+                        "status": {"phase": "Running", "podIPs": [{"ip": _ip(i)}]}})
+    objects += [draw(network_policy(i)) for i in range(draw(st.integers(0, 2)))]
+    objects += [draw(cluster_policy(i)) for i in range(draw(st.integers(1, 4)))]
+    return objects
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(objects=clusters())
+def test_the_table_gives_the_evaluators_verdict_on_every_cell(objects):
+    cluster, errors = build_cluster(("random", o) for o in objects)
+    assert not errors, [str(e) for e in errors]
+    table = layout.table(build_rule_model(cluster, None))
+    pods = list(cluster.pods.values())
+    for protocol, port in PROBES:
+        for src in pods:
+            for dst in pods:
+                if src is dst:
+                    continue
+                want = connection_allowed(cluster, src, dst, protocol, port)  # type: ignore[arg-type]
+                got = Packet(table, src.ips[0], dst.ips[0], protocol, port).allowed()
+                assert got == want, f"{src.key} -> {dst.key} {protocol}/{port}: table {got}, evaluator {want}"
+
+
+@pytest.mark.kernel
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(objects=clusters())
+def test_the_kernel_gives_the_evaluators_verdict_on_random_clusters(objects):
+    cluster, errors = build_cluster(("random", o) for o in objects)
+    assert not errors, [str(e) for e in errors]
+    specs = [ProbeSpec(port, protocol) for protocol, port in PROBES]  # type: ignore[arg-type]
+    with Sandbox(cluster.pods.values(), ("n1",)) as sandbox:
+        sandbox.apply(cluster)
+        results = sandbox.probe(specs, ["ipv4"])
+    pods = {p.key: p for p in cluster.pods.values()}
+    assert all(len(results[(spec, "ipv4")]) == len(pods) ** 2 for spec in specs)
+    for spec in specs:
+        for (src, dst), got in results[(spec, "ipv4")].items():
+            if src != dst:
+                want = connection_allowed(cluster, pods[src], pods[dst], spec.protocol, spec.port)
+                assert got == want, f"{src} -> {dst} {spec.protocol}/{spec.port}: kernel {got}, evaluator {want}"
