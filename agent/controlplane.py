@@ -9,7 +9,7 @@ subresource (the Kubernetes API concepts page: "status is written by a different
 Binaries (:func:`find_binary`): ``etcd`` and ``kube-apiserver`` as ``.ci/install`` builds them
 into ``.tools/bin`` from the Go modules pinned in ``tools/k8s``, else from ``$PATH``. The
 ClusterNetworkPolicy CRD (:func:`cluster_network_policy_crd`, the experimental channel of
-sigs.k8s.io/network-policy-api v0.2.0, from the Go module cache or the module proxy) is
+sigs.k8s.io/network-policy-api v0.2.0, which ``.ci/install --test`` fetches) is
 installed at start, as on a cluster that runs a ClusterNetworkPolicy implementation.
 
 Files live in one temporary directory: etcd's data, the service-account signing key, the static
@@ -60,7 +60,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ClusterNetworkPolicy": ("/apis/policy.networking.k8s.io/v1alpha2", "clusternetworkpolicies", False),
 }
 CRD_MODULE = "sigs.k8s.io/network-policy-api@v0.2.0"
-CRD_FILE = "config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml"
+CRD_PATH = Path(__file__).resolve().parent.parent / ".tools" / "crd" / "clusternetworkpolicies.yaml"
 WITH_STATUS = ("Pod", "Node")
 
 
@@ -96,14 +96,12 @@ def find_binary(name: str, given: str | None = None) -> str:
 
 
 def cluster_network_policy_crd() -> dict[str, Any]:
-    """The ClusterNetworkPolicy CRD of :data:`CRD_MODULE` (``go mod download``: the Go module
-    cache, else the module proxy). Raises ControlPlaneError when go cannot get it."""
-    go = shutil.which("go") or "/usr/local/go/bin/go"
+    """The ClusterNetworkPolicy CRD of :data:`CRD_MODULE` that ``.ci/install --test`` put in
+    :data:`CRD_PATH`. Raises ControlPlaneError when it is not there."""
     try:
-        out = subprocess.run([go, "mod", "download", "-json", CRD_MODULE], capture_output=True, text=True, timeout=300, check=True)
-        crd: dict[str, Any] = yaml.safe_load((Path(json.loads(out.stdout)["Dir"]) / CRD_FILE).read_text())
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
-        raise ControlPlaneError(f"cannot get the ClusterNetworkPolicy CRD from {CRD_MODULE} with {go}: {exc}") from None
+        crd: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ControlPlaneError(f"cannot read the ClusterNetworkPolicy CRD of {CRD_MODULE} ({exc}): bash .ci/install --test puts it there") from None
     return crd
 
 
