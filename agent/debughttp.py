@@ -8,15 +8,14 @@ exposes on every node address. Read-only; ``nftpolicy explain --agent http://ADD
 
 from __future__ import annotations
 
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable
 
 import orjson
 
 from nftpolicy.translators.verdict import node_json
 
+from .health import TEXT, start_http
 from .reconcile import Reconciler
 
 DEBUG_PATH = "/debug/model"
@@ -27,35 +26,13 @@ def serve_debug(address: str, snapshot: Callable[[], dict[str, Any] | None]) -> 
     from a daemon thread: ``snapshot()`` as JSON (:func:`~nftpolicy.translators.verdict.node_json`
     of the committed model), or 503 while it returns None (no sync committed yet). Raises OSError
     when the address cannot be bound."""
-    host, _, port = address.rpartition(":")
+    def model() -> tuple[int, bytes, str]:
+        data = snapshot()
+        if data is None:
+            return 503, b"no sync committed yet\n", TEXT
+        return 200, orjson.dumps(data), "application/json"
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path != DEBUG_PATH:
-                self._reply(404, b"not found\n", "text/plain; charset=utf-8")
-                return
-            data = snapshot()
-            if data is None:
-                self._reply(503, b"no sync committed yet\n", "text/plain; charset=utf-8")
-            else:
-                self._reply(200, orjson.dumps(data), "application/json")
-
-        def _reply(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    host = host.strip("[]") or "127.0.0.1"
-    server_class: type[ThreadingHTTPServer] = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6}) if ":" in host else ThreadingHTTPServer
-    server = server_class((host, int(port)), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="debug-http", daemon=True).start()
-    return server
+    return start_http(address, {DEBUG_PATH: model}, "127.0.0.1", "debug-http")
 
 
 def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -53,29 +53,22 @@ class _Server6(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
-def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
-    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port`` (``[::]:port`` for IPv6)
-    from a daemon thread.
+TEXT = "text/plain; charset=utf-8"
+# A GET handler: () -> (HTTP status, body, content type).
+Route = Callable[[], tuple[int, bytes, str]]
 
-    Port 0 picks a free port (``server.server_address`` tells which). Raises OSError when the
-    address cannot be bound.
-    """
+
+def start_http(address: str, routes: Mapping[str, Route], default_host: str, name: str) -> ThreadingHTTPServer:
+    """Serve ``GET`` of each path of ``routes`` on ``host:port`` (``[::]:port`` for IPv6; an
+    empty host is ``default_host``; port 0 picks a free port: ``server.server_address`` tells
+    which) from a daemon thread called ``name``; any other path is 404. Logs nothing. Raises
+    OSError when the address cannot be bound."""
     host, _, port = address.rpartition(":")
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path == "/metrics":
-                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
-                ok = health.alive()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"reconcile loop stalled\n")
-            elif self.path == "/readyz":
-                reasons = health.not_ready()
-                self._reply(503 if reasons else 200, "".join(f"not ready: {r}\n" for r in reasons).encode() or b"ok\n")
-            else:
-                self._reply(404, b"not found\n")
-
-        def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            route = routes.get(self.path)
+            code, body, content_type = route() if route is not None else (404, b"not found\n", TEXT)
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
@@ -85,9 +78,24 @@ def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPS
         def log_message(self, *args: object) -> None:
             pass
 
-    host = host.strip("[]") or "0.0.0.0"
+    host = host.strip("[]") or default_host
     server_class: type[ThreadingHTTPServer] = _Server6 if ":" in host else ThreadingHTTPServer
     server = server_class((host, int(port)), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
+
+
+def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
+    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port`` (:func:`start_http`;
+    an empty host is every IPv4 address)."""
+    def healthz() -> tuple[int, bytes, str]:
+        ok = health.alive()
+        return (200 if ok else 503), (b"ok\n" if ok else b"reconcile loop stalled\n"), TEXT
+
+    def readyz() -> tuple[int, bytes, str]:
+        reasons = health.not_ready()
+        return (503 if reasons else 200), ("".join(f"not ready: {r}\n" for r in reasons).encode() or b"ok\n"), TEXT
+
+    return start_http(address, {"/metrics": lambda: (200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST),
+                                "/healthz": healthz, "/readyz": readyz}, "0.0.0.0", "http")
