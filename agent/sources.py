@@ -364,7 +364,7 @@ class KubeSource:
         self._success(kind)
         if kind not in self.absent:
             self.absent.add(kind)
-            log.warning("the API has no %s (its CRD is not installed): enforcing without %ss; checking again every %.0fs",
+            log.warning("the API has no %s (its CRD is not installed): enforcing without any %s; checking again every %.0fs",
                         OPTIONAL[kind], kind, MAX_BACKOFF, extra={"kind": kind})
             self.store.replace(kind, [])  # none of them (and none left from before the CRD went)
         self.stop.wait(MAX_BACKOFF)

@@ -53,7 +53,7 @@ def test_without_the_crd_the_source_says_so_once_and_lists_everything_else(tmp_p
         eventually(lambda: sum("/clusternetworkpolicies" in p and s == 404 for _, p, s in api.requests) >= 3)
         said = [r.getMessage() for r in caplog.records if "clusternetworkpolicies" in r.getMessage()]
         assert said == ["the API has clusternetworkpolicies.policy.networking.k8s.io (its CRD is not installed): "
-                        "enforcing without ClusterNetworkPolicys; checking again every 0s".replace("has", "has no", 1)]
+                        "enforcing without any ClusterNetworkPolicy; checking again every 0s".replace("has", "has no", 1)]
         assert set(store.take()[0].pods) == {"x/a"} and not store.take()[0].cluster_policies
         # the CRD is installed later: its objects are listed and watched from then on
         api.cluster_network_policies = True
