@@ -84,6 +84,7 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: None = None) -> tuple[argparse.Namespace, list[str]]:
+        given = list(sys.argv[1:] if args is None else args)
         for action in self._actions:
             flag = next((o for o in action.option_strings if o.startswith("--")), None)
             if flag is None or action.dest in ("help", "version"):
@@ -91,7 +92,8 @@ class Parser(argparse.ArgumentParser):
             env = env_name(flag)
             if action.help is not argparse.SUPPRESS and f"[env {env}]" not in (action.help or ""):
                 action.help = (action.help or "") + f" [env {env}]"
-            if env in os.environ:
+            on_command_line = any(word == flag or word.startswith(flag + "=") for word in given)
+            if env in os.environ and not on_command_line:  # the flag wins, also over a bad variable
                 action.default = self._from_env(action, flag, env, os.environ[env])
                 action.required = False
         return super().parse_known_args(args, namespace)

@@ -223,6 +223,11 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
     return report
 
 
+def cells_differ(count: int) -> str:
+    """``1 cell differs`` or ``N cells differ``."""
+    return f"{count} cell differs" if count == 1 else f"{count} cells differ"
+
+
 def verdict(value: bool | None) -> str:
     """A probed cell as a word: ``allowed``, ``blocked``, or ``not probed`` (None)."""
     return "not probed" if value is None else "allowed" if value else "blocked"
@@ -252,7 +257,7 @@ def format_report(report: Report) -> str:
         lines.append(f"pods not built ({len(report.not_built)}): {', '.join(report.not_built)}")
     explained = sum(1 for d in report.differences if d.note)
     if report.differences:
-        lines.append(f"{len(report.differences)} cells differ ({explained} by a documented deliberate difference)")
+        lines.append(f"{cells_differ(len(report.differences))} ({explained} by a documented deliberate difference)")
     else:
         lines.append("no difference: kube-router's rules and nftpolicy give the same verdict in every cell")
     return "\n".join(lines)

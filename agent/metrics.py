@@ -20,6 +20,8 @@ class Metrics:
         self.sync_duration = Histogram("nftpolicy_sync_duration_seconds", "Render plus commit time of one sync, by mode (full, incremental).",
                                        ["mode"], registry=r, buckets=LATENCY_BUCKETS)
         self.sync_failures = Counter("nftpolicy_sync_failures", "Syncs whose transaction the kernel refused, by mode.", ["mode"], registry=r)
+        for mode in ("full", "incremental"):  # at 0 from the start: increase() sees the first failure too
+            self.sync_failures.labels(mode)
         self.transaction_commands = Histogram("nftpolicy_transaction_commands", "Commands in one committed transaction, by mode.",
                                               ["mode"], registry=r, buckets=SIZE_BUCKETS)
         self.event_to_kernel = Histogram("nftpolicy_event_to_kernel_seconds", "From receiving an object change to committing it to the kernel.",

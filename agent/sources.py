@@ -454,12 +454,16 @@ class ManifestsSource:
 
     def _read(self) -> None:
         """Read every file; when one cannot be parsed (a typo, a file caught half written) the
-        last good state is kept, so a broken policy file never lifts its isolation."""
+        last good state is kept, so a broken policy file never lifts its isolation. At the start
+        there is none: nothing counts as listed until every file parses, so the first sync
+        waits and the table in the kernel stays as it is (a restart never replaces it with a
+        partial cluster)."""
         objects, errors = read_objects([self.directory])
         for error in errors:
             log.error("unreadable manifest: %s", error)
-        if errors and self.store.listed():
-            log.error("keeping the last readable state of %s until every file parses", self.directory)
+        if errors:
+            log.error("%s until every file in %s parses", "keeping the last readable state" if self.store.listed()
+                      else "nothing is synced (the kernel keeps its table)", self.directory)
             return
         by_kind: dict[str, list[Any]] = {kind: [] for kind in KINDS}
         for _, obj in objects:

@@ -96,6 +96,10 @@ def test_the_command_line_wins_over_the_environment(clean_env):
     clean_env.setenv("NFTPOLICY_MIN_SYNC_INTERVAL", "3")
     assert cli.parser().parse_args(["agent"]).min_sync_interval == 3.0
     assert cli.parser().parse_args(["agent", "--min-sync-interval", "0.5"]).min_sync_interval == 0.5
+    clean_env.setenv("NFTPOLICY_MIN_SYNC_INTERVAL", "-1")  # a bad variable is not read when the flag is given
+    assert cli.parser().parse_args(["agent", "--min-sync-interval=0.5"]).min_sync_interval == 0.5
+    clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "bad")
+    assert cli.parser().parse_args(["render", "--service-cidr", "10.0.0.0/8", SHOP]).service_cidr == ["10.0.0.0/8"]
 
 
 def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
@@ -213,3 +217,13 @@ def test_an_empty_debug_address_turns_the_endpoint_off(clean_env, capsys):
     assert exit_of(["agent", "--debug-address", "nowhere"], capsys) == (2, [
         "nftpolicy: --debug-address: invalid address 'nowhere' (expected HOST:PORT, HOST an IPv4 address, [IPv6 address], "
         "a name or empty)"])
+
+
+@pytest.mark.parametrize("flag", ["--iptables-save", "--ipset-save"])
+@pytest.mark.parametrize("what, reason", [("directory", "is a directory"), ("missing", "no such file or directory")])
+def test_a_dump_that_cannot_be_read_is_one_line_naming_the_flag(tmp_path, flag, what, reason):
+    bad = tmp_path if what == "directory" else tmp_path / "nope"
+    files = {"--iptables-save": str(DUMPS / "node1.iptables-save"), "--ipset-save": str(DUMPS / "node1.ipset-save")}
+    files[flag] = str(bad)
+    out = run("compare", "--node", "node1", *[a for f, p in files.items() for a in (f, p)], SHOP)
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: {flag} {bad}: {reason}\n")

@@ -43,7 +43,7 @@ def test_both_prints_each_kube_router_difference_with_its_reason():
     assert re.search(r"^DISAGREE ipblock-except-cancels-other-peer TCP/80 ipv4 y/a -> x/a: nft allowed, kube-router blocked "
                      r"\(deliberate: kube-router keeps every ipBlock peer of a rule in one hash:net set.*\(x/two-ipblock-peers\)\)$",
                      out.stdout, re.M), out.stdout
-    assert "1 cells differ between nft and kube-router" in out.stdout
+    assert "1 cell differs between nft and kube-router" in out.stdout
     assert "DIFF ipblock-except-cancels-other-peer TCP/80 ipv4 y/a -> x/a: expected allowed, got blocked (kube-router)" in out.stdout
 
 

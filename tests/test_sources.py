@@ -246,7 +246,10 @@ def test_health_server_on_ipv4_and_ipv6(address):
         assert err.value.code == 503
         health.ready = True
         assert urllib.request.urlopen(url + "/readyz").status == 200
-        assert b"nftpolicy_sync_failures_total" in urllib.request.urlopen(url + "/metrics").read()
+        metrics = urllib.request.urlopen(url + "/metrics").read()
+        # both modes at 0 before any failure, so that an alert's increase() sees the first one
+        assert b'nftpolicy_sync_failures_total{mode="full"} 0.0' in metrics
+        assert b'nftpolicy_sync_failures_total{mode="incremental"} 0.0' in metrics
     finally:
         server.shutdown()
 
@@ -354,3 +357,21 @@ def test_the_api_back_after_an_outage_is_noticed_within_the_retry_cap(api, sourc
     # one per RETRY_CAP..RETRY_CAP + RETRY_JITTER once the delay has grown
     retries = sample(metrics, "nftpolicy_api_retries_total", kind="Pod", reason="connection")
     assert 6 <= retries <= 14, retries
+
+
+def test_an_unreadable_manifest_at_start_holds_the_first_sync_until_it_parses(tmp_path):
+    """A restart while a file is half written must not sync a partial cluster (its full replace
+    would drop the isolation of every pod the unreadable file's policies select)."""
+    (tmp_path / "ns.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
+    (tmp_path / "policy.yaml").write_bytes(b"\xff\xfe not text")
+    stop = threading.Event()
+    store = Store(Metrics())
+    ManifestsSource(store, str(tmp_path), stop, interval=0.05).start()
+    try:
+        time.sleep(0.3)
+        assert not store.listed()
+        (tmp_path / "policy.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n")
+        eventually(lambda: store.listed())
+        assert set(store.take()[0].namespaces) == {"x", "y"}
+    finally:
+        stop.set()

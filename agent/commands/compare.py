@@ -15,9 +15,13 @@ from . import load_manifests
 
 
 def read_dump(flag: str, path: str) -> str:
-    """The text of the dump file given to ``flag``. Raises DumpError when it is not text (a
-    binary file, a compressed dump) and FileNotFoundError when it does not exist."""
-    data = Path(path).read_bytes()
+    """The text of the dump file given to ``flag``. Raises DumpError, naming the flag, when it
+    cannot be read (missing, a directory, no permission) or is not text (a binary file, a
+    compressed dump)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise DumpError(f"{flag} {path}: {exc.strerror.lower() if exc.strerror else exc}") from None
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:

@@ -18,7 +18,7 @@ from nftpolicy.translators.model import Cluster, Family
 from nftpolicy.translators.rules import Config
 
 from ..cli import DATAPLANE_CHOICES, UsageError, config_from
-from ..compare import explain, verdict
+from ..compare import cells_differ, explain, verdict
 from .. import report
 from ..controlplane import ControlPlane, find_binary
 from ..manifestfiles import manifest_files, read_objects
@@ -83,9 +83,11 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed; an interrupt
     # that Python swallowed (raised inside a __del__ or a weakref callback) stops the next step.
     interrupted = threading.Event()
+    received: list[int] = []
 
     def interrupt(signum: int, _frame: object) -> None:
         interrupted.set()
+        received.append(signum)
         raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(143)
 
     signal.signal(signal.SIGTERM, interrupt)
@@ -100,8 +102,12 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     with report.Report(args.output, args.report, config) as out, contextlib.ExitStack() as stack:
         control_plane = stack.enter_context(ControlPlane()) if live else None
         if cases is None:
-            return _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes, out)
-        return _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted, out)
+            code = _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes, out)
+        else:
+            code = _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted, out)
+        if received:  # a signal whose exception Python swallowed: it still ends the run as that signal
+            raise KeyboardInterrupt if received[0] == signal.SIGINT else SystemExit(143)
+        return code
 
 
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
@@ -135,7 +141,7 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
     if len(dataplanes) > 1:
         disagree = _print_disagreements("", dataplanes, disagreements(results[0], results[1]),
                                         sandboxes[0].with_sandbox_pods(cluster))
-        print(f"\n{disagree} cells differ between {dataplanes[0]} and {dataplanes[1]}" if disagree
+        print(f"\n{cells_differ(disagree)} between {dataplanes[0]} and {dataplanes[1]}" if disagree
               else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
         return 1 if disagree else 0
     return 0
@@ -165,9 +171,9 @@ def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: C
                           f"expected {'allowed' if want else 'blocked'}, got {'allowed' if got else 'blocked'}{where}")
             for other in cells:
                 disagree += _print_disagreements(f"{steps[0].case.name} ", dataplanes, other, steps[0].cluster)
-    print(f"\n{failures} cells differ from the expected matrices" if failures
+    print(f"\n{cells_differ(failures)} from the expected matrices" if failures
           else f"\nall {compared} probed cells match the expected matrices" if compared else "\nno cell could be probed")
     if len(dataplanes) > 1:
-        print(f"{disagree} cells differ between {dataplanes[0]} and {dataplanes[1]}" if disagree
+        print(f"{cells_differ(disagree)} between {dataplanes[0]} and {dataplanes[1]}" if disagree
               else f"{dataplanes[0]} and {dataplanes[1]} agree on every cell")
     return 1 if failures or disagree else 0
