@@ -43,11 +43,10 @@ def empty_table_reason(renderer: NodeRenderer, pod_chains: int) -> str | None:
     address on the node, or no policy selects one of them."""
     if pod_chains:
         return None
-    local = [p for p in renderer.pods.values() if p.node == renderer.node and p.ips and not p.host_network
-             and p.phase not in ("Succeeded", "Failed")]
+    local = renderer.local_pods()  # kept by the renderer: no walk over the cluster's pods per sync
     if not local:
         return f"no running pod with an IP address on node {renderer.node} ({len(renderer.pods)} pods in the cluster)"
-    return f"no NetworkPolicy selects any of the {len(local)} pods on node {renderer.node}"
+    return f"no NetworkPolicy selects any of the {local} pods on node {renderer.node}"
 
 
 class Reconciler:

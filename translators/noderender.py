@@ -447,6 +447,10 @@ class NodeRenderer:
         return {"sets": len(self._sets), "elements": elements, "policy chains": len(self._policy_chains),
                 "pod chains": len(self._pod_chains)}
 
+    def local_pods(self) -> int:
+        """How many pods that count (running, with an address, not hostNetwork) run on the node."""
+        return sum(len(pods) for pods in self._local.values())
+
     def take_changes(self) -> Changes:
         """Everything that changed in the model since the last call (or since the start, or
         since a :meth:`load` into an empty renderer)."""
