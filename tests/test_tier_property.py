@@ -2,8 +2,8 @@
 from the API reference) and the table the node renderer and layout decide give the same verdict
 on every cell.
 
-The table is run by a small interpreter of the layout's statements (what nft does with them:
-jumps and returns, marks under masks, set lookups, rejects), packet by packet through
+The table is run by a small interpreter of the layout's statements (``tests/tablewalk.py``: what
+nft does with them: jumps and returns, marks under masks, set lookups, rejects), packet by packet through
 ``KUBE-ROUTER-FORWARD``, so the check covers the tier chains, their place in the pod chain, the
 marks and the shared sets, without a kernel; a few random clusters also run in the sandbox with
 real packets.
@@ -11,7 +11,6 @@ real packets.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 import pytest
@@ -21,14 +20,11 @@ from hypothesis import strategies as st
 from nftpolicy.agent.probes import ProbeSpec
 from nftpolicy.agent.sandbox import Sandbox
 from nftpolicy.translators import layout
-from nftpolicy.translators.layout import (
-    AddressInSet, AddressIs, ClearMark, ConntrackState, Counter, DestinationPorts, Dispatch, IcmpTypes, Jump, Limit, LocalAddress,
-    Log, NamedPortInSet, Protocols, Reject, SetMark, Unmarked, Verdict,
-)
 from nftpolicy.translators.manifests import build_cluster
-from nftpolicy.translators.model import family_of
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.tiers import connection_allowed
+
+from .tablewalk import Packet
 
 NAMESPACES = ("x", "y", "z")
 PODS = [(ns, name) for ns in NAMESPACES for name in ("a", "b")]
@@ -37,81 +33,6 @@ PROBES = (("TCP", 80), ("TCP", 81), ("UDP", 53), ("UDP", 55))
 
 def _ip(i: int) -> str:
     return f"10.0.{i // 2}.{i % 2 + 1}"
-
-
-def _in(s: layout.AddressSet, element: Any) -> bool:
-    if s.kind == "addr":
-        return element in s.elements
-    if s.kind == "interval":
-        ip = ipaddress.ip_address(element)
-        return any(ip.version == ipaddress.ip_network(n).version and ip in ipaddress.ip_network(n) for n in s.elements)
-    return element in s.elements
-
-
-class Packet:
-    """A new connection's first packet through our table: ``allowed`` unless a rule rejects it."""
-
-    def __init__(self, table: layout.Table, saddr: str, daddr: str, protocol: str, port: int) -> None:
-        self.chains = {c.name: c for c in table.chains}
-        self.sets = {s.name: s for s in table.sets}
-        self.maps = {m.name: {e.address: e.chain for e in m.elements} for m in table.maps}
-        self.saddr, self.daddr, self.protocol, self.port = saddr, daddr, protocol.lower(), port
-        self.mark = 0
-
-    def matches(self, s: Any) -> bool:
-        if isinstance(s, AddressIs):
-            address = self.saddr if s.field == "saddr" else self.daddr
-            return family_of(address) == s.family and any(ipaddress.ip_address(address) in ipaddress.ip_network(a) for a in s.addresses)
-        if isinstance(s, AddressInSet):
-            address = self.saddr if s.field == "saddr" else self.daddr
-            return family_of(address) == s.family and _in(self.sets[s.name], address)
-        if isinstance(s, NamedPortInSet):
-            return family_of(self.daddr) == s.family and _in(self.sets[s.name], (self.daddr, self.protocol, self.port))
-        if isinstance(s, Protocols):
-            return self.protocol in s.names
-        if isinstance(s, DestinationPorts):
-            return s.first <= self.port <= s.last
-        if isinstance(s, Unmarked):
-            return self.mark & s.bits == 0
-        if isinstance(s, (ConntrackState, IcmpTypes, LocalAddress)):
-            return False  # a new TCP/UDP connection between pods
-        if isinstance(s, (Limit, Counter)):
-            return True
-        raise AssertionError(f"not a match: {s!r}")
-
-    def run(self, name: str) -> str | None:
-        """Walk chain ``name``: ``"accept"``, ``"reject"``, ``"drop"``, or None (went through or returned)."""
-        for rule in self.chains[name].rules:
-            for s in rule.statements:
-                if isinstance(s, (SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch)):
-                    verdict = self.act(s)
-                    if verdict == "return":
-                        return None
-                    if verdict is not None:
-                        return verdict
-                elif not self.matches(s):
-                    break
-        return None
-
-    def act(self, s: Any) -> str | None:
-        if isinstance(s, SetMark):
-            self.mark |= s.bits
-        elif isinstance(s, ClearMark):
-            self.mark &= ~s.bits
-        elif isinstance(s, Reject):
-            return "reject"
-        elif isinstance(s, Verdict):
-            return s.kind
-        elif isinstance(s, Jump):
-            return self.run(s.target)
-        elif isinstance(s, Dispatch):
-            address = self.saddr if s.field == "saddr" else self.daddr
-            target = self.maps[layout.POD_MAPS[s.family]].get(address) if family_of(address) == s.family else None
-            return self.run(target) if target else None
-        return None
-
-    def allowed(self) -> bool:
-        return self.run("KUBE-ROUTER-FORWARD") not in ("reject", "drop")
 
 
 SELECTOR = st.sampled_from([{}, {"matchLabels": {"team": "blue"}}, {"matchLabels": {"kubernetes.io/metadata.name": "x"}},

@@ -20,14 +20,14 @@ Shape of one family's filter table (``to_restore(model, "ipv4")``; ``"ipv6"`` is
     -A KUBE-ROUTER-FORWARD -d <pod ip> -j KUBE-POD-FW-<hash>, then -s <pod ip> ... (OUTPUT the same)
     -A KUBE-POD-FW-<hash> -j KUBE-NWPLCY-COMMON
     -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x0/0x10000                        (start unmarked)
+    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -j KUBE-NWPLCY-<ingress hash>   (or KUBE-NWPLCY-DEFAULT)
+    -A KUBE-POD-FW-<hash> -s <pod ip> -m mark ! --mark 0x10000/0x10000 -j KUBE-NWPLCY-<egress hash>    (or KUBE-NWPLCY-DEFAULT)
     -A KUBE-POD-FW-<hash> -d <pod ip> -m addrtype --src-type LOCAL -j ACCEPT     (the node itself)
-    -A KUBE-POD-FW-<hash> -d <pod ip> -j KUBE-NWPLCY-<ingress hash>              (or KUBE-NWPLCY-DEFAULT)
-    -A KUBE-POD-FW-<hash> -s <pod ip> -j KUBE-NWPLCY-<egress hash>               (or KUBE-NWPLCY-DEFAULT)
-    -A KUBE-POD-FW-<hash> -m mark ! --mark 0x10000/0x10000 -m limit --limit 10/min --limit-burst 10 -j NFLOG --nflog-group 100
-    -A KUBE-POD-FW-<hash> -p tcp -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with tcp-reset
-    -A KUBE-POD-FW-<hash> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable
-    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x0/0x10000
-    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x20000/0x20000                    (passed)
+    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -m limit --limit 10/min --limit-burst 10 -j NFLOG --nflog-group 100
+    -A KUBE-POD-FW-<hash> -d <pod ip> -p tcp -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with tcp-reset
+    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable
+    (the same three with -s for egress)
+    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x20000/0x30000                    (clear the policy mark, set passed)
     -A KUBE-NWPLCY-<hash> [-p tcp] -m set --match-set KUBE-PODS-<hash> src [-m tcp --dport 80[:90]] -j MARK --set-xmark 0x10000/0x10000
     -A KUBE-NWPLCY-<hash> <the same matches> -m mark --mark 0x10000/0x10000 -j RETURN
     COMMIT
@@ -40,7 +40,9 @@ Deliberately unlike kube-router, and like our nft ruleset: a policy chain is jum
 own direction (``-d`` for ingress, ``-s`` for egress, also for policies with both types), ICMP echo
 is left to the policies, the KUBE-ROUTER-* chains end without kube-router's ``KUBE-NWPLCY-TAIL``
 ACCEPT (we only ever reject; everything else is left to the rest of the table), and there are no
-``physdev`` rules (pods are routed, not bridged).
+``physdev`` rules (pods are routed, not bridged). The nft ruleset's "allowed" returns (a marked
+packet leaves the pod chain at once) are left out: iptables cannot match a mark, change it and
+return in one rule, and the rules after them give the same verdict.
 
 The file replaces the whole filter table: it is meant for a namespace (or a node) where nothing
 else owns it, as kube-router's controller assumes too.
@@ -139,7 +141,10 @@ class _Printer:
     def _rule(self, chain: str, rule: layout.Rule) -> None:
         """Append the lines of one layout rule: one per address, protocol or ICMP type where iptables
         takes one at a time; a mark-and-return becomes MARK then a mark-matching RETURN; a verdict
-        map lookup one line per map element."""
+        map lookup one line per map element; an "allowed" return (:class:`~layout.Marked`: a
+        shortcut iptables cannot take in one rule) none."""
+        if any(isinstance(s, layout.Marked) for s in rule.statements):
+            return
         for variant in self._expanded(rule.statements):
             if any(isinstance(s, layout.Dispatch) for s in variant):
                 (dispatch,) = variant
@@ -208,6 +213,8 @@ class _Printer:
                 target = ["-j", "MARK", "--set-xmark", _mark(s.bits)]
             elif isinstance(s, layout.ClearMark):
                 target = ["-j", "MARK", "--set-xmark", f"0x0/0x{s.bits:x}"]
+            elif isinstance(s, layout.ClearAndSetMark):
+                target = ["-j", "MARK", "--set-xmark", f"0x{s.set:x}/0x{s.clear | s.set:x}"]
             elif isinstance(s, layout.Log):
                 prefix = s.prefix.encode()[:NFLOG_PREFIX_MAX].decode(errors="ignore")
                 target = ["-j", "NFLOG", "--nflog-group", str(s.group), "--nflog-prefix", _quote(prefix)]

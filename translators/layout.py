@@ -122,6 +122,13 @@ class Unmarked:
 
 
 @dataclass(frozen=True)
+class Marked:
+    """Every one of ``bits`` is set in the packet mark."""
+
+    bits: int
+
+
+@dataclass(frozen=True)
 class Limit:
     """At most ``rate`` packets per ``per`` (``minute``), bursts of ``burst``."""
 
@@ -144,6 +151,14 @@ class ClearMark:
     """``mark &= ~bits``: other bits untouched."""
 
     bits: int
+
+
+@dataclass(frozen=True)
+class ClearAndSetMark:
+    """``mark = (mark & ~clear) | set`` in one statement: other bits untouched."""
+
+    clear: int
+    set: int
 
 
 @dataclass(frozen=True)
@@ -199,7 +214,8 @@ class SetTrace:
 
 
 Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
-                  LocalAddress, Unmarked, Limit, Counter, SetMark, ClearMark, Log, Reject, Verdict, Jump, Dispatch, SetTrace]
+                  LocalAddress, Unmarked, Marked, Limit, Counter, SetMark, ClearMark, ClearAndSetMark, Log, Reject, Verdict,
+                  Jump, Dispatch, SetTrace]
 
 
 # ---- table objects ------------------------------------------------------------------------------
@@ -263,11 +279,12 @@ class Table:
 # ---- the decisions ------------------------------------------------------------------------------
 
 def common_chain() -> Chain:
-    """``KUBE-NWPLCY-COMMON``, jumped first by every pod chain: conntrack decides known
-    connections (as kube-router), essential ICMP is always allowed (DESIGN.md section 2)."""
+    """``KUBE-NWPLCY-COMMON``, jumped first by every pod chain: a packet conntrack finds invalid
+    is dropped (as kube-router), essential ICMP is always allowed (DESIGN.md section 2).
+    Established and related connections never get here: every base chain accepts them before it
+    dispatches to a pod chain."""
     return Chain(COMMON_CHAIN, (
         Rule((ConntrackState(("invalid",)), Verdict("drop")), "drop invalid conntrack state"),
-        Rule((ConntrackState(("established", "related")), Verdict("accept")), "allow established and related connections"),
         Rule((IcmpTypes("ipv4", ESSENTIAL_ICMP["ipv4"]), Verdict("accept")), "allow essential ICMP errors"),
         Rule((IcmpTypes("ipv6", ESSENTIAL_ICMP["ipv6"]), Verdict("accept")), "allow essential ICMPv6 errors and neighbour discovery"),
     ))
@@ -353,14 +370,22 @@ def tier_chain(config: Config, chain: TierChain) -> Chain:
 
 def pod_chain(config: Config, pod: PodChain) -> Chain:
     """``KUBE-POD-FW-<hash>`` of one isolated local pod (DESIGN.md section 2), in order: common
-    chain; start unmarked; the node itself may always reach its pods (kubelet probes); for each
-    direction, the tiers of that direction only, each jump only while no earlier one has set the
-    policy mark (the first allow ends the walk): the Admin tier chains (and while no Pass rule
-    has set the pass mark), then the NetworkPolicy chains, or where no NetworkPolicy isolates
-    the pod the Baseline tier chains (the same way) and ``KUBE-NWPLCY-DEFAULT``; the pass mark is
-    cleared after each tier. Then, for each isolated direction (``ip daddr`` of the pod: ingress,
-    ``ip saddr``: egress), NFLOG and a counted reject of what nothing allowed; clear the policy
-    mark, set the passed mark.
+    chain; start unmarked; for each direction, the tiers of that direction only, each jump only
+    while no earlier one has set the policy mark: the Admin tier chains (and while no Pass rule
+    has set the pass mark), then the NetworkPolicy chains, or where no NetworkPolicy isolates the
+    pod the Baseline tier chains (the same way) and ``KUBE-NWPLCY-DEFAULT``; the pass mark is
+    cleared after each tier. Once a direction's jumps have set the policy mark the packet is
+    allowed: clear it, set the passed mark and return (the first allow ends the walk, and no
+    reject below could match a marked packet). Then, for each isolated direction (``ip daddr``
+    of the pod: ingress, ``ip saddr``: egress), NFLOG and a counted reject of what nothing
+    allowed; clear the policy mark and set the passed mark.
+
+    The node itself may always reach its pods (kubelet probes; the NetworkPolicy concepts page:
+    "traffic to and from the node where a Pod is running is always allowed"): that accept comes
+    after the policies, just before the rejects, so a packet a policy allowed has returned without
+    the address lookup. The verdict is the one an accept before the policies gives: the ingress
+    peers of NetworkPolicy and ClusterNetworkPolicy are pods (a hostNetwork pod is never a peer),
+    so no Deny matches a source address of this node.
 
     A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
     the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no
@@ -371,10 +396,9 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     in_tier = Unmarked(config.policy_mark | config.pass_mark)
     policies = dict(pod.tier_policies)
     addresses = _pod_addresses(pod)
+    passed = ClearAndSetMark(config.policy_mark, config.passed_mark)
     rules = [Rule((Jump(COMMON_CHAIN),), f"{pod.pod} common"),
              Rule((ClearMark(config.policy_mark | config.pass_mark if tiered else config.policy_mark),), f"{pod.pod} start unmarked")]
-    rules += [Rule((AddressIs(family, "daddr", ips), LocalAddress("saddr"), Verdict("accept")), f"{pod.pod} from the local node")
-              for family, ips in addresses.items()]
     directions: tuple[tuple[Direction, tuple[str, ...] | None, Field], ...] = (
         ("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr"))
 
@@ -391,6 +415,9 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
         for target in chains if chains is not None else (DEFAULT_CHAIN,):
             rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
                       for family, ips in addresses.items()]
+        rules.append(Rule((Marked(config.policy_mark), passed, Verdict("return")), f"{pod.pod} {direction} allowed"))
+    rules += [Rule((AddressIs(family, "daddr", ips), LocalAddress("saddr"), Verdict("accept")), f"{pod.pod} from the local node")
+              for family, ips in addresses.items()]
     for direction, chains, field in directions:
         if chains is None:
             continue
@@ -402,10 +429,7 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
                 Rule((this_pod, unmarked, Protocols(("tcp",)), Counter(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
                 Rule((this_pod, unmarked, Counter(), Reject()), f"{pod.pod} reject {direction}"),
             ]
-    rules += [
-        Rule((ClearMark(config.policy_mark),), f"{pod.pod} clear policy mark"),
-        Rule((SetMark(config.passed_mark),), f"{pod.pod} passed"),
-    ]
+    rules.append(Rule((passed,), f"{pod.pod} passed"))
     return Chain(pod.name, tuple(rules))
 
 
@@ -436,9 +460,10 @@ def input_exemptions(config: Config) -> list[Rule]:
 
 
 def base_chains(config: Config) -> list[Chain]:
-    """``KUBE-ROUTER-INPUT/FORWARD/OUTPUT``: INPUT's exemptions, then established connections
-    accepted (the verdict the common chain gives them, without the lookups), then dispatch to the
-    local pods' chains on the address of each direction."""
+    """``KUBE-ROUTER-INPUT/FORWARD/OUTPUT``: INPUT's exemptions, then established and related
+    connections accepted (conntrack decides known connections, as kube-router; here, before any
+    pod chain, so no pod chain tests them), then dispatch to the local pods' chains on the address
+    of each direction."""
     chains = []
     for name, hook in BASE_CHAINS.items():
         rules = input_exemptions(config) if name == INPUT_CHAIN else []

@@ -64,6 +64,8 @@ def statement_json(s: Statement) -> Json:
         return _match({"fib": {"result": "type", "flags": [s.field]}}, "local")
     if isinstance(s, layout.Unmarked):
         return _match({"&": [MARK, s.bits]}, 0)
+    if isinstance(s, layout.Marked):
+        return _match({"&": [MARK, s.bits]}, s.bits)
     if isinstance(s, layout.Limit):
         return {"limit": {"rate": s.rate, "per": s.per, "burst": s.burst}}
     if isinstance(s, layout.Counter):
@@ -72,6 +74,8 @@ def statement_json(s: Statement) -> Json:
         return {"mangle": {"key": MARK, "value": {"|": [MARK, s.bits]}}}
     if isinstance(s, layout.ClearMark):
         return {"mangle": {"key": MARK, "value": {"&": [MARK, 0xFFFFFFFF & ~s.bits]}}}
+    if isinstance(s, layout.ClearAndSetMark):
+        return {"mangle": {"key": MARK, "value": {"|": [{"&": [MARK, 0xFFFFFFFF & ~s.clear]}, s.set]}}}
     if isinstance(s, layout.Log):
         return {"log": {"prefix": comment(s.prefix, LOG_PREFIX_MAX_BYTES), "group": s.group}}
     if isinstance(s, layout.Reject):

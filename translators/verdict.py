@@ -17,7 +17,8 @@ section 2):
 * exemptions, in the order the table applies them: an established (or related) connection is
   accepted by the base chains; the common chain accepts essential ICMP errors
   (:data:`~nftpolicy.translators.layout.ESSENTIAL_ICMP`); traffic to a pod from an address of
-  its own node is accepted (kubelet probes); traffic to the node itself (``KUBE-ROUTER-INPUT``)
+  its own node is accepted (kubelet probes; the pod chain tests it after the policies, which
+  never refuse it); traffic to the node itself (``KUBE-ROUTER-INPUT``)
   returns for service cluster IPs, node ports on node addresses and external ranges;
 * otherwise the pod chain jumps to the policy chains of the direction in order, and the first
   allow rule that matches (family, peer set, port, named-port set) allows; none: reject;
@@ -313,7 +314,7 @@ class Enforcement:
         return None
 
     def _chain_exemption(self, node: str | None, conn: Connection, direction: Direction) -> Exemption | None:
-        """What the base chains, the common chain and the pod chain accept before any policy."""
+        """What the base chains, the common chain and the pod chain accept whatever the policies say."""
         if conn.established:
             return "established"
         if conn.protocol == "ICMP" and conn.icmp_type in ESSENTIAL_ICMP[conn.family]:

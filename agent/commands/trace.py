@@ -78,7 +78,7 @@ def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: d
     for line in lines:
         if steps and steps[-1].verdict.startswith("jump KUBE-NWPLCY-") and f" {steps[-1].verdict[5:]} " not in line:
             target = steps[-1].verdict[5:]
-            what = "common: not invalid, not established, no essential ICMP" if target == layout.COMMON_CHAIN else \
+            what = "common: not invalid, no essential ICMP" if target == layout.COMMON_CHAIN else \
                 f"policy {owners.get(target, '(no rules: deny all)')}: no rule matched"
             steps.append(Step(target, what, "return"))
         event = _EVENT.match(line)

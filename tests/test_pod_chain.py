@@ -1,0 +1,121 @@
+"""The pod chain's walk (translators/layout.py ``pod_chain``), packet by packet through the decided
+table (``tests/tablewalk.py``): the verdicts, and what a new connection costs. "The first allow
+ends the walk": once a direction's policies set the mark the packet leaves the pod chain, so it
+never walks another policy chain, the other direction's jumps, the node check or the rejects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nftpolicy.translators import layout
+from nftpolicy.translators.noderender import build_rule_model
+
+from .conftest import cluster_from_yaml
+from .tablewalk import Packet
+
+PODS = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: x}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: x, name: client, labels: {app: client}}
+spec: {nodeName: node1, containers: [{name: c}]}
+status: {phase: Running, podIP: 10.0.0.1, podIPs: [{ip: 10.0.0.1}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: x, name: server, labels: {app: server}}
+spec: {nodeName: node1, containers: [{name: c}]}
+status: {phase: Running, podIP: 10.0.0.2, podIPs: [{ip: 10.0.0.2}]}
+"""
+
+DENY_ALL = """
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: x, name: deny-all}
+spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
+"""
+
+
+def allow(name: str, direction: str = "ingress", port: int = 80) -> str:
+    """A policy that allows client -> server on TCP ``port`` (``ingress`` on the server, or
+    ``egress`` on the client)."""
+    if direction == "ingress":
+        return f"""
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{namespace: x, name: {name}}}
+spec:
+  podSelector: {{matchLabels: {{app: server}}}}
+  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: client}}}}}}], ports: [{{port: {port}}}]}}]
+"""
+    return f"""
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{namespace: x, name: {name}}}
+spec:
+  podSelector: {{matchLabels: {{app: client}}}}
+  policyTypes: [Egress]
+  egress: [{{to: [{{podSelector: {{matchLabels: {{app: server}}}}}}], ports: [{{port: {port}}}]}}]
+"""
+
+
+def walk(manifests: str, port: int = 80) -> tuple[bool, Packet]:
+    """client -> server TCP ``port`` through node1's table: (allowed, the packet after its walk)."""
+    table = layout.table(build_rule_model(cluster_from_yaml(PODS + manifests), "node1"))
+    packet = Packet(table, "10.0.0.1", "10.0.0.2", "TCP", port)
+    return packet.allowed(), packet
+
+
+def pod_chain_walks(packet: Packet) -> list[tuple[list[str], int, set[str]]]:
+    """Each pod chain the packet entered, in order, as (its rules walked other than the jumps to
+    policy chains, by kind: the pod's name cut off the comment; how many jump rules it walked;
+    the policies whose chains it walked a rule of). The jumps' order follows the chain names'
+    hashes, so it is left out."""
+    walks: list[tuple[list[str], int, set[str]]] = []
+    for chain, comment in packet.walked:
+        if chain.startswith("KUBE-POD-FW-"):
+            kind = comment.split(" ", 1)[1]
+            if kind == "common":
+                walks.append(([], 0, set()))
+            rules, jumps, policies = walks[-1]
+            if kind in ("ingress", "egress"):
+                walks[-1] = (rules, jumps + 1, policies)
+            else:
+                rules.append(kind)
+        elif chain.startswith("KUBE-NWPLCY-") and chain not in (layout.COMMON_CHAIN, layout.DEFAULT_CHAIN):
+            walks[-1][2].add(comment.split(" ")[0])
+    return walks
+
+
+CASES = {  # manifests -> (allowed, the server's pod chain walk, then the client's)
+    "allowed both ways": (DENY_ALL + allow("in") + allow("out", "egress"), True, [
+        (["common", "start unmarked", "ingress allowed"], 2, {"x/in"}),  # deny-all (empty) and x/in
+        (["common", "start unmarked", "ingress allowed", "egress allowed"], 3, {"x/out"})]),  # deny-all in; deny-all, x/out out
+    "no policy isolates the client": (allow("in"), True, [
+        (["common", "start unmarked", "ingress allowed"], 1, {"x/in"})]),
+    "refused": (DENY_ALL + allow("in", port=81), False, [
+        (["common", "start unmarked", "ingress allowed", "egress allowed", "from the local node",
+          "log rejected ingress", "reject ingress"], 3, {"x/in"})]),  # x/in's rule walked, not matched
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_walk(case):
+    manifests, allowed, expected = CASES[case]
+    verdict, packet = walk(manifests)
+    assert (verdict, pod_chain_walks(packet)) == (allowed, expected)
+
+
+def test_fifty_allowing_policies_cost_one_policy_chain():
+    """50 policies that each allow the connection: the first one jumped sets the mark, the other
+    49 jump rules are each one mark test, and the walk leaves at "ingress allowed"."""
+    verdict, packet = walk("".join(allow(f"p{i:02d}") for i in range(50)))
+    ((rules, jumps, policies),) = pod_chain_walks(packet)
+    assert (verdict, rules, jumps, len(policies)) == (True, ["common", "start unmarked", "ingress allowed"], 50, 1)
