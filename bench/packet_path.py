@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark: the packet path. New TCP connections per second between two sandbox pods on one
-node, with no rules, with the nft ruleset and with the iptables variant, side by side in one run.
+node, with no rules, with connection tracking only, with the nft ruleset (one policy and 50
+selecting the server) and with the iptables variant (iptables-nft and iptables-legacy), side by
+side in one run.
 
 Usage (as root)::
 
@@ -21,7 +23,8 @@ builds them):
 * ``nft-50-policies``: the same with 49 more policies that select the server and allow the pair
   (the first allow ends the walk through the pod chain);
 * ``iptables-nft`` and ``iptables-legacy``: the iptables variant of the same rule model, with its
-  ipsets, loaded with that ``iptables-restore``;
+  ipsets, loaded with that ``iptables-restore``.
+
 The client and the server are two local pods that policies isolate in both directions
 and that a policy allows on a TCP port, so every new connection walks the dispatch, both pods'
 chains and their policy chains with set lookups.
@@ -29,11 +32,13 @@ chains and their policy chains with set lookups.
 Load: ``--clients`` processes in the client pod's namespace open and close (SO_LINGER 0, so RST and
 no TIME_WAIT) TCP connections in a loop; one process in the server pod accepts and closes. Each
 measurement is ``--warmup`` seconds not counted, then ``--seconds`` counted; ``--rounds`` rounds
-run the variants in rotating order, and the median of each is reported with its ratio to
-``none``. The two targets are paired ratios: nft over conntrack (and 50 policies over one)
-within each round, where the two ran back to back, and the median over the rounds (with the
-lowest and highest round), so the machine's drift between rounds cancels. The traffic only goes between namespaces this script creates (``nftp-<run>-*``), is
-bounded in time, and everything is removed at the end, also on Ctrl-C and SIGTERM.
+run the variants in rotating order, and the median of each is reported with its ratios to
+``none`` and to ``conntrack``. The two targets are paired ratios: nft over conntrack (and 50
+policies over one) within each round, where the two ran back to back, and the median over the
+rounds (with the lowest and highest round), so the machine's drift between rounds cancels.
+
+The traffic only goes between namespaces this script creates (``nftp-<run>-*``), is bounded in
+time, and everything is removed at the end, also on Ctrl-C and SIGTERM.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Traffic from the node to its own pods, with real packets: "traffic to and from the node where
 a Pod is running is always allowed" (the NetworkPolicy concepts page; kubelet probes). Our pod
 chain accepts it after the policies (a packet a policy allowed needs no address lookup), which
-gives the same verdict as an accept before them: no NetworkPolicy or ClusterNetworkPolicy peer
-is a node's address, so no Deny of any tier refuses it. Another node's address gets no such
+gives the same verdict as an accept before them: a NetworkPolicy only allows, and the ingress
+peers of a ClusterNetworkPolicy are namespaces and pods, never a node's address, so no Deny of any
+tier refuses it. Another node's address gets no such
 pass: a NetworkPolicy that isolates the pod refuses it.
 """
 

@@ -328,7 +328,7 @@ def _pod_addresses(pod: PodChain) -> dict[Family, tuple[str, ...]]:
 def log_prefix(direction: str, pod: str) -> str:
     """The NFLOG prefix of a packet rejected for ``direction`` (``ingress``/``egress``) of pod
     ``pod`` (``namespace/name``): ``nftpolicy reject ingress shop/api-0: ``. The direction comes
-    before the pod, so a printer's cut (the kernel keeps 127 bytes) only ever shortens the name."""
+    before the pod, so a printer's cut (nft: 127 bytes, iptables: 63) only ever shortens the name."""
     return f"nftpolicy reject {direction} {pod}: "
 
 
@@ -383,9 +383,9 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     The node itself may always reach its pods (kubelet probes; the NetworkPolicy concepts page:
     "traffic to and from the node where a Pod is running is always allowed"): that accept comes
     after the policies, just before the rejects, so a packet a policy allowed has returned without
-    the address lookup. The verdict is the one an accept before the policies gives: the ingress
-    peers of NetworkPolicy and ClusterNetworkPolicy are pods (a hostNetwork pod is never a peer),
-    so no Deny matches a source address of this node.
+    the address lookup. The verdict is the one an accept before the policies gives: a
+    NetworkPolicy only allows, and the ingress peers of a ClusterNetworkPolicy are namespaces and
+    pods (a hostNetwork pod is never a peer), so no rule before it refuses the node's traffic.
 
     A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
     the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no

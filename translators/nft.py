@@ -23,7 +23,7 @@ from .rules import AddressSet, RuleModel, comment
 IP: dict[Family, str] = {"ipv4": "ip", "ipv6": "ip6"}
 ICMP: dict[Family, str] = {"ipv4": "icmp", "ipv6": "icmpv6"}
 ADDR_TYPE: dict[Family, str] = {"ipv4": "ipv4_addr", "ipv6": "ipv6_addr"}
-LOG_PREFIX_MAX_BYTES = 127  # the kernel's NF_LOG_PREFIXLEN, NUL included
+LOG_PREFIX_MAX_BYTES = 127  # the kernel's NF_LOG_PREFIXLEN (128) less the NUL
 Json = dict[str, Any]
 MARK: Json = {"meta": {"key": "mark"}}
 L4PROTO: Json = {"meta": {"key": "l4proto"}}
