@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from nftpolicy.translators import iptables, layout
 from nftpolicy.translators.layout import (
-    AddressInSet, ClearMark, DestinationPorts, Jump, Protocols, Reject, SetMark, Unmarked, Verdict,
+    AddressInSet, ClearAndSetMark, ClearMark, DestinationPorts, Jump, Protocols, Reject, SetMark, Unmarked, Verdict,
 )
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
@@ -129,7 +129,8 @@ def test_every_mark_we_write_is_inside_our_bits():
                           egress=[{"action": "Accept", "to": FROM_Y}]),
               cnp("base", "Baseline", 1, namespace="y", ingress=[{"action": "Pass", "from": FROM_Y}]), node=None)
     written = [s.bits for c in t.chains for r in c.rules for s in r.statements if isinstance(s, (SetMark, ClearMark))]
-    assert CONFIG.pass_mark in written
+    written += [s.clear | s.set for c in t.chains for r in c.rules for s in r.statements if isinstance(s, ClearAndSetMark)]
+    assert CONFIG.pass_mark in written and CONFIG.policy_mark | CONFIG.passed_mark in written  # the pod chain's "allowed" and tail
     assert all(bits & ~OURS == 0 for bits in written)
 
 
