@@ -1,12 +1,11 @@
 """The node's own connections to its pods leave our chains with our policy bit cleared, on every
 dataplane, with real packets (the check of ``tests/test_marks.py``, for the OUTPUT hook).
 
-Before df323c4 the pod chain accepted the node's traffic (``fib saddr type local`` / ``-m addrtype
---src-type LOCAL``) right after "start unmarked", so the 0x10000 bit was always clear. Since then
-that accept comes after the policy jumps: in nft a packet a policy (or ``KUBE-NWPLCY-DEFAULT``)
-allowed has already left through "allowed" (bit cleared, passed set), but the iptables variant
-leaves the "allowed" returns out, so such a packet reaches the ACCEPT with 0x10000 still set and
-takes it out of our chains.
+The pod chain accepts the node's traffic (``fib saddr type local`` / ``-m addrtype --src-type
+LOCAL``) after the policy jumps, for unmarked packets only. In nft a packet a policy (or
+``KUBE-NWPLCY-DEFAULT``) allowed has left through "allowed" before it (bit cleared, passed set);
+the iptables variant leaves the "allowed" returns out, so there such a packet must go past the
+accept to the tail, which clears the bit, instead of taking the accept with 0x10000 still set.
 """
 
 from __future__ import annotations

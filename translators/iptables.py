@@ -22,7 +22,7 @@ Shape of one family's filter table (``to_restore(model, "ipv4")``; ``"ipv6"`` is
     -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x0/0x10000                        (start unmarked)
     -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -j KUBE-NWPLCY-<ingress hash>   (or KUBE-NWPLCY-DEFAULT)
     -A KUBE-POD-FW-<hash> -s <pod ip> -m mark ! --mark 0x10000/0x10000 -j KUBE-NWPLCY-<egress hash>    (or KUBE-NWPLCY-DEFAULT)
-    -A KUBE-POD-FW-<hash> -d <pod ip> -m addrtype --src-type LOCAL -j ACCEPT     (the node itself)
+    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -m addrtype --src-type LOCAL -j ACCEPT   (the node itself)
     -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -m limit --limit 10/min --limit-burst 10 -j NFLOG --nflog-group 100
     -A KUBE-POD-FW-<hash> -d <pod ip> -p tcp -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with tcp-reset
     -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable

@@ -385,7 +385,9 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     after the policies, just before the rejects, so a packet a policy allowed has returned without
     the address lookup. The verdict is the one an accept before the policies gives: a
     NetworkPolicy only allows, and the ingress peers of a ClusterNetworkPolicy are namespaces and
-    pods (a hostNetwork pod is never a peer), so no rule before it refuses the node's traffic.
+    pods (a hostNetwork pod is never a peer), so no rule before it refuses the node's traffic. It
+    takes unmarked packets only: a packet a policy allowed, where a printer leaves the "allowed"
+    returns out (iptables), goes on to the tail, which clears the policy mark.
 
     A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
     the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no
@@ -416,7 +418,7 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
             rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
                       for family, ips in addresses.items()]
         rules.append(Rule((Marked(config.policy_mark), passed, Verdict("return")), f"{pod.pod} {direction} allowed"))
-    rules += [Rule((AddressIs(family, "daddr", ips), LocalAddress("saddr"), Verdict("accept")), f"{pod.pod} from the local node")
+    rules += [Rule((AddressIs(family, "daddr", ips), unmarked, LocalAddress("saddr"), Verdict("accept")), f"{pod.pod} from the local node")
               for family, ips in addresses.items()]
     for direction, chains, field in directions:
         if chains is None:
