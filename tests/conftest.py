@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 from pathlib import Path
 
@@ -77,6 +78,22 @@ def nft(ns: str, *args: str, stdin: str | None = None) -> str:
     if result.returncode != 0:
         raise AssertionError(f"nft {' '.join(args)} failed in {ns}: {result.stderr.strip()}")
     return result.stdout
+
+
+def connect_from_node(sandbox, node: str, address: str, port: int) -> bool:
+    """One TCP connection from sandbox node ``node``'s own namespace (so from its own address) to
+    ``address``:``port``; True when it connected within the sandbox's probe timeout."""
+    family = socket.AF_INET if ":" not in address else socket.AF_INET6
+    with netns.entered(sandbox.node_netns(node)):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(sandbox.timeout)
+    try:
+        sock.connect((address, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
 
 
 def http_get(url: str) -> tuple[int, str]:

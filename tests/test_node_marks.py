@@ -11,15 +11,13 @@ accept to the tail, which clears the bit, instead of taking the accept with 0x10
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
-from nftpolicy.agent import netns
 from nftpolicy.agent.probes import ProbeSpec
 from nftpolicy.agent.sandbox import Sandbox
 
-from .conftest import cluster_from_yaml, nft
+from .conftest import cluster_from_yaml, connect_from_node, nft
 
 pytestmark = pytest.mark.kernel
 
@@ -88,19 +86,6 @@ def _counters(ns: str) -> dict[str, int]:
             for item in listing["nftables"] if "rule" in item}
 
 
-def _from_node(sandbox: Sandbox, node: str, address: str, port: int) -> bool:
-    """One TCP connection from node ``node``'s own namespace to ``address``."""
-    with netns.entered(sandbox.node_netns(node)):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(sandbox.timeout)
-    try:
-        sock.connect((address, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
-
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("dataplane", ["nft", "iptables-nft", "iptables-legacy"])
@@ -112,7 +97,7 @@ def test_the_nodes_allowed_traffic_leaves_with_the_policy_mark_cleared(dataplane
         server = sandbox.pods["x/server"].ips[0]
         assert sandbox.connect("x/client", server, ProbeSpec(80, "TCP"))  # the server listens on 80 from then on
         nft(node, "-f", "-", stdin=_other_system(server))
-        connected = _from_node(sandbox, "node1", server, 80)
+        connected = connect_from_node(sandbox, "node1", server, 80)
         counters = _counters(node)
     assert connected
     assert counters["all"] >= 1, counters  # the node's SYN went through the output hook

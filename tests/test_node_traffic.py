@@ -9,16 +9,12 @@ pass: a NetworkPolicy that isolates the pod refuses it.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-from nftpolicy.agent import netns
 from nftpolicy.agent.probes import ProbeSpec
 from nftpolicy.agent.sandbox import Sandbox
-from nftpolicy.translators.model import family_of
 
-from .conftest import cluster_from_yaml
+from .conftest import cluster_from_yaml, connect_from_node
 
 pytestmark = pytest.mark.kernel
 
@@ -76,20 +72,6 @@ spec:
 BASELINE_DENY_ALL = ADMIN_DENY_ALL.replace("tier: Admin", "tier: Baseline")
 
 
-def _from_node(sandbox: Sandbox, node: str, address: str, port: int) -> bool:
-    """One TCP connection from node ``node``'s own namespace (its own address) to ``address``."""
-    family = socket.AF_INET if family_of(address) == "ipv4" else socket.AF_INET6
-    with netns.entered(sandbox.node_netns(node)):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.settimeout(sandbox.timeout)
-    try:
-        sock.connect((address, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
-
 
 # policies; may the client reach the server on 80; does a NetworkPolicy isolate the server's and
 # the client's ingress (a ClusterNetworkPolicy Deny of every namespace covers pods, not nodes)
@@ -116,9 +98,10 @@ def test_the_node_reaches_its_pods_and_another_node_does_not(case, family):
         seen = {"client 80": sandbox.connect("x/client", server, ProbeSpec(80, "TCP")),
                 "client 81": sandbox.connect("x/client", server, ProbeSpec(81, "TCP")),
                 "remote 81": sandbox.connect("x/remote", server, ProbeSpec(81, "TCP")),
-                "node1 80": _from_node(sandbox, "node1", server, 80), "node1 81": _from_node(sandbox, "node1", server, 81),
-                "node2 81": _from_node(sandbox, "node2", server, 81),
-                "node2 to the client": _from_node(sandbox, "node2", client, 80)}
+                "node1 80": connect_from_node(sandbox, "node1", server, 80),
+                "node1 81": connect_from_node(sandbox, "node1", server, 81),
+                "node2 81": connect_from_node(sandbox, "node2", server, 81),
+                "node2 to the client": connect_from_node(sandbox, "node2", client, 80)}
     assert seen == {"client 80": client_80, "client 81": False, "remote 81": False,
                     "node1 80": True, "node1 81": True,  # its own node, always
                     "node2 81": not server_isolated, "node2 to the client": not client_isolated}
