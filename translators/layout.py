@@ -296,23 +296,31 @@ def default_chain(config: Config) -> Chain:
     return Chain(DEFAULT_CHAIN, (Rule((SetMark(config.policy_mark),), "allow a direction that no policy isolates"),))
 
 
+def peer_and_port(direction: Direction, rule: AllowRule | TierRule) -> list[Statement]:
+    """The matches of one (peer, port) tuple of a NetworkPolicy or ClusterNetworkPolicy rule, in
+    order: the peer set (the source for ingress, the destination for egress), the named-port set,
+    the protocol and the destination port range; empty for a rule that matches everything."""
+    matches: list[Statement] = []
+    if rule.peer_set:
+        assert rule.family
+        matches.append(AddressInSet(rule.family, "saddr" if direction == "ingress" else "daddr", rule.peer_set))
+    if rule.named_port_set:
+        assert rule.family
+        matches.append(NamedPortInSet(rule.family, rule.named_port_set))
+    if rule.port:
+        matches.append(Protocols((rule.port.protocol.lower(),)))
+        if rule.port.first is not None:
+            matches.append(DestinationPorts(rule.port.first, rule.port.first if rule.port.last is None else rule.port.last))
+    return matches
+
+
 def allow_rule(config: Config, chain: PolicyChain, allow: AllowRule) -> Rule:
     """One allowed (peers, port) tuple of a policy: match the peer (the source for ingress, the
-    destination for egress), the named port and the port, then set the policy mark and return
-    (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the API reference). A
-    counter before the mark counts the packets this rule allowed (the agent's allowed metric)."""
-    statements: list[Statement] = []
-    if allow.peer_set:
-        assert allow.family
-        statements.append(AddressInSet(allow.family, "saddr" if chain.direction == "ingress" else "daddr", allow.peer_set))
-    if allow.named_port_set:
-        assert allow.family
-        statements.append(NamedPortInSet(allow.family, allow.named_port_set))
-    if allow.port:
-        statements.append(Protocols((allow.port.protocol.lower(),)))
-        if allow.port.first is not None:
-            statements.append(DestinationPorts(allow.port.first, allow.port.first if allow.port.last is None else allow.port.last))
-    return Rule((*statements, Counter(), SetMark(config.policy_mark), Verdict("return")), allow.comment)
+    destination for egress), the named port and the port (:func:`peer_and_port`), then set the
+    policy mark and return (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the
+    API reference). A counter before the mark counts the packets this rule allowed (the agent's
+    allowed metric)."""
+    return Rule((*peer_and_port(chain.direction, allow), Counter(), SetMark(config.policy_mark), Verdict("return")), allow.comment)
 
 
 def policy_chain(config: Config, chain: PolicyChain) -> Chain:
@@ -338,18 +346,9 @@ def tier_rule(config: Config, chain: TierChain, rule: TierRule) -> list[Rule]:
     returns (the pod chain's later jumps, NetworkPolicies included, test the mark: "no further
     ClusterNetworkPolicy or NetworkPolicy rules will be processed"); ``Deny`` rejects (a TCP
     reset for TCP); ``Pass`` sets the pass mark and returns (the pod chain skips the rest of the
-    tier). Source: network-policy-api v0.2.0, ClusterNetworkPolicyRuleAction."""
-    matches: list[Statement] = []
-    if rule.peer_set:
-        assert rule.family
-        matches.append(AddressInSet(rule.family, "saddr" if chain.direction == "ingress" else "daddr", rule.peer_set))
-    if rule.named_port_set:
-        assert rule.family
-        matches.append(NamedPortInSet(rule.family, rule.named_port_set))
-    if rule.port:
-        matches.append(Protocols((rule.port.protocol.lower(),)))
-        if rule.port.first is not None:
-            matches.append(DestinationPorts(rule.port.first, rule.port.first if rule.port.last is None else rule.port.last))
+    tier). The matches are :func:`peer_and_port`'s. Source: network-policy-api v0.2.0,
+    ClusterNetworkPolicyRuleAction."""
+    matches = peer_and_port(chain.direction, rule)
     if rule.action == "Accept":
         return [Rule((*matches, SetMark(config.policy_mark), Verdict("return")), rule.comment)]
     if rule.action == "Pass":
