@@ -44,25 +44,16 @@ spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
 def allow(name: str, direction: str = "ingress", port: int = 80) -> str:
     """A policy that allows client -> server on TCP ``port`` (``ingress`` on the server, or
     ``egress`` on the client)."""
-    if direction == "ingress":
-        return f"""
----
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {{namespace: x, name: {name}}}
-spec:
-  podSelector: {{matchLabels: {{app: server}}}}
-  ingress: [{{from: [{{podSelector: {{matchLabels: {{app: client}}}}}}], ports: [{{port: {port}}}]}}]
-"""
+    selected, peer, peers = ("server", "client", "from") if direction == "ingress" else ("client", "server", "to")
     return f"""
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {{namespace: x, name: {name}}}
 spec:
-  podSelector: {{matchLabels: {{app: client}}}}
-  policyTypes: [Egress]
-  egress: [{{to: [{{podSelector: {{matchLabels: {{app: server}}}}}}], ports: [{{port: {port}}}]}}]
+  podSelector: {{matchLabels: {{app: {selected}}}}}
+  policyTypes: [{direction.capitalize()}]
+  {direction}: [{{{peers}: [{{podSelector: {{matchLabels: {{app: {peer}}}}}}}], ports: [{{port: {port}}}]}}]
 """
 
 
