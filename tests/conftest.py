@@ -15,6 +15,7 @@ from nftpolicy.agent import netns
 from nftpolicy.agent.netns import RUN_TAG_ENV
 from nftpolicy.agent.manifestfiles import load_cluster
 from nftpolicy.translators.manifests import build_cluster, parse_documents
+from nftpolicy.translators.model import family_of
 
 REPO = Path(__file__).resolve().parent.parent
 # Every network namespace this test run makes (sandboxes, also in subprocesses, and make_netns)
@@ -83,7 +84,7 @@ def nft(ns: str, *args: str, stdin: str | None = None) -> str:
 def connect_from_node(sandbox, node: str, address: str, port: int) -> bool:
     """One TCP connection from sandbox node ``node``'s own namespace (so from its own address) to
     ``address``:``port``; True when it connected within the sandbox's probe timeout."""
-    family = socket.AF_INET if ":" not in address else socket.AF_INET6
+    family = socket.AF_INET if family_of(address) == "ipv4" else socket.AF_INET6
     with netns.entered(sandbox.node_netns(node)):
         sock = socket.socket(family, socket.SOCK_STREAM)
     sock.settimeout(sandbox.timeout)
