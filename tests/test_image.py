@@ -14,8 +14,6 @@ creates, and the test checks that it is there before anything is loaded.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import secrets
 import shutil
@@ -28,74 +26,16 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import cli
+from nftpolicy.agent import cli, images
+from nftpolicy.agent.images import CONTAINERFILE, buildah, buildah_command
 
 from .conftest import REPO, nft
 from .test_chart import agent_container, env_of, http_get, render
 
-CONTAINERFILE = REPO / "Containerfile"
-CACHE = Path(os.environ.get("NFTPOLICY_CI_CACHE", "/var/cache/nftpolicy-ci"))
-ROOTFS = CACHE / "bookworm-minbase"
-MIRROR = os.environ.get("NFTPOLICY_CI_MIRROR", "http://deb.debian.org/debian")
-# buildah's state (locks, mounts) for that storage, one per cache directory.
-RUNROOT = f"/run/nftpolicy-ci/{hashlib.sha256(str(CACHE).encode()).hexdigest()[:12]}"
-BASE_IMAGE = "localhost/nftpolicy-ci-base:bookworm"
 # Tags of this run's own (other runs, e.g. of another checkout, share the storage and its cache).
 RUN = os.environ.get("NFTPOLICY_RUN_TAG") or secrets.token_hex(3)
 IMAGE = f"localhost/nftpolicy:test-{RUN}"
 BUILD_STAGE = f"localhost/nftpolicy-build:test-{RUN}"
-BUILD_LOCK = CACHE / "build.lock"  # one build, prune or tag removal at a time in the storage
-# The host's CA bundle, for pip inside the build (a proxy with its own CA); a build argument
-# and a volume, so nothing of it stays in the image.
-HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
-BUILD_CA = "/run/nftpolicy-build-ca.crt"
-
-
-def buildah_command(*args: str) -> list[str]:
-    return ["buildah", "--root", str(CACHE / "containers"), "--runroot", RUNROOT, "--storage-driver", "overlay", *args]
-
-
-def buildah(*args: str, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    """buildah on the test's own storage."""
-    command = buildah_command(*args)
-    kwargs.setdefault("stdin", subprocess.DEVNULL)
-    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, **kwargs)
-    if check:
-        assert result.returncode == 0, f"{' '.join(command)}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
-    return result
-
-
-def base_rootfs() -> None:
-    """debootstrap once; an interrupted run leaves only the .tmp directory, redone next time."""
-    if (ROOTFS / "etc" / "debian_version").exists():
-        return
-    partial = ROOTFS.with_suffix(".tmp")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(partial), MIRROR],
-                            check=False, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
-        for path in (partial / leftover).glob("*"):
-            if path.is_file():
-                path.unlink()
-    partial.rename(ROOTFS)
-
-
-def base_image() -> None:
-    """The rootfs as a local image (one layer), once."""
-    if buildah("inspect", "--type", "image", BASE_IMAGE, check=False).returncode == 0:
-        return
-    base_rootfs()
-    container = buildah("from", "scratch").stdout.strip()
-    try:
-        mount = buildah("mount", container).stdout.strip()
-        subprocess.run(f"tar -C {ROOTFS} -cf - . | tar -C {mount} -xf -", shell=True, check=True)
-        buildah("umount", container)
-        buildah("config", "--cmd", "/bin/bash", container)
-        buildah("commit", "--quiet", container, BASE_IMAGE)
-    finally:
-        buildah("rm", container, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -105,37 +45,18 @@ def image():
     for tool in ("buildah", "debootstrap"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} is missing: run `bash .ci/install`")
-    with stack_lock():
-        base_image()
-        ca = ["--volume", f"{HOST_CA}:{BUILD_CA}:ro", "--build-arg", f"PIP_CERT={BUILD_CA}"] if HOST_CA.exists() else []
-        build = ["build", "--isolation", "chroot", "--layers", "--pull=never", "--build-arg", f"BASE={BASE_IMAGE}", *ca,
-                 "--file", str(CONTAINERFILE)]
+    with images.storage_lock():
         started = time.monotonic()
-        # The build stage first, tagged, so that pruning keeps its cached layers (apt) too; the full
-        # build then reuses them.
-        buildah(*build, "--target", "build", "--tag", BUILD_STAGE, str(REPO), timeout=1200)
-        buildah(*build, "--tag", IMAGE, str(REPO), timeout=1200)
+        images.project_image(IMAGE, BUILD_STAGE)
         build_seconds = time.monotonic() - started
-        # Earlier builds' images, now untagged, go; the layers under tagged images (the cache, and
-        # what another run uses now) stay.
-        buildah("rmi", "--prune", check=False)
         container = f"nftpolicy-test-{RUN}-{secrets.token_hex(3)}"
         buildah("from", "--pull=never", "--name", container, IMAGE)
     try:
         yield Image(container, build_seconds)
     finally:
         buildah("rm", container, check=False)
-        with stack_lock():
+        with images.storage_lock():
             buildah("rmi", IMAGE, BUILD_STAGE, check=False)  # this run's tags; the layers stay as cache
-
-
-def stack_lock():
-    """An exclusive lock on the shared storage (flock on BUILD_LOCK): held while building,
-    pruning and removing tags, so that two runs never prune or re-tag under each other."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    handle = open(BUILD_LOCK, "a")
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
 
 
 # Capability bits 0-31 (linux/capability.h), to read /proc/PID/status.
