@@ -30,7 +30,9 @@ def run_tag() -> str:
     return os.environ.get(RUN_TAG_ENV, "")
 
 
-def _setns(fd: int) -> None:
+def enter_thread(fd: int) -> None:
+    """Move the calling thread into the network namespace open at ``fd`` (a file of
+    ``/run/netns`` or ``/proc/PID/ns/net``) for good; raises NetnsError."""
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise NetnsError(f"setns: {os.strerror(err)}")
@@ -40,11 +42,11 @@ def _setns(fd: int) -> None:
 def entered(name: str) -> Iterator[None]:
     """Run the body with this thread inside network namespace ``name`` (from ``ip netns add``)."""
     with open(f"{NETNS_DIR}/{name}") as target, open("/proc/thread-self/ns/net") as home:
-        _setns(target.fileno())
+        enter_thread(target.fileno())
         try:
             yield
         finally:
-            _setns(home.fileno())
+            enter_thread(home.fileno())
 
 
 def create(names: list[str]) -> None:

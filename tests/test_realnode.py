@@ -1,0 +1,82 @@
+"""The real node's test bed (agent/realnode.py) removes everything it made: after a failed start,
+and, through the next start, after its owner was killed by SIGKILL. (The whole cluster, with
+kubelet running pods, is proven by `bash .ci/e2e`.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nftpolicy.agent import netns, realnode
+from nftpolicy.agent.realnode import KERNEL_TUNABLES, RealCluster, RealNodeError
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.kernel
+
+
+def tunables() -> dict[str, str]:
+    return {name: Path("/proc/sys", name.replace(".", "/")).read_text().strip() for name in KERNEL_TUNABLES}
+
+
+def leftovers(ident: str) -> list[str]:
+    """Whatever of run ``ident`` is still on the machine."""
+    found = [f"netns {name}" for name in netns.existing(ident)]
+    found += [str(path) for path in (realnode.STATE_ROOT / ident, realnode.SOCKET_ROOT / ident) if path.exists()]
+    found += [str(h / ident) for h in realnode._cgroup_hierarchies() if (h / ident).exists()]
+    found += [f"pid {pid}" for pid in realnode._processes_of(realnode.RunState(id=ident, owner_pid=0, cgroup=f"/{ident}"))]
+    return found
+
+
+@pytest.fixture
+def machine_before():
+    made = [path for path in realnode.NODE_PRIVATE_DIRS if not os.path.exists(path)]
+    before = tunables()
+    yield
+    assert tunables() == before
+    assert [path for path in made if os.path.exists(path)] == []
+
+
+def test_a_failed_start_removes_everything(machine_before):
+    cluster = RealCluster(nodes=2, binaries={"kube-controller-manager": "/bin/false"})
+    with pytest.raises(RealNodeError, match="kube-controller-manager exited with code 1"):
+        with cluster:
+            pass
+    assert leftovers(cluster.state.id) == []
+
+
+def test_a_killed_run_is_removed_by_the_next_start(machine_before, tmp_path):
+    """The owner is SIGKILLed once containerd runs on both nodes; its etcd, kube-apiserver and
+    containerd die with it (PR_SET_PDEATHSIG), and clean_stale() removes the rest: namespaces,
+    files, cgroups, mount points, tunables."""
+    idle = tmp_path / "idle"  # stands in for kubelet: runs, whatever its flags
+    idle.write_text("#!/bin/sh\nexec sleep 600\n")
+    idle.chmod(0o755)
+    script = tmp_path / "start.py"
+    script.write_text(
+        "from nftpolicy.agent.realnode import RealCluster\n"
+        f"c = RealCluster(nodes=2, binaries={{'kubelet': '{idle}'}})\n"
+        "print(c.state.id, flush=True)\n"
+        "c.start()\n")
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert owner.stdout is not None
+    ident = owner.stdout.readline().strip()
+    socket = realnode.SOCKET_ROOT / ident / "node2" / "containerd.sock"
+    deadline = time.monotonic() + 120
+    while not socket.exists() and owner.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert socket.exists(), f"containerd of node2 never started (exit {owner.poll()})"
+    state = realnode.RunState(**json.loads((realnode.STATE_ROOT / ident / "state.json").read_text()))
+    assert len(state.netns) == 3 and len(state.mount_ns_inodes) == 2
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    assert leftovers(ident) != []
+    assert ident in realnode.clean_stale()
+    assert leftovers(ident) == []
