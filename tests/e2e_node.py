@@ -1,0 +1,291 @@
+"""The real node's checks, run by ``bash .ci/e2e`` (``python -m tests.e2e_node``).
+
+On a :class:`~nftpolicy.agent.realnode.RealCluster` of real kubelets and containerd:
+
+1. **Vacuity**: before nftpolicy is installed, one deny spec of the upstream suite must fail
+   (nothing else on the node enforces NetworkPolicy).
+2. **Install**: ``helm install`` of ``charts/nftpolicy`` as shipped, with the image built from the
+   ``Containerfile``; the DaemonSet's pods become Ready through their own readiness probe.
+3. **The upstream suite**: ``e2e-netpol.test --ginkgo.focus='\\[sig-network\\] Netpol'
+   --ginkgo.skip='SCTPConnectivity' --provider=local``; every spec that runs must pass.
+4. **Lifecycle with traffic** (:mod:`tests.e2e_lifecycle`): a denied and an allowed pod pair
+   probed every 100 ms while the agent's pod is deleted, the chart upgraded, containerd,
+   kubelet and kube-apiserver restarted and the chart uninstalled.
+
+Prints one line per step and a table of the specs, writes ``e2e-report.json`` (figures for
+``bench/real_node.py`` and the README) in ``--report-dir``, and ends with ginkgo's summary line.
+Exit 0 only when every step passed; 2 when a tool is missing; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import signal
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Any
+
+from nftpolicy.agent import images
+from nftpolicy.agent.controlplane import find_binary
+from nftpolicy.agent.realnode import PAUSE_IMAGE, RealCluster, RealNodeError, container_pid
+
+from .e2e_lifecycle import lifecycle
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = REPO / ".tools"
+CHART = REPO / "charts" / "nftpolicy"
+# test/utils/image/manifest.go of the pinned Kubernetes: the name the e2e framework asks for.
+AGNHOST_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+AGENT_REPOSITORY = "localhost/nftpolicy"
+AGENT_NAMESPACE = "nftpolicy"
+FOCUS = r"\[sig-network\] Netpol"
+SKIP = "SCTPConnectivity"  # this kernel has no SCTP
+# The vacuity check: a deny spec that must fail while nothing enforces NetworkPolicy.
+VACUITY_FOCUS = r"\[sig-network\] Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy"
+SUMMARY = re.compile(r"^(SUCCESS!|FAIL!|Ran \d+ of \d+ Specs).*$", re.M)
+
+
+class Step:
+    """Prints ``<name> ... ok (12.3 s)`` or ``... FAILED: <why>`` for one step; records it."""
+
+    results: list[dict[str, Any]] = []
+
+    def __init__(self, name: str) -> None:
+        self.name, self.started = name, time.monotonic()
+
+    def __enter__(self) -> "Step":
+        print(f"{self.name} ...", flush=True)
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+        seconds = time.monotonic() - self.started
+        ok = error is None
+        why = "" if ok else (str(error).splitlines() or [type(error).__name__])[0]
+        print(f"{self.name}: {'ok' if ok else 'FAILED: ' + why} ({seconds:.1f} s)", flush=True)
+        Step.results.append({"step": self.name, "ok": ok, "seconds": round(seconds, 1), "why": why})
+        return False
+
+
+def build_images(run: str) -> list[Path]:
+    """pause, agnhost and the agent's image, built here as docker-archives for containerd to
+    import; returns their paths. Each archive is kept in ``$NFTPOLICY_CI_CACHE/images`` under
+    its image's id, so an unchanged image is not written again (the agent's image is rebuilt
+    from the layer cache each run, and gets a new id only when its sources changed)."""
+    bin_dir = TOOLS / "bin"
+    agent_tag = f"{AGENT_REPOSITORY}:e2e-{run}"
+    build_stage = f"localhost/nftpolicy-build:e2e-{run}"
+    with images.storage_lock():
+        images.files_image(PAUSE_IMAGE, {"/pause": bin_dir / "pause"}, ["/pause"])
+        images.files_image(AGNHOST_IMAGE, {"/agnhost": bin_dir / "agnhost",
+                                           "/localhost.crt": TOOLS / "agnhost-files" / "localhost.crt",
+                                           "/localhost.key": TOOLS / "agnhost-files" / "localhost.key"},
+                           ["/agnhost"], ["pause"], base=images.BASE_IMAGE)
+        images.project_image(agent_tag, build_stage)
+        try:
+            return [images.cached_archive(tag) for tag in (PAUSE_IMAGE, AGNHOST_IMAGE, agent_tag)]
+        finally:
+            images.buildah("rmi", agent_tag, build_stage, check=False)
+
+
+def helm(cluster: RealCluster, *args: str, timeout: float = 300) -> str:
+    """``helm ARGS`` against the cluster (from the first node's namespace)."""
+    return cluster.run([find_binary("helm"), *args], timeout=timeout).stdout
+
+
+def install_chart(cluster: RealCluster, run: str, *values: str) -> dict[str, float]:
+    """The chart as shipped, in namespace ``nftpolicy`` (Pod Security level ``privileged``:
+    hostNetwork and NET_ADMIN, as docs/ says); returns seconds from ``helm install`` to every
+    DaemonSet pod Ready and to the first committed table on every node."""
+    cluster.kubectl("create", "namespace", AGENT_NAMESPACE)
+    cluster.kubectl("label", "namespace", AGENT_NAMESPACE, "pod-security.kubernetes.io/enforce=privileged")
+    started = time.monotonic()
+    tables: dict[int, float] = {}
+
+    def watch_tables() -> None:
+        while len(tables) < cluster.node_count and time.monotonic() - started < 300:
+            for node in range(1, cluster.node_count + 1):
+                if node not in tables and cluster.run(["nft", "list", "table", "inet", "nftpolicy"], node=node,
+                                                      check=False).returncode == 0:
+                    tables[node] = time.monotonic() - started
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch_tables, daemon=True)
+    watcher.start()
+    helm(cluster, "install", "nftpolicy", str(CHART), "--namespace", AGENT_NAMESPACE,
+         "--set", f"image.repository={AGENT_REPOSITORY}", "--set", f"image.tag=e2e-{run}",
+         "--set", "image.pullPolicy=Never", *values)
+    cluster.kubectl("rollout", "status", "daemonset/nftpolicy", "-n", AGENT_NAMESPACE, "--timeout=180s", timeout=200)
+    ready = time.monotonic() - started
+    watcher.join(timeout=60)
+    if len(tables) < cluster.node_count:
+        raise RealNodeError(f"no table on nodes {sorted(set(range(1, cluster.node_count + 1)) - set(tables))}")
+    return {"ready_seconds": round(ready, 2), "table_seconds": round(max(tables.values()), 2)}
+
+
+class AgentUsage(threading.Thread):
+    """Samples the agent containers' cgroups (v1 ``memory`` and ``cpuacct``) every ``period``
+    seconds until :meth:`finish`: the largest RSS (``total_rss`` of memory.stat, MiB) and the CPU
+    used over the window (cores, summed over the nodes' agents)."""
+
+    def __init__(self, cluster: RealCluster, period: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.period = cluster, period
+        self.stop = threading.Event()
+        self.max_rss_mib = 0.0
+        self.paths = self._cgroups()
+        self.cpu_start = self._cpu()
+        self.started = time.monotonic()
+
+    def _cgroups(self) -> list[tuple[Path, Path]]:
+        pods = json.loads(self.cluster.kubectl("get", "pods", "-n", AGENT_NAMESPACE, "-o", "json",
+                                               "-l", "app.kubernetes.io/name=nftpolicy"))["items"]
+        found = []
+        for pod in pods:
+            container_id = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "agent")["containerID"]
+            pid = container_pid(container_id.split("://", 1)[1])
+            lines = dict(line.split(":", 2)[1:] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+            memory = next(path for controllers, path in lines.items() if "memory" in controllers.split(","))
+            cpu = next(path for controllers, path in lines.items() if "cpuacct" in controllers.split(","))
+            found.append((Path("/sys/fs/cgroup/memory") / memory.lstrip("/"),
+                          Path("/sys/fs/cgroup/cpu,cpuacct") / cpu.lstrip("/")))
+        return found
+
+    def _cpu(self) -> int:
+        return sum(int((cpu / "cpuacct.usage").read_text()) for _, cpu in self.paths)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            rss = 0
+            for memory, _ in self.paths:
+                stat = dict(line.split() for line in (memory / "memory.stat").read_text().splitlines())
+                rss = max(rss, int(stat["total_rss"]))
+            self.max_rss_mib = max(self.max_rss_mib, rss / 2**20)
+            self.stop.wait(self.period)
+
+    def finish(self) -> dict[str, float]:
+        """Stop sampling; returns ``{"seconds", "cpu_cores", "max_rss_mib"}``."""
+        self.stop.set()
+        self.join()
+        seconds = time.monotonic() - self.started
+        return {"seconds": round(seconds, 1), "cpu_cores": round((self._cpu() - self.cpu_start) / 1e9 / seconds, 4),
+                "max_rss_mib": round(self.max_rss_mib, 1)}
+
+
+def run_suite(cluster: RealCluster, out: Path, focus: str, skip: str, timeout: float, procs: int = 1) -> dict[str, Any]:
+    """The upstream specs, run by the ginkgo CLI on ``procs`` parallel processes; returns
+    ``{"rc", "summary", "specs": [{name, state, seconds}], "seconds"}`` from its junit report and
+    its output (``out/e2e.log``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    junit = out / "junit.xml"
+    argv = [str(TOOLS / "bin" / "ginkgo"), f"--procs={procs}", f"--focus={focus}", f"--skip={skip}", "--no-color", "-v",
+            f"--output-dir={out}", "--junit-report=junit.xml", f"--timeout={int(timeout)}s",
+            str(TOOLS / "bin" / "e2e-netpol.test"), "--",
+            f"--kubeconfig={cluster.kubeconfig}", "--provider=local", f"--report-dir={out}"]
+    started = time.monotonic()
+    log = out / "e2e.log"
+    with open(log, "w") as stream:
+        result = cluster.run(argv, check=False, timeout=timeout + 120, cwd=str(out), stdout=stream, stderr=subprocess.STDOUT,
+                             env={"PATH": f"{TOOLS / 'bin'}:{os.environ.get('PATH', '')}"})
+    summary = [m.group(0) for m in SUMMARY.finditer(log.read_text(errors="replace"))]
+    specs = []
+    if junit.exists():
+        for case in ElementTree.parse(junit).getroot().iter("testcase"):
+            state = "passed"
+            if case.find("skipped") is not None:
+                state = "skipped"
+            elif case.find("failure") is not None or case.find("error") is not None:
+                state = "failed"
+            specs.append({"name": case.get("name", ""), "state": state, "seconds": float(case.get("time", 0))})
+    return {"rc": result.returncode, "summary": summary, "specs": specs, "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.e2e_node", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2, help="kubelets (each with its containerd), 1 to 9")
+    parser.add_argument("--report-dir", type=Path, default=REPO / "build" / "e2e")
+    parser.add_argument("--focus", default=FOCUS, help="ginkgo focus of the upstream run")
+    parser.add_argument("--procs", type=int, default=3, help="parallel ginkgo processes of the upstream run")
+    parser.add_argument("--skip-lifecycle", action="store_true")
+    parser.add_argument("--skip-vacuity", action="store_true")
+    args = parser.parse_args(argv)
+    missing = [tool for tool in ("helm", "ginkgo", "e2e-netpol.test", "pause", "agnhost")
+               if not (TOOLS / "bin" / tool).exists()]
+    if missing:
+        print(f"e2e: missing tool {missing[0]} in .tools/bin: run `bash .ci/install --test`", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    run = f"{int(time.time())}"
+    report: dict[str, Any] = {"nodes": args.nodes}
+    args.report_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    summary_line = "e2e: the upstream suite did not run"
+    ok = True
+    try:
+        with Step("build images (pause, agnhost, nftpolicy)"):
+            tars = build_images(run)
+        with Step(f"start the real cluster ({args.nodes} nodes)"):
+            cluster = RealCluster(nodes=args.nodes, images=tars).__enter__()
+        try:
+            if not args.skip_vacuity:
+                with Step("vacuity: a deny spec fails without nftpolicy"):
+                    vacuity = run_suite(cluster, args.report_dir / "vacuity", VACUITY_FOCUS, SKIP, 600)
+                    report["vacuity"] = vacuity
+                    log = (args.report_dir / "vacuity" / "e2e.log").read_text(errors="replace")
+                    if vacuity["rc"] == 0 or "wrong results in reachability matrix" not in log:
+                        raise RealNodeError(f"the deny spec did not fail on its matrix without nftpolicy: "
+                                            f"{vacuity['summary']}")
+            with Step("helm install charts/nftpolicy"):
+                report["install"] = install_chart(cluster, run)
+                print(f"  DaemonSet Ready {report['install']['ready_seconds']} s, tables committed "
+                      f"{report['install']['table_seconds']} s after helm install", flush=True)
+            with Step("agent at idle (20 s)"):
+                idle = AgentUsage(cluster)
+                idle.start()
+                time.sleep(20)
+                report["agent_idle"] = idle.finish()
+                print(f"  agent at idle: {report['agent_idle']}", flush=True)
+            with Step("upstream e2e: [sig-network] Netpol"):
+                busy = AgentUsage(cluster)
+                busy.start()
+                suite = run_suite(cluster, args.report_dir / "netpol", args.focus, SKIP, 2400, args.procs)
+                report["agent_during_suite"] = busy.finish()
+                print(f"  agent during the suite: {report['agent_during_suite']}", flush=True)
+                report["suite"] = suite
+                for spec in suite["specs"]:
+                    if spec["state"] != "skipped":
+                        print(f"  {spec['state'].upper():7} {spec['seconds']:6.1f} s  {spec['name']}")
+                if suite["summary"]:
+                    summary_line = suite["summary"][-1]
+                failed = [s for s in suite["specs"] if s["state"] == "failed"]
+                if suite["rc"] != 0 or failed or not any(s["state"] == "passed" for s in suite["specs"]):
+                    raise RealNodeError(f"{len(failed)} specs failed (ginkgo exit {suite['rc']})")
+            if not args.skip_lifecycle:
+                with Step("lifecycle with traffic"):
+                    report["lifecycle"] = lifecycle(cluster, helm, CHART, AGNHOST_IMAGE)
+        finally:
+            with Step("tear the real cluster down"):
+                cluster.close()
+    except (RealNodeError, images.ImageError, OSError) as exc:
+        ok = False
+        print(f"e2e: {exc}".splitlines()[0], file=sys.stderr)
+    except KeyboardInterrupt:
+        print("e2e: interrupted", file=sys.stderr)
+        return 130
+    report["steps"] = Step.results
+    report["seconds"] = round(time.monotonic() - started, 1)
+    (args.report_dir / "e2e-report.json").write_text(json.dumps(report, indent=1))
+    ok = ok and all(step["ok"] for step in Step.results)
+    print(f"e2e: {'passed' if ok else 'FAILED'} in {report['seconds'] / 60:.1f} min; report {args.report_dir / 'e2e-report.json'}")
+    print(summary_line)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
