@@ -28,6 +28,10 @@ class Metrics:
                                          registry=r, buckets=LATENCY_BUCKETS)
         self.api_errors = Counter("nftpolicy_api_errors", "Kubernetes API errors, by kind and reason.", ["kind", "reason"], registry=r)
         self.api_retries = Counter("nftpolicy_api_retries", "Kubernetes API retries after backoff, by kind and reason.", ["kind", "reason"], registry=r)
+        self.api_access_denied = Gauge(
+            "nftpolicy_api_access_denied",
+            "1 while the API server refuses (401 or 403) this agent's requests to list or watch a kind (retried with backoff), else 0.",
+            ["kind", "verb"], registry=r)
         self.watch_seconds_since_success = Gauge(
             "nftpolicy_watch_seconds_since_success",
             "Seconds since the last successful API response for a kind (0 while its watch is open): alert when it grows.",

@@ -6,9 +6,12 @@ built by the same validation as ``nftpolicy render`` (:mod:`nftpolicy.translator
 The API source follows the list/watch protocol of the Kubernetes API concepts page: list, then
 watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; ``410 Gone`` (or an
 ``ERROR`` event) means relist; a watch that ends or times out reconnects from the last
-resourceVersion; every request has a client-side timeout. 429 (honouring ``Retry-After``), 5xx
-and connection errors are retried with exponential backoff and jitter (tenacity); other 4xx are
-reported and the kind is relisted only after the longest backoff.
+resourceVersion; every request has a client-side timeout, and every connection TCP keepalive (a
+watch whose path died silently is reset within seconds). 401 and 403 (a restarting API server
+refuses requests until its authorizer has loaded; a RoleBinding being replaced), 429 (honouring
+``Retry-After``), 5xx and connection errors are retried with exponential backoff and jitter
+(tenacity), as client-go's reflectors retry them; a refusal that lasts is reported once per kind.
+Other 4xx are reported and the kind is relisted only after the longest backoff.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -64,6 +68,17 @@ MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that e
 # within 5 s), while a faulty server still gets at most one request per kind and node every 3-4 s.
 RETRY_CAP = 3.0
 RETRY_JITTER = 1.0
+# TCP keepalive on every API connection: a watch whose path to the API server died without a reset
+# (the server's host lost power, a load balancer or NAT forgot the flow) stays open and silent until
+# its read timeout (--watch-timeout + --api-timeout: 310 s by default); with keepalive the kernel
+# resets it after KEEPALIVE_IDLE seconds without a byte plus KEEPALIVE_COUNT unanswered probes
+# KEEPALIVE_INTERVAL seconds apart (3 s), and it is retried like any connection error. The cost is
+# one probe and its ACK (two bare TCP segments, answered by the API server's kernel, never by the
+# API server) per second on each idle connection: 5 connections per node. (client-go asks for
+# 30 s idle and Go's 15 s x 9 probes: 165 s.)
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 1, 1, 2
+REFUSED = (401, 403)  # retried like 5xx (see _retryable)
+REFUSED_GRACE = 10.0  # seconds of refusals of one kind before they are reported as an error (once)
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
 
@@ -227,9 +242,21 @@ def describe(exc: BaseException | None) -> str:
 
 
 def _retryable(exc: BaseException) -> bool:
+    """True for what may pass by itself: 401 and 403 (an API server that has just started
+    refuses every request until its authorizer's caches are loaded; a binding that is being
+    replaced), 429, 5xx, no answer (status 0), connection and protocol errors."""
     if isinstance(exc, k8s.ApiException):
-        return exc.status == 429 or (exc.status or 0) >= 500 or exc.status == 0
+        return exc.status in REFUSED or exc.status == 429 or (exc.status or 0) >= 500 or exc.status == 0
     return isinstance(exc, (urllib3.exceptions.HTTPError, OSError, ValueError))
+
+
+def keepalive_options() -> list[tuple[int, int, int]]:
+    """urllib3 socket options: its defaults (TCP_NODELAY) plus TCP keepalive with
+    :data:`KEEPALIVE_IDLE`, :data:`KEEPALIVE_INTERVAL` and :data:`KEEPALIVE_COUNT` (tcp(7))."""
+    options: list[tuple[int, int, int]] = list(urllib3.connection.HTTPConnection.default_socket_options)
+    return options + [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE),
+                      (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL),
+                      (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_COUNT)]
 
 
 def _retry_after(state: tenacity.RetryCallState) -> float | None:
@@ -268,6 +295,7 @@ class KubeSource:
             raise SourceError(f"cannot read kubeconfig {kubeconfig}: {reason}" if kubeconfig else
                               f"no in-cluster configuration ({reason}): outside a pod, give --kubeconfig") from None
         configuration.retries = False  # tenacity decides
+        configuration.socket_options = keepalive_options()
         api = k8s.ApiClient(configuration)
         core, networking = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)
         self.calls: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
@@ -279,22 +307,65 @@ class KubeSource:
                                      {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"}),
         }
         self.store, self.metrics, self.stop = store, metrics, stop
+        # The pause between two tries of a request (seconds) and the monotonic clock (seconds):
+        # tests give their own, to read delays without waiting them out.
+
+        def sleep(seconds: float) -> None:
+            stop.wait(seconds)  # a stop ends the pause at once
+
+        self.sleep: Callable[[float], None] = sleep
+        self.clock: Callable[[], float] = time.monotonic
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
         # Per kind: when a request last succeeded (monotonic; the start until the first), and
         # whether a watch stream is open now (it counts as succeeding while it lasts).
-        self._succeeded = {kind: time.monotonic() for kind in self.calls}
+        self._succeeded = {kind: self.clock() for kind in self.calls}
         self._streaming: set[str] = set()
+        # Per kind refused (401, 403) since its last success: when the first refusal came, and
+        # whether the refusal has been reported as an error.
+        self._refused: dict[str, float] = {}
+        self._reported: set[str] = set()
         for kind in self.calls:
             metrics.watch_seconds_since_success.labels(kind).set_function(functools.partial(self.seconds_failing, kind))
+            for verb in ("list", "watch"):
+                metrics.api_access_denied.labels(kind, verb).set(0)
 
     def seconds_failing(self, kind: str) -> float:
         """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
-        return 0.0 if kind in self._streaming else time.monotonic() - self._succeeded[kind]
+        return 0.0 if kind in self._streaming else self.clock() - self._succeeded[kind]
 
     def _success(self, kind: str) -> None:
-        self._succeeded[kind] = time.monotonic()
+        self._succeeded[kind] = self.clock()
+        refused = self._refused.pop(kind, None)
+        if refused is not None:
+            self._reported.discard(kind)
+            for verb in ("list", "watch"):
+                self.metrics.api_access_denied.labels(kind, verb).set(0)
+            log.info("API %s requests are allowed again, after %.1fs of refusals", kind, self._succeeded[kind] - refused,
+                     extra={"kind": kind})
+
+    def _refusal(self, kind: str, verb: str, exc: BaseException, pause: float) -> None:
+        """A 401 or 403 to ``verb`` (list, watch) on ``kind``, retried in ``pause`` seconds.
+        The first of a run is a warning (an API server that has just started refuses every
+        request until its authenticator's and authorizer's caches are loaded, about a second
+        here); once the refusals have lasted
+        :data:`REFUSED_GRACE` seconds, one error with the API's message (which names the verb
+        and the resource); nothing more until ``kind`` succeeds again. nftpolicy_api_access_denied
+        is 1 for the refused verb meanwhile."""
+        self.metrics.api_access_denied.labels(kind, verb).set(1)
+        now = self.clock()
+        extra = {"kind": kind, "reason": _reason(exc), "verb": verb}
+        if kind not in self._refused:
+            self._refused[kind] = now
+            log.warning("API %s request refused (%s), retry in %.1fs: an API server that has just started refuses requests until "
+                        "its authenticator and authorizer are ready", kind, describe(exc), pause, extra=extra)
+        elif now - self._refused[kind] >= REFUSED_GRACE and kind not in self._reported:
+            self._reported.add(kind)
+            log.error("API %s requests refused for %.0fs: %s; retrying at most %.0fs apart, said once until they are allowed",
+                      kind, now - self._refused[kind], describe(exc), RETRY_CAP + RETRY_JITTER, extra=extra)
+        else:
+            log.debug("API %s %s refused again (%s), retry in %.1fs", kind, verb, describe(exc), pause, extra=extra)
 
     def start(self) -> list[threading.Thread]:
         """Start one daemon thread per kind; they run until ``stop`` is set."""
@@ -303,7 +374,11 @@ class KubeSource:
             t.start()
         return threads
 
-    def _retrying(self, kind: str) -> tenacity.Retrying:
+    def _retrying(self, kind: str, verb: str) -> tenacity.Retrying:
+        """The retry policy of one ``verb`` (list, watch) request on ``kind``: see
+        :func:`_retryable`; exponential from 0.2 s to :data:`RETRY_CAP` plus up to
+        :data:`RETRY_JITTER` of random delay (``Retry-After`` of a 429 instead); a new one per
+        request, so the delay starts again after a success. A stop ends it at once."""
         backoff = tenacity.wait_exponential(multiplier=0.2, max=RETRY_CAP) + tenacity.wait_random(0, RETRY_JITTER)
 
         def wait(state: tenacity.RetryCallState) -> float:
@@ -313,11 +388,12 @@ class KubeSource:
             exc = state.outcome.exception() if state.outcome else None
             reason = _reason(exc) if exc else "unknown"
             self.metrics.api_retries.labels(kind, reason).inc()
+            pause = state.next_action.sleep if state.next_action else 0.0
+            if isinstance(exc, k8s.ApiException) and exc.status in REFUSED:
+                self._refusal(kind, verb, exc, pause)
+                return
             log.warning("API %s request failed (%s), retry %d in %.1fs", kind, describe(exc), state.attempt_number,
-                        state.next_action.sleep if state.next_action else 0, extra={"kind": kind, "reason": reason})
-
-        def sleep(seconds: float) -> None:
-            self.stop.wait(seconds)  # a stop ends the pause at once
+                        pause, extra={"kind": kind, "reason": reason})
 
         def after(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome and state.outcome.failed else None
@@ -326,27 +402,27 @@ class KubeSource:
 
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: _retryable(e) and not self.stop.is_set()),
-            wait=wait, sleep=sleep, before_sleep=before_sleep, reraise=True, after=after,
+            wait=wait, sleep=self.sleep, before_sleep=before_sleep, reraise=True, after=after,
         )
 
     def _run(self, kind: str) -> None:
         pause = 0.0  # grows while lists or watches end as soon as they start, so a faulty
         # server never gets a tight loop of cluster-wide lists from every node
         while not self.stop.is_set():
-            started = time.monotonic()
+            started = self.clock()
             try:
-                self._retrying(kind)(self._list, kind)
+                self._retrying(kind, "list")(self._list, kind)
                 while not self.stop.is_set():
-                    started = time.monotonic()
-                    self._retrying(kind)(self._watch, kind)
-                    pause = _next_pause(pause, time.monotonic() - started)
+                    started = self.clock()
+                    self._retrying(kind, "watch")(self._watch, kind)
+                    pause = _next_pause(pause, self.clock() - started)
                     self.stop.wait(pause)
             except RelistNeeded as exc:
                 self.metrics.api_errors.labels(kind, _reason(exc)).inc()
-                pause = _next_pause(pause, time.monotonic() - started)
+                pause = _next_pause(pause, self.clock() - started)
                 log.info("relisting %s in %.1fs: %s", kind, pause, exc, extra={"kind": kind})
                 self.stop.wait(pause)
-            except Exception as exc:  # a non-retryable API error (403, 404, ...): report, relist later
+            except Exception as exc:  # a non-retryable API error (400, 404, ...): report, relist later
                 if self.stop.is_set():
                     return
                 if kind in OPTIONAL and isinstance(exc, k8s.ApiException) and exc.status == 404:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
+from nftpolicy.agent import netns
 from nftpolicy.agent.controlplane import ControlPlane, free_port
 from nftpolicy.agent.probes import ProbeSpec
 from nftpolicy.agent.sandbox import Sandbox
@@ -46,10 +48,12 @@ class AgentEnv:
     """``slots`` maps sandbox pod keys (``ns/name``) to their IPs; all live on ``node1``.
 
     The API objects are independent of the slots: a test puts Pods whose IPs point at slots.
+    ``agent_netns``: a network namespace the test made, where the agent process runs (so its
+    API connections and HTTP endpoint live there; it still commits in the sandbox node's).
     """
 
     def __init__(self, tmp_path: Path, slots: dict[str, str], extra_args: tuple[str, ...] = (),
-                 api: FakeApiServer | RealApi | None = None) -> None:
+                 api: FakeApiServer | RealApi | None = None, agent_netns: str | None = None) -> None:
         if api is None:
             api = FakeApiServer(bookmark_interval=0.5)
             api.start()
@@ -64,6 +68,7 @@ class AgentEnv:
         self.port = free_port()
         self.log_path = tmp_path / "agent.log"
         self.extra_args = extra_args
+        self.agent_netns = agent_netns
         self.proc: subprocess.Popen | None = None
 
     def put_slot_pods(self) -> "AgentEnv":
@@ -75,7 +80,8 @@ class AgentEnv:
         return self
 
     def start_agent(self, wait_ready: bool = True) -> None:
-        args = [NFTPOLICY, "agent", "--kubeconfig", self.kubeconfig, "--node", "node1", "--netns", self.netns,
+        inside = ["ip", "netns", "exec", self.agent_netns] if self.agent_netns else []  # ip execs: the pid is the agent's
+        args = [*inside, NFTPOLICY, "agent", "--kubeconfig", self.kubeconfig, "--node", "node1", "--netns", self.netns,
                 "--http-address", f"127.0.0.1:{self.port}", "--min-sync-interval", "0.05", "--api-timeout", "2",
                 "--watch-timeout", "20", "--log-format", "json", *self.extra_args]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"))
@@ -97,7 +103,8 @@ class AgentEnv:
         self.api.stop()
 
     def http(self, path: str) -> tuple[int, str]:
-        return http_get(f"http://127.0.0.1:{self.port}{path}")
+        with netns.entered(self.agent_netns) if self.agent_netns else nullcontext():
+            return http_get(f"http://127.0.0.1:{self.port}{path}")
 
     def metric(self, name: str, **labels: str) -> float:
         """A sample of /metrics (0 when absent)."""

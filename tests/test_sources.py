@@ -3,10 +3,13 @@ through the official client. No kernel needed: these check the in-memory store."
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 
 import pytest
+from kubernetes.client import ApiException
 
 from nftpolicy.agent.metrics import Metrics
 from nftpolicy.agent.sources import KubeSource, ManifestsSource, Store
@@ -156,12 +159,93 @@ def test_other_4xx_is_reported_not_retried(api, source):
     store, metrics, start = source
     start()
     api.cut_watches()
-    api.fail(403, count=4)
-    eventually(lambda: sum(sample(metrics, "nftpolicy_api_errors_total", kind=k, reason="403")
+    api.fail(400, count=4)
+    eventually(lambda: sum(sample(metrics, "nftpolicy_api_errors_total", kind=k, reason="400")
                            for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) >= 1, timeout=5)
     time.sleep(1.0)
-    assert sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="403")
+    assert sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="400")
                for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) == 0
+
+
+FORBIDDEN = 'pods is forbidden: User "system:serviceaccount:kube-system:nftpolicy" cannot watch resource "pods" in API group "" at the cluster scope'
+
+
+def refused(status: int) -> ApiException:
+    """A 401 or 403 as the client raises it, with the API server's Status message."""
+    exc = ApiException(status=status, reason="Forbidden" if status == 403 else "Unauthorized")
+    exc.body = json.dumps({"kind": "Status", "code": status, "message": FORBIDDEN if status == 403 else "Unauthorized"})
+    return exc
+
+
+def test_401_and_403_are_retried_with_the_common_backoff_reported_once(api, tmp_path, caplog):
+    """A restarting API server refuses requests (403) until its RBAC authorizer has loaded: the
+    refusal is retried like a 5xx (0.2 s doubling, plus up to 1 s of jitter, capped at 3 s); its
+    first is a warning, and once the refusals of a kind have lasted 10 s one error says the
+    API's message (the verb and the resource), nothing more until a request of that kind
+    succeeds; nftpolicy_api_access_denied{kind,verb} is 1 meanwhile. The source's sleep and
+    clock are the test's: the delays are read, not waited out."""
+    metrics = Metrics()
+    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
+    now, slept = [100.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    src.sleep, src.clock = sleep, lambda: now[0]
+    answers = [refused(403)] * 7 + [refused(401)]
+    denied_meanwhile = []
+
+    def request() -> str:
+        denied_meanwhile.append(sample(metrics, "nftpolicy_api_access_denied", kind="Pod", verb="watch"))
+        if answers:
+            raise answers.pop(0)
+        src._success("Pod")
+        return "streamed"
+
+    with caplog.at_level(logging.DEBUG, logger="nftpolicy.sources"):
+        assert src._retrying("Pod", "watch")(request) == "streamed"
+    assert len(slept) == 8
+    for delay, base in zip(slept, (0.2, 0.4, 0.8, 1.6, 3.0, 3.0, 3.0, 3.0)):
+        assert base <= delay <= base + 1.0, slept
+    assert denied_meanwhile == [0] + [1] * 8
+    assert sample(metrics, "nftpolicy_api_access_denied", kind="Pod", verb="watch") == 0
+    assert sample(metrics, "nftpolicy_api_retries_total", kind="Pod", reason="403") == 7
+    assert sample(metrics, "nftpolicy_api_retries_total", kind="Pod", reason="401") == 1
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert said[0] == ("WARNING", f"API Pod request refused (403 Forbidden: {FORBIDDEN}), retry in {slept[0]:.1f}s: an API server "
+                                  "that has just started refuses requests until its authenticator and authorizer are ready")
+    # the error comes at the first refusal 10 s or more after the first one
+    at = next(i for i in range(len(slept)) if sum(slept[:i]) >= 10.0)
+    status = f"403 Forbidden: {FORBIDDEN}" if at < 7 else "401 Unauthorized: Unauthorized"
+    assert said[1] == ("ERROR", f"API Pod requests refused for {sum(slept[:at]):.0f}s: {status}; retrying at most 4s apart, "
+                                "said once until they are allowed")
+    assert said[2] == ("INFO", f"API Pod requests are allowed again, after {sum(slept):.1f}s of refusals") and len(said) == 3
+    # after a success the delay starts again from 0.2 s, and a new refusal is said again
+    slept.clear()
+    answers.append(refused(403))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="nftpolicy.sources"):
+        src._retrying("Pod", "list")(request)
+    assert len(slept) == 1 and 0.2 <= slept[0] <= 1.2
+    assert [r.levelname for r in caplog.records if r.levelno >= logging.INFO] == ["WARNING", "INFO"]
+
+
+def test_a_403_from_the_api_is_retried_not_held_for_30s(api, source):
+    """Through the client and HTTP: watches refused with 403 come back at the next retry, not
+    after the 30 s of a non-retryable error."""
+    store, metrics, start = source
+    start()
+    api.fail(403, count=4)
+    api.cut_watches()
+    cut = time.monotonic()
+    api.put(pod("x", "b", "10.0.0.2"))
+    eventually(lambda: "x/b" in pods(store), timeout=10)
+    assert time.monotonic() - cut < 5.0
+    eventually(lambda: sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="403")
+                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) == 4, timeout=2)
+    eventually(lambda: all(sample(metrics, "nftpolicy_api_access_denied", kind=k, verb=v) == 0
+                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node") for v in ("list", "watch")), timeout=5)
 
 
 def test_invalid_objects_are_counted_and_policies_fail_closed(api, source):
