@@ -21,8 +21,9 @@ Where everything lives, so that it all goes with the cluster:
   ``pods`` and ``containers``) are bind mounts of the node's own directories; a mount point
   missing on the machine is made empty and removed at the end.
 * **Cgroups**: kubelet runs with the cgroupfs driver and ``cgroupsPerQOS: false`` (this machine
-  has cgroup v1; ``failCgroupV1: false``); every pod's cgroup is under ``cgroupRoot``
-  ``/nftpolicy-e2e-<id>``, removed at the end.
+  has cgroup v1; ``failCgroupV1: false``), so it gives containerd no cgroup parent and every
+  container's cgroup is containerd's default ``/k8s.io/<container id>``; the ids the run's
+  containerd instances know are removed at the end, and ``/k8s.io`` too when the run made it.
 * **Files**: ``/var/lib/nftpolicy-e2e/<id>`` (certificates, etcd, kubelet's root, containerd's
   root, logs) and ``/run/nftpolicy-e2e/<id>`` (sockets, containerd's state).
 * **Kernel tunables**: kubelet sets vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
@@ -57,6 +58,9 @@ from .netns import run_tag
 STATE_ROOT = Path("/var/lib/nftpolicy-e2e")
 SOCKET_ROOT = Path("/run/nftpolicy-e2e")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Where containerd puts a pod's cgroups when kubelet gives no parent (cgroupsPerQOS: false):
+# /k8s.io/<container id>, the CRI namespace's name.
+CONTAINERD_CGROUP = "k8s.io"
 CLUSTER_CIDR = "10.244.0.0/16"
 API_SERVICE_IP = "10.96.0.1"
 API_PORT = 6443
@@ -98,6 +102,7 @@ class RunState:
     cgroup: str = ""
     tunables: dict[str, str] = field(default_factory=dict)
     made_dirs: list[str] = field(default_factory=list)  # mount points made on the machine, removed if empty
+    made_cgroups: list[str] = field(default_factory=list)  # top-level cgroups made by the run, removed if empty
 
     @property
     def files(self) -> Path:
@@ -127,21 +132,54 @@ def _inode(path: str) -> int:
         return 0
 
 
-def _cgroup_hierarchies() -> list[Path]:
-    """The mounted cgroup hierarchies (v1: one per controller set; v2: the unified one)."""
-    found = []
+def _cgroup_mounts() -> dict[Path, set[str]]:
+    """The mounted cgroup hierarchies (v1: one per controller set; v2: the unified one), each with
+    its controllers (the mount's super options, proc(5) mountinfo)."""
+    found: dict[Path, set[str]] = {}
     with open("/proc/self/mountinfo") as mounts:
         for line in mounts:
             fields = line.split()
-            fstype = fields[fields.index("-") + 1]
-            if fstype in ("cgroup", "cgroup2") and fields[4].startswith(str(CGROUP_ROOT)):
-                found.append(Path(fields[4]))
+            after = fields.index("-")
+            if fields[after + 1] in ("cgroup", "cgroup2") and fields[4].startswith(str(CGROUP_ROOT)):
+                found[Path(fields[4])] = set(fields[after + 3].split(","))
     return found
 
 
+def _cgroup_hierarchies() -> list[Path]:
+    return list(_cgroup_mounts())
+
+
+def cgroup_dir(pid: int, controller: str) -> Path:
+    """The directory of process ``pid``'s cgroup in the v1 hierarchy of ``controller`` (``memory``,
+    ``cpuacct``, ...), from /proc/PID/cgroup; raises RealNodeError when there is none."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            for mount, names in _cgroup_mounts().items():
+                if controller in names:
+                    return mount / path.lstrip("/")
+    raise RealNodeError(f"no {controller} cgroup for pid {pid}")
+
+
+def _container_ids(state: "RunState") -> set[str]:
+    """Every container and sandbox id the run's containerd instances know (their CRI
+    directories and task state): with the cgroupfs driver and ``cgroupsPerQOS: false``, each has
+    a cgroup ``/k8s.io/<id>`` (containerd's default path) in every hierarchy."""
+    ids: set[str] = set()
+    for pattern in ("*/containerd/io.containerd.grpc.v1.cri/sandboxes/*", "*/containerd/io.containerd.grpc.v1.cri/containers/*"):
+        ids |= {path.name for path in state.files.glob(pattern)}
+    ids |= {path.name for path in state.sockets.glob("*/state/io.containerd.runtime.v2.task/k8s.io/*")}
+    return ids
+
+
 def _processes_of(state: RunState) -> list[int]:
-    """Pids in the run's network namespaces, its mount namespace or its cgroup."""
+    """Pids in the run's network namespaces, its mount namespaces, its cgroup or a container
+    cgroup of its containerd (pods in network and mount namespaces of their own, orphaned when
+    their shim dies)."""
     netns_inodes = {_inode(f"{netns.NETNS_DIR}/{name}") for name in state.netns} - {0}
+    cgroups = {f"/{CONTAINERD_CGROUP}/{ident}" for ident in _container_ids(state)}
+    if state.cgroup:
+        cgroups.add(state.cgroup)
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -150,10 +188,9 @@ def _processes_of(state: RunState) -> list[int]:
         try:
             inside = (_inode(f"/proc/{pid}/ns/net") in netns_inodes
                       or _inode(f"/proc/{pid}/ns/mnt") in state.mount_ns_inodes)
-            if not inside and state.cgroup:
-                cgroups = Path(f"/proc/{pid}/cgroup").read_text()
-                inside = any(line.split(":", 2)[2].startswith(state.cgroup + "/") or line.split(":", 2)[2] == state.cgroup
-                             for line in cgroups.splitlines())
+            if not inside and cgroups:
+                paths = {line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()}
+                inside = any(path == group or path.startswith(group + "/") for path in paths for group in cgroups)
         except (OSError, IndexError):
             continue
         if inside:
@@ -190,22 +227,27 @@ def tear_down(state: RunState) -> list[str]:
         time.sleep(0.2)
     if pids:
         problems.append(f"processes still running: {pids}")
-    if state.cgroup:
-        for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / state.cgroup.lstrip("/")
-            if not top.exists():
-                continue
-            for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
-                for _ in range(50):
-                    try:
-                        path.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.1)
-                else:
-                    problems.append(f"cgroup {path} not removed")
+    containers = _container_ids(state)
+    for hierarchy in _cgroup_hierarchies():
+        doomed = [hierarchy / CONTAINERD_CGROUP / ident for ident in containers]
+        top = hierarchy / state.cgroup.lstrip("/")
+        if state.cgroup and top.exists():
+            doomed += sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]
+        if CONTAINERD_CGROUP in state.made_cgroups:
+            doomed.append(hierarchy / CONTAINERD_CGROUP)
+        for path in doomed:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if path.name == CONTAINERD_CGROUP and any(p.is_dir() for p in path.iterdir()):
+                        break  # another containerd's containers (not ours) live there: it stays
+                    time.sleep(0.1)
+            else:
+                problems.append(f"cgroup {path} not removed")
     netns.delete(state.netns)
     for name, value in state.tunables.items():
         try:
@@ -305,6 +347,9 @@ class RealCluster:
                 os.makedirs(made)
         for index in range(1, self.node_count + 1):
             self._mount_namespace(index)
+        if not any((hierarchy / CONTAINERD_CGROUP).exists() for hierarchy in _cgroup_hierarchies()):
+            self.state.made_cgroups.append(CONTAINERD_CGROUP)
+        self.state.save()
         for hierarchy in _cgroup_hierarchies():
             (hierarchy / self.state.cgroup.lstrip("/")).mkdir(exist_ok=True)
         self._certificates()

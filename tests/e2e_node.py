@@ -34,7 +34,7 @@ from typing import Any
 
 from nftpolicy.agent import images
 from nftpolicy.agent.controlplane import find_binary
-from nftpolicy.agent.realnode import PAUSE_IMAGE, RealCluster, RealNodeError, container_pid
+from nftpolicy.agent.realnode import PAUSE_IMAGE, RealCluster, RealNodeError, cgroup_dir, container_pid
 
 from .e2e_lifecycle import lifecycle
 
@@ -150,11 +150,7 @@ class AgentUsage(threading.Thread):
         for pod in pods:
             container_id = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "agent")["containerID"]
             pid = container_pid(container_id.split("://", 1)[1])
-            lines = dict(line.split(":", 2)[1:] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines())
-            memory = next(path for controllers, path in lines.items() if "memory" in controllers.split(","))
-            cpu = next(path for controllers, path in lines.items() if "cpuacct" in controllers.split(","))
-            found.append((Path("/sys/fs/cgroup/memory") / memory.lstrip("/"),
-                          Path("/sys/fs/cgroup/cpu,cpuacct") / cpu.lstrip("/")))
+            found.append((cgroup_dir(pid, "memory"), cgroup_dir(pid, "cpuacct")))
         return found
 
     def _cpu(self) -> int:
