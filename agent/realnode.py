@@ -23,7 +23,8 @@ Where everything lives, so that it all goes with the cluster:
 * **Cgroups**: kubelet runs with the cgroupfs driver and ``cgroupsPerQOS: false`` (this machine
   has cgroup v1; ``failCgroupV1: false``), so it gives containerd no cgroup parent and every
   container's cgroup is containerd's default ``/k8s.io/<container id>``; the ids the run's
-  containerd instances know are removed at the end, and ``/k8s.io`` too when the run made it.
+  containerd instances know are removed at the end, and, when the run made ``/k8s.io``, every
+  child of it without a process and then ``/k8s.io`` itself.
 * **Files**: ``/var/lib/nftpolicy-e2e/<id>`` (certificates, etcd, kubelet's root, containerd's
   root, logs) and ``/run/nftpolicy-e2e/<id>`` (sockets, containerd's state).
 * **Kernel tunables**: kubelet sets vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
@@ -172,6 +173,14 @@ def _container_ids(state: "RunState") -> set[str]:
     return ids
 
 
+def _procs_in(cgroup: Path) -> str:
+    """The pids in ``cgroup`` (its cgroup.procs; empty when it is gone)."""
+    try:
+        return (cgroup / "cgroup.procs").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _processes_of(state: RunState) -> list[int]:
     """Pids in the run's network namespaces, its mount namespaces, its cgroup or a container
     cgroup of its containerd (pods in network and mount namespaces of their own, orphaned when
@@ -233,7 +242,10 @@ def tear_down(state: RunState) -> list[str]:
         top = hierarchy / state.cgroup.lstrip("/")
         if state.cgroup and top.exists():
             doomed += sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]
-        if CONTAINERD_CGROUP in state.made_cgroups:
+        if CONTAINERD_CGROUP in state.made_cgroups and (hierarchy / CONTAINERD_CGROUP).is_dir():
+            # The run made /k8s.io: every child left without a process is of its containers
+            # (containerd loses some while it restarts), then /k8s.io itself.
+            doomed += [child for child in (hierarchy / CONTAINERD_CGROUP).iterdir() if child.is_dir() and not _procs_in(child)]
             doomed.append(hierarchy / CONTAINERD_CGROUP)
         for path in doomed:
             for _ in range(50):
