@@ -19,6 +19,7 @@ from nftpolicy.translators.iptables import Unsupported
 from nftpolicy.translators.kuberouter import DumpError
 from nftpolicy.translators.rules import Config
 
+from . import interrupts
 from .controlplane import ControlPlaneError
 from .netns import NETNS_DIR, NetnsError
 from .dataplane import DataplaneError
@@ -382,25 +383,34 @@ variable, a file that cannot be read, an invalid object with --strict; 130 inter
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``nftpolicy`` command; returns its exit code (:data:`EXIT_CODES`). Every mistake
-    the user can make ends as one ``nftpolicy: ...`` line on stderr."""
+    the user can make ends as one ``nftpolicy: ...`` line on stderr; a SIGINT or SIGTERM that
+    :mod:`nftpolicy.agent.interrupts` handled ends it with that signal's line and code, however
+    the command unwound."""
     args = parser().parse_args(argv)
+    guard = interrupts.guard()
     try:
-        command = importlib.import_module(f"nftpolicy.agent.commands.{args.command}")
-        return int(getattr(command, f"cmd_{args.command}")(args))
+        with interrupts.deferred():  # see interrupts.Guard.deferred
+            command = importlib.import_module(f"nftpolicy.agent.commands.{args.command}")
+        code = int(getattr(command, f"cmd_{args.command}")(args))
     except KeyboardInterrupt:
-        print("nftpolicy: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+        if guard.signum is None:  # Ctrl-C without the guard (main() called in-process)
+            print("nftpolicy: interrupted", file=sys.stderr)
     except BrokenPipeError:
         # The reader (``| head``) has gone: end quietly, and keep the interpreter's final flush
         # of stdout from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        code = 141
     except (FileNotFoundError, CaseError, DataplaneError, SandboxError, DumpError, NetnsError, UsageError,
             ControlPlaneError, Unsupported) as exc:
-        print(f"nftpolicy: {exc}", file=sys.stderr)
-        return 2
-
-
-def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+        if guard.signum is None:  # else an effect of the interrupt: its line says it all
+            print(f"nftpolicy: {exc}", file=sys.stderr)
+        code = 2
+    except Exception:
+        if guard.signum is None:
+            raise
+        code = guard.code  # an effect of the interrupt on the way out: no traceback
+    if guard.signum is not None:
+        guard.announce()
+        return guard.code
+    return code

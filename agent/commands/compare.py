@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
@@ -33,7 +32,6 @@ def read_dump(flag: str, path: str) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = load_manifests(args)
     saves = {"ipv4": read_dump("--iptables-save", args.iptables_save)} if args.iptables_save else {}
     if args.ip6tables_save:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import yaml
@@ -80,18 +78,6 @@ def _check_report_path(path: str | None) -> None:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed; an interrupt
-    # that Python swallowed (raised inside a __del__ or a weakref callback) stops the next step.
-    interrupted = threading.Event()
-    received: list[int] = []
-
-    def interrupt(signum: int, _frame: object) -> None:
-        interrupted.set()
-        received.append(signum)
-        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(143)
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
     cases = _read_cases(args.paths)
     families: tuple[Family, ...] = ("ipv4", "ipv6") if args.dual_stack else ("ipv6",) if args.ipv6 else ("ipv4",)
     nodes = args.node or ["node1"]
@@ -104,9 +90,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         if cases is None:
             code = _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes, out)
         else:
-            code = _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted, out)
-        if received:  # a signal whose exception Python swallowed: it still ends the run as that signal
-            raise KeyboardInterrupt if received[0] == signal.SIGINT else SystemExit(143)
+            code = _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, out)
         return code
 
 
@@ -148,14 +132,11 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
 
 
 def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: ControlPlane | None, nodes: list[str],
-                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], interrupted: threading.Event,
-                   out: report.Report) -> int:
+                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], out: report.Report) -> int:
     failures = disagree = compared = 0
     with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes,
                                          control_plane, args.kube_router)) as replayed:  # cleaned up on any exception
         for sandboxes, steps, cells in replayed:
-            if interrupted.is_set():
-                raise KeyboardInterrupt
             for error in steps[0].errors:
                 print(f"nftpolicy: skipped {error}", file=sys.stderr)
             expected = {(ProbeSpec(p.port, p.protocol), f): p.expected for p in steps[0].case.probes for f in families}

@@ -5,7 +5,7 @@ For the trace, our own table gets one base chain per hook, hooked just before ou
 the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.nftables.TraceMonitor`)
 reports the packet's walk, and every event in our table is printed with the comment of the rule
 that matched (``<ns>/<name> ...``: the pod, or the policy, direction and rule index). The trace
-chains are deleted afterwards, also on an error, Ctrl-C or SIGTERM.
+chains are deleted afterwards, also on an error, Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
 
 * With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.sandbox.Sandbox`),
   and one connection is sent from the ``--from`` pod; each node it crosses is traced.
@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import ipaddress
 import re
-import signal
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -126,7 +125,6 @@ def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, timeout: 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Print the path; exit 0 when the packet passed, 1 when it was refused or never seen, 2 on bad input."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: the trace chains are deleted
     config = config_from(args)
     if args.paths:
         return _trace_sandbox(args, config)
