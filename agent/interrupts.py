@@ -7,7 +7,8 @@ a shell reports a process a signal ended), and what it made removed.
   ``with`` and ``finally`` on the way out removes what it made; while an asyncio loop runs (the
   sandbox's probes) it cancels the loop's tasks instead (an exception raised inside asyncio's own
   code leaves the loop unusable: this is how :class:`asyncio.Runner` handles Ctrl-C), and the
-  code that ran the loop calls :func:`raise_pending`. The agent asks for a callback instead
+  code that ran the loop calls :func:`raise_pending` (as do the steps of a long command, for a
+  signal whose exception a ``__del__`` swallowed). The agent asks for a callback instead
   (:meth:`Guard.stop_with`): it stops its loop itself.
 * A watchdog armed by the first signal, and any second signal at once, end the process the hard
   way (:meth:`Guard.force`): the leftovers still registered are removed, the line printed, and
@@ -21,7 +22,6 @@ a shell reports a process a signal ended), and what it made removed.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import logging
 import os
@@ -78,7 +78,7 @@ def clean_leftovers() -> int:
             cleanup = _leftovers[key]
         try:
             cleanup()
-        except Exception:  # noqa: BLE001 - a last resort: the next one must still run
+        except Exception:  # a last resort: the next one must still run
             pass
         forget(key)
         ran += 1
@@ -89,8 +89,8 @@ class Guard:
 
     ``grace``: seconds from the first signal to :meth:`force`; ``timer``: makes the watchdog
     (``threading.Timer``'s signature; tests inject one they fire themselves); ``exit``: ends the
-    process with a code, at once (``os._exit``; tests inject a recorder); ``stderr_fd``: where the one line goes,
-    written with ``os.write`` (no lock a stuck main thread could hold).
+    process with a code, at once (``os._exit``; tests inject a recorder); ``stderr_fd``: where
+    the one line goes, written with ``os.write`` (no lock a stuck main thread could hold).
     """
 
     def __init__(self, grace: float = GRACE, timer: Callable[[float, Callable[[], None]], Any] = threading.Timer,
@@ -100,7 +100,7 @@ class Guard:
         self.pending = False  # a signal whose Interrupted is still to be raised in the main thread
         self.timer: Any = None
         self._callback: Callable[[int], None] | None = None
-        self._redeliver = False
+        self._previous_hook: Callable[[Any], Any] = sys.unraisablehook
         self._announced = False
         self._lock = threading.RLock()
         self.finished = False  # set once the command has returned (see run())
@@ -114,21 +114,23 @@ class Guard:
     def install(self) -> None:
         """Handle SIGINT and SIGTERM from now on (main thread only). After a signal, exceptions
         in a ``__del__`` or a callback print no ``Exception ignored in ...``: one that the signal
-        raised there is raised again in the main thread, others (an object the signal left half
-        made) are dropped."""
+        raised there becomes pending again (:meth:`raise_pending`), others (an object the signal
+        left half made) are dropped."""
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)
-        previous = sys.unraisablehook
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self.unraisable
 
-        def unraisable(info: Any) -> None:
-            if self.signum is None:
-                previous(info)
-            elif isinstance(info.exc_value, Interrupted):
-                self._redeliver = True  # raise it again where the main thread can unwind
-                _thread.interrupt_main(signal.Signals(self.signum))
-            # else an object half made when the signal came fails in its __del__: we are leaving
-
-        sys.unraisablehook = unraisable
+    def unraisable(self, info: Any) -> None:
+        """``sys.unraisablehook`` (``info``: its ``UnraisableHookArgs``) once installed: see
+        :meth:`install`."""
+        if self.signum is None:
+            self._previous_hook(info)
+        elif isinstance(info.exc_value, Interrupted):
+            # Raised again by the next raise_pending() (not from here: Python would print it as
+            # "Exception ignored in sys.unraisablehook"); the watchdog bounds the wait for one.
+            self.pending = True
+        # else an object half made when the signal came fails in its __del__: we are leaving
 
     def stop_with(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(signum)`` on the first signal instead of raising (a daemon that
@@ -143,9 +145,7 @@ class Guard:
             self.signum = signum if self.signum is None else self.signum
             self.force()
             return
-        if self._redeliver:
-            self._redeliver = False
-        elif self.signum is not None:
+        if self.signum is not None:
             self.force()  # a second signal: no more waiting
             return
         else:
@@ -190,7 +190,7 @@ class Guard:
             if self._announced or self.signum is None:
                 return
             self._announced = True
-        os.write(self._stderr_fd, f"nftpolicy: {MESSAGES.get(signal.Signals(self.signum), 'interrupted')}\n".encode())
+        os.write(self._stderr_fd, f"nftpolicy: {MESSAGES[signal.Signals(self.signum)]}\n".encode())
 
     def force(self) -> None:
         """End the process now: remove the leftovers, print the line, exit with the code."""

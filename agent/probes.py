@@ -96,7 +96,12 @@ class Prober:
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         """Run ``work`` on the loop. An interrupt cancels the loop's tasks rather than raising
         inside asyncio (:mod:`nftpolicy.agent.interrupts`); it is raised here once the loop has
-        returned."""
+        returned (and one still pending, before it starts)."""
+        try:
+            interrupts.raise_pending()
+        except interrupts.Interrupted:
+            work.close()  # never started: no "coroutine was never awaited"
+            raise
         try:
             result = self.loop.run_until_complete(work)
         except asyncio.CancelledError:
