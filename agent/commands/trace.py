@@ -29,10 +29,10 @@ from nftpolicy.translators.rules import Config
 from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 
 from ..cli import UsageError, check_exists, config_from
-from ..manifestfiles import load_cluster
 from ..nftables import NftDataplane, TraceMonitor
 from ..probes import ProbeSpec, sctp_supported
 from ..sandbox import Sandbox
+from . import read_manifests
 from .explain import connections, parse_port
 
 _EVENT = re.compile(r"^trace id (\S+) inet (\S+) (\S+) (.*)$")
@@ -137,16 +137,15 @@ def _print(head: str, node: str, steps: list[Step]) -> None:
 
 
 def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
-    cluster, errors = load_cluster(args.paths)
-    for error in errors:
-        print(f"nftpolicy: skipped {error}", file=sys.stderr)
+    read = read_manifests(args, args.node or ["node1"])
+    cluster = read.cluster
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     with Sandbox(cluster.pods.values(), args.node or ["node1"], families, node_addresses, config) as sandbox:
         cluster = sandbox.with_sandbox_pods(cluster)
         sandbox.apply(cluster)
         engine = enforcement_of(cluster, list(sandbox.nodes), config)
-        conn = connections(engine, args.source, args.destination, [args.port] if args.port else [])[0]
+        conn = connections(engine, args.source, args.destination, [args.port] if args.port else [], cluster.pods)[0]
         source, target = engine.pod_at(conn.source), engine.pod_at(conn.destination)
         if source is None or source.key not in sandbox.pods:
             raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")
@@ -168,7 +167,7 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
             _print(head, nodes[0], first)
             for node in nodes[1:]:
                 _print("", node, _steps(*monitors[node], config.table, 1.0))
-    return 0 if connected else 1
+    return read.finish(args, 0 if connected else 1)
 
 
 def _trace_node(args: argparse.Namespace, config: Config) -> int:
