@@ -322,6 +322,32 @@ def test_the_html_report_has_glyphs_a_title_a_source_and_a_time(tmp_path):
         ("unprobed", "?"), ("allowed", "&#10003;"), ("blocked", "&#10007;"), ("unprobed", "?")]
 
 
+# ---- item 9: the operator's guide --------------------------------------------------------------------
+
+@pytest.mark.kernel
+def test_the_guides_kube_router_cleanup_leaves_none_of_its_chains_or_sets(make_netns):
+    """docs/operations.md, cut-over step 4, run as written on a real kube-router v2.1.0 dump loaded
+    into a namespace of the test's: no KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-* chain or
+    KUBE-SRC/DST set is left, and a chain of another system stays."""
+    guide = (REPO / "docs" / "operations.md").read_text()
+    step = guide[guide.index("**Remove what kube-router's firewall left.**"):]
+    script = re.search(r"```sh\n(.*?)```", step, re.S).group(1)
+    ns = make_netns()
+
+    def inside(*argv: str, stdin: str | None = None) -> str:
+        return subprocess.run(["ip", "netns", "exec", ns, *argv], input=stdin, capture_output=True, text=True, check=True).stdout
+
+    inside("ipset", "restore", stdin=(DUMP / "node1.ipset-save").read_text())
+    dump = (DUMP / "node1.iptables-save").read_text().replace("COMMIT", "-N OTHER\n-A FORWARD -j OTHER\nCOMMIT", 1)
+    inside("iptables-nft-restore", stdin=dump)
+    assert "KUBE-ROUTER-FORWARD" in inside("iptables-save") and "KUBE-SRC-" in inside("ipset", "list", "-n")
+    inside("bash", "-euo", "pipefail", "-c", script)
+    saved = inside("iptables-save")
+    assert not re.search(r"KUBE-(ROUTER|POD-FW|NWPLCY)", saved), saved
+    assert "-A FORWARD -j OTHER" in saved
+    assert inside("ipset", "list", "-n") == ""
+
+
 # ---- item 8: the lock the image installs from ----------------------------------------------------------
 
 def test_the_lock_pins_every_dependency_within_its_range_with_hashes():
