@@ -5,6 +5,7 @@ its errors into one line and an exit code."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import ipaddress
 import math
@@ -19,8 +20,9 @@ from nftpolicy.translators.iptables import Unsupported
 from nftpolicy.translators.kuberouter import DumpError
 from nftpolicy.translators.rules import Config
 
+from . import interrupts
 from .controlplane import ControlPlaneError
-from .netns import NETNS_DIR, NetnsError
+from .netns import NETNS_DIR, RUN_TAG_ENV, NetnsError
 from .dataplane import DataplaneError
 from .probes import ProbeSpec
 from .sandbox import SandboxError
@@ -38,7 +40,8 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
 
 
-BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
+# NFTPOLICY_* variables of the project that are not flags: the sandbox's run tag.
+NOT_FLAGS = frozenset({RUN_TAG_ENV})
 
 
 class _FromEnvironment(list[Any]):
@@ -56,16 +59,20 @@ class _Append(argparse._AppendAction):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose mistakes are one line on stderr and exit 2, and whose options take
-    their default from ``NFTPOLICY_<FLAG>`` when it is set (so every flag can be given by the
-    Helm chart as an environment variable). Repeatable flags read a comma-separated list; boolean
-    flags read ``true``/``false`` (also ``1``/``0``, ``yes``/``no``). A bad environment value is
-    refused as a bad flag is, naming the variable:
-    ``nftpolicy: --min-sync-interval: must be >= 0 seconds, got -1 (from NFTPOLICY_MIN_SYNC_INTERVAL)``.
-    The environment is read when the arguments are parsed; a flag on the command line wins."""
+    """An ArgumentParser whose mistakes are one line on stderr and exit 2. With
+    ``environment=True`` (the agent's: the Helm chart gives every setting as an environment
+    variable, and no other command reads them, so that a variable set for the agent never changes
+    what ``render`` or ``trace`` do) its options take their default from ``NFTPOLICY_<FLAG>`` when
+    it is set. Repeatable flags read a comma-separated list. A bad environment value is refused
+    as a bad flag is, naming the variable:
+    ``nftpolicy: --min-sync-interval: must be >= 0 seconds, got -1 (from NFTPOLICY_MIN_SYNC_INTERVAL)``;
+    so is a variable that names no flag (``NFTPOLICY_LOG_FORMT``), but the project's own
+    :data:`NOT_FLAGS` and ``NFTPOLICY_CI_*`` (the tests' settings). The environment is read when
+    the arguments are parsed; a flag on the command line wins."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, environment: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.environment = environment
         self.register("action", "append", _Append)
 
     def error(self, message: str) -> NoReturn:  # argparse's "usage: ..." block, then the message
@@ -84,7 +91,14 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: None = None) -> tuple[argparse.Namespace, list[str]]:
+        if not self.environment:
+            return super().parse_known_args(args, namespace)
         given = list(sys.argv[1:] if args is None else args)
+        flags = {env_name(f) for a in self._actions for f in a.option_strings if f.startswith("--")}
+        for name in sorted(os.environ):
+            if name.startswith(ENV_PREFIX) and name not in flags | NOT_FLAGS and not name.startswith(ENV_PREFIX + "CI_"):
+                near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), sorted(f.removeprefix(ENV_PREFIX) for f in flags), 1)
+                self.error(f"{name}: no such setting of {self.prog}" + (f" (did you mean {ENV_PREFIX}{near[0]}?)" if near else ""))
         for action in self._actions:
             flag = next((o for o in action.option_strings if o.startswith("--")), None)
             if flag is None or action.dest in ("help", "version"):
@@ -101,10 +115,6 @@ class Parser(argparse.ArgumentParser):
     def _from_env(self, action: argparse.Action, flag: str, env: str, raw: str) -> Any:
         """The value of ``flag`` given as ``raw`` in variable ``env``; a bad one ends the command."""
         try:
-            if action.nargs == 0:  # store_true
-                if raw.strip().lower() not in BOOLEANS:
-                    raise argparse.ArgumentTypeError(f"expected true or false, got {raw!r}")
-                return BOOLEANS[raw.strip().lower()]
             values = [v.strip() for v in raw.split(",") if v.strip()] if isinstance(action, argparse._AppendAction) else [raw]
             converted = []
             for value in values:
@@ -171,6 +181,13 @@ def _priority(text: str) -> int:
     return value
 
 
+def _node(text: str) -> str:
+    """A node name: a lower-case RFC 1123 subdomain, as the API server validates Node names."""
+    if not re.fullmatch(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", text):
+        raise argparse.ArgumentTypeError(f"invalid node name {text!r} (a lower-case RFC 1123 name, as Node objects have)")
+    return text
+
+
 def _table(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", text):
         raise argparse.ArgumentTypeError(f"invalid table name {text!r} (a letter, then letters, digits, '-' or '_')")
@@ -234,20 +251,37 @@ def check_exists(flag: str, value: str | None) -> None:
         raise UsageError(f"{flag}: {what}: {value}" + (f" (from {env})" if os.environ.get(env) == value else ""))
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`."""
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--strict`` and ``--accept-skipped``: what a command that reads manifests does with
+    input it left out (see :func:`nftpolicy.agent.commands.finish`)."""
+    parser.add_argument("--strict", action="store_true", help="exit 2 at once when any object is invalid or the input draws a warning")
+    parser.add_argument("--accept-skipped", action="store_true",
+                        help="exit as if nothing was skipped when objects, documents or files were left out or no object was found "
+                             "(default: a summary line and exit 3)")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) -> None:
+    """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`.
+    ``table=False``: only the exemptions (service, node-port and external ranges), for a command
+    whose answer the table's name, priority and marks do not change (``explain``)."""
     defaults = Config()
-    parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
-    parser.add_argument("--priority", type=_priority, default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
-    parser.add_argument("--policy-mark", type=_mark, default=defaults.policy_mark, help="mark bit set by an allowing policy (default 0x10000)")
-    parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
+    if table:
+        parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
+        parser.add_argument("--priority", type=_priority, default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
+        parser.add_argument("--policy-mark", type=_mark, default=defaults.policy_mark, help="mark bit set by an allowing policy (default 0x10000)")
+        parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
 
 
 def config_from(args: argparse.Namespace) -> Config:
-    """Build the :class:`Config` from parsed flags. Raises UsageError when the marks collide."""
+    """Build the :class:`Config` from parsed flags (the defaults for the flags a command lacks,
+    see :func:`add_config_arguments`). Raises UsageError when the marks collide."""
+    defaults = Config()
+    for name in ("table", "priority", "policy_mark", "passed_mark"):
+        if not hasattr(args, name):
+            setattr(args, name, getattr(defaults, name))
     if args.policy_mark == args.passed_mark:
         raise UsageError(f"--policy-mark and --passed-mark must differ (both {args.policy_mark:#x})")
     if Config.pass_mark in (args.policy_mark, args.passed_mark):
@@ -287,23 +321,23 @@ def parser() -> argparse.ArgumentParser:
 
     render = sub.add_parser("render", help="print the ruleset for one node's pods")
     render.add_argument("paths", nargs="+", metavar="PATH", help="manifest files or directories, '-' for stdin")
-    render.add_argument("--node", help="node whose pods are rendered (default: every pod counts as local)")
+    render.add_argument("--node", type=_node, help="node whose pods are rendered (default: every pod counts as local)")
     render.add_argument("--format", choices=("nft", "json", "iptables", "ip6tables", "ipset"), default="nft",
                         help="nft -f text, libnftables JSON, or the iptables variant: iptables-restore / ip6tables-restore input "
                              "(the filter table) and ipset restore input (its sets; load them first)")
-    render.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
+    add_input_arguments(render)
     add_config_arguments(render)
 
     sandbox = sub.add_parser("sandbox", help="build the cluster from network namespaces, enforce, probe every pod pair")
     sandbox.add_argument("paths", nargs="+", metavar="PATH",
                          help="manifests, or conformance case files (several: replayed in order as live steps)")
-    sandbox.add_argument("--node", action="append", help="node for pods without spec.nodeName (repeatable: round-robin; default node1)")
+    sandbox.add_argument("--node", action="append", type=_node, help="node for pods without spec.nodeName (repeatable: round-robin; default node1)")
     stack = sandbox.add_mutually_exclusive_group()
     stack.add_argument("--dual-stack", action="store_true", help="allocate IPv4 and IPv6 addresses and probe both")
     stack.add_argument("--ipv6", action="store_true", help="allocate IPv6 addresses only")
     sandbox.add_argument("--timeout", type=_seconds(0, inclusive=False), default=1.0, help="seconds per probe (default %(default)s)")
-    sandbox.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
-    sandbox.add_argument("--dataplane", choices=tuple(DATAPLANE_CHOICES), default="nft",
+    add_input_arguments(sandbox)
+    sandbox.add_argument("--dataplane", choices=tuple(DATAPLANE_CHOICES), default="nft", metavar="|".join(DATAPLANE_CHOICES),
                          help="nft ruleset, the iptables variant, the real kube-router (implies --control-plane), or two in twin "
                               "sandboxes: both = nft,kube-router; nft,iptables (every disagreeing cell printed, exit 1)")
     sandbox.add_argument("--control-plane", action="store_true",
@@ -319,7 +353,7 @@ def parser() -> argparse.ArgumentParser:
 
     cmp = sub.add_parser("compare", help="replay a kube-router node's iptables-save/ipset dump and nftpolicy's ruleset in twin sandboxes, report every difference")
     cmp.add_argument("paths", nargs="+", metavar="MANIFESTS", help="kubectl get pods,namespaces,networkpolicies,nodes -A -o yaml output (files, directories, '-')")
-    cmp.add_argument("--node", required=True, help="the node the dump was taken on")
+    cmp.add_argument("--node", required=True, type=_node, help="the node the dump was taken on")
     cmp.add_argument("--iptables-save", metavar="FILE", help="iptables-save output of that node")
     cmp.add_argument("--ip6tables-save", metavar="FILE", help="ip6tables-save output of that node (dual-stack / IPv6)")
     cmp.add_argument("--ipset-save", metavar="FILE", required=True, help="ipset save output of that node")
@@ -328,13 +362,13 @@ def parser() -> argparse.ArgumentParser:
                      help="also probe this port (repeatable; container ports and policy ports are always probed)")
     cmp.add_argument("--icmp", action="store_true", help="also probe ICMP echo (kube-router always allows it: a deliberate difference)")
     cmp.add_argument("--timeout", type=_seconds(0, inclusive=False), default=1.0, help="seconds per probe (default %(default)s)")
-    cmp.add_argument("--strict", action="store_true", help="exit 2 when any object is invalid")
+    add_input_arguments(cmp)
     add_config_arguments(cmp)
 
-    agent = sub.add_parser("agent", help="the node agent: reconcile our nftables table from the Kubernetes API (or a manifests directory)")
+    agent = sub.add_parser("agent", environment=True, help="the node agent: reconcile our nftables table from the Kubernetes API (or a manifests directory)")
     agent.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
     agent.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
-    agent.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
+    agent.add_argument("--node", type=_node, default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
     agent.add_argument("--min-sync-interval", type=_seconds(0), default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
     agent.add_argument("--resync-interval", type=_seconds(0, inclusive=False), default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
     agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
@@ -360,16 +394,18 @@ def parser() -> argparse.ArgumentParser:
                          help="TCP/5432, udp/53, 8080 (TCP) or icmp (echo); repeatable (default: the destination's container ports, else icmp)")
     explain.add_argument("--agent", metavar="http://ADDR", help="ask a running agent's debug endpoint (its node's rules right now) instead of manifests")
     explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
-    add_config_arguments(explain)
+    add_input_arguments(explain)
+    add_config_arguments(explain, table=False)
 
     trace = sub.add_parser("trace", help="follow one real packet through our chains (nftrace), mapped to pods, policies and rules")
     trace.add_argument("paths", nargs="*", metavar="PATH", help="manifests: build them as a sandbox and send the packet (none: wait for it on this node)")
     trace.add_argument("--from", dest="source", required=True, metavar="NS/POD|ADDRESS", help="the source pod (sandbox) or address")
     trace.add_argument("--to", dest="destination", required=True, metavar="NS/POD|ADDRESS", help="the destination pod (sandbox) or address")
     trace.add_argument("--port", metavar="[PROTO/]PORT", help="TCP/8080, udp/53, icmp (default: the destination's first container port, else icmp)")
-    trace.add_argument("--node", action="append", help="sandbox node for pods without spec.nodeName (repeatable; default node1)")
+    trace.add_argument("--node", action="append", type=_node, help="sandbox node for pods without spec.nodeName (repeatable; default node1)")
     trace.add_argument("--netns", help="on a node: trace in this named network namespace (default: the current one)")
     trace.add_argument("--timeout", type=_seconds(0, inclusive=False), default=30.0, help="on a node: seconds to wait for the packet (default %(default)s)")
+    add_input_arguments(trace)
     add_config_arguments(trace)
     return top
 
@@ -382,25 +418,34 @@ variable, a file that cannot be read, an invalid object with --strict; 130 inter
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``nftpolicy`` command; returns its exit code (:data:`EXIT_CODES`). Every mistake
-    the user can make ends as one ``nftpolicy: ...`` line on stderr."""
+    the user can make ends as one ``nftpolicy: ...`` line on stderr; a SIGINT or SIGTERM that
+    :mod:`nftpolicy.agent.interrupts` handled ends it with that signal's line and code, however
+    the command unwound."""
     args = parser().parse_args(argv)
+    guard = interrupts.guard()
     try:
-        command = importlib.import_module(f"nftpolicy.agent.commands.{args.command}")
-        return int(getattr(command, f"cmd_{args.command}")(args))
+        with interrupts.deferred():  # see interrupts.Guard.deferred
+            command = importlib.import_module(f"nftpolicy.agent.commands.{args.command}")
+        code = int(getattr(command, f"cmd_{args.command}")(args))
     except KeyboardInterrupt:
-        print("nftpolicy: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+        if guard.signum is None:  # Ctrl-C without the guard (main() called in-process)
+            print("nftpolicy: interrupted", file=sys.stderr)
     except BrokenPipeError:
         # The reader (``| head``) has gone: end quietly, and keep the interpreter's final flush
         # of stdout from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        code = 141
     except (FileNotFoundError, CaseError, DataplaneError, SandboxError, DumpError, NetnsError, UsageError,
             ControlPlaneError, Unsupported) as exc:
-        print(f"nftpolicy: {exc}", file=sys.stderr)
-        return 2
-
-
-def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+        if guard.signum is None:  # else an effect of the interrupt: its line says it all
+            print(f"nftpolicy: {exc}", file=sys.stderr)
+        code = 2
+    except Exception:
+        if guard.signum is None:
+            raise
+        code = guard.code  # an effect of the interrupt on the way out: no traceback
+    if guard.signum is not None:
+        guard.announce()
+        return guard.code
+    return code

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import functools
 import json
 import os
 import secrets
@@ -35,10 +36,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import IO, Any, Iterable, Mapping
 
 import yaml
 
+from . import interrupts
 from .netns import run_tag
 
 REPO_TOOLS = Path(__file__).resolve().parent.parent / ".tools" / "bin"
@@ -120,6 +122,28 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
+def spawn(argv: list[str], log: IO[bytes], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a test-bed process (stdin empty, stdout and stderr to ``log``) that dies with this
+    process (:func:`die_with_parent`) and is killed by an interrupted command's last-resort
+    cleanup (:mod:`nftpolicy.agent.interrupts`) until :func:`stop` ends it."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=die_with_parent)
+    interrupts.remember(("process", proc.pid), proc.kill)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM ``proc`` (started by :func:`spawn`), SIGKILL after ``timeout`` seconds, and reap
+    it; nothing when it has ended already."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    interrupts.forget(("process", proc.pid))
+
+
 class ControlPlane:
     """etcd + kube-apiserver on 127.0.0.1 (context manager).
 
@@ -138,6 +162,7 @@ class ControlPlane:
         self.apiserver_binary = find_binary("kube-apiserver", apiserver)
         self.authorization, self.extra_args = authorization, list(extra_args)
         self.dir = Path(tempfile.mkdtemp(prefix=f"nftpolicy-controlplane-{run_tag()}"))
+        interrupts.remember(("directory", str(self.dir)), functools.partial(shutil.rmtree, self.dir, ignore_errors=True))
         self.admin_token = secrets.token_hex(16)
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
@@ -217,6 +242,7 @@ class ControlPlane:
         finally:
             self._apiserver = self._etcd = None
             shutil.rmtree(self.dir, ignore_errors=True)
+            interrupts.forget(("directory", str(self.dir)))
 
     def log(self, name: str) -> str:
         """The log of ``etcd`` or ``kube-apiserver`` so far."""
@@ -225,7 +251,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with open(self.dir / f"{name}.log", "ab") as log:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=die_with_parent)
+            return spawn(argv, log)
 
     def _wait(self, name: str, proc: subprocess.Popen[bytes], ready: Any, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -241,14 +267,8 @@ class ControlPlane:
 
     @staticmethod
     def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            stop(proc)
 
     def _etcd_healthy(self) -> bool:
         try:

@@ -10,6 +10,7 @@ from importlib.metadata import version
 
 from nftpolicy.translators.rules import Config
 
+from . import interrupts
 from .debughttp import start_debug
 from .health import Health, serve_http
 from .logs import setup_logging
@@ -34,7 +35,8 @@ def settings(args: argparse.Namespace, config: Config) -> str:
 
 def run_agent(args: argparse.Namespace, config: Config) -> int:
     """Run until SIGTERM or SIGINT; the ruleset stays in the kernel afterwards. Returns the exit
-    code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound."""
+    code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound
+    (after a signal, :func:`nftpolicy.agent.cli.main` exits with the signal's code instead)."""
     setup_logging(args.log_format, args.log_level)
     dataplane = NftDataplane(config.table, args.netns)
     missing = dataplane.missing_features()
@@ -54,13 +56,12 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         log.error("cannot serve HTTP on %s: %s", args.http_address, exc)
         return 1
 
-    def shutdown(signum: int, _frame: object) -> None:
+    def shutdown(signum: int) -> None:
         log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)
         stop.set()
         store.changed.set()
 
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
+    interrupts.guard().stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
     if args.manifests:
         ManifestsSource(store, args.manifests, stop).start()
         source = f"manifests {args.manifests}"

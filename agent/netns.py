@@ -8,10 +8,13 @@ while the rest of the process stays where it was.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import subprocess
 from contextlib import contextmanager
 from typing import Iterator
+
+from . import interrupts
 
 CLONE_NEWNET = 0x40000000
 # Set by a caller that runs many sandboxes (the test suite): every namespace and control-plane
@@ -52,7 +55,11 @@ def entered(name: str) -> Iterator[None]:
 def create(names: list[str]) -> None:
     """Create these network namespaces (``ip netns add``, one batch); raises NetnsError.
 
-    Callers name them with their run's tag (:func:`run_tag`) and delete exactly these."""
+    Callers name them with their run's tag (:func:`run_tag`) and delete exactly these. Each is
+    registered as a leftover (:func:`~nftpolicy.agent.interrupts.remember`) until :func:`delete`
+    removes it, so an interrupted command still removes it."""
+    for name in names:
+        interrupts.remember(("netns", name), functools.partial(_delete, name))
     ip_batch([f"netns add {name}" for name in names])
 
 
@@ -80,7 +87,12 @@ def existing(prefix: str = "") -> list[str]:
 def delete(names: list[str]) -> None:
     """Delete these namespaces (missing ones are ignored); never raises for a namespace in use."""
     for name in names:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        _delete(name)
+        interrupts.forget(("netns", name))
+
+
+def _delete(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def write_sysctl(netns: str, key: str, value: str) -> None:

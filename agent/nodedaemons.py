@@ -31,13 +31,13 @@ from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
 from . import netns
-from .controlplane import ControlPlane, ControlPlaneError, die_with_parent, find_binary, free_port
+from .controlplane import ControlPlane, ControlPlaneError, find_binary, free_port, spawn, stop
 from .nftables import NftDataplane
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
 
-AGENT_COMMAND = [sys.executable, "-c", "from nftpolicy.agent.cli import run; run()"]
+AGENT_COMMAND = [sys.executable, "-c", "from nftpolicy.agent.interrupts import run; run()"]
 KUBE_ROUTER_SYNC_START = "Starting sync of iptables"
 KUBE_ROUTER_SYNC_END = "sync iptables took"
 QUIET = 1.0  # seconds without a new kube-router sync before its rules count as settled
@@ -102,8 +102,7 @@ class NodeDaemons:
 
     def _spawn(self, node: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         with self.log_path(node).open("ab") as log:
-            self.procs[node] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                                env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
+            self.procs[node] = spawn(argv, log, {**os.environ, **(env or {})})
 
     def _check_alive(self) -> None:
         for node, proc in self.procs.items():
@@ -117,11 +116,7 @@ class NodeDaemons:
             if proc.poll() is None:
                 proc.terminate()
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
         self.procs.clear()
 
 

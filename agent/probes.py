@@ -14,17 +14,20 @@ import contextlib
 import itertools
 import socket
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence, cast
+from typing import Any, Coroutine, Iterable, Mapping, Sequence, TypeVar, cast
 
 from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.model import Family, Pod, Protocol
 
-from . import netns
+from . import interrupts, netns
+
+T = TypeVar("T")
 
 SOURCE_PORTS = range(32768, 61000)
 SOCKET_PROTO = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": getattr(socket, "IPPROTO_SCTP", 132)}
 ICMP_ECHO = {socket.AF_INET: (8, 0), socket.AF_INET6: (128, 129)}  # (request, reply) types
 PARALLEL = 200  # connections in flight at once
+CLOSE_TIMEOUT = 1.0  # seconds that close() waits for cancelled probes
 
 
 def sctp_supported() -> bool:
@@ -59,7 +62,8 @@ class Prober:
         self._source_ports = itertools.cycle(SOURCE_PORTS)
 
     def close(self) -> None:
-        """Stop the servers and the loop (idempotent; probes cut short by Ctrl-C are cancelled)."""
+        """Stop the servers and the loop (idempotent). Probes still running (cut short by an
+        interrupt) are cancelled and given at most :data:`CLOSE_TIMEOUT` seconds to end."""
         for server in self._servers:
             server.close()
         self._servers.clear()
@@ -69,7 +73,7 @@ class Prober:
                 task.cancel()
             if pending and not self.loop.is_running():
                 with contextlib.suppress(BaseException):  # a second Ctrl-C: the caller cleans up anyway
-                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                    self.loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_TIMEOUT))
             self.loop.close()
 
     def probe(self, specs: Iterable[ProbeSpec], families: Sequence[Family] = ("ipv4", "ipv6"),
@@ -82,12 +86,29 @@ class Prober:
         """
         specs = [s for s in specs if s.protocol != "SCTP" or sctp_supported()]
         wanted = set(pairs) if pairs is not None else None
-        return self.loop.run_until_complete(self._probe_all(specs, families, wanted))
+        return self._run(self._probe_all(specs, families, wanted))
 
     def connect(self, src: str, address: str, spec: ProbeSpec) -> bool:
         """One new connection from sandbox pod ``src`` to ``address`` (every pod serves ``spec``
         from then on); True when it connected (TCP, SCTP) or got its echo back (UDP)."""
-        return self.loop.run_until_complete(self._connect_once(src, address, spec))
+        return self._run(self._connect_once(src, address, spec))
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run ``work`` on the loop. An interrupt cancels the loop's tasks rather than raising
+        inside asyncio (:mod:`nftpolicy.agent.interrupts`); it is raised here once the loop has
+        returned (and one still pending, before it starts)."""
+        try:
+            interrupts.raise_pending()
+        except interrupts.Interrupted:
+            work.close()  # never started: no "coroutine was never awaited"
+            raise
+        try:
+            result = self.loop.run_until_complete(work)
+        except asyncio.CancelledError:
+            interrupts.raise_pending()
+            raise
+        interrupts.raise_pending()
+        return result
 
     async def _connect_once(self, src: str, address: str, spec: ProbeSpec) -> bool:
         if spec not in self._served:

@@ -19,12 +19,13 @@ and a self-contained HTML page.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import html
 import json
 import sys
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Mapping, Sequence, TextIO
+from typing import Any, Callable, Literal, Mapping, Sequence, TextIO
 
 from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.model import Cluster, Family, Pod
@@ -193,12 +194,14 @@ table.grid { border-collapse: collapse; margin: .5em 0 1em; }
 table.grid th { font-weight: normal; font-size: 12px; padding: 0 4px; color: #555; }
 table.grid th.to { padding: 0; text-align: center; }
 table.grid th.from { text-align: right; white-space: nowrap; }
-td.cell { width: 18px; height: 18px; border: 1px solid #fff; text-align: center; font-size: 11px; }
+td.cell, .key span.cell { width: 18px; height: 18px; border: 1px solid #fff; text-align: center; font-size: 11px; color: #fff; }
 td.allowed { background: #3a9d5d; } td.blocked { background: #d64545; }
 td.differs { background: #f2a93b; outline: 2px solid #7a4b00; outline-offset: -3px; } td.unprobed { background: #ccc; }
-.key span { display: inline-block; width: 14px; height: 14px; vertical-align: middle; margin: 0 4px 0 12px; }
+.key span { display: inline-block; vertical-align: middle; margin: 0 4px 0 12px; } .key span.allowed { background: #3a9d5d; }
+.key span.blocked { background: #d64545; } .key span.differs { background: #f2a93b; } .key span.unprobed { background: #ccc; }
 table.policies { border-collapse: collapse; } table.policies td, table.policies th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; }
 """
+GLYPHS = {"allowed": "&#10003;", "blocked": "&#10007;", "differs": "!", "unprobed": "?"}  # check mark, ballot x
 COUNT_SCRIPT = "document.body.dataset.cells = document.querySelectorAll('td.cell').length;"
 
 
@@ -216,7 +219,7 @@ def _html_grid(section: Section, matrix: Matrix, expected: Matrix | None) -> str
                        f"{'blocked' if matrix[(src, dst)] else 'allowed'}" if symbol == "!" else "", "allowed": "allowed",
                        "blocked": "blocked"}[kind]
             title = f"{src} -> {dst}: {verdict}\n{why(section, src, dst)}"
-            cells.append(f'<td class="cell {kind}" title="{esc(title)}"></td>')
+            cells.append(f'<td class="cell {kind}" title="{esc(title)}">{GLYPHS[kind]}</td>')
         rows.append(f'<tr><th class="from">{numbers[src]} {esc(src)}</th>' + "".join(cells) + "</tr>")
     return '<table class="grid">' + "".join(rows) + "</table>"
 
@@ -234,13 +237,18 @@ def _html_policies(section: Section) -> str:
     return f'<table class="policies"><tr><th>policy</th><th>direction</th><th>isolates</th></tr>{rows}</table>'
 
 
-def html_page(sections: Sequence[Section]) -> str:
-    """The whole report as one HTML document (module docstring)."""
-    key = ('<p class="key"><span class="allowed cell" style="background:#3a9d5d"></span>allowed'
-           '<span style="background:#d64545"></span>blocked<span style="background:#f2a93b"></span>differs from the expected'
-           '<span style="background:#ccc"></span>not probed &nbsp; (rows: from, columns: to, by number; hover a cell for the policies)</p>')
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>nftpolicy sandbox report</title>',
-             f"<style>{STYLE}</style></head><body>", "<h1>nftpolicy sandbox report</h1>", key]
+def html_page(sections: Sequence[Section], source: str = "", generated: str = "") -> str:
+    """The whole report as one HTML document (module docstring): titled with ``source`` (what
+    the sandbox read) and ``generated`` (when; both shown under the heading). Each cell carries
+    a glyph besides its colour (:data:`GLYPHS`), so that it reads without colour too."""
+    key = ('<p class="key">' + "".join(f'<span class="cell {kind}">{GLYPHS[kind]}</span>{words}' for kind, words in
+                                       (("allowed", "allowed"), ("blocked", "blocked"), ("differs", "differs from the expected"),
+                                        ("unprobed", "not probed")))
+           + ' &nbsp; (rows: from, columns: to, by number; hover a cell for the policies)</p>')
+    title = "nftpolicy sandbox report" + (f": {source}" if source else "")
+    about = " &middot; ".join(html.escape(x) for x in (f"source: {source}" if source else "", f"generated {generated}" if generated else "") if x)
+    parts = ["<!DOCTYPE html>", f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
+             f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(title)}</h1>", f'<p class="about">{about}</p>' if about else "", key]
     for section in sections:
         if section.title:
             parts.append(f"<h2>{html.escape(section.title)}</h2>")
@@ -256,11 +264,13 @@ def html_page(sections: Sequence[Section]) -> str:
 class Report:
     """The output of one sandbox run: ``output`` ``text`` prints each section as it comes;
     ``json`` sends the command's other lines to stderr and prints one JSON object at the end;
-    ``html_path`` also writes the HTML page there at the end. Use it as a context manager: the
+    ``html_path`` also writes the HTML page there at the end, titled with ``source`` and the
+    time ``clock`` gives then. Use it as a context manager: the
     outputs are written when the block ends without an exception."""
 
-    def __init__(self, output: Output = "text", html_path: str | None = None, config: Config = Config()) -> None:
-        self.output, self.html_path, self.config = output, html_path, config
+    def __init__(self, output: Output = "text", html_path: str | None = None, config: Config = Config(), source: str = "",
+                 clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc)) -> None:
+        self.output, self.html_path, self.config, self.source, self.clock = output, html_path, config, source, clock
         self.sections: list[Section] = []
         self._stdout: TextIO = sys.stdout
         self._redirect: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
@@ -281,7 +291,7 @@ class Report:
             self._stdout.write("\n")
         if self.html_path:
             with open(self.html_path, "w", encoding="utf-8") as f:
-                f.write(html_page(self.sections))
+                f.write(html_page(self.sections, self.source, self.clock().isoformat(timespec="seconds")))
 
     def matrices(self, pods: Mapping[str, Pod], results: Results, cluster: Cluster,
                  expected: Mapping[tuple[ProbeSpec, Family], Matrix] | None = None, title: str | None = None) -> None:

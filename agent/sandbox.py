@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import itertools
 import secrets
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from nftpolicy.translators.manifests import ManifestError, object_ref
 from nftpolicy.translators.model import Cluster, Family, Pod, family_of
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import FAMILIES, Config
+from nftpolicy.translators.workloads import PlacementError, place_pods
 
 from . import netns
 from .controlplane import ApiError, ControlPlane
@@ -72,9 +72,9 @@ class SandboxError(RuntimeError):
 class Sandbox:
     """A throwaway cluster of network namespaces (context manager; always cleans up).
 
-    ``pods``: the pods to build (hostNetwork and finished pods are left out); pods with no
-    ``node`` are spread round-robin over ``default_nodes``; pods with no addresses get one per
-    family in ``families``. ``timeout`` (seconds) bounds each probe. ``dataplane`` is one of
+    ``pods``: the pods to build, placed by :func:`~nftpolicy.translators.workloads.place_pods`
+    (hostNetwork and finished pods are left out; pods with no ``node`` are spread round-robin
+    over ``default_nodes``; pods with no addresses get one per family in ``families``). ``timeout`` (seconds) bounds each probe. ``dataplane`` is one of
     :data:`DATAPLANES`: how :meth:`apply` loads each node's ruleset.
     """
 
@@ -86,10 +86,10 @@ class Sandbox:
         self.run = netns.run_tag() + secrets.token_hex(3)
         self.prefix = f"{NETNS_PREFIX}{self.run}-"
         self.config, self.timeout, self.dataplane = config, timeout, dataplane
-        self.pods: dict[str, Pod] = {}
-        spread = itertools.cycle(default_nodes)
-        for pod in sorted((p for p in pods if not p.host_network and p.phase not in ("Succeeded", "Failed")), key=lambda p: p.key):
-            self.pods[pod.key] = dataclasses.replace(pod, node=pod.node or next(spread), phase="Running")
+        try:
+            self.pods = place_pods(pods, default_nodes, families)
+        except PlacementError as exc:
+            raise SandboxError(str(exc)) from None
         names = sorted({p.node for p in self.pods.values() if p.node})
         self.nodes: dict[str, _Node] = {}
         for i, name in enumerate(names):
@@ -98,16 +98,6 @@ class Sandbox:
                 "ipv4": given.get(4, f"172.31.{i // 250}.{i % 250 + 2}"),
                 "ipv6": given.get(6, f"fd00:172:31::{i + 2:x}"),
             })
-        counters = {name: itertools.count(10) for name in self.nodes}
-        for key, pod in self.pods.items():
-            if not pod.ips:
-                n, node = next(counters[pod.node]), self.nodes[pod.node]  # type: ignore[index]
-                ips = []
-                if "ipv4" in families:
-                    ips.append(f"10.{244 + node.index // 256}.{node.index % 256}.{n}" if n < 255 else _too_many(pod))
-                if "ipv6" in families:
-                    ips.append(f"fd00:10:244:{node.index:x}::{n:x}")
-                self.pods[key] = dataclasses.replace(pod, ips=tuple(ips))
         self.pod_netns = {key: f"{self.prefix}p{i}" for i, key in enumerate(self.pods)}
         self.fabric = f"{self.prefix}fabric"
         self.prober = Prober(self.pods, self.pod_netns, timeout)
@@ -274,6 +264,3 @@ class Sandbox:
     def connect(self, src: str, address: str, spec: ProbeSpec) -> bool:
         """:meth:`Prober.connect` from sandbox pod ``src``."""
         return self.prober.connect(src, address, spec)
-
-def _too_many(pod: Pod) -> str:
-    raise SandboxError(f"too many pods on node {pod.node} for the sandbox's /24 (pod {pod.key})")

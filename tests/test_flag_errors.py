@@ -72,24 +72,55 @@ def clean_env(monkeypatch):
 
 @pytest.mark.parametrize(("command", "flag", "value", "message"), BAD, ids=[f"{c}{f}={v}" for c, f, v, _ in BAD])
 def test_a_bad_flag_is_one_line_from_the_command_line_and_from_the_environment(clean_env, capsys, command, flag, value, message):
+    """From the command line for every command; from NFTPOLICY_<FLAG> for the agent only, the
+    one command that reads the environment (the others leave the variable alone)."""
     assert exit_of([command, f"{flag}={value}", *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message}"])
     clean_env.setenv(cli.env_name(flag), value)
-    assert exit_of([command, *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})"])
+    if command == "agent":
+        assert exit_of([command, *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})"])
+    else:
+        args = cli.parser().parse_args([command, *REST[command]])
+        assert getattr(args, flag[2:].replace("-", "_")) != value
 
 
 def test_a_repeatable_flag_names_the_bad_item_of_its_variable(clean_env, capsys):
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12, fd00::/108,bad")
-    assert exit_of(["render", SHOP], capsys) == (2, ["nftpolicy: --service-cidr: invalid CIDR 'bad' (expected ADDRESS/PREFIX) (from NFTPOLICY_SERVICE_CIDR)"])
+    assert exit_of(["agent"], capsys) == (2, ["nftpolicy: --service-cidr: invalid CIDR 'bad' (expected ADDRESS/PREFIX) (from NFTPOLICY_SERVICE_CIDR)"])
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12, fd00::/108")
-    assert cli.parser().parse_args(["render", SHOP]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
+    assert cli.parser().parse_args(["agent"]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
 
 
-def test_a_boolean_variable_is_true_false_or_refused(clean_env, capsys):
-    for raw, value in (("true", True), ("FALSE", False), ("1", True), ("no", False)):
-        clean_env.setenv("NFTPOLICY_STRICT", raw)
-        assert cli.parser().parse_args(["render", SHOP]).strict is value
-    clean_env.setenv("NFTPOLICY_STRICT", "maybe")
-    assert exit_of(["render", SHOP], capsys) == (2, ["nftpolicy: --strict: expected true or false, got 'maybe' (from NFTPOLICY_STRICT)"])
+def test_only_the_agent_reads_the_environment(clean_env):
+    """NFTPOLICY_NODE=node2 once made render render node2 alone, and NFTPOLICY_TIMEOUT was a probe
+    time in sandbox and a wait in trace: variables are the agent's (the chart's) settings."""
+    clean_env.setenv("NFTPOLICY_NODE", "node2")
+    assert cli.parser().parse_args(["agent"]).node == "node2"
+    clean_env.setenv("NFTPOLICY_TIMEOUT", "9")
+    clean_env.setenv("NFTPOLICY_STRICT", "true")
+    render = cli.parser().parse_args(["render", SHOP])
+    assert (render.node, render.strict) == (None, False)
+    assert cli.parser().parse_args(["sandbox", SHOP]).timeout == 1.0
+    assert cli.parser().parse_args(["trace", *REST["trace"]]).timeout == 30.0
+    out = subprocess.run([NFTPOLICY, "render", SHOP], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "NFTPOLICY_NODE": "node2"})
+    every, node2 = (run("render", *flags, SHOP).stdout.count(": jump KUBE-POD-FW-") for flags in ([], ["--node", "node2"]))
+    assert out.returncode == 0 and out.stdout.count(": jump KUBE-POD-FW-") == every > node2
+
+
+@pytest.mark.parametrize(("name", "line"), [
+    ("NFTPOLICY_LOG_FORMT", "nftpolicy: NFTPOLICY_LOG_FORMT: no such setting of nftpolicy agent (did you mean NFTPOLICY_LOG_FORMAT?) "
+                            "(see 'nftpolicy agent --help')"),
+    ("NFTPOLICY_FORMAT", "nftpolicy: NFTPOLICY_FORMAT: no such setting of nftpolicy agent (did you mean NFTPOLICY_LOG_FORMAT?) "
+                         "(see 'nftpolicy agent --help')"),
+    ("NFTPOLICY_QQ", "nftpolicy: NFTPOLICY_QQ: no such setting of nftpolicy agent (see 'nftpolicy agent --help')"),
+])
+def test_the_agent_refuses_a_variable_that_names_no_flag(clean_env, capsys, name, line):
+    clean_env.setenv(name, "json")
+    assert exit_of(["agent"], capsys) == (2, [line])
+    clean_env.delenv(name)
+    clean_env.setenv("NFTPOLICY_RUN_TAG", "t1")  # the project's own, not flags
+    clean_env.setenv("NFTPOLICY_CI_CACHE", "/tmp")
+    assert cli.parser().parse_args(["agent"]).min_sync_interval == 0.2
 
 
 def test_the_command_line_wins_over_the_environment(clean_env):
@@ -98,8 +129,9 @@ def test_the_command_line_wins_over_the_environment(clean_env):
     assert cli.parser().parse_args(["agent", "--min-sync-interval", "0.5"]).min_sync_interval == 0.5
     clean_env.setenv("NFTPOLICY_MIN_SYNC_INTERVAL", "-1")  # a bad variable is not read when the flag is given
     assert cli.parser().parse_args(["agent", "--min-sync-interval=0.5"]).min_sync_interval == 0.5
+    clean_env.delenv("NFTPOLICY_MIN_SYNC_INTERVAL")
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "bad")
-    assert cli.parser().parse_args(["render", "--service-cidr", "10.0.0.0/8", SHOP]).service_cidr == ["10.0.0.0/8"]
+    assert cli.parser().parse_args(["agent", "--service-cidr", "10.0.0.0/8"]).service_cidr == ["10.0.0.0/8"]
 
 
 def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
@@ -146,11 +178,14 @@ def test_a_bad_environment_value_ends_the_real_command_with_one_line():
     ("cleanup", "--netns", "nftp-no-such-namespace", "no such network namespace (see 'ip netns list'): nftp-no-such-namespace"),
 ])
 def test_a_missing_path_is_one_line_from_the_command_line_and_from_the_environment(command, flag, value, message):
-    """Checked when the command runs (the chart's paths exist only in its container)."""
+    """Checked when the command runs (the chart's paths exist only in its container); the
+    environment is the agent's only (cleanup is never run with a variable: it would clean here)."""
     base = {"PATH": "/usr/bin:/bin"}
     argv = [NFTPOLICY, command, *REST[command], "--http-address", "127.0.0.1:0"][: None if command == "agent" else 2]
     given = subprocess.run([*argv, flag, value], capture_output=True, text=True, env=base, timeout=60)
     assert (given.returncode, given.stderr) == (2, f"nftpolicy: {flag}: {message}\n")
+    if command != "agent":
+        return
     from_env = subprocess.run(argv, capture_output=True, text=True, env=base | {cli.env_name(flag): value}, timeout=60)
     assert (from_env.returncode, from_env.stderr) == (2, f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})\n")
 
@@ -203,8 +238,8 @@ def test_render_into_a_closed_pipe_ends_quietly():
 
 def test_a_repeatable_flag_on_the_command_line_replaces_its_variable(clean_env):
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12,fd00::/108")
-    assert cli.parser().parse_args(["render", SHOP]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
-    args = cli.parser().parse_args(["render", "--service-cidr", "10.0.0.0/16", "--service-cidr", "10.1.0.0/16", SHOP])
+    assert cli.parser().parse_args(["agent"]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
+    args = cli.parser().parse_args(["agent", "--service-cidr", "10.0.0.0/16", "--service-cidr", "10.1.0.0/16"])
     assert args.service_cidr == ["10.0.0.0/16", "10.1.0.0/16"]
 
 

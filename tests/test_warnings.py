@@ -1,6 +1,6 @@
-"""Nothing passes in silence: a --node without pods, paths without objects, pods in namespaces
-that were not given and a family that probes nothing are each a warning line, and with
---strict exit 2."""
+"""Nothing passes in silence: a --node without pods and pods in namespaces that were not given
+are each a warning line, and with --strict exit 2 (paths without objects and a sandbox that
+would probe nothing: tests/test_first_contact.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ NAMESPACE_NOTE = ("their labels are unknown, so a namespaceSelector sees only ku
 
 @pytest.mark.parametrize(("args", "stdin", "warning"), [
     (["--node", "node7", str(SHOP)], None, "no pod runs on node node7 (--node); the pods' nodes: node1, node2"),
-    (["-"], "# nothing but a comment\n", "no Pod, Namespace, NetworkPolicy or Node found in -"),
     (["-"], POD_IN_OPS, f"pods in namespaces without a Namespace object: ops; {NAMESPACE_NOTE}"),
 ])
 def test_render_warns_and_strict_refuses(args, stdin, warning):
@@ -48,7 +47,6 @@ def test_compare_warns_about_a_node_without_pods():
 
 @pytest.mark.kernel
 @pytest.mark.parametrize(("args", "warning"), [
-    (["--ipv6"], "nothing probed over ipv6: no pod has an ipv6 address (pods keep the addresses their manifests give)"),
     (["--node", "node1", "--node", "node3"], "no pod runs on node node3 (--node): every pod has another spec.nodeName"),
 ])
 def test_sandbox_warns_and_strict_refuses(args, warning):

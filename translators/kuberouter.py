@@ -223,10 +223,13 @@ def _keep(rule: SavedRule) -> str | None:
     return None
 
 
-def select(iptables_save: dict[str, str], ipset_save: str, ipset_source: str = "ipset save") -> Dump:
+def select(iptables_save: dict[str, str], ipset_save: str, ipset_source: str = "ipset save",
+           sources: dict[str, str] | None = None) -> Dump:
     """Keep kube-router's network policy rules and sets; list the rest.
 
-    ``iptables_save`` maps ``ipv4`` (iptables-save text) and/or ``ipv6`` (ip6tables-save text).
+    ``iptables_save`` maps ``ipv4`` (iptables-save text) and/or ``ipv6`` (ip6tables-save text);
+    ``sources`` the same families to what errors call that text (a file name; default
+    ``iptables-save``, ``ip6tables-save``), ``ipset_source`` likewise.
     Raises DumpError when the text cannot be read or a kept rule names a set that ``ipset_save``
     does not have.
     """
@@ -237,8 +240,9 @@ def select(iptables_save: dict[str, str], ipset_save: str, ipset_source: str = "
     referenced: list[str] = []
     for family, text in iptables_save.items():
         source = "iptables-save" if family == "ipv4" else "ip6tables-save"
+        where = (sources or {}).get(family) or source  # errors name the file
         loader = loader or _loader_of(text)
-        tables = parse_iptables_save(text, source)
+        tables = parse_iptables_save(text, where)
         for name, table in tables.items():
             if name != "filter":
                 chains = sorted({r.chain for r in table.rules} | set(table.chains))
@@ -259,7 +263,7 @@ def select(iptables_save: dict[str, str], ipset_save: str, ipset_source: str = "
             if rule.chain not in BUILTIN_CHAINS and not CHAIN.match(rule.chain):
                 continue  # counted with its chain above
             if rule.chain not in BUILTIN_CHAINS and rule.chain not in table.chains:
-                raise DumpError(f"{source}:{rule.line}: rule in undeclared chain {rule.chain}")
+                raise DumpError(f"{where}:{rule.line}: rule in undeclared chain {rule.chain}")
             why = _keep(rule)
             if why is None:
                 rules.append(rule)

@@ -257,6 +257,14 @@ def _mapping_or_empty(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def generated_suffix(content: Any, length: int) -> str:
+    """``length`` characters of the API server's name alphabet (``bcdfghjklmnpqrstvwxz2456789``,
+    what it appends to a ``generateName``), taken from a digest of ``content`` (JSON-able): the
+    same content gives the same characters, so reading the same file twice gives the same names."""
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).digest()
+    return "".join(_GENERATED_SUFFIX[b % len(_GENERATED_SUFFIX)] for b in digest[:length])
+
+
 def _name(obj: Mapping[str, Any], pattern: re.Pattern[str] = _DNS_SUBDOMAIN) -> str:
     meta = _mapping(obj.get("metadata"), "metadata")
     name, prefix = meta.get("name"), meta.get("generateName")
@@ -265,8 +273,7 @@ def _name(obj: Mapping[str, Any], pattern: re.Pattern[str] = _DNS_SUBDOMAIN) -> 
         # from the object's content, so that reading the same file twice gives the same name.
         if not pattern.fullmatch(prefix[:-1] + "a" if prefix.endswith("-") else prefix):
             raise InvalidField("metadata.generateName", f"invalid name prefix {prefix!r} (a lower-case RFC 1123 name)")
-        digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).digest()
-        name = prefix[:58] + "".join(_GENERATED_SUFFIX[b % len(_GENERATED_SUFFIX)] for b in digest[:5])
+        name = prefix[:58] + generated_suffix(obj, 5)
     if not isinstance(name, str) or not name:
         raise InvalidField("metadata.name", "required")
     if not pattern.fullmatch(name):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import interrupts
 from ..cli import check_exists, config_from
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from ..daemon import run_agent  # imports the Kubernetes client only for this command
-    from ..sources import SourceError
+    with interrupts.deferred():  # imports the Kubernetes client only for this command
+        from ..daemon import run_agent
+        from ..sources import SourceError
 
     if not args.node:
         print("nftpolicy: --node (or $NODE_NAME) is required", file=sys.stderr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from nftpolicy.translators.kuberouter import DumpError, select
 
 from ..cli import config_from
 from ..compare import compare, format_report
-from . import load_manifests
+from . import cluster_warnings, read_manifests, warn
 
 
 def read_dump(flag: str, path: str) -> str:
@@ -33,15 +32,18 @@ def read_dump(flag: str, path: str) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    cluster = load_manifests(args)
+    read = read_manifests(args, [args.node])
+    cluster = read.cluster
+    warn(cluster_warnings(cluster, [args.node]), args.strict)
     saves = {"ipv4": read_dump("--iptables-save", args.iptables_save)} if args.iptables_save else {}
     if args.ip6tables_save:
         saves["ipv6"] = read_dump("--ip6tables-save", args.ip6tables_save)
     if not saves:
         print("nftpolicy: give --iptables-save and/or --ip6tables-save", file=sys.stderr)
         return 2
-    dump = select(saves, read_dump("--ipset-save", args.ipset_save), args.ipset_save)
+    dump = select(saves, read_dump("--ipset-save", args.ipset_save), args.ipset_save,
+                  {"ipv4": args.iptables_save, "ipv6": args.ip6tables_save})
     report = compare(cluster, args.node, dump, config_from(args), args.timeout, args.loader, args.port or (), args.icmp)
     print(format_report(report))
-    return 1 if report.differences else 0
+    # Exit 1 for a difference that no documented deliberate one accounts for (README, "Deliberate differences").
+    return read.finish(args, 1 if any(not d.note for d in report.differences) else 0)

@@ -13,7 +13,7 @@ from nftpolicy.translators.rules import RuleModel
 
 from ..cli import config_from
 from ..memory import gc_paused
-from . import load_manifests
+from . import cluster_warnings, read_manifests, warn
 
 
 class Progress:
@@ -40,14 +40,16 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         with gc_paused():  # one bulk load whose objects all live to the end
             progress.step("reading the manifests")
-            cluster = load_manifests(args)
+            read = read_manifests(args, [args.node] if args.node else [])
+            cluster = read.cluster
+            warn(cluster_warnings(cluster, [args.node] if args.node else []), args.strict)
             progress.step(f"rendering {len(cluster.pods):,} pods, {len(cluster.policies):,} policies")
             model = build_rule_model(cluster, args.node, config_from(args))
             progress.step("printing")
             _print_model(args.format, model)
     finally:
         progress.done()
-    return 0
+    return read.finish(args, 0)
 
 
 def _print_model(format: str, model: RuleModel) -> None:

@@ -5,28 +5,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
-import sys
-import threading
 from pathlib import Path
 
 import yaml
 
 from nftpolicy.translators.cases import Case, is_case, parse_case
-from nftpolicy.translators.manifests import build_cluster, load_yaml_documents
-from nftpolicy.translators.model import Cluster, Family
+from nftpolicy.translators.manifests import ManifestError, load_yaml_documents
+from nftpolicy.translators.model import Cluster, Family, family_of
 from nftpolicy.translators.rules import Config
 
 from ..cli import DATAPLANE_CHOICES, UsageError, config_from
 from ..compare import cells_differ, explain, verdict
-from .. import report
+from .. import interrupts, report
 from ..controlplane import ControlPlane, find_binary
-from ..manifestfiles import manifest_files, read_objects
+from ..manifestfiles import manifest_files
 from ..probes import ProbeSpec
 from ..replay import Disagreement, disagreements, replay_twins, start_daemons
 from ..sandbox import Sandbox
-from . import cluster_warnings, warn
-from . import report_skipped as _report_skipped
+from . import cluster_warnings, finish, read_manifests, report_skipped, warn
 
 
 def _read_cases(paths: list[str]) -> list[Case] | None:
@@ -80,18 +76,6 @@ def _check_report_path(path: str | None) -> None:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    # SIGTERM unwinds like Ctrl-C, so the sandbox's namespaces are always removed; an interrupt
-    # that Python swallowed (raised inside a __del__ or a weakref callback) stops the next step.
-    interrupted = threading.Event()
-    received: list[int] = []
-
-    def interrupt(signum: int, _frame: object) -> None:
-        interrupted.set()
-        received.append(signum)
-        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(143)
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
     cases = _read_cases(args.paths)
     families: tuple[Family, ...] = ("ipv4", "ipv6") if args.dual_stack else ("ipv6",) if args.ipv6 else ("ipv4",)
     nodes = args.node or ["node1"]
@@ -99,37 +83,39 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     dataplanes = _dataplanes(args)
     live = _sandbox_control_plane(args, dataplanes)
     _check_report_path(args.report)
-    with report.Report(args.output, args.report, config) as out, contextlib.ExitStack() as stack:
+    with report.Report(args.output, args.report, config, " ".join(args.paths)) as out, contextlib.ExitStack() as stack:
         control_plane = stack.enter_context(ControlPlane()) if live else None
         if cases is None:
             code = _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes, out)
         else:
-            code = _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, interrupted, out)
-        if received:  # a signal whose exception Python swallowed: it still ends the run as that signal
-            raise KeyboardInterrupt if received[0] == signal.SIGINT else SystemExit(143)
+            code = _sandbox_cases(args, cases, control_plane, nodes, families, config, dataplanes, out)
         return code
 
 
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
                        nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...],
                        out: report.Report) -> int:
-    objects, unreadable = read_objects(args.paths)
-    cluster, invalid = build_cluster(objects)
-    _report_skipped(unreadable + ([] if control_plane else invalid), args.strict)
-    warn(cluster_warnings(cluster, args.paths, []), args.strict)
+    read = read_manifests(args, nodes, report_invalid=control_plane is None)
+    cluster = read.cluster
+    warn(cluster_warnings(cluster, []), args.strict)
+    if read.empty:
+        return read.finish(args, 0)
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
-    sandboxes = [stack.enter_context(Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d))
-                 for d in dataplanes]
+    made = [Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d) for d in dataplanes]
+    _check_probed(made[0], families, read.paths)
     warnings = [f"no pod runs on node {node} (--node): every pod has another spec.nodeName"
-                for node in args.node or () if node not in sandboxes[0].nodes]
+                for node in args.node or () if node not in made[0].nodes]
     warnings += [f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses their manifests give)"
-                 for family in families if not any(pod.addresses(family) for pod in sandboxes[0].pods.values())]
+                 for family in families if not any(pod.addresses(family) for pod in made[0].pods.values())]
     warn(warnings, args.strict)
+    sandboxes = [stack.enter_context(sandbox) for sandbox in made]
+    refused: list[ManifestError] = []
     if control_plane is None:
         for sandbox in sandboxes:
             sandbox.apply(cluster)
     else:
-        _report_skipped(sandboxes[0].publish(control_plane, objects), args.strict)
+        refused = sandboxes[0].publish(control_plane, read.objects)
+        report_skipped(refused, args.strict)
         for daemon in start_daemons(stack, sandboxes, control_plane, args.kube_router):
             daemon.wait_synced()
     specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
@@ -143,21 +129,32 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
                                         sandboxes[0].with_sandbox_pods(cluster))
         print(f"\n{cells_differ(disagree)} between {dataplanes[0]} and {dataplanes[1]}" if disagree
               else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
-        return 1 if disagree else 0
-    return 0
+        return read.finish(args, 1 if disagree else 0, refused)
+    return read.finish(args, 0, refused)
+
+
+def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[str]) -> None:
+    """Refuse a run that would probe nothing at all (UsageError): no pod to build, or no pod with
+    an address of the families asked for."""
+    if not sandbox.pods:
+        raise UsageError(f"nothing to probe: no pod in {', '.join(paths)} (hostNetwork and finished pods are left out)")
+    if not any(pod.addresses(family) for family in families for pod in sandbox.pods.values()):
+        flag = "--ipv6" if families == ("ipv6",) else "the default, IPv4,"
+        have = sorted({family_of(ip) for pod in sandbox.pods.values() for ip in pod.ips})
+        raise UsageError(f"nothing to probe: {flag} asks for {'/'.join(families)} addresses and the manifests give the pods "
+                         f"{'/'.join(have)} ones (pods keep the addresses their manifests give; see --dual-stack)")
 
 
 def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: ControlPlane | None, nodes: list[str],
-                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], interrupted: threading.Event,
-                   out: report.Report) -> int:
+                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], out: report.Report) -> int:
     failures = disagree = compared = 0
+    skipped: list[ManifestError] = []
     with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes,
                                          control_plane, args.kube_router)) as replayed:  # cleaned up on any exception
         for sandboxes, steps, cells in replayed:
-            if interrupted.is_set():
-                raise KeyboardInterrupt
-            for error in steps[0].errors:
-                print(f"nftpolicy: skipped {error}", file=sys.stderr)
+            interrupts.raise_pending()  # a signal whose exception a __del__ swallowed stops the next step
+            report_skipped(steps[0].errors, args.strict)
+            skipped += steps[0].errors
             expected = {(ProbeSpec(p.port, p.protocol), f): p.expected for p in steps[0].case.probes for f in families}
             out.matrices(sandboxes[0].pods, steps[0].results, steps[0].cluster, expected, steps[0].case.name)
             compared += sum(1 for matrix in steps[0].results.values() for src, dst in matrix if src != dst)
@@ -176,4 +173,4 @@ def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: C
     if len(dataplanes) > 1:
         print(f"{cells_differ(disagree)} between {dataplanes[0]} and {dataplanes[1]}" if disagree
               else f"{dataplanes[0]} and {dataplanes[1]} agree on every cell")
-    return 1 if failures or disagree else 0
+    return finish(args, 1 if failures or disagree else 0, skipped)

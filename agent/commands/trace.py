@@ -5,7 +5,7 @@ For the trace, our own table gets one base chain per hook, hooked just before ou
 the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.nftables.TraceMonitor`)
 reports the packet's walk, and every event in our table is printed with the comment of the rule
 that matched (``<ns>/<name> ...``: the pod, or the policy, direction and rule index). The trace
-chains are deleted afterwards, also on an error, Ctrl-C or SIGTERM.
+chains are deleted afterwards, also on an error, Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
 
 * With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.sandbox.Sandbox`),
   and one connection is sent from the ``--from`` pod; each node it crosses is traced.
@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import ipaddress
 import re
-import signal
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -30,10 +29,10 @@ from nftpolicy.translators.rules import Config
 from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 
 from ..cli import UsageError, check_exists, config_from
-from ..manifestfiles import load_cluster
 from ..nftables import NftDataplane, TraceMonitor
 from ..probes import ProbeSpec, sctp_supported
 from ..sandbox import Sandbox
+from . import read_manifests
 from .explain import connections, parse_port
 
 _EVENT = re.compile(r"^trace id (\S+) inet (\S+) (\S+) (.*)$")
@@ -126,7 +125,6 @@ def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, timeout: 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Print the path; exit 0 when the packet passed, 1 when it was refused or never seen, 2 on bad input."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: the trace chains are deleted
     config = config_from(args)
     if args.paths:
         return _trace_sandbox(args, config)
@@ -139,16 +137,15 @@ def _print(head: str, node: str, steps: list[Step]) -> None:
 
 
 def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
-    cluster, errors = load_cluster(args.paths)
-    for error in errors:
-        print(f"nftpolicy: skipped {error}", file=sys.stderr)
+    read = read_manifests(args, args.node or ["node1"])
+    cluster = read.cluster
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     with Sandbox(cluster.pods.values(), args.node or ["node1"], families, node_addresses, config) as sandbox:
         cluster = sandbox.with_sandbox_pods(cluster)
         sandbox.apply(cluster)
         engine = enforcement_of(cluster, list(sandbox.nodes), config)
-        conn = connections(engine, args.source, args.destination, [args.port] if args.port else [])[0]
+        conn = connections(engine, args.source, args.destination, [args.port] if args.port else [], cluster.pods)[0]
         source, target = engine.pod_at(conn.source), engine.pod_at(conn.destination)
         if source is None or source.key not in sandbox.pods:
             raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")
@@ -170,7 +167,7 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
             _print(head, nodes[0], first)
             for node in nodes[1:]:
                 _print("", node, _steps(*monitors[node], config.table, 1.0))
-    return 0 if connected else 1
+    return read.finish(args, 0 if connected else 1)
 
 
 def _trace_node(args: argparse.Namespace, config: Config) -> int:

@@ -1,0 +1,369 @@
+"""What a new user meets in the first hour (issue 22): workloads stand in their pods, a Service can
+be ``explain --to``, anything left out of the input ends in a summary line and exit 3, explain
+addresses pods as the sandbox does, and the small things of item 7 (the interrupts of item 1:
+tests/test_interrupts.py; the variables of item 6: tests/test_flag_errors.py)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import subprocess
+import tomllib
+
+import pytest
+import yaml
+
+from nftpolicy.agent import report
+from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.model import Pod
+from nftpolicy.translators.workloads import place_pods, services_from, stand_in_pods
+
+from .conftest import REPO
+from .test_chart import CHART, helm
+from .test_cli import run
+
+SHOP = str(REPO / "examples" / "shop")
+DUMP = REPO / "tests" / "fixtures" / "kube-router-v2.1.0" / "shop"
+SUMMARY = " (exit 3; --accept-skipped accepts this)"
+
+WORKLOADS = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: demo}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: demo}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: c, ports: [{containerPort: 8080, name: http}]}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, namespace: demo}
+spec:
+  replicas: 2
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: c, ports: [{containerPort: 5432}]}]}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent, namespace: demo}
+spec:
+  template:
+    metadata: {labels: {app: agent}}
+    spec: {containers: [{name: c}]}
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: report, namespace: demo}
+spec:
+  schedule: "0 * * * *"
+  jobTemplate:
+    spec:
+      parallelism: 2
+      template:
+        metadata: {labels: {app: report}}
+        spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec: {selector: {app: web}, ports: [{port: 80, targetPort: http}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-from-db, namespace: demo}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: db}}}], ports: [{port: http}]}]
+"""
+
+
+def _objects(text: str, nodes=("node1", "node2")):
+    return stand_in_pods([("w.yaml", o) for o in yaml.safe_load_all(text)], nodes)
+
+
+# ---- item 2: workloads and Services --------------------------------------------------------------
+
+def test_each_workload_stands_in_its_pods_as_its_controller_names_them():
+    objects, stood, errors = _objects(WORKLOADS)
+    assert errors == []
+    assert [str(s) for s in stood] == ["Deployment demo/web (2)", "StatefulSet demo/db (2)", "DaemonSet demo/agent (2)",
+                                       "CronJob demo/report (2)"]
+    cluster, invalid = build_cluster(objects)
+    assert invalid == []
+    pods = cluster.pods
+    web = sorted(k for k in pods if k.startswith("demo/web-"))
+    assert len(web) == 2 and all(re.fullmatch(r"demo/web-[b-z2-9]{10}-[b-z2-9]{5}", k) for k in web)
+    assert web[0].rsplit("-", 1)[0] == web[1].rsplit("-", 1)[0]  # one ReplicaSet
+    assert pods["demo/db-1"].labels == {"app": "db", "statefulset.kubernetes.io/pod-name": "db-1", "apps.kubernetes.io/pod-index": "1"}
+    assert sorted(p.node for k, p in pods.items() if k.startswith("demo/agent-")) == ["node1", "node2"]
+    report_pods = [p for k, p in pods.items() if k.startswith("demo/report-")]
+    assert len(report_pods) == 2 and report_pods[0].labels["job-name"] == report_pods[1].labels["batch.kubernetes.io/job-name"]
+    assert [(p.name, p.port) for p in pods[web[0]].ports] == [("http", 8080)]
+    assert _objects(WORKLOADS)[0] == objects  # the same file, the same names
+
+
+def test_a_workload_without_a_template_or_with_a_bad_count_is_reported():
+    bad = ("kind: Deployment\nmetadata: {name: a, namespace: x}\nspec: {replicas: -1, template: {spec: {}}}\n---\n"
+           "kind: Job\nmetadata: {name: b}\nspec: {}\n")
+    objects, stood, errors = _objects(bad)
+    assert (objects, stood) == ([], [])
+    assert [str(e) for e in errors] == ["Deployment x/a: spec.replicas: must be a whole number >= 0, got -1 (w.yaml)",
+                                        "Job default/b: spec.template: required (an object) (w.yaml)"]
+
+
+def test_services_are_read_with_their_target_ports():
+    services, errors = services_from([("s", o) for o in yaml.safe_load_all(WORKLOADS)])
+    assert errors == [] and list(services) == ["demo/web"]
+    assert services["demo/web"].ports == (("TCP", 80, "http"),)
+
+
+def test_render_reads_workloads_and_says_so_in_one_line(tmp_path):
+    (tmp_path / "w.yaml").write_text(WORKLOADS)
+    out = run("render", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == ["nftpolicy: 4 workloads stand in 7 pods: Deployment demo/web (2), StatefulSet demo/db (2), "
+                                       "DaemonSet demo/agent (1), CronJob demo/report (2)"]
+
+
+def test_explain_answers_for_a_service_and_a_named_port(tmp_path):
+    (tmp_path / "w.yaml").write_text(WORKLOADS)
+    out = run("explain", "--from", "demo/db-0", "--to", "demo/web", str(tmp_path))
+    lines = out.stderr.splitlines()
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"nftpolicy: --to demo/web is a Service: its pods demo/web-\S+, demo/web-\S+; target ports TCP/http", lines[-1])
+    verdicts = [line for line in out.stdout.splitlines() if not line.startswith(" ")]
+    assert len(verdicts) == 2 and all(v.startswith("ALLOWED  demo/db-0 -> demo/web-") and v.endswith(" TCP/8080") for v in verdicts)
+    denied = run("explain", "--from", "demo/agent", "--to", "demo/web", "--port", "80", str(tmp_path))
+    assert denied.returncode == 1 and denied.stdout.count("DENIED ") == 2
+    wrong = run("explain", "--from", "demo/db-0", "--to", "demo/web", "--port", "81", str(tmp_path))
+    assert (wrong.returncode, wrong.stderr.splitlines()[-1]) == (2, "nftpolicy: --port 81: not a port of Service demo/web (its ports: TCP/80)")
+
+
+@pytest.mark.kernel
+def test_the_sandbox_probes_workload_pods(tmp_path):
+    (tmp_path / "w.yaml").write_text(WORKLOADS)
+    out = run("sandbox", "--timeout", "0.3", "--node", "node1", "--node", "node2", "--output", "json", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    (section,) = json.loads(out.stdout)["sections"]
+    assert len(section["pods"]) == 8  # 2 web, 2 db, 2 agents (one per node), 2 report
+    cells = {(c["from"], c["to"]): c["allowed"] for m in section["matrices"] if m["port"] == 8080 for c in m["cells"]}
+    web = next(p["pod"] for p in section["pods"] if p["pod"].startswith("demo/web-"))
+    assert cells[("demo/db-0", web)] is True and cells[("demo/db-1", web)] is True
+    assert [v for (src, dst), v in cells.items() if dst == web and src != dst and not src.startswith("demo/db-")] == [False] * 5
+
+
+# ---- item 3: anything left out is a summary line and exit 3 ------------------------------------------
+
+TYPO = """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: shop}
+spec: {podSelecter: {}}
+"""
+
+
+@pytest.mark.parametrize(("name", "content", "line"), [
+    ("typo.yaml", TYPO, "1 skipped: NetworkPolicy shop/deny"),
+    ("cidr.yaml", TYPO.replace("podSelecter: {}", "podSelector: {}, egress: [{to: [{ipBlock: {cidr: 10.0.0.300/8}}]}]"),
+     "1 skipped: NetworkPolicy shop/deny"),
+    ("syntax.yaml", "kind: NetworkPolicy\nmetadata: {name: [\n", "1 skipped: document #1"),
+    ("binary.yaml", b"\xff\xfe\x00binary", "1 skipped: file "),
+])
+def test_skipped_input_ends_in_a_summary_and_exit_3(tmp_path, name, content, line):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    for command in (["render"], ["explain", "--from", "shop/frontend", "--to", "shop/db"]):
+        out = run(*command, SHOP, str(path))
+        assert out.returncode == 3, out.stderr
+        assert out.stderr.splitlines()[-1].startswith(f"nftpolicy: {line}") and out.stderr.endswith(SUMMARY + "\n")
+        assert out.stdout  # the rest is still answered
+        assert run(*command, "--accept-skipped", SHOP, str(path)).returncode in (0, 1)
+        assert run(*command, "--strict", SHOP, str(path)).returncode == 2
+
+
+@pytest.mark.parametrize("make", ["empty directory", "comments only"])
+def test_empty_input_ends_in_a_summary_and_exit_3(tmp_path, make):
+    if make == "comments only":
+        (tmp_path / "x.yaml").write_text("# nothing\n")
+    out = run("render", str(tmp_path))
+    assert (out.returncode, out.stderr) == (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n")
+    assert run("render", "--accept-skipped", str(tmp_path)).returncode == 0
+
+
+@pytest.mark.kernel
+def test_a_sandbox_with_a_dropped_policy_is_not_a_success(tmp_path):
+    (tmp_path / "typo.yaml").write_text(TYPO)
+    out = run("sandbox", "--timeout", "0.3", SHOP, str(tmp_path))
+    assert out.returncode == 3 and "TCP/5432 ipv4" in out.stdout
+    assert out.stderr.splitlines()[-1] == f"nftpolicy: 1 skipped: NetworkPolicy shop/deny{SUMMARY}"
+
+
+# ---- item 4: explain addresses pods as the sandbox and trace do -------------------------------------
+
+BARE = """
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: default, labels: {app: a}}
+spec: {containers: [{name: c, ports: [{containerPort: 80}]}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: default, labels: {app: b}}
+spec: {nodeName: node2, containers: [{name: c, ports: [{containerPort: 80}]}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-from-nobody, namespace: default}
+spec: {podSelector: {matchLabels: {app: b}}}
+"""
+
+
+def test_place_pods_gives_the_sandbox_addresses():
+    pods = [Pod("default", "a", {}, None, ()), Pod("default", "b", {}, "node2", ()), Pod("default", "c", {}, None, ("10.1.2.3",)),
+            Pod("default", "h", {}, None, (), host_network=True)]
+    placed = place_pods(pods, ("node1",), ("ipv4", "ipv6"))
+    assert {k: (p.node, p.ips) for k, p in placed.items()} == {
+        "default/a": ("node1", ("10.244.0.10", "fd00:10:244:0::a")), "default/b": ("node2", ("10.244.1.10", "fd00:10:244:1::a")),
+        "default/c": ("node1", ("10.1.2.3",))}
+
+
+def test_explain_accepts_a_pod_without_an_address(tmp_path):
+    (tmp_path / "bare.yaml").write_text(BARE)
+    out = run("explain", "--from", "default/a", "--to", "default/b", str(tmp_path))
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines()[0] == "DENIED  default/a -> default/b TCP/80"
+    assert "nftpolicy: 2 pods without status.podIP get the sandbox's addresses: default/a 10.244.0.10, default/b 10.244.1.10" in out.stderr
+
+
+# ---- item 5: the chart's complete example can work; a bad CIDR value is a short line -----------------
+
+def test_the_netns_example_gets_the_capability_setns_needs():
+    example = helm("template", "x", str(CHART), "-f", str(CHART / "ci" / "manifests-values.yaml")).stdout
+    default = helm("template", "x", str(CHART)).stdout
+    caps = [d["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
+            for d in (yaml.safe_load_all(example), yaml.safe_load_all(default)) for d in d if d and d["kind"] == "DaemonSet"]
+    assert caps == [["NET_ADMIN", "SYS_ADMIN"], ["NET_ADMIN"]]
+
+
+def test_a_cidr_value_without_a_prefix_is_a_short_message():
+    out = helm("template", "x", str(CHART), "--set-json", 'agent.serviceCidrs=["10.96.0.0"]', check=False)
+    assert out.returncode != 0 and "agent.serviceCidrs.0: Does not match pattern '^[0-9A-Fa-f:.]+/[0-9]{1,3}$'" in out.stderr
+    assert max(len(line) for line in out.stderr.splitlines()) < 120
+
+
+# ---- item 7: the small ones --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["render"], ["sandbox"], ["compare", "--ipset-save", "x"]])
+def test_an_empty_node_name_is_refused(command):
+    out = run(*command, "--node", "", SHOP)
+    assert (out.returncode, out.stderr) == (2, "nftpolicy: --node: invalid node name '' (a lower-case RFC 1123 name, as Node objects have)\n")
+
+
+def test_explain_takes_a_named_port_and_names_the_pods_ports_when_wrong():
+    out = run("explain", "--from", "shop/frontend", "--to", "shop/db", "--port", "pg", SHOP)
+    assert out.stdout.splitlines()[0].endswith(" TCP/5432"), out.stderr
+    wrong = run("explain", "--from", "shop/frontend", "--to", "shop/db", "--port", "mysql", SHOP)
+    assert (wrong.returncode, wrong.stderr) == (2, "nftpolicy: --port mysql: shop/db-0 has no container port of that name "
+                                                   "(its named ports: pg (TCP/5432))\n")
+
+
+def test_a_dump_error_names_the_file(tmp_path):
+    dump = tmp_path / "node1.iptables-save"
+    dump.write_text("*filter\n:INPUT ACCEPT [0:0]\nbogus line\nCOMMIT\n")
+    out = run("compare", "--node", "node1", "--iptables-save", str(dump), "--ipset-save", str(DUMP / "node1.ipset-save"), SHOP)
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: {dump}:3: expected '-A <chain> ...', got 'bogus line'\n")
+
+
+@pytest.mark.kernel
+def test_compare_exits_0_when_every_difference_is_a_documented_one():
+    example = REPO / "examples" / "shop"
+    out = run("compare", "--node", "node1", "--icmp", "--timeout", "0.3", "--iptables-save", str(example / "node1.iptables-save"),
+              "--ipset-save", str(example / "node1.ipset-save"), SHOP)
+    summary = out.stdout.splitlines()[-1]
+    assert re.fullmatch(r"(\d+) cells differ \(\1 by a documented deliberate difference\)", summary), out.stdout[-500:]
+    assert out.returncode == 0
+
+
+@pytest.mark.kernel
+def test_ipv6_on_an_ipv4_cluster_is_refused_before_anything_is_built():
+    out = run("sandbox", "--ipv6", SHOP)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == ("nftpolicy: nothing to probe: --ipv6 asks for ipv6 addresses and the manifests give the pods ipv4 ones "
+                          "(pods keep the addresses their manifests give; see --dual-stack)\n")
+
+
+def test_help_shows_the_dataplanes_once_and_explain_only_the_flags_it_uses():
+    sandbox = run("sandbox", "--help").stdout
+    assert "--dataplane nft|iptables|kube-router|both|nft,iptables" in sandbox and "{nft,iptables" not in sandbox
+    explain = run("explain", "--help").stdout
+    assert "--service-cidr" in explain and not re.search(r"--table|--priority|--policy-mark|--passed-mark", explain)
+
+
+def test_the_html_report_has_glyphs_a_title_a_source_and_a_time(tmp_path):
+    page = tmp_path / "r.html"
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    pods = {"a/x": Pod("a", "x", {}, "node1", ("10.0.0.1",)), "a/y": Pod("a", "y", {}, "node1", ("10.0.0.2",))}
+    cluster = build_cluster([])[0]
+    with report.Report("json", str(page), source="examples/shop", clock=lambda: when) as out:
+        out.matrices(pods, {(ProbeSpec(80, "TCP"), "ipv4"): {("a/x", "a/y"): True, ("a/y", "a/x"): False}}, cluster)
+    text = page.read_text()
+    assert "<title>nftpolicy sandbox report: examples/shop</title>" in text
+    assert "source: examples/shop &middot; generated 2026-01-02T03:04:05+00:00" in text
+    assert re.findall(r'<td class="cell (\w+)"[^>]*>([^<]*)</td>', text) == [
+        ("unprobed", "?"), ("allowed", "&#10003;"), ("blocked", "&#10007;"), ("unprobed", "?")]
+
+
+# ---- item 9: the operator's guide --------------------------------------------------------------------
+
+@pytest.mark.kernel
+def test_the_guides_kube_router_cleanup_leaves_none_of_its_chains_or_sets(make_netns):
+    """docs/operations.md, cut-over step 4, run as written on a real kube-router v2.1.0 dump loaded
+    into a namespace of the test's: no KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-* chain or
+    KUBE-SRC/DST set is left, and a chain of another system stays."""
+    guide = (REPO / "docs" / "operations.md").read_text()
+    step = guide[guide.index("**Remove what kube-router's firewall left.**"):]
+    script = re.search(r"```sh\n(.*?)```", step, re.S).group(1)
+    ns = make_netns()
+
+    def inside(*argv: str, stdin: str | None = None) -> str:
+        return subprocess.run(["ip", "netns", "exec", ns, *argv], input=stdin, capture_output=True, text=True, check=True).stdout
+
+    inside("ipset", "restore", stdin=(DUMP / "node1.ipset-save").read_text())
+    dump = (DUMP / "node1.iptables-save").read_text().replace("COMMIT", "-N OTHER\n-A FORWARD -j OTHER\nCOMMIT", 1)
+    inside("iptables-nft-restore", stdin=dump)
+    assert "KUBE-ROUTER-FORWARD" in inside("iptables-save") and "KUBE-SRC-" in inside("ipset", "list", "-n")
+    inside("bash", "-euo", "pipefail", "-c", script)
+    saved = inside("iptables-save")
+    assert not re.search(r"KUBE-(ROUTER|POD-FW|NWPLCY)", saved), saved
+    assert "-A FORWARD -j OTHER" in saved
+    assert inside("ipset", "list", "-n") == ""
+
+
+# ---- item 8: the lock the image installs from ----------------------------------------------------------
+
+def test_the_lock_pins_every_dependency_within_its_range_with_hashes():
+    """requirements.lock (bash .ci/lock) holds one version of each dependency of pyproject.toml,
+    inside the range pyproject gives, and of the build backend, each with sha256 hashes: a lock
+    left stale by a change to pyproject.toml fails here, not in the image build."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    lock = (REPO / "requirements.lock").read_text()
+    pins = {canonicalize_name(name): version for name, version in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.M)}
+    entries = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", lock.split("\n", 6)[-1])
+    pinned_entries = [entry for entry in entries if "==" in entry]
+    assert len(pinned_entries) == len(pins) and all("--hash=sha256:" in entry for entry in pinned_entries)
+    for text in project["project"]["dependencies"] + project["build-system"]["requires"]:
+        wanted = Requirement(text)
+        pinned = pins.get(canonicalize_name(wanted.name))
+        assert pinned is not None and wanted.specifier.contains(pinned, prereleases=True), (text, pinned)
