@@ -437,14 +437,20 @@ class RealCluster:
         """Whether ``kubectl ARGS`` succeeds."""
         return self.run([self.binaries["kubectl"], *args], check=False, timeout=30).returncode == 0
 
+    def pid(self, name: str) -> int:
+        """The pid of component ``name`` (``kube-apiserver``, ``kubelet-node1``, ...)."""
+        return self._procs[name].pid
+
     def log(self, name: str) -> str:
         """The log of component ``name`` (``kube-apiserver``, ``kubelet-node1``, ...) so far."""
         path = self.dir / "logs" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def restart(self, name: str) -> None:
-        """Stop component ``name`` (SIGTERM, SIGKILL after 10 s) and start it again with the same
-        command line; returns once it runs (the caller waits for what it serves)."""
+    def restart(self, name: str) -> int:
+        """Stop component ``name`` (SIGTERM, SIGKILL after 10 s), start it again with the same
+        command line and return the new process's pid once the new process serves: containerd
+        answers on its socket, kubelet's ``/healthz`` says ok, kube-apiserver's ``/readyz`` too
+        (others: once running). Raises RealNodeError when it does not within 60 s."""
         proc = self._procs[name]
         if proc.poll() is None:
             proc.terminate()
@@ -453,7 +459,22 @@ class RealCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._spawn(name, *self._commands[name])
+        argv, node, env = self._commands[name]
+        self._spawn(name, argv, node, env)
+        self._wait(f"{name} after its restart", lambda: self._serves(name, node), 60, name)
+        return self._procs[name].pid
+
+    def _serves(self, name: str, node: int) -> bool:
+        if name.startswith("containerd-"):
+            socket = self.state.sockets / self.node_names[node - 1] / "containerd.sock"
+            probe = [self.binaries["ctr"], "--address", str(socket), "version"]
+        elif name.startswith("kubelet-"):
+            probe = ["curl", "-sf", "--max-time", "2", "http://127.0.0.1:10248/healthz"]
+        elif name == "kube-apiserver":
+            probe = [self.binaries["kubectl"], "get", "--raw", "/readyz"]
+        else:
+            return True
+        return self.run(probe, node=node, check=False, timeout=10).returncode == 0
 
     # ---- building it ---------------------------------------------------------------------
 

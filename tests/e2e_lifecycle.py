@@ -145,19 +145,35 @@ def lifecycle(cluster: RealCluster, helm: Callable[..., str], chart: Path, image
     def rollout() -> None:
         cluster.kubectl("rollout", "status", "daemonset/nftpolicy", "-n", "nftpolicy", "--timeout=180s", timeout=200)
 
+    def agent_pods() -> set[str]:
+        items = json.loads(cluster.kubectl("get", "pods", "-n", "nftpolicy", "-l", "app.kubernetes.io/name=nftpolicy",
+                                           "-o", "json"))["items"]
+        return {item["metadata"]["uid"] for item in items}
+
+    def replaced(action: Callable[[], None]) -> Callable[[], None]:
+        """``action``, then a check that every agent pod is a new one."""
+        def run() -> None:
+            before = agent_pods()
+            action()
+            rollout()
+            after = agent_pods()
+            if before & after or len(after) != cluster.node_count:
+                raise RealNodeError(f"agent pods not replaced: {len(before & after)} kept, {len(after)} now")
+        return run
+
     def delete_agent_pods() -> None:
         cluster.kubectl("delete", "pod", "-n", "nftpolicy", "-l", "app.kubernetes.io/name=nftpolicy", "--wait=true")
-        rollout()
 
     def upgrade() -> None:
         helm(cluster, "upgrade", "nftpolicy", str(chart), "--namespace", "nftpolicy", "--reuse-values",
              "--set", "agent.logLevel=debug")
-        rollout()
 
     def restart_each(component: str) -> Callable[[], None]:
         def action() -> None:
             for name in cluster.node_names:
-                cluster.restart(f"{component}-{name}")
+                old = cluster.pid(f"{component}-{name}")
+                if cluster.restart(f"{component}-{name}") == old:
+                    raise RealNodeError(f"{component} of {name} was not restarted")
             cluster.wait_ready()
             rollout()
         return action
@@ -165,11 +181,12 @@ def lifecycle(cluster: RealCluster, helm: Callable[..., str], chart: Path, image
     def restart_apiserver() -> None:
         cluster.restart("kube-apiserver")
         cluster.wait_ready()
+        rollout()
 
     try:
         step("baseline", lambda: None)
-        step("agent pods deleted", delete_agent_pods)
-        step("helm upgrade (rolling update)", upgrade)
+        step("agent pods deleted", replaced(delete_agent_pods))
+        step("helm upgrade (rolling update)", replaced(upgrade))
         step("containerd restarted", restart_each("containerd"))
         step("kubelet restarted", restart_each("kubelet"))
         step("kube-apiserver restarted", restart_apiserver)
