@@ -181,6 +181,25 @@ def _procs_in(cgroup: Path) -> str:
         return ""
 
 
+def _in_node_mount_ns(pid: int, state: RunState) -> bool:
+    """Whether process ``pid`` is in a node mount namespace of run ``state``: in one whose inode
+    the run recorded *and* where ``/var/lib/kubelet`` is the bind mount of a node's own directory
+    of this run. The inode alone proves nothing once the namespace is gone: the kernel hands its
+    number to the next namespace made on the machine (of any process, ``ip netns exec``...)."""
+    if _inode(f"/proc/{pid}/ns/mnt") not in state.mount_ns_inodes:
+        return False
+    own = f"/{state.id}/"
+    try:
+        with open(f"/proc/{pid}/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if fields[4] == NODE_PRIVATE_DIRS[0] and own in fields[3] and fields[3].endswith("/private/var-lib-kubelet"):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
 def _processes_of(state: RunState) -> list[int]:
     """Pids in the run's network namespaces, its mount namespaces, its cgroup or a container
     cgroup of its containerd (pods in network and mount namespaces of their own, orphaned when
@@ -195,8 +214,7 @@ def _processes_of(state: RunState) -> list[int]:
             continue
         pid = int(entry)
         try:
-            inside = (_inode(f"/proc/{pid}/ns/net") in netns_inodes
-                      or _inode(f"/proc/{pid}/ns/mnt") in state.mount_ns_inodes)
+            inside = _inode(f"/proc/{pid}/ns/net") in netns_inodes or _in_node_mount_ns(pid, state)
             if not inside and cgroups:
                 paths = {line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()}
                 inside = any(path == group or path.startswith(group + "/") for path in paths for group in cgroups)

@@ -80,3 +80,23 @@ def test_a_killed_run_is_removed_by_the_next_start(machine_before, tmp_path):
     assert leftovers(ident) != []
     assert ident in realnode.clean_stale()
     assert leftovers(ident) == []
+
+
+def test_a_recorded_mount_namespace_number_alone_kills_nothing():
+    """A node's mount namespace is known by its inode, which the kernel gives to the next
+    namespace made once it is gone: tear_down must not kill a process of another namespace that
+    got the number (here recorded directly: an unrelated process in a mount namespace of its own)."""
+    other = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while realnode._inode(f"/proc/{other.pid}/ns/mnt") == realnode._inode("/proc/self/ns/mnt"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        state = realnode.RunState(id=f"nftp-e2e-absent{os.getpid()}", owner_pid=0,
+                                  mount_ns_inodes=[realnode._inode(f"/proc/{other.pid}/ns/mnt")])
+        assert realnode._processes_of(state) == []
+        assert realnode.tear_down(state) == []
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
