@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,3 +101,43 @@ def test_a_recorded_mount_namespace_number_alone_kills_nothing():
     finally:
         other.kill()
         other.wait()
+
+
+def test_overlapping_runs_leave_the_tunables_and_directories_as_before(monkeypatch, tmp_path):
+    """Run B starts while run A lives (whose kubelet changed a tunable and whose nodes use a
+    directory A made); A ends first, then B. The machine's record passes from A to B: A writes
+    nothing back and removes nothing (B's nodes bind-mount that directory: removing it detaches
+    their mounts), B restores the value from before A and removes the directory. (Reading the
+    values at B's start recorded kubelet's, which B then wrote back for good.)"""
+    name = "kernel.keys.root_maxkeys"  # one of kubelet's, harmless to change for a moment
+    made = str(tmp_path / "var-lib-kubelet")
+    monkeypatch.setattr(realnode, "KERNEL_TUNABLES", (name,))
+    monkeypatch.setattr(realnode, "NODE_PRIVATE_DIRS", (made,))
+    # apart from the machine's real runs and cgroups
+    monkeypatch.setattr(realnode, "STATE_ROOT", tmp_path / "state")
+    monkeypatch.setattr(realnode, "SOCKET_ROOT", tmp_path / "sockets")
+    monkeypatch.setattr(realnode, "CONTAINERD_CGROUP", f"nftp-e2e-absent{os.getpid()}")
+    original = realnode._read_sysctl(name)
+    owner_b = subprocess.Popen(["sleep", "60"])
+    a = realnode.RunState(id=f"nftp-e2e-overlapA{os.getpid()}", owner_pid=os.getpid(),
+                          owner_start=realnode._start_time(os.getpid()))
+    b = realnode.RunState(id=f"nftp-e2e-overlapB{os.getpid()}", owner_pid=owner_b.pid,
+                          owner_start=realnode._start_time(owner_b.pid))
+    try:
+        realnode._claim_machine(a)
+        assert a.tunables == {name: original} and a.made_dirs == [made] and os.path.isdir(made)
+        realnode._write_sysctl(name, str(int(original) + 1))  # what A's kubelet does
+        realnode._claim_machine(b)
+        assert b.tunables == {name: original} and b.made_dirs == [made]
+        assert realnode.tear_down(a) == []
+        assert realnode._read_sysctl(name) == str(int(original) + 1) and os.path.isdir(made)
+        owner_b.kill()
+        owner_b.wait()
+        assert realnode.tear_down(b) == []
+        assert realnode._read_sysctl(name) == original and not os.path.exists(made)
+    finally:
+        realnode._write_sysctl(name, original)
+        owner_b.kill()
+        owner_b.wait()
+        for state in (a, b):
+            shutil.rmtree(state.files, ignore_errors=True)
