@@ -789,6 +789,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{RUNC}"
+        # runc's state (one directory per container), else in the machine's runc root of containerd
+        Root = "{sockets / 'runc'}"
         SystemdCgroup = false
 
 [plugins."io.containerd.grpc.v1.cri"]

@@ -141,3 +141,11 @@ def test_overlapping_runs_leave_the_tunables_and_directories_as_before(monkeypat
         owner_b.wait()
         for state in (a, b):
             shutil.rmtree(state.files, ignore_errors=True)
+
+
+def test_runc_keeps_its_state_under_the_run(tmp_path):
+    """The shim's default runc root is the machine's /run/containerd/runc, where every container
+    of every run stayed after the teardown."""
+    config = realnode._containerd_config(tmp_path / "files", tmp_path / "sockets")
+    assert f'Root = "{tmp_path / "sockets" / "runc"}"' in config
+    assert "/run/containerd" not in config
