@@ -40,6 +40,7 @@ SIGKILL leaves behind is recorded in its ``state.json`` and removed by the next 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -48,7 +49,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import IO, Any, Iterable, Sequence
 
 import yaml
 
@@ -94,10 +95,17 @@ def pod_cidr(index: int) -> str:
 @dataclass
 class RunState:
     """What a run made, written to ``state.json`` before it is made, so that :func:`clean_stale`
-    can remove it after the run was killed. ``tunables``: sysctl name -> value before the start."""
+    can remove it after the run was killed. ``tunables``: sysctl name -> value before the start.
+
+    ``tunables``, ``made_dirs`` and ``made_cgroups`` are the machine's, not the run's: a run that
+    starts while others live takes them over from those (the values before the first of them
+    started), and only the last run to end writes the tunables back and removes the directories
+    and cgroups (:func:`_machine_lock`). ``owner_start``: the owner's start time (clock ticks
+    after boot, proc(5) stat field 22), so that a reused pid is not taken for the owner."""
 
     id: str
     owner_pid: int
+    owner_start: int = 0
     netns: list[str] = field(default_factory=list)
     mount_ns_inodes: list[int] = field(default_factory=list)
     cgroup: str = ""
@@ -116,6 +124,43 @@ class RunState:
     def save(self) -> None:
         self.files.mkdir(parents=True, exist_ok=True)
         (self.files / "state.json").write_text(json.dumps(asdict(self)))
+
+
+def _start_time(pid: int) -> int:
+    """Process ``pid``'s start time (proc(5) stat field 22); 0 when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _owner_alive(state: "RunState") -> bool:
+    """Whether the process that made run ``state`` still runs (not another one with its pid)."""
+    started = _start_time(state.owner_pid)
+    return started != 0 and (state.owner_start == 0 or started == state.owner_start)
+
+
+def _machine_lock() -> IO[str]:
+    """An exclusive lock (flock on ``STATE_ROOT/.lock``, released when the returned file is
+    closed) around what runs share: taking over the machine's record at a start, and writing
+    the tunables back and removing the directories and cgroups at the end."""
+    STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    handle = open(STATE_ROOT / ".lock", "a")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def _live_runs(but: str) -> list["RunState"]:
+    """The recorded runs other than ``but`` whose owner still runs."""
+    found = []
+    for path in sorted(STATE_ROOT.glob("*/state.json")) if STATE_ROOT.exists() else []:
+        try:
+            state = RunState(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if state.id != but and _owner_alive(state):
+            found.append(state)
+    return found
 
 
 def _read_sysctl(name: str) -> str:
@@ -181,6 +226,25 @@ def _procs_in(cgroup: Path) -> str:
         return ""
 
 
+def _in_node_mount_ns(pid: int, state: RunState) -> bool:
+    """Whether process ``pid`` is in a node mount namespace of run ``state``: in one whose inode
+    the run recorded *and* where ``/var/lib/kubelet`` is the bind mount of a node's own directory
+    of this run. The inode alone proves nothing once the namespace is gone: the kernel hands its
+    number to the next namespace made on the machine (of any process, ``ip netns exec``...)."""
+    if _inode(f"/proc/{pid}/ns/mnt") not in state.mount_ns_inodes:
+        return False
+    own = f"/{state.id}/"
+    try:
+        with open(f"/proc/{pid}/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if fields[4] == NODE_PRIVATE_DIRS[0] and own in fields[3] and fields[3].endswith("/private/var-lib-kubelet"):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
 def _processes_of(state: RunState) -> list[int]:
     """Pids in the run's network namespaces, its mount namespaces, its cgroup or a container
     cgroup of its containerd (pods in network and mount namespaces of their own, orphaned when
@@ -195,8 +259,7 @@ def _processes_of(state: RunState) -> list[int]:
             continue
         pid = int(entry)
         try:
-            inside = (_inode(f"/proc/{pid}/ns/net") in netns_inodes
-                      or _inode(f"/proc/{pid}/ns/mnt") in state.mount_ns_inodes)
+            inside = _inode(f"/proc/{pid}/ns/net") in netns_inodes or _in_node_mount_ns(pid, state)
             if not inside and cgroups:
                 paths = {line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()}
                 inside = any(path == group or path.startswith(group + "/") for path in paths for group in cgroups)
@@ -237,12 +300,22 @@ def tear_down(state: RunState) -> list[str]:
     if pids:
         problems.append(f"processes still running: {pids}")
     containers = _container_ids(state)
+    with _machine_lock():
+        problems += _remove(state, containers, alone=not _live_runs(state.id))
+    return problems
+
+
+def _remove(state: RunState, containers: set[str], alone: bool) -> list[str]:
+    """tear_down's part after the kill, with :func:`_machine_lock` held; the machine's tunables,
+    directories and cgroups only when ``alone`` (no other run lives: it has the same record and
+    removes them when it ends)."""
+    problems: list[str] = []
     for hierarchy in _cgroup_hierarchies():
         doomed = [hierarchy / CONTAINERD_CGROUP / ident for ident in containers]
         top = hierarchy / state.cgroup.lstrip("/")
         if state.cgroup and top.exists():
             doomed += sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]
-        if CONTAINERD_CGROUP in state.made_cgroups and (hierarchy / CONTAINERD_CGROUP).is_dir():
+        if alone and CONTAINERD_CGROUP in state.made_cgroups and (hierarchy / CONTAINERD_CGROUP).is_dir():
             # The run made /k8s.io: every child left without a process is of its containers
             # (containerd loses some while it restarts), then /k8s.io itself.
             doomed += [child for child in (hierarchy / CONTAINERD_CGROUP).iterdir() if child.is_dir() and not _procs_in(child)]
@@ -261,7 +334,7 @@ def tear_down(state: RunState) -> list[str]:
             else:
                 problems.append(f"cgroup {path} not removed")
     netns.delete(state.netns)
-    for name, value in state.tunables.items():
+    for name, value in state.tunables.items() if alone else ():
         try:
             _write_sysctl(name, value)
         except OSError as exc:
@@ -272,12 +345,30 @@ def tear_down(state: RunState) -> list[str]:
         for point in sorted(mounted, key=len, reverse=True):
             subprocess.run(["umount", "-l", point], capture_output=True)
         shutil.rmtree(top, ignore_errors=True)
-    for made in state.made_dirs:
+    for made in state.made_dirs if alone else ():
         try:
             os.rmdir(made)
         except OSError:
             pass
     return problems
+
+
+def _claim_machine(state: RunState) -> None:
+    """Record the machine's tunables, directories and cgroups in ``state`` (saved) and make the
+    directories: taken over from the runs that live (they hold the values from before the first
+    of them started, and kubelet may have changed them since), else read now."""
+    with _machine_lock():
+        others = _live_runs(state.id)
+        state.tunables = (dict(others[0].tunables) if others
+                          else {name: _read_sysctl(name) for name in KERNEL_TUNABLES})
+        state.made_dirs = sorted({made for other in others for made in other.made_dirs})
+        state.made_cgroups = sorted({made for other in others for made in other.made_cgroups})
+        if not any((hierarchy / CONTAINERD_CGROUP).exists() for hierarchy in _cgroup_hierarchies()):
+            state.made_cgroups = sorted({*state.made_cgroups, CONTAINERD_CGROUP})
+        state.made_dirs += [made for made in NODE_PRIVATE_DIRS if not os.path.isdir(made) and made not in state.made_dirs]
+        state.save()
+        for made in state.made_dirs:
+            os.makedirs(made, exist_ok=True)
 
 
 def clean_stale() -> list[str]:
@@ -289,7 +380,7 @@ def clean_stale() -> list[str]:
             state = RunState(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-        if Path(f"/proc/{state.owner_pid}").exists():
+        if _owner_alive(state):
             continue
         tear_down(state)
         removed.append(state.id)
@@ -317,7 +408,7 @@ class RealCluster:
         self.images = list(images)
         self.node_count = nodes
         ident = f"nftp-e2e{run_tag()}{os.getpid()}"
-        self.state = RunState(id=ident, owner_pid=os.getpid(), cgroup=f"/{ident}")
+        self.state = RunState(id=ident, owner_pid=os.getpid(), owner_start=_start_time(os.getpid()), cgroup=f"/{ident}")
         self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
         self.netns = [f"{ident}-n{i}" for i in range(1, nodes + 1)]
         self.lan = f"{ident}-lan"
@@ -347,21 +438,12 @@ class RealCluster:
         ServiceAccount exists (at most about 3 minutes)."""
         clean_stale()
         self.state.netns = [*self.netns, self.lan]
-        self.state.tunables = {name: _read_sysctl(name) for name in KERNEL_TUNABLES}
-        self.state.save()
+        _claim_machine(self.state)
         self.state.sockets.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         self._network()
-        for made in NODE_PRIVATE_DIRS:
-            if not os.path.isdir(made):
-                self.state.made_dirs.append(made)
-                self.state.save()
-                os.makedirs(made)
         for index in range(1, self.node_count + 1):
             self._mount_namespace(index)
-        if not any((hierarchy / CONTAINERD_CGROUP).exists() for hierarchy in _cgroup_hierarchies()):
-            self.state.made_cgroups.append(CONTAINERD_CGROUP)
-        self.state.save()
         for hierarchy in _cgroup_hierarchies():
             (hierarchy / self.state.cgroup.lstrip("/")).mkdir(exist_ok=True)
         self._certificates()
@@ -728,6 +810,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{RUNC}"
+        # runc's state (one directory per container), else in the machine's runc root of containerd
+        Root = "{sockets / 'runc'}"
         SystemdCgroup = false
 
 [plugins."io.containerd.grpc.v1.cri"]

@@ -138,7 +138,8 @@ def lifecycle(cluster: RealCluster, helm: Callable[..., str], chart: Path, image
         window = longest_failure(allowed.since(t0))
         leaks = sum(ok for _, ok in denied.since(t0))
         steps.append({"step": name, "seconds": round(time.monotonic() - t0, 1), "allowed_longest_failure": round(window, 2),
-                      "denied_connections": leaks, "probes": len(denied.since(t0))})
+                      "denied_connections": leaks, "probes": len(denied.since(t0)),
+                      "allowed_probes": len(allowed.since(t0))})
         print(f"  {name}: allowed pair's longest failure {window:.2f} s, denied pair connected {leaks} "
               f"of {len(denied.since(t0))} times", flush=True)
 
@@ -209,7 +210,10 @@ def lifecycle(cluster: RealCluster, helm: Callable[..., str], chart: Path, image
         denied.stop.set()
         allowed.join()
         denied.join()
-    failures = [s for s in steps if s["denied_connections"] or s["allowed_longest_failure"] > ALLOWED_WINDOW]
+    # A prober that died (its thread's exception is only printed) leaves a step without probes,
+    # which would break no rule: a step needs probes of both pairs.
+    failures = [s for s in steps if s["denied_connections"] or s["allowed_longest_failure"] > ALLOWED_WINDOW
+                or not s["probes"] or not s["allowed_probes"]]
     if after_cleanup == 0:
         raise RealNodeError("after nftpolicy cleanup the denied pair still could not connect: the probe cannot tell")
     if failures:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,3 +81,71 @@ def test_a_killed_run_is_removed_by_the_next_start(machine_before, tmp_path):
     assert leftovers(ident) != []
     assert ident in realnode.clean_stale()
     assert leftovers(ident) == []
+
+
+def test_a_recorded_mount_namespace_number_alone_kills_nothing():
+    """A node's mount namespace is known by its inode, which the kernel gives to the next
+    namespace made once it is gone: tear_down must not kill a process of another namespace that
+    got the number (here recorded directly: an unrelated process in a mount namespace of its own)."""
+    other = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while realnode._inode(f"/proc/{other.pid}/ns/mnt") == realnode._inode("/proc/self/ns/mnt"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        state = realnode.RunState(id=f"nftp-e2e-absent{os.getpid()}", owner_pid=0,
+                                  mount_ns_inodes=[realnode._inode(f"/proc/{other.pid}/ns/mnt")])
+        assert realnode._processes_of(state) == []
+        assert realnode.tear_down(state) == []
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_overlapping_runs_leave_the_tunables_and_directories_as_before(monkeypatch, tmp_path):
+    """Run B starts while run A lives (whose kubelet changed a tunable and whose nodes use a
+    directory A made); A ends first, then B. The machine's record passes from A to B: A writes
+    nothing back and removes nothing (B's nodes bind-mount that directory: removing it detaches
+    their mounts), B restores the value from before A and removes the directory. (Reading the
+    values at B's start recorded kubelet's, which B then wrote back for good.)"""
+    name = "kernel.keys.root_maxkeys"  # one of kubelet's, harmless to change for a moment
+    made = str(tmp_path / "var-lib-kubelet")
+    monkeypatch.setattr(realnode, "KERNEL_TUNABLES", (name,))
+    monkeypatch.setattr(realnode, "NODE_PRIVATE_DIRS", (made,))
+    # apart from the machine's real runs and cgroups
+    monkeypatch.setattr(realnode, "STATE_ROOT", tmp_path / "state")
+    monkeypatch.setattr(realnode, "SOCKET_ROOT", tmp_path / "sockets")
+    monkeypatch.setattr(realnode, "CONTAINERD_CGROUP", f"nftp-e2e-absent{os.getpid()}")
+    original = realnode._read_sysctl(name)
+    owner_b = subprocess.Popen(["sleep", "60"])
+    a = realnode.RunState(id=f"nftp-e2e-overlapA{os.getpid()}", owner_pid=os.getpid(),
+                          owner_start=realnode._start_time(os.getpid()))
+    b = realnode.RunState(id=f"nftp-e2e-overlapB{os.getpid()}", owner_pid=owner_b.pid,
+                          owner_start=realnode._start_time(owner_b.pid))
+    try:
+        realnode._claim_machine(a)
+        assert a.tunables == {name: original} and a.made_dirs == [made] and os.path.isdir(made)
+        realnode._write_sysctl(name, str(int(original) + 1))  # what A's kubelet does
+        realnode._claim_machine(b)
+        assert b.tunables == {name: original} and b.made_dirs == [made]
+        assert realnode.tear_down(a) == []
+        assert realnode._read_sysctl(name) == str(int(original) + 1) and os.path.isdir(made)
+        owner_b.kill()
+        owner_b.wait()
+        assert realnode.tear_down(b) == []
+        assert realnode._read_sysctl(name) == original and not os.path.exists(made)
+    finally:
+        realnode._write_sysctl(name, original)
+        owner_b.kill()
+        owner_b.wait()
+        for state in (a, b):
+            shutil.rmtree(state.files, ignore_errors=True)
+
+
+def test_runc_keeps_its_state_under_the_run(tmp_path):
+    """The shim's default runc root is the machine's /run/containerd/runc, where every container
+    of every run stayed after the teardown."""
+    config = realnode._containerd_config(tmp_path / "files", tmp_path / "sockets")
+    assert f'Root = "{tmp_path / "sockets" / "runc"}"' in config
+    assert "/run/containerd" not in config
