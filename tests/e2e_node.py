@@ -77,21 +77,22 @@ def build_images(run: str) -> list[Path]:
     """pause, agnhost and the agent's image, built here as docker-archives for containerd to
     import; returns their paths. Each archive is kept in ``$NFTPOLICY_CI_CACHE/images`` under
     its image's id, so an unchanged image is not written again (the agent's image is rebuilt
-    from the layer cache each run, and gets a new id only when its sources changed)."""
+    from the layer cache each run, and gets a new id only when its sources changed). Call with
+    :func:`images.storage_lock` held until the archives are imported: another run's build
+    removes archives of an older id."""
     bin_dir = TOOLS / "bin"
     agent_tag = f"{AGENT_REPOSITORY}:e2e-{run}"
     build_stage = f"localhost/nftpolicy-build:e2e-{run}"
-    with images.storage_lock():
-        images.files_image(PAUSE_IMAGE, {"/pause": bin_dir / "pause"}, ["/pause"])
-        images.files_image(AGNHOST_IMAGE, {"/agnhost": bin_dir / "agnhost",
-                                           "/localhost.crt": TOOLS / "agnhost-files" / "localhost.crt",
-                                           "/localhost.key": TOOLS / "agnhost-files" / "localhost.key"},
-                           ["/agnhost"], ["pause"], base=images.BASE_IMAGE)
-        images.project_image(agent_tag, build_stage)
-        try:
-            return [images.cached_archive(tag) for tag in (PAUSE_IMAGE, AGNHOST_IMAGE, agent_tag)]
-        finally:
-            images.buildah("rmi", agent_tag, build_stage, check=False)
+    images.files_image(PAUSE_IMAGE, {"/pause": bin_dir / "pause"}, ["/pause"])
+    images.files_image(AGNHOST_IMAGE, {"/agnhost": bin_dir / "agnhost",
+                                       "/localhost.crt": TOOLS / "agnhost-files" / "localhost.crt",
+                                       "/localhost.key": TOOLS / "agnhost-files" / "localhost.key"},
+                       ["/agnhost"], ["pause"], base=images.BASE_IMAGE)
+    images.project_image(agent_tag, build_stage)
+    try:
+        return [images.cached_archive(tag) for tag in (PAUSE_IMAGE, AGNHOST_IMAGE, agent_tag)]
+    finally:
+        images.buildah("rmi", agent_tag, build_stage, check=False)
 
 
 def helm(cluster: RealCluster, *args: str, timeout: float = 300) -> str:
@@ -226,10 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     summary_line = "e2e: the upstream suite did not run"
     ok = True
     try:
-        with Step("build images (pause, agnhost, nftpolicy)"):
-            tars = build_images(run)
-        with Step(f"start the real cluster ({args.nodes} nodes)"):
-            cluster = RealCluster(nodes=args.nodes, images=tars).__enter__()
+        with images.storage_lock():  # until the archives are in containerd
+            with Step("build images (pause, agnhost, nftpolicy)"):
+                tars = build_images(run)
+            cluster = RealCluster(nodes=args.nodes, images=tars)
+            try:
+                with Step(f"start the real cluster ({args.nodes} nodes)"):
+                    cluster.start()
+            except BaseException:
+                cluster.close()
+                raise
         try:
             if not args.skip_vacuity:
                 with Step("vacuity: a deny spec fails without nftpolicy"):
@@ -270,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             with Step("tear the real cluster down"):
                 cluster.close()
-    except (RealNodeError, images.ImageError, OSError) as exc:
+    except Exception as exc:  # any failure: one line, and the report and summary below
         ok = False
-        print(f"e2e: {exc}".splitlines()[0], file=sys.stderr)
+        print(f"e2e: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
     except KeyboardInterrupt:
         print("e2e: interrupted", file=sys.stderr)
         return 130
