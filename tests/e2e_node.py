@@ -97,7 +97,8 @@ def build_images(run: str) -> list[Path]:
         images.buildah("tag", AGNHOST_IMAGE, CNP_AGNHOST_IMAGE)
         images.project_image(agent_tag, build_stage)
         try:
-            return [images.cached_archive(tag) for tag in (PAUSE_IMAGE, AGNHOST_IMAGE, CNP_AGNHOST_IMAGE, agent_tag)]
+            return [*(images.cached_archive(tag) for tag in (PAUSE_IMAGE, AGNHOST_IMAGE, agent_tag)),
+                    images.cached_archive(CNP_AGNHOST_IMAGE, name=CNP_AGNHOST_IMAGE.replace(":", "-"))]
         finally:
             images.buildah("rmi", agent_tag, build_stage, check=False)
 
