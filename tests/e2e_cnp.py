@@ -64,7 +64,7 @@ def parse(log: str) -> list[dict[str, Any]]:
     """Each test and sub-test of a ``-test.v`` log: ``{name, state, seconds, probes}``, where
     ``name`` drops the ``TestConformance/`` prefix, ``state`` is passed, failed or skipped, and
     ``probes`` holds the suite's messages about the probes that failed in it (not in its
-    sub-tests)."""
+    sub-tests), each once, and ``cause`` what the last of them says (:func:`_cause`)."""
     probes: dict[str, list[str]] = {}
     current = ""
     for line in log.splitlines():
@@ -73,16 +73,34 @@ def parse(log: str) -> list[dict[str, Any]]:
             current = run.group(1)
             continue
         probe = PROBE.search(line)
-        if probe and current:
-            probes.setdefault(current, []).append(probe.group(1).strip())
+        if probe and current:  # the suite retries a probe every 0.5 s for 10 s: each message once
+            messages = probes.setdefault(current, [])
+            if probe.group(1).strip() not in messages:
+                messages.append(probe.group(1).strip())
     found = []
     for state, name, seconds in RESULT.findall(log):
+        last = (probes.get(name) or [""])[-1]  # the suite retries for 10 s: the last word decides
         if name == "TestConformance":
             continue
         found.append({"name": name.removeprefix("TestConformance/"), "state": {"PASS": "passed", "FAIL": "failed",
                                                                               "SKIP": "skipped"}[state],
-                      "seconds": float(seconds), "probes": probes.get(name, [])})
+                      "seconds": float(seconds), "probes": probes.get(name, []),
+                      "cause": _cause(last) if state == "FAIL" else ""})
     return found
+
+
+def _cause(message: str) -> str:
+    """Why a probe failed, from the suite's last message about it: ``reject`` (denied, but
+    refused at once: nftpolicy rejects where the suite expects a drop, a TIMEOUT), ``no sctp``
+    (the kernel has no SCTP), ``verdict`` (connected where it should not, or the reverse), or
+    ``other``."""
+    if "protocol not supported" in message:
+        return "no sctp"
+    if "REFUSED" in message and "Expected connection to be dropped" in message:
+        return "reject"
+    if "successfully connected" in message or "miserably failed" in message:
+        return "verdict"
+    return "other"
 
 
 def run_cnp_conformance(cluster: RealCluster, binary: Path, out: Path, agent_namespace: str,

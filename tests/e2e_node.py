@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"          {probe}")
                         for sub in cnp["subtests"]:
                             if sub["name"].startswith(test["name"] + "/") and sub["state"] == "failed":
-                                print(f"          FAILED {sub['name'].split('/', 1)[1]}: {'; '.join(sub['probes'][:1])}")
+                                print(f"          FAILED ({sub['cause']}) {sub['name'].split('/', 1)[1]}: "
+                                      f"{'; '.join(sub['probes'][-1:])}")
                     for name in cnp["skipped_sctp"]:
                         print(f"  SKIPPED    0.0 s  {name} (no SCTP in this kernel)")
                     print(f"  {cnp['summary']} in {cnp['seconds']:.1f} s", flush=True)
