@@ -146,12 +146,14 @@ def files_image(tag: str, files: Mapping[str, Path], entrypoint: Sequence[str], 
         raise
 
 
-def cached_archive(tag: str) -> Path:
+def cached_archive(tag: str, name: str | None = None) -> Path:
     """Image ``tag`` as a docker-archive (named ``tag`` inside) in ``CACHE/images``, named after
-    the image's id: written once per id; archives of the same repository with another id are
-    removed. Call with :func:`storage_lock` held; returns the path."""
+    ``name`` (default: the tag's repository) and the image's id: written once per id; archives
+    of the same name with another id are removed. Two tags of one repository that must both be
+    imported (each archive holds one name) need a ``name`` each. Call with :func:`storage_lock`
+    held; returns the path."""
     image_id = buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", tag).stdout.strip()
-    repository = tag.rsplit(":", 1)[0].replace("/", "_")
+    repository = (name or tag.rsplit(":", 1)[0]).replace("/", "_")
     folder = CACHE / "images"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{repository}@{image_id[:16]}.tar"
