@@ -150,17 +150,20 @@ def _machine_lock() -> IO[str]:
     return handle
 
 
-def _live_runs(but: str) -> list["RunState"]:
-    """The recorded runs other than ``but`` whose owner still runs."""
+def _recorded_runs() -> list["RunState"]:
+    """Every run recorded under :data:`STATE_ROOT` (an unreadable record is passed over)."""
     found = []
     for path in sorted(STATE_ROOT.glob("*/state.json")) if STATE_ROOT.exists() else []:
         try:
-            state = RunState(**json.loads(path.read_text()))
+            found.append(RunState(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):
             continue
-        if state.id != but and _owner_alive(state):
-            found.append(state)
     return found
+
+
+def _live_runs(but: str) -> list["RunState"]:
+    """The recorded runs other than ``but`` whose owner still runs."""
+    return [state for state in _recorded_runs() if state.id != but and _owner_alive(state)]
 
 
 def _read_sysctl(name: str) -> str:
@@ -375,15 +378,10 @@ def clean_stale() -> list[str]:
     """Tear down every earlier run whose owner process is gone (killed by SIGKILL); returns the
     ids removed. A run whose owner still lives (another checkout's) is left alone."""
     removed = []
-    for path in sorted(STATE_ROOT.glob("*/state.json")) if STATE_ROOT.exists() else []:
-        try:
-            state = RunState(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue
-        if _owner_alive(state):
-            continue
-        tear_down(state)
-        removed.append(state.id)
+    for state in _recorded_runs():
+        if not _owner_alive(state):
+            tear_down(state)
+            removed.append(state.id)
     return removed
 
 
