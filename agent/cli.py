@@ -71,6 +71,8 @@ class Parser(argparse.ArgumentParser):
     the arguments are parsed; a flag on the command line wins."""
 
     def __init__(self, *args: Any, environment: bool = False, **kwargs: Any) -> None:
+        # No abbreviated flags: `explain --node node1` was read as --node-port-range.
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.environment = environment
         self.register("action", "append", _Append)

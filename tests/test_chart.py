@@ -43,7 +43,7 @@ VALUES = {"default": None, "full": CHART / "ci" / "full-values.yaml", "manifests
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if not HELM.exists():
-        pytest.fail(f"{HELM} is missing: run `bash .ci/install`")
+        pytest.fail(f"{HELM} is missing: run `bash .ci/install --test`")
     result = subprocess.run([str(HELM), *args], check=False, capture_output=True, text=True, timeout=120)
     if check:
         assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}{result.stderr}"

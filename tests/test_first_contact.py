@@ -236,6 +236,28 @@ def test_place_pods_gives_the_sandbox_addresses():
         "default/c": ("node1", ("10.1.2.3",))}
 
 
+def test_a_placed_pod_never_gets_an_address_another_pod_has():
+    """A Pending pod in a dump beside a running pod on 10.244.0.10 (found by a new user:
+    explain answered ALLOWED default/a -> default/a)."""
+    pods = [Pod("default", "a", {}, None, ()), Pod("default", "b", {}, "node1", ("10.244.0.10",))]
+    placed = place_pods(pods, ("node1",), ("ipv4",))
+    assert {k: p.ips for k, p in placed.items()} == {"default/a": ("10.244.0.11",), "default/b": ("10.244.0.10",)}
+
+
+def test_sandbox_on_a_file_that_is_not_utf8_skips_it(tmp_path):
+    bad = tmp_path / "x.yaml"
+    bad.write_bytes(b"kind: Pod\xff\n")
+    out = run("sandbox", str(bad))
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr and "x.yaml" in out.stderr
+
+
+def test_an_abbreviated_flag_is_not_taken_for_a_longer_one():
+    out = run("explain", "--node", "node1", "--from", "default/a", "--to", "default/b", "examples/shop")
+    assert out.returncode == 2
+    assert "node-port-range" not in out.stderr and "--node" in out.stderr, out.stderr
+
+
 def test_explain_accepts_a_pod_without_an_address(tmp_path):
     (tmp_path / "bare.yaml").write_text(BARE)
     out = run("explain", "--from", "default/a", "--to", "default/b", str(tmp_path))

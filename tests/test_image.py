@@ -44,7 +44,7 @@ def image():
         pytest.skip("needs root (buildah, debootstrap)")
     for tool in ("buildah", "debootstrap"):
         if not shutil.which(tool):
-            pytest.fail(f"{tool} is missing: run `bash .ci/install`")
+            pytest.fail(f"{tool} is missing: run `bash .ci/install --test`")
     with images.storage_lock():
         started = time.monotonic()
         images.project_image(IMAGE, BUILD_STAGE)

@@ -81,7 +81,7 @@ def test_the_policies_of_each_end_come_from_the_rule_model():
 def _browser_dom(page, tmp_path) -> tuple[str, str]:
     chromium = shutil.which("chromium")
     if chromium is None:
-        pytest.fail("chromium is missing: run `bash .ci/install`")
+        pytest.fail("chromium is missing: run `bash .ci/install --test`")
     out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
                           "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120)

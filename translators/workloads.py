@@ -155,21 +155,28 @@ def place_pods(pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
     (``Succeeded``/``Failed``) pods left out, the others ``Running``; a pod without a node on the
     next of ``default_nodes`` (round-robin, in key order); a pod without addresses gets one per
     family in ``families``: ``10.<244 + i // 256>.<i % 256>.<n>`` and ``fd00:10:244:<i>::<n>``,
-    ``i`` its node's index among the sorted node names, ``n`` counting from 10 on each node.
-    Raises PlacementError past 244 such pods on one node."""
+    ``i`` its node's index among the sorted node names, ``n`` counting from 10 on each node and
+    skipping an address another pod already has. Raises PlacementError past 244 such pods on one
+    node."""
     placed: dict[str, Pod] = {}
     spread = itertools.cycle(default_nodes)
     for pod in sorted((p for p in pods if not p.host_network and p.phase not in ("Succeeded", "Failed")), key=lambda p: p.key):
         placed[pod.key] = dataclasses.replace(pod, node=pod.node or next(spread), phase="Running")
     index = {name: i for i, name in enumerate(sorted({p.node for p in placed.values() if p.node}))}
     counters = {name: itertools.count(10) for name in index}
+    taken = {ip for pod in placed.values() for ip in pod.ips}  # never two pods on one address
     for key, pod in placed.items():
         if not pod.ips:
-            n, i = next(counters[pod.node]), index[pod.node]  # type: ignore[index]
-            if n >= 255 and "ipv4" in families:
-                raise PlacementError(f"too many pods on node {pod.node} for the sandbox's /24 (pod {pod.key})")
-            ips = [f"10.{244 + i // 256}.{i % 256}.{n}"] if "ipv4" in families else []
-            ips += [f"fd00:10:244:{i:x}::{n:x}"] if "ipv6" in families else []
+            i = index[pod.node]  # type: ignore[index]
+            while True:
+                n = next(counters[pod.node])  # type: ignore[index]
+                if n >= 255 and "ipv4" in families:
+                    raise PlacementError(f"too many pods on node {pod.node} for the sandbox's /24 (pod {pod.key})")
+                ips = [f"10.{244 + i // 256}.{i % 256}.{n}"] if "ipv4" in families else []
+                ips += [f"fd00:10:244:{i:x}::{n:x}"] if "ipv6" in families else []
+                if not taken.intersection(ips):
+                    break
+            taken.update(ips)
             placed[key] = dataclasses.replace(pod, ips=tuple(ips))
     return placed
 

@@ -33,8 +33,8 @@ def _read_cases(paths: list[str]) -> list[Case] | None:
             return None
         try:
             docs = load_yaml_documents(Path(name).read_text())
-        except yaml.YAMLError:
-            return None
+        except (yaml.YAMLError, UnicodeDecodeError, OSError):
+            return None  # not a case file: the manifests' reader says what is wrong with it
         if len(docs) != 1 or not is_case(docs[0]):
             return None
         documents.append(docs[0])
