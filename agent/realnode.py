@@ -108,7 +108,6 @@ class RunState:
     owner_start: int = 0
     netns: list[str] = field(default_factory=list)
     mount_ns_inodes: list[int] = field(default_factory=list)
-    cgroup: str = ""
     tunables: dict[str, str] = field(default_factory=dict)
     made_dirs: list[str] = field(default_factory=list)  # mount points made on the machine, removed if empty
     made_cgroups: list[str] = field(default_factory=list)  # top-level cgroups made by the run, removed if empty
@@ -249,13 +248,11 @@ def _in_node_mount_ns(pid: int, state: RunState) -> bool:
 
 
 def _processes_of(state: RunState) -> list[int]:
-    """Pids in the run's network namespaces, its mount namespaces, its cgroup or a container
-    cgroup of its containerd (pods in network and mount namespaces of their own, orphaned when
+    """Pids in the run's network namespaces, its mount namespaces or a container cgroup of its
+    containerd (pods in network and mount namespaces of their own, orphaned when
     their shim dies)."""
     netns_inodes = {_inode(f"{netns.NETNS_DIR}/{name}") for name in state.netns} - {0}
     cgroups = {f"/{CONTAINERD_CGROUP}/{ident}" for ident in _container_ids(state)}
-    if state.cgroup:
-        cgroups.add(state.cgroup)
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -289,7 +286,7 @@ def container_pid(container_id: str) -> int:
 def tear_down(state: RunState) -> list[str]:
     """Remove everything ``state`` records; returns what could not be removed (empty when all
     went). Order: kill the processes (SIGKILL, by pid, until none is left or 20 s), remove the
-    cgroups deepest first, delete the network namespaces, write the tunables back, remove the
+    containers' cgroups, delete the network namespaces, write the tunables back, remove the
     files (after checking that nothing is mounted below them)."""
     problems: list[str] = []
     deadline = time.monotonic() + 20
@@ -315,9 +312,6 @@ def _remove(state: RunState, containers: set[str], alone: bool) -> list[str]:
     problems: list[str] = []
     for hierarchy in _cgroup_hierarchies():
         doomed = [hierarchy / CONTAINERD_CGROUP / ident for ident in containers]
-        top = hierarchy / state.cgroup.lstrip("/")
-        if state.cgroup and top.exists():
-            doomed += sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]
         if alone and CONTAINERD_CGROUP in state.made_cgroups and (hierarchy / CONTAINERD_CGROUP).is_dir():
             # The run made /k8s.io: every child left without a process is of its containers
             # (containerd loses some while it restarts), then /k8s.io itself.
@@ -406,7 +400,7 @@ class RealCluster:
         self.images = list(images)
         self.node_count = nodes
         ident = f"nftp-e2e{run_tag()}{os.getpid()}"
-        self.state = RunState(id=ident, owner_pid=os.getpid(), owner_start=_start_time(os.getpid()), cgroup=f"/{ident}")
+        self.state = RunState(id=ident, owner_pid=os.getpid(), owner_start=_start_time(os.getpid()))
         self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
         self.netns = [f"{ident}-n{i}" for i in range(1, nodes + 1)]
         self.lan = f"{ident}-lan"
@@ -442,8 +436,6 @@ class RealCluster:
         self._network()
         for index in range(1, self.node_count + 1):
             self._mount_namespace(index)
-        for hierarchy in _cgroup_hierarchies():
-            (hierarchy / self.state.cgroup.lstrip("/")).mkdir(exist_ok=True)
         self._certificates()
         self._control_plane()
         for index in range(1, self.node_count + 1):
@@ -701,7 +693,7 @@ class RealCluster:
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             # This machine has cgroup v1: kubelet 1.35+ refuses it unless told (KEP-5573).
             "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False,
-            "enforceNodeAllocatable": [], "cgroupRoot": self.state.cgroup,
+            "enforceNodeAllocatable": [],
             "containerRuntimeEndpoint": f"unix://{socket}",
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                                "x509": {"clientCAFile": str(self.pki / "ca.crt")}},

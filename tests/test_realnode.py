@@ -31,8 +31,7 @@ def leftovers(ident: str) -> list[str]:
     """Whatever of run ``ident`` is still on the machine."""
     found = [f"netns {name}" for name in netns.existing(ident)]
     found += [str(path) for path in (realnode.STATE_ROOT / ident, realnode.SOCKET_ROOT / ident) if path.exists()]
-    found += [str(h / ident) for h in realnode._cgroup_hierarchies() if (h / ident).exists()]
-    found += [f"pid {pid}" for pid in realnode._processes_of(realnode.RunState(id=ident, owner_pid=0, cgroup=f"/{ident}"))]
+    found += [f"pid {pid}" for pid in realnode._processes_of(realnode.RunState(id=ident, owner_pid=0))]
     return found
 
 
