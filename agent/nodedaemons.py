@@ -66,7 +66,7 @@ def cluster_from_api(control_plane: ControlPlane) -> Any:
     """The cluster as the API holds it now, converted as the agent converts it (a
     :class:`~nftpolicy.translators.model.Cluster`)."""
     from .metrics import Metrics  # with the Kubernetes client: only when a control plane runs
-    from .sources import KINDS, Store
+    from .store import KINDS, Store
 
     store = Store(Metrics())
     for kind in KINDS:

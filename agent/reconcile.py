@@ -30,7 +30,7 @@ from .health import Health
 from .memory import gc_paused
 from .metrics import Metrics
 from .nftables import release_memory
-from .sources import Store
+from .store import Store
 
 log = logging.getLogger("nftpolicy.reconcile")
 Json = dict[str, Any]

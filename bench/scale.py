@@ -69,7 +69,8 @@ from nftpolicy.agent.memory import gc_paused  # noqa: E402
 from nftpolicy.agent.metrics import Metrics  # noqa: E402
 from nftpolicy.agent.nftables import NftDataplane  # noqa: E402
 from nftpolicy.agent.reconcile import Reconciler  # noqa: E402
-from nftpolicy.agent.sources import KubeSource, Store  # noqa: E402
+from nftpolicy.agent.sources import KubeSource  # noqa: E402
+from nftpolicy.agent.store import Store  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators import nftchanges  # noqa: E402
 from nftpolicy.translators.model import Cluster, Namespace  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 from nftpolicy.agent.health import Health, serve_http
 from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.sources import Store
+from nftpolicy.agent.store import Store
 
 from .conftest import REPO, http_get
 from .test_cli import NFTPOLICY

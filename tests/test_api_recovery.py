@@ -36,7 +36,7 @@ from nftpolicy.agent import netns
 from nftpolicy.agent.controlplane import ApiError, ControlPlane
 from nftpolicy.agent.metrics import Metrics
 from nftpolicy.agent.nftables import NftDataplane
-from nftpolicy.agent.sources import KINDS, Store
+from nftpolicy.agent.store import KINDS, Store
 from nftpolicy.translators.noderender import build_rule_model
 
 from .agentenv import AgentEnv, RealApi

@@ -11,7 +11,8 @@ import pytest
 
 from nftpolicy.agent import sources
 from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.sources import KubeSource, Store
+from nftpolicy.agent.sources import KubeSource
+from nftpolicy.agent.store import Store
 
 from .agentenv import AgentEnv
 from .fakeapi import FakeApiServer, namespace, node, pod

@@ -16,6 +16,7 @@ import pytest
 from nftpolicy.agent import sources
 from nftpolicy.agent.controlplane import ControlPlane
 from nftpolicy.agent.metrics import Metrics
+from nftpolicy.agent.store import Store
 
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api
@@ -56,7 +57,7 @@ def test_lists_come_in_pages(control_plane, monkeypatch):
         control_plane.apply(pod("y", f"paged-{i}", f"10.244.0.{100 + i}", app="paged"))
     monkeypatch.setattr(sources, "LIST_PAGE", 2)
     metrics, stop = Metrics(), threading.Event()
-    store = sources.Store(metrics)
+    store = Store(metrics)
     source = sources.KubeSource(store, metrics, "node1", control_plane.kubeconfig, 5.0, 30, stop)
     try:
         source._list("Pod")

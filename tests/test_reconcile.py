@@ -17,7 +17,7 @@ from nftpolicy.agent.fakenft import FakeNftDataplane, FakeTable
 from nftpolicy.agent.health import Health
 from nftpolicy.agent.metrics import Metrics
 from nftpolicy.agent.reconcile import Reconciler
-from nftpolicy.agent.sources import KINDS, Store
+from nftpolicy.agent.store import KINDS, Store
 from nftpolicy.translators import nft
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster

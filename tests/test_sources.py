@@ -12,7 +12,8 @@ import pytest
 from kubernetes.client import ApiException
 
 from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.sources import KubeSource, ManifestsSource, Store
+from nftpolicy.agent.sources import KubeSource, ManifestsSource
+from nftpolicy.agent.store import Store
 
 from .fakeapi import FakeApiServer, namespace, node, pod
 

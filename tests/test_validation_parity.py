@@ -24,7 +24,7 @@ import secrets
 import pytest
 
 from nftpolicy.agent.controlplane import ApiError, ControlPlane
-from nftpolicy.agent.sources import CONVERT
+from nftpolicy.agent.store import CONVERT
 from nftpolicy.translators.manifests import InvalidField, build_cluster
 
 pytestmark = pytest.mark.kernel
