@@ -20,7 +20,6 @@ import json
 import logging
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -32,6 +31,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
 
+from .clock import REAL_TIME, Clock
 from .manifestfiles import manifest_files, read_objects
 from .metrics import Metrics
 from .store import KINDS, Store
@@ -142,10 +142,11 @@ class KubeSource:
 
     One thread per kind. ``api_timeout`` bounds every request (seconds, client side; a watch's
     read timeout is ``watch_timeout`` + ``api_timeout``, so a dead connection cannot hang).
+    Retry delays, backoff and the seconds since a kind's last success are on ``clock``.
     """
 
     def __init__(self, store: Store, metrics: Metrics, node: str, kubeconfig: str | None,
-                 api_timeout: float, watch_timeout: int, stop: threading.Event) -> None:
+                 api_timeout: float, watch_timeout: int, stop: threading.Event, clock: Clock = REAL_TIME) -> None:
         configuration = k8s.Configuration()
         try:
             if kubeconfig:
@@ -169,20 +170,13 @@ class KubeSource:
                                      {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"}),
         }
         self.store, self.metrics, self.stop = store, metrics, stop
-        # The pause between two tries of a request (seconds) and the monotonic clock (seconds):
-        # tests give their own, to read delays without waiting them out.
-
-        def sleep(seconds: float) -> None:
-            stop.wait(seconds)  # a stop ends the pause at once
-
-        self.sleep: Callable[[float], None] = sleep
-        self.clock: Callable[[], float] = time.monotonic
+        self.clock = clock  # every pause and every "how long since" (tests give their own)
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
         # Per kind: when a request last succeeded (monotonic; the start until the first), and
         # whether a watch stream is open now (it counts as succeeding while it lasts).
-        self._succeeded = {kind: self.clock() for kind in self.calls}
+        self._succeeded = {kind: self.clock.now() for kind in self.calls}
         self._streaming: set[str] = set()
         # Per kind refused (401, 403) since its last success: when the first refusal came, and
         # whether the refusal has been reported as an error.
@@ -195,10 +189,10 @@ class KubeSource:
 
     def seconds_failing(self, kind: str) -> float:
         """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
-        return 0.0 if kind in self._streaming else self.clock() - self._succeeded[kind]
+        return 0.0 if kind in self._streaming else self.clock.now() - self._succeeded[kind]
 
     def _success(self, kind: str) -> None:
-        self._succeeded[kind] = self.clock()
+        self._succeeded[kind] = self.clock.now()
         refused = self._refused.pop(kind, None)
         if refused is not None:
             self._reported.discard(kind)
@@ -216,7 +210,7 @@ class KubeSource:
         and the resource); nothing more until ``kind`` succeeds again. nftpolicy_api_access_denied
         is 1 for the refused verb meanwhile."""
         self.metrics.api_access_denied.labels(kind, verb).set(1)
-        now = self.clock()
+        now = self.clock.now()
         extra = {"kind": kind, "reason": _reason(exc), "verb": verb}
         if kind not in self._refused:
             self._refused[kind] = now
@@ -264,26 +258,30 @@ class KubeSource:
 
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: _retryable(e) and not self.stop.is_set()),
-            wait=wait, sleep=self.sleep, before_sleep=before_sleep, reraise=True, after=after,
+            wait=wait, sleep=self._pause, before_sleep=before_sleep, reraise=True, after=after,
         )
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` on the clock; a stop ends the pause at once."""
+        self.clock.wait(self.stop, seconds)
 
     def _run(self, kind: str) -> None:
         pause = 0.0  # grows while lists or watches end as soon as they start, so a faulty
         # server never gets a tight loop of cluster-wide lists from every node
         while not self.stop.is_set():
-            started = self.clock()
+            started = self.clock.now()
             try:
                 self._retrying(kind, "list")(self._list, kind)
                 while not self.stop.is_set():
-                    started = self.clock()
+                    started = self.clock.now()
                     self._retrying(kind, "watch")(self._watch, kind)
-                    pause = _next_pause(pause, self.clock() - started)
-                    self.stop.wait(pause)
+                    pause = _next_pause(pause, self.clock.now() - started)
+                    self._pause(pause)
             except RelistNeeded as exc:
                 self.metrics.api_errors.labels(kind, _reason(exc)).inc()
-                pause = _next_pause(pause, self.clock() - started)
+                pause = _next_pause(pause, self.clock.now() - started)
                 log.info("relisting %s in %.1fs: %s", kind, pause, exc, extra={"kind": kind})
-                self.stop.wait(pause)
+                self._pause(pause)
             except Exception as exc:  # a non-retryable API error (400, 404, ...): report, relist later
                 if self.stop.is_set():
                     return
@@ -293,7 +291,7 @@ class KubeSource:
                 self.metrics.api_errors.labels(kind, _reason(exc)).inc()
                 log.error("API %s request failed, not retryable: %s; relisting in %.0fs", kind, describe(exc), MAX_BACKOFF,
                           extra={"kind": kind, "reason": _reason(exc)})
-                self.stop.wait(MAX_BACKOFF)
+                self._pause(MAX_BACKOFF)
 
     def _absent(self, kind: str) -> None:
         """The API has no resource for ``kind`` (its CRD is not installed): none of them, said
@@ -305,7 +303,7 @@ class KubeSource:
             log.warning("the API has no %s (its CRD is not installed): enforcing without any %s; checking again every %.0fs",
                         OPTIONAL[kind], kind, MAX_BACKOFF, extra={"kind": kind})
             self.store.replace(kind, [])  # none of them (and none left from before the CRD went)
-        self.stop.wait(MAX_BACKOFF)
+        self._pause(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
         """List ``kind`` in pages of :data:`LIST_PAGE` objects; each page is converted to model
@@ -378,10 +376,11 @@ class KubeSource:
 
 class ManifestsSource:
     """Reads every manifest under ``directory`` and re-reads them all when a file changes
-    (polled every ``interval`` seconds: names, sizes and modification times)."""
+    (polled every ``interval`` seconds of ``clock``: names, sizes and modification times)."""
 
-    def __init__(self, store: Store, directory: str, stop: threading.Event, interval: float = 1.0) -> None:
-        self.store, self.directory, self.stop, self.interval = store, directory, stop, interval
+    def __init__(self, store: Store, directory: str, stop: threading.Event, interval: float = 1.0,
+                 clock: Clock = REAL_TIME) -> None:
+        self.store, self.directory, self.stop, self.interval, self.clock = store, directory, stop, interval, clock
 
     def _signature(self) -> list[tuple[str, int, int]]:
         signature = []
@@ -417,7 +416,7 @@ class ManifestsSource:
 
         def poll() -> None:
             nonlocal seen
-            while not self.stop.wait(self.interval):
+            while not self.clock.wait(self.stop, self.interval):
                 try:
                     current = self._signature()
                     if current != seen:

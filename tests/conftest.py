@@ -7,7 +7,9 @@ import os
 import secrets
 import socket
 import subprocess
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -16,6 +18,8 @@ from nftpolicy.agent.netns import RUN_TAG_ENV
 from nftpolicy.agent.manifestfiles import load_cluster
 from nftpolicy.translators.manifests import build_cluster, parse_documents
 from nftpolicy.translators.model import family_of
+
+from .fakeclock import FakeClock
 
 REPO = Path(__file__).resolve().parent.parent
 # Every network namespace this test run makes (sandboxes, also in subprocesses, and make_netns)
@@ -109,6 +113,21 @@ def http_get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
     except OSError:
         return 0, ""
+
+
+def eventually(check: Callable[[], object], expected: object = True, timeout: float = 10.0, *,
+               clock: FakeClock | None = None, step: float = 0.1) -> None:
+    """Poll ``check`` every 10 ms until it returns ``expected`` (``==``); fail with the last value
+    after ``timeout`` seconds of real time. With ``clock``, each poll also moves it ``step``
+    seconds on, so the code under test lives through its delays at that pace."""
+    deadline = time.monotonic() + timeout
+    value = check()
+    while value != expected and time.monotonic() < deadline:
+        if clock is not None:
+            clock.advance(step)
+        time.sleep(0.01)
+        value = check()
+    assert value == expected, f"still {value!r} after {timeout}s (expected {expected!r})"
 
 
 def cluster_from_yaml(text: str):

@@ -40,7 +40,7 @@ from nftpolicy.agent.store import KINDS, Store
 from nftpolicy.translators.noderender import build_rule_model
 
 from .agentenv import AgentEnv, RealApi
-from .conftest import clear_api, nft
+from .conftest import clear_api, eventually, nft
 from .fakeapi import FakeApiServer, namespace, pod
 from .test_chart import NAMESPACE, one, render
 
@@ -325,7 +325,7 @@ def test_compaction_past_every_resource_version(real, record_property):
 
     through_fault(cp, env, kernel, fault, record_property)
     for kind in ("Namespace", "Pod", "NetworkPolicy", "Node"):
-        env.eventually(lambda: env.metric("nftpolicy_api_errors_total", kind=kind, reason="410") >= 1, True)
+        eventually(lambda: env.metric("nftpolicy_api_errors_total", kind=kind, reason="410") >= 1, True)
 
 
 def test_role_binding_removed_then_restored(real, record_property):
@@ -344,12 +344,12 @@ def test_role_binding_removed_then_restored(real, record_property):
     def fault() -> None:
         cp.delete("ClusterRoleBinding", cp.binding["metadata"]["name"])
         # refused for 10 s or more: each kind says so once, as an error
-        env.eventually(lambda: {m.split()[1] for m in errors() if m.startswith("API ")} >= set(kinds), True, timeout=40)
+        eventually(lambda: {m.split()[1] for m in errors() if m.startswith("API ")} >= set(kinds), True, timeout=40)
         assert all(max(env.metric("nftpolicy_api_access_denied", kind=k, verb=v) for v in ("list", "watch")) == 1 for k in kinds)
         cp.apply(cp.binding)
 
     through_fault(cp, env, kernel, fault, record_property)
-    env.eventually(lambda: all(env.metric("nftpolicy_api_access_denied", kind=k, verb=v) == 0 for k in kinds for v in ("list", "watch")), True)
+    eventually(lambda: all(env.metric("nftpolicy_api_access_denied", kind=k, verb=v) == 0 for k in kinds for v in ("list", "watch")), True)
     for kind, resource in (("Pod", "pods"), ("Namespace", "namespaces"), ("NetworkPolicy", "networkpolicies"), ("Node", "nodes")):
         said = [m for m in errors() if m.startswith(f"API {kind} requests refused")]
         assert len(said) == 1 and "403" in said[0], said

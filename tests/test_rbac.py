@@ -13,6 +13,7 @@ import pytest
 from nftpolicy.agent.controlplane import ControlPlane
 
 from .agentenv import AgentEnv, RealApi
+from .conftest import eventually
 from .fakeapi import pod
 from .test_chart import NAMESPACE, one, render
 
@@ -62,7 +63,7 @@ def test_the_charts_clusterrole_is_enough(rbac_env):
     env.start_agent()
     assert env.connects("x/c", B)
     cp.apply(DENY_B)
-    env.eventually(lambda: env.connects("x/c", B), False)
+    eventually(lambda: env.connects("x/c", B), False)
     for kind in ("Pod", "Namespace", "NetworkPolicy", "Node"):
         assert env.metric("nftpolicy_api_errors_total", kind=kind, reason="403") == 0
 
@@ -78,7 +79,7 @@ def test_a_missing_verb_is_named(rbac_env, resource, verb):
     cp.apply(narrowed)
     env.start_agent(wait_ready=False)
     kind = {"pods": "Pod", "networkpolicies": "NetworkPolicy", "namespaces": "Namespace"}[resource]
-    env.eventually(lambda: env.metric("nftpolicy_api_access_denied", kind=kind, verb=verb), 1, timeout=20)
+    eventually(lambda: env.metric("nftpolicy_api_access_denied", kind=kind, verb=verb), 1, timeout=20)
     # retried (a starting API server refuses for a moment), said at the first refusal; one that
     # lasts 10 s is said once more as an error (tests/test_api_recovery.py)
     said = [event["msg"] for event in map(json.loads, filter(lambda line: line.startswith("{"), env.log().splitlines()))
