@@ -72,7 +72,8 @@ class FakeApiServer:
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # stop() waits up to one poll interval (0.5 s by default) for the loop to notice
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         return self.url
 
     @property
