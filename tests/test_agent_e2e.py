@@ -46,7 +46,7 @@ def env(tmp_path):
         env.close()
 
 
-@pytest.fixture(params=["fake API server", "kube-apiserver"])
+@pytest.fixture(params=["fake API server", pytest.param("kube-apiserver", marks=pytest.mark.tools("etcd", "kube-apiserver"))])
 def either_env(request, tmp_path):
     """The same scenario against the in-repo fake and against the real kube-apiserver."""
     real = request.param == "kube-apiserver"

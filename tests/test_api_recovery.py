@@ -45,6 +45,8 @@ from .fakeapi import FakeApiServer, namespace, pod
 from .test_chart import NAMESPACE, one, render
 
 pytestmark = pytest.mark.kernel
+# every test but the silent watch's (on the fake API server) uses `plane`: the chart's RBAC through helm
+REAL_PLANE = pytest.mark.tools("etcd", "kube-apiserver", "helm")
 
 CATCH_UP = 5.0  # seconds from the API's return (and its acceptance of the change) to the table equal to the render
 TABLE = "nftpolicy"
@@ -274,6 +276,7 @@ def through_fault(cp: ControlPlane, env: AgentEnv, kernel: Kernel, fault: Callab
     assert took - accepted <= CATCH_UP, f"caught up {took:.1f}s after the API's return, {took - accepted:.1f}s after it accepted the change"
 
 
+@REAL_PLANE
 def test_api_server_sigkill(real, record_property):
     """kube-apiserver killed outright, restarted on the same etcd: the restarted server refuses
     the agent's token (403) until its RBAC authorizer has loaded; the agent retries that as
@@ -287,6 +290,7 @@ def test_api_server_sigkill(real, record_property):
     through_fault(cp, env, kernel, fault, record_property)
 
 
+@REAL_PLANE
 def test_api_server_sigterm(real, record_property):
     """kube-apiserver stopped gracefully (it ends every watch first), restarted on the same etcd."""
     cp, env, kernel = real
@@ -298,6 +302,7 @@ def test_api_server_sigterm(real, record_property):
     through_fault(cp, env, kernel, fault, record_property)
 
 
+@REAL_PLANE
 def test_etcd_stopped_and_started(real, record_property):
     """etcd stopped for 15 s under a running kube-apiserver, then started on its data: the API's
     return is kube-apiserver's /readyz ok again."""
@@ -312,6 +317,7 @@ def test_etcd_stopped_and_started(real, record_property):
     through_fault(cp, env, kernel, fault, record_property)
 
 
+@REAL_PLANE
 def test_compaction_past_every_resource_version(real, record_property):
     """While kube-apiserver is down, etcd's revision moves past every resourceVersion the agent
     holds and its history is compacted there: the restarted server answers each of the agent's
@@ -328,6 +334,7 @@ def test_compaction_past_every_resource_version(real, record_property):
         eventually(lambda: env.metric("nftpolicy_api_errors_total", kind=kind, reason="410") >= 1, True)
 
 
+@REAL_PLANE
 def test_role_binding_removed_then_restored(real, record_property):
     """The agent's ClusterRoleBinding is deleted: each watch, once it ends (``--watch-timeout 2``
     here), is refused with 403, which is retried with backoff, reported once per kind with the

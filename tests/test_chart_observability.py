@@ -25,6 +25,7 @@ from nftpolicy.agent.sandbox import Sandbox
 from .conftest import REPO, example_cluster, http_get
 from .test_chart import KUBE_VERSIONS, KUBERNETES_VALIDATE, NFTPOLICY, one, render, render_text
 
+pytestmark = pytest.mark.tools("helm")
 ENABLED = ("--set", "ulogd.enabled=true,grafanaDashboard.enabled=true,prometheusRule.enabled=true")
 
 
@@ -81,6 +82,7 @@ def test_ulogd_sidecar_reads_the_config_map():
 
 
 @pytest.mark.kernel
+@pytest.mark.tools("ulogd")
 def test_ulogd_as_the_chart_configures_it_writes_a_json_line_per_rejected_packet(tmp_path):
     docs = render("default", *ENABLED)
     sidecar = _containers(docs)["ulogd"]
@@ -139,6 +141,7 @@ def test_alerts_cover_what_the_issue_asks():
     assert "> 900" in rules["NftpolicySyncStale"]["expr"] and "> 120" in rules["NftpolicyWatchStale"]["expr"]
 
 
+@pytest.mark.tools("promtool")
 def test_promtool_accepts_the_rendered_rules(tmp_path):
     docs = render("default", *ENABLED)
     rules_file = tmp_path / "rules.yaml"

@@ -17,7 +17,7 @@ from .conftest import eventually
 from .fakeapi import pod
 from .test_chart import NAMESPACE, one, render
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver", "helm")]
 
 B, C = "10.244.0.11", "10.244.0.12"
 DENY_B = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "deny-b"},

@@ -22,7 +22,7 @@ from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api, eventually
 from .fakeapi import namespace, pod
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver")]
 
 A, B, C, D = "10.244.0.10", "10.244.0.11", "10.244.0.12", "10.244.0.13"
 SLOTS = {"x/a": A, "x/b": B, "x/c": C, "y/d": D}

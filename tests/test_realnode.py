@@ -20,7 +20,7 @@ from nftpolicy.agent.realnode import KERNEL_TUNABLES, RealCluster, RealNodeError
 
 from .conftest import REPO
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools(*realnode.TOOLS)]
 
 
 def tunables() -> dict[str, str]:

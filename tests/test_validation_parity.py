@@ -27,7 +27,7 @@ from nftpolicy.agent.controlplane import ApiError, ControlPlane
 from nftpolicy.agent.store import CONVERT
 from nftpolicy.translators.manifests import InvalidField, build_cluster
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver")]
 
 NS = "parity"
 NETPOL = f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"
