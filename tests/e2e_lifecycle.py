@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.realnode import RealCluster, RealNodeError, container_pid
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError, container_pid
 
 NAMESPACE = "lifecycle"
 PERIOD = 0.1  # seconds between two probes of one pair

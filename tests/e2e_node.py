@@ -1,6 +1,6 @@
 """The real node's checks, run by ``bash .ci/e2e`` (``python -m tests.e2e_node``).
 
-On a :class:`~nftpolicy.agent.realnode.RealCluster` of real kubelets and containerd:
+On a :class:`~nftpolicy.agent.testbed.realnode.RealCluster` of real kubelets and containerd:
 
 1. **Vacuity**: before nftpolicy is installed, one deny spec of the upstream suite must fail
    (nothing else on the node enforces NetworkPolicy).
@@ -35,9 +35,9 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
-from nftpolicy.agent import images
-from nftpolicy.agent.controlplane import find_binary
-from nftpolicy.agent.realnode import PAUSE_IMAGE, RealCluster, RealNodeError, cgroup_dir, container_pid
+from nftpolicy.agent.testbed import images
+from nftpolicy.agent.testbed.controlplane import find_binary
+from nftpolicy.agent.testbed.realnode import PAUSE_IMAGE, RealCluster, RealNodeError, cgroup_dir, container_pid
 
 from .e2e_cnp import run_cnp_conformance
 from .e2e_lifecycle import lifecycle

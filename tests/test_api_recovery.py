@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pytest
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.controlplane import ApiError, ControlPlane
-from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.nftables import NftDataplane
-from nftpolicy.agent.sources import KINDS, Store
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.dataplane.nftables import NftDataplane
+from nftpolicy.agent.daemon.sources import KINDS, Store
 from nftpolicy.translators.noderender import build_rule_model
 
 from .agentenv import AgentEnv, RealApi

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import cli, netns
+from nftpolicy.agent.cli.main import main
+
+
+from nftpolicy.agent.dataplane import netns
 
 from .conftest import CONFORMANCE, OURS, REPO
 
@@ -113,7 +116,7 @@ def test_render_shows_progress_only_on_a_terminal(monkeypatch, capsys, terminal)
     """A status line rewritten in place on a terminal, erased at the end; nothing in a pipe."""
     err = _Terminal() if terminal else io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    assert cli.main(["render", "--node", "node1", str(REPO / "examples" / "shop")]) == 0
+    assert main(["render", "--node", "node1", str(REPO / "examples" / "shop")]) == 0
     assert "table inet nftpolicy" in capsys.readouterr().out
     text = err.getvalue()
     if terminal:
@@ -141,7 +144,7 @@ def test_sandbox_into_a_closed_pipe_ends_quietly_and_cleans_up():
 def test_the_safety_net_matches_only_this_runs_namespaces(monkeypatch):
     """conftest's safety net deletes leftovers named nftp-<RUN_TAG>...: a sandbox that an operator
     (no tag: its run id is hex only) or another test run (another tag) has open never matches."""
-    from nftpolicy.agent.sandbox import Sandbox
+    from nftpolicy.agent.testbed.sandbox import Sandbox
 
     from .conftest import RUN_TAG
 

@@ -15,10 +15,10 @@ from contextlib import closing
 
 import pytest
 
-from nftpolicy.agent.compare import explain
-from nftpolicy.agent.controlplane import ControlPlane
-from nftpolicy.agent.probes import sctp_supported
-from nftpolicy.agent.replay import replay_twins
+from nftpolicy.agent.testbed.compare import explain
+from nftpolicy.agent.testbed.controlplane import ControlPlane
+from nftpolicy.agent.testbed.probes import sctp_supported
+from nftpolicy.agent.testbed.replay import replay_twins
 from nftpolicy.translators.cases import load_case
 
 from .conftest import CONFORMANCE, OWN_CASES

@@ -14,8 +14,8 @@ import tomllib
 import pytest
 import yaml
 
-from nftpolicy.agent import report
-from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.testbed import report
+from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Pod
 from nftpolicy.translators.workloads import place_pods, services_from, stand_in_pods

@@ -22,8 +22,8 @@ import re
 
 import pytest
 
-from nftpolicy.agent.compare import BOTH_TYPES_NOTE, ICMP_NOTE, IPBLOCK_NOTE, NAMED_PORT_NOTE, compare
-from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.testbed.compare import BOTH_TYPES_NOTE, ICMP_NOTE, IPBLOCK_NOTE, NAMED_PORT_NOTE, compare
+from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.translators.kuberouter import parse_iptables_save, parse_ipset_save, select
 from nftpolicy.translators.model import Cluster, NetworkPolicy, Peer, Pod, PolicyPort
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent.compare import BOTH_TYPES_NOTE, IPBLOCK_NOTE, NAMED_PORT_NOTE, compare, format_report
-from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.testbed.compare import BOTH_TYPES_NOTE, IPBLOCK_NOTE, NAMED_PORT_NOTE, compare, format_report
+from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.translators.kuberouter import CHAIN, select
 
 from .conftest import REPO, cluster_from_yaml

@@ -14,14 +14,15 @@ from nftpolicy.translators.manifests import ManifestError, load_yaml_documents
 from nftpolicy.translators.model import Cluster, Family, family_of
 from nftpolicy.translators.rules import Config
 
-from ..cli import DATAPLANE_CHOICES, UsageError, config_from
-from ..compare import cells_differ, explain, verdict
-from .. import interrupts, report
-from ..controlplane import ControlPlane, find_binary
-from ..manifestfiles import manifest_files
-from ..probes import ProbeSpec
-from ..replay import Disagreement, disagreements, replay_twins, start_daemons
-from ..sandbox import Sandbox
+from nftpolicy.agent.cli.flags import DATAPLANE_CHOICES, UsageError, config_from
+from nftpolicy.agent.testbed.compare import cells_differ, explain, verdict
+from nftpolicy.agent import interrupts
+from nftpolicy.agent.testbed import report
+from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary
+from nftpolicy.agent.daemon.manifestfiles import manifest_files
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.replay import Disagreement, disagreements, replay_twins, start_daemons
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from . import cluster_warnings, finish, read_manifests, report_skipped, warn
 
 

@@ -23,7 +23,7 @@ from nftpolicy.translators.rules import FAMILIES, Config
 from nftpolicy.translators.tiers import direction_decision
 from nftpolicy.translators.verdict import Connection, Enforcement, enforcement_of
 
-from .iptables import IptablesBatch
+from nftpolicy.agent.dataplane.iptables import IptablesBatch
 from .probes import ProbeSpec
 from .replay import disagreements
 from .sandbox import Sandbox, SandboxError
