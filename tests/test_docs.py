@@ -97,3 +97,31 @@ def test_every_repository_path_in_inline_code_exists(doc: Path):
 def test_readme_is_a_five_minute_read():
     lines = (REPO / "README.md").read_text().count("\n")
     assert lines < README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/"
+
+
+def test_commands_md_lists_every_command_and_flag_and_no_other():
+    """docs/commands.md has a "Flags of <command>" table for every subcommand of the parser, and
+    each table (with the shared input and ruleset flags it points to) holds exactly that
+    command's flags: a flag added, renamed or removed in agent/cli/flags.py shows up here."""
+    import argparse
+
+    from nftpolicy.agent.cli.flags import parser
+
+    text = (REPO / "docs" / "commands.md").read_text()
+    sections = dict(re.findall(r"^### (.+?)\n(.*?)(?=^#{1,3} |\Z)", text, re.M | re.S))
+
+    def flags_in(section: str) -> set[str]:
+        return set(re.findall(r"^\| `(--[a-z0-9-]+)", sections[section], re.M))
+
+    shared = {"input": flags_in("Input flags"), "ruleset": flags_in("Ruleset flags")}
+    subparsers = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        section = f"Flags of {name}"
+        assert section in sections, f"docs/commands.md has no '### {section}'"
+        documented = flags_in(section)
+        for group in ("input", "ruleset"):
+            if f"(#{group}-flags)" in sections[section]:
+                documented |= shared[group]
+        actual = {option for action in sub._actions for option in action.option_strings
+                  if option.startswith("--") and option != "--help"}
+        assert documented == actual, (name, "undocumented:", actual - documented, "no such flag:", documented - actual)
