@@ -158,3 +158,18 @@ def test_the_safety_net_matches_only_this_runs_namespaces(monkeypatch):
         sandbox.prober.close()  # never entered: no namespace was made
     assert ours.prefix.startswith(OURS)
     assert not operators.prefix.startswith(OURS) and not other_run.prefix.startswith(OURS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["render", str(CONFORMANCE / "upstream" / "001-default-deny-ingress.yaml")],
+    ["agent", "--manifests", "/nonexistent", "--node", "node1"],
+])
+def test_the_agent_and_render_load_no_test_bed_and_no_asyncio(argv):
+    """The layers of agent/: the daemon and render never load the test bed (sandbox, probes,
+    control plane) nor asyncio, which only the test bed uses."""
+    program = ("import sys\nfrom nftpolicy.agent.cli.main import main\nmain(sys.argv[1:])\n"
+               "print(' '.join(sorted(m for m in sys.modules if m == 'asyncio' or m.startswith(('nftpolicy.agent', 'asyncio')))))")
+    run = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, timeout=60)
+    loaded = run.stdout.strip().splitlines()[-1].split()
+    assert f"nftpolicy.agent.cli.commands.{argv[0]}" in loaded, run.stderr
+    assert [m for m in loaded if m.startswith("nftpolicy.agent.testbed") or m == "asyncio"] == []

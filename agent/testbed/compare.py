@@ -59,7 +59,7 @@ class Difference:
 
 
 @dataclass
-class Report:
+class Comparison:
     """What ``compare`` found: the cells probed and every difference, plus what was left out."""
 
     node: str
@@ -178,7 +178,7 @@ def probe_specs(cluster: Cluster, extra: Sequence[ProbeSpec] = (), icmp: bool = 
 
 
 def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), timeout: float = 1.0,
-            loader: str | None = None, extra: Sequence[ProbeSpec] = (), icmp: bool = False) -> Report:
+            loader: str | None = None, extra: Sequence[ProbeSpec] = (), icmp: bool = False) -> Comparison:
     """Build the twins, load kube-router's dump and nftpolicy's ruleset on ``node``, probe, compare.
 
     ``loader`` (``nft``/``legacy``) defaults to what the dump's header says, else ``nft``.
@@ -212,7 +212,7 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
         ours.apply(cluster, nodes=[node])
         kube_router = theirs.probe(specs, families, pairs)
         nftpolicy = ours.probe(specs, families, pairs)
-    report = Report(node, local, [s for s in specs if any(k[0] == s for k in nftpolicy)], families,
+    report = Comparison(node, local, [s for s in specs if any(k[0] == s for k in nftpolicy)], families,
                     sum(len(m) for m in nftpolicy.values()), loader, dump.rule_count,
                     left_out=list(dump.left_out), not_built=not_built)
     engine = enforcement_of(cluster, [node], config)
@@ -237,7 +237,7 @@ def _spec(spec: ProbeSpec) -> str:
     return "ICMP/echo" if spec.protocol == "ICMP" else f"{spec.protocol}/{spec.port}"
 
 
-def format_report(report: Report) -> str:
+def format_report(report: Comparison) -> str:
     """The report as ``nftpolicy compare`` prints it."""
     lines = [
         f"node {report.node}: {len(report.local_pods)} local pods ({', '.join(report.local_pods)})",
