@@ -1,11 +1,11 @@
-"""A clock for tests (:class:`nftpolicy.agent.clock.Clock`): its time moves only by
+"""A clock for tests (:class:`nftpolicy.agent.daemon.clock.Clock`): its time moves only by
 :meth:`FakeClock.advance`, so a loop's delays are read, not waited out."""
 
 from __future__ import annotations
 
 import threading
 
-from nftpolicy.agent.clock import Clock
+from nftpolicy.agent.daemon.clock import Clock
 
 
 class FakeClock(Clock):

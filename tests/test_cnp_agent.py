@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from nftpolicy.agent import sources
-from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.sources import KubeSource
-from nftpolicy.agent.store import Store
+from nftpolicy.agent.daemon import sources
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.sources import KubeSource
+from nftpolicy.agent.daemon.store import Store
 
 from .agentenv import AgentEnv
 from .conftest import eventually

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from nftpolicy.agent.clock import REAL_TIME, Clock
-from nftpolicy.agent.fakenft import FakeNftDataplane, FakeTable
-from nftpolicy.agent.health import Health
-from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.reconcile import HEARTBEAT, Reconciler
-from nftpolicy.agent.store import KINDS, Store
+from nftpolicy.agent.dataplane.fake import FakeNftDataplane, FakeTable
+from nftpolicy.agent.daemon.clock import REAL_TIME, Clock
+from nftpolicy.agent.daemon.health import Health
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.reconcile import HEARTBEAT, Reconciler
+from nftpolicy.agent.daemon.store import KINDS, Store
 from nftpolicy.translators import nft
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster
