@@ -307,14 +307,22 @@ def namespace(name: str, **labels: str) -> dict[str, Any]:
 
 
 def pod(namespace: str, name: str, ip: str | None, node: str = "node1", phase: str = "Running",
-        ports: tuple[int, ...] = (80,), **labels: str) -> dict[str, Any]:
-    """A Pod object with ``status.podIPs`` (None: no IP yet, phase Pending unless given)."""
+        ports: tuple[int | tuple[str, int, str], ...] = (80,), **labels: str) -> dict[str, Any]:
+    """A Pod object with ``status.podIPs`` (None: no IP yet, phase Pending unless given);
+    ``ports``: container port numbers, or ``(name, number, protocol)`` for a named port."""
     status: dict[str, Any] = {"phase": phase if ip else ("Pending" if phase == "Running" else phase)}
     if ip:
         status.update(podIP=ip, podIPs=[{"ip": ip}])
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name, "labels": labels},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [{"containerPort": p} for p in ports]}]},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [_container_port(p) for p in ports]}]},
             "status": status}
+
+
+def _container_port(port: int | tuple[str, int, str]) -> dict[str, Any]:
+    if isinstance(port, int):
+        return {"containerPort": port}
+    name, number, protocol = port
+    return {"name": name, "containerPort": number, "protocol": protocol}
 
 
 def node(name: str) -> dict[str, Any]:

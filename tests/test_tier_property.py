@@ -24,6 +24,7 @@ from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.tiers import connection_allowed
 
+from .fakeapi import namespace, pod
 from .tablewalk import Packet
 
 NAMESPACES = ("x", "y", "z")
@@ -86,16 +87,11 @@ def network_policy(draw: Any, i: int) -> dict[str, Any]:
 
 @st.composite
 def clusters(draw: Any) -> list[dict[str, Any]]:
-    objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {"team": draw(st.sampled_from(["blue", "red"]))}}}
-        for ns in NAMESPACES]
+    objects: list[dict[str, Any]] = [namespace(ns, team=draw(st.sampled_from(["blue", "red"]))) for ns in NAMESPACES]
     for i, (ns, name) in enumerate(PODS):
         web = draw(st.sampled_from([80, 81]))  # "web" is 80 on some pods, 81 on others
-        objects.append({"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"namespace": ns, "name": name, "labels": {"app": draw(st.sampled_from(["a", "b"]))}},
-                        "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [
-                            {"name": "web", "containerPort": web}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
-                        "status": {"phase": "Running", "podIPs": [{"ip": _ip(i)}]}})
+        objects.append(pod(ns, name, _ip(i), node="n1", ports=(("web", web, "TCP"), ("dns", 53, "UDP")),
+                           app=draw(st.sampled_from(["a", "b"]))))
     objects += [draw(network_policy(i)) for i in range(draw(st.integers(0, 2)))]
     objects += [draw(cluster_policy(i)) for i in range(draw(st.integers(1, 4)))]
     return objects
