@@ -219,7 +219,7 @@ def test_chart_version_follows_the_project():
 # --- the rendered objects --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["default", "full"])
-def test_rbac_is_read_only_on_exactly_what_the_agent_watches(name):
+def test_rbac_reads_exactly_what_the_agent_watches_and_writes_only_events(name):
     docs = render(name)
     role = one(docs, "ClusterRole")
     granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
@@ -227,7 +227,7 @@ def test_rbac_is_read_only_on_exactly_what_the_agent_watches(name):
     assert granted == {(group, resource, verb) for group, resource in
                        [("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies"),
                         ("policy.networking.k8s.io", "clusternetworkpolicies")]
-                       for verb in ("get", "list", "watch")}
+                       for verb in ("get", "list", "watch")} | {("", "events", "create"), ("", "events", "patch")}
     assert not any(d["kind"] in ("Role", "RoleBinding") for d in docs)
     binding, account = one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}

@@ -81,6 +81,9 @@ REFUSED = (401, 403)  # retried like 5xx (see _retryable)
 REFUSED_GRACE = 10.0  # seconds of refusals of one kind before they are reported as an error (once)
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
+# Told of each object the agent fails closed on: (kind, the API object, why, whether its
+# fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
+FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
 
 
 class Store:
@@ -101,6 +104,7 @@ class Store:
         self._changes: dict[tuple[str, str], Any] = {}
         self.changed = threading.Event()
         self.pending_since: float | None = None
+        self.failed_closed: FailedClosed | None = None
 
     def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
         """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
@@ -115,7 +119,12 @@ class Store:
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
             invalid[key] = message
-            return FAIL_CLOSED[kind](obj) if kind in FAIL_CLOSED else None
+            if kind not in FAIL_CLOSED:
+                return None
+            stand_in = FAIL_CLOSED[kind](obj)
+            if self.failed_closed is not None:
+                self.failed_closed(kind, obj, exc, stand_in is not None)
+            return stand_in
 
     def _touch(self) -> None:
         if self.pending_since is None:
@@ -318,6 +327,8 @@ class KubeSource:
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
+        self.api = api  # for the Events writer
+        self.crd_missing: Callable[[str], None] | None = None  # told the CRD's name when an optional kind is absent
         # Per kind: when a request last succeeded (monotonic; the start until the first), and
         # whether a watch stream is open now (it counts as succeeding while it lasts).
         self._succeeded = {kind: self.clock() for kind in self.calls}
@@ -443,6 +454,8 @@ class KubeSource:
             log.warning("the API has no %s (its CRD is not installed): enforcing without any %s; checking again every %.0fs",
                         OPTIONAL[kind], kind, MAX_BACKOFF, extra={"kind": kind})
             self.store.replace(kind, [])  # none of them (and none left from before the CRD went)
+            if self.crd_missing is not None:
+                self.crd_missing(OPTIONAL[kind])
         self.stop.wait(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
