@@ -29,7 +29,7 @@ def settings(args: argparse.Namespace, config: Config) -> str:
     environment included; the ruleset flags as the :class:`Config` they built)."""
     values = {k: v for k, v in vars(args).items() if k != "command"}
     values.update(table=config.table, priority=config.priority, policy_mark=f"{config.policy_mark:#x}",
-                  passed_mark=f"{config.passed_mark:#x}", service_cidr=",".join(config.service_cidrs),
+                  passed_mark=f"{config.passed_mark:#x}", pass_mark=f"{config.pass_mark:#x}", service_cidr=",".join(config.service_cidrs),
                   node_port_range="-".join(map(str, config.node_port_range or ())), external_cidr=",".join(config.external_cidrs))
     return " ".join(f"--{k.replace('_', '-')}={'' if v is None else v}" for k, v in sorted(values.items()))
 
