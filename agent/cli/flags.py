@@ -165,13 +165,16 @@ def _whole_seconds(text: str) -> int:
     return int(value)
 
 
+LOWEST_PRIORITY = -2**31  # a base chain's priority is a signed 32-bit integer
+
+
 def _priority(text: str) -> int:
     """A base chain priority: a signed 32-bit integer (decimal or 0x...)."""
     try:
         value = int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid priority {text!r} (expected an integer)") from None
-    if not -2**31 <= value < 2**31:
+    if not LOWEST_PRIORITY <= value < 2**31:
         raise argparse.ArgumentTypeError(f"must be a signed 32-bit integer, got {text}")
     return value
 
