@@ -193,15 +193,16 @@ class EventRecorder:
         except queue.Full:
             self._unqueue(key, subject.generation)
             self.metrics.events.labels("queue_full").inc()
-            log.warning("Event queue full: dropped %s %s on %s %s", event_type, reason, subject.kind, subject.name)
+            log.debug("Event queue full: dropped %s %s on %s %s", event_type, reason, subject.kind, subject.name)
 
     def failed_closed(self, kind: str, obj: Mapping[str, Any], exc: InvalidField, enforced: bool) -> None:
         """Record that the agent fails closed on ``obj`` (a ``kind`` of :data:`API_VERSIONS`, as
-        the API serves it: list items lack ``kind`` and ``apiVersion``) because of ``exc``; ``enforced``: its fail-closed stand-in is enforced (else nothing of it is: a
+        the API serves it: list items lack ``kind`` and ``apiVersion``) because of ``exc``;
+        ``enforced``: its fail-closed stand-in is enforced (else nothing of it is: a
         ClusterNetworkPolicy whose tier, priority or subject cannot be read)."""
         effect = FAIL_CLOSED_EFFECT[kind] if enforced else "not enforced: its tier, priority or subject cannot be read"
-        self.record(Subject.of({**obj, "kind": kind, "apiVersion": API_VERSIONS[kind]}), UNSUPPORTED_PEER if isinstance(exc, UnsupportedPeer) else INVALID,
-                    f"{exc}; {effect}")
+        reason = UNSUPPORTED_PEER if isinstance(exc, UnsupportedPeer) else INVALID
+        self.record(Subject.of({**obj, "kind": kind, "apiVersion": API_VERSIONS[kind]}), reason, f"{exc}; {effect}")
 
     def crd_missing(self, crd: str) -> None:
         """Record on this node that the API has no ``crd``: ``Normal``, since nothing fails
