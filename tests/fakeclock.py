@@ -34,3 +34,12 @@ class FakeClock(Clock):
             while not event.is_set() and self._now < deadline:
                 self._moved.wait(0.002)
         return event.is_set()
+
+
+class InstantClock(FakeClock):
+    """Every wait lasts its whole time, at once (for code that waits in the test's own thread)."""
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        self.waited.append(seconds)
+        self.advance(seconds)
+        return False

@@ -18,7 +18,7 @@ from nftpolicy.agent.daemon.store import Store
 
 from .conftest import eventually
 from .fakeapi import FakeApiServer, namespace, node, pod
-from .fakeclock import FakeClock
+from .fakeclock import FakeClock, InstantClock
 
 
 @pytest.fixture
@@ -134,6 +134,24 @@ def test_429_honours_retry_after(api, source):
                for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) == 1
 
 
+@pytest.mark.parametrize("asked, waited", [("2", 2.0), ("3600", 30.0), ("1e9", 30.0)])
+def test_a_large_retry_after_is_capped(api, tmp_path, asked, waited):
+    """A 429 whose Retry-After asks for an hour waits MAX_BACKOFF (30 s), like every other
+    long pause of the source (the source's clock is the test's: the delay is read)."""
+    metrics, clock = Metrics(), InstantClock()
+    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
+    answers = [ApiException(status=429, reason="Too Many Requests")]
+    answers[0].headers = {"Retry-After": asked}
+
+    def request() -> str:
+        if answers:
+            raise answers.pop(0)
+        return "listed"
+
+    assert src._retrying("Pod", "list")(request) == "listed"
+    assert clock.waited == [waited]
+
+
 def test_hanging_request_times_out_and_is_retried(api, source):
     """A request that is never answered ends after the client-side timeout (a watch's read
     timeout is watch_timeout + api_timeout) and is retried."""
@@ -183,16 +201,7 @@ def test_401_and_403_are_retried_with_the_common_backoff_reported_once(api, tmp_
     succeeds; nftpolicy_api_access_denied{kind,verb} is 1 meanwhile. The source's clock is
     the test's, and every wait lasts its whole time at once: the delays are read, not waited out."""
     metrics = Metrics()
-
-    class Sleeper(FakeClock):
-        """Every wait lasts its whole time, at once."""
-
-        def wait(self, event: threading.Event, seconds: float) -> bool:
-            self.waited.append(seconds)
-            self.advance(seconds)
-            return False
-
-    clock = Sleeper()
+    clock = InstantClock()
     slept = clock.waited
     src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
     answers = [refused(403)] * 7 + [refused(401)]

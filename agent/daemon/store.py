@@ -40,6 +40,10 @@ FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "NetworkPolicy": fail_closed_policy, "ClusterNetworkPolicy": fail_closed_cluster_policy,
 }
 
+# Told of each object the agent fails closed on: (kind, the API object, why, whether its
+# fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
+FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
+
 
 class Store:
     """The in-memory cluster: model objects per kind, thread-safe, with change notification.
@@ -59,6 +63,7 @@ class Store:
         self._changes: dict[tuple[str, str], Any] = {}
         self.changed = threading.Event()
         self.pending_since: float | None = None
+        self.failed_closed: FailedClosed | None = None
 
     def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
         """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
@@ -73,7 +78,12 @@ class Store:
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
             invalid[key] = message
-            return FAIL_CLOSED[kind](obj) if kind in FAIL_CLOSED else None
+            if kind not in FAIL_CLOSED:
+                return None
+            stand_in = FAIL_CLOSED[kind](obj)
+            if self.failed_closed is not None:
+                self.failed_closed(kind, obj, exc, stand_in is not None)
+            return stand_in
 
     def _touch(self) -> None:
         if self.pending_since is None:
