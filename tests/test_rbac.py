@@ -101,9 +101,9 @@ def test_the_charts_clusterrole_lets_the_agent_write_and_count_events(rbac_env):
             return [e["count"] for e in cp.request("GET", "/api/v1/events")["items"]
                     if e["involvedObject"].get("uid") == stored["metadata"]["uid"]]
 
-        env.eventually(counts, [1], timeout=15)
+        eventually(counts, [1], timeout=15)
         cp.apply({**DNS_POLICY, "spec": {**DNS_POLICY["spec"], "priority": 6}})
-        env.eventually(counts, [2], timeout=15)
+        eventually(counts, [2], timeout=15)
         assert env.metric("nftpolicy_events_total", result="failed") == 0
     finally:
         cp.delete("ClusterNetworkPolicy", DNS_POLICY["metadata"]["name"])
