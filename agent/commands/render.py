@@ -7,7 +7,7 @@ import sys
 import time
 
 from nftpolicy.translators import iptables as iptables_render
-from nftpolicy.translators import nft, nfttext
+from nftpolicy.translators import layout, nft, nfttext
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import RuleModel
 
@@ -54,10 +54,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _print_model(format: str, model: RuleModel) -> None:
     if format == "iptables":
-        sys.stdout.write(iptables_render.to_restore(model, "ipv4"))
+        sys.stdout.write(iptables_render.to_restore(layout.table(model), "ipv4"))
     elif format == "ip6tables":
-        sys.stdout.write(iptables_render.to_restore(model, "ipv6"))
+        sys.stdout.write(iptables_render.to_restore(layout.table(model), "ipv6"))
     elif format == "ipset":
-        sys.stdout.write(iptables_render.to_ipset(model))
+        sys.stdout.write(iptables_render.to_ipset(layout.table(model)))
     else:
         sys.stdout.write(nfttext.to_text(model) if format == "nft" else nft.to_json(model) + "\n")

@@ -23,9 +23,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from nftpolicy.translators import layout, nft
+from nftpolicy.translators import layout
 from nftpolicy.translators.model import family_of
 from nftpolicy.translators.rules import Config
+from nftpolicy.translators.transaction import ChainRule, Transaction
 from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 
 from ..cli import UsageError, check_exists, config_from
@@ -55,15 +56,24 @@ def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
     """Our table with the trace chains for ``conn`` while the body runs, then without them (those
     still there: the agent's full resync replaces the table, trace chains included)."""
     chains = layout.trace_chains(conn.source, conn.destination, conn.protocol, conn.port)
-    objects = [o for c in chains for o in nft.chain_json(config.table, config.priority - 1, c)]
-    dataplane.run({"nftables": [{"add": o} for o in objects]})
+    adding = Transaction(config.table, config.priority - 1)  # hooked just before our base chains
+    for chain in chains:
+        adding.add(chain)
+        for rule in chain.rules:
+            adding.add(ChainRule(chain.name, rule))
+    dataplane.run(adding)
     try:
         yield
     finally:
         listed = {o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o}
-        refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains if c.name in listed]
-        if refs:
-            dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
+        left = [c for c in chains if c.name in listed]
+        if left:
+            removing = Transaction(config.table, config.priority - 1)
+            for chain in left:
+                removing.flush(chain)
+            for chain in left:
+                removing.delete(chain)
+            dataplane.run(removing)
 
 
 def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: dict[str, str]) -> list[Step]:
