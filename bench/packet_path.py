@@ -19,7 +19,7 @@ builds them):
 * ``conntrack``: one table with one rule, ``ct state established,related accept`` in the forward
   hook: the connection tracking that every stateful policy needs (kube-router's rules too) and
   that every node running kube-proxy has anyway;
-* ``nft``: our table (``nft.full_transaction``, through libnftables);
+* ``nft``: our table (``transaction.full``, through libnftables);
 * ``nft-50-policies``: the same with 49 more policies that select the server and allow the pair
   (the first allow ends the walk through the pod chain);
 * ``iptables-nft`` and ``iptables-legacy``: the iptables variant of the same rule model, with its
