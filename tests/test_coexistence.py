@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from nftpolicy.agent.nftables import NftDataplane, NftError
+from nftpolicy.agent.dataplane.nftables import NftDataplane, NftError
 from nftpolicy.translators import layout, transaction
 from nftpolicy.translators import nfttext
 from nftpolicy.translators.transaction import ChainRule

@@ -18,7 +18,7 @@ from nftpolicy.translators import layout, nft, nfttext
 from nftpolicy.translators.rules import AddressSet
 from nftpolicy.translators.transaction import ChainRule, Elements, Operation, OurTable, Replace, SetName, Transaction, removing
 
-from .dataplane import DataplaneError
+from . import DataplaneError
 
 SetDefinition = AddressSet | layout.VerdictMap  # with its elements left out
 

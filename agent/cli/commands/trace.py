@@ -2,12 +2,12 @@
 
 For the trace, our own table gets one base chain per hook, hooked just before our base chains
 (:func:`~nftpolicy.translators.layout.trace_chains`), whose rule sets ``meta nftrace set 1`` on
-the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.nftables.TraceMonitor`)
+the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.dataplane.nftables.TraceMonitor`)
 reports the packet's walk, and every event in our table is printed with the comment of the rule
 that matched (``<ns>/<name> ...``: the pod, or the policy, direction and rule index). The trace
 chains are deleted afterwards, also on an error, Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
 
-* With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.sandbox.Sandbox`),
+* With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.testbed.sandbox.Sandbox`),
   and one connection is sent from the ``--from`` pod; each node it crosses is traced.
 * Without: on this node (``--netns``: in that namespace), wait up to ``--timeout`` seconds for one
   packet of the connection, given by addresses, through our table.
@@ -29,10 +29,10 @@ from nftpolicy.translators.rules import Config
 from nftpolicy.translators.transaction import ChainRule, Transaction
 from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 
-from ..cli import UsageError, check_exists, config_from
-from ..nftables import NftDataplane, TraceMonitor
-from ..probes import ProbeSpec, sctp_supported
-from ..sandbox import Sandbox
+from nftpolicy.agent.cli.flags import UsageError, check_exists, config_from
+from nftpolicy.agent.dataplane.nftables import NftDataplane, TraceMonitor
+from nftpolicy.agent.testbed.probes import ProbeSpec, sctp_supported
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from . import read_manifests
 from .explain import connections, parse_port
 

@@ -22,8 +22,7 @@ import orjson
 from nftpolicy.translators import nft
 from nftpolicy.translators.transaction import Transaction, removing
 
-from . import netns
-from .dataplane import DataplaneError
+from . import netns, DataplaneError
 
 Json = dict[str, Any]
 

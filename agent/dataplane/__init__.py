@@ -5,9 +5,9 @@ to our table (nft) or our chains and sets (the iptables variant). It checks the 
 features, commits one typed transaction (:class:`~nftpolicy.translators.transaction.Transaction`,
 which each dataplane prints in its own syntax) as one kernel transaction, says whether our table
 is there, and removes it.
-The implementations: :class:`~nftpolicy.agent.nftables.NftDataplane` (libnftables),
-:class:`~nftpolicy.agent.iptables.IptablesDataplane` (``ipset restore`` and
-``iptables-restore``) and :class:`~nftpolicy.agent.fakenft.FakeNftDataplane` (an in-memory
+The implementations: :class:`~nftpolicy.agent.dataplane.nftables.NftDataplane` (libnftables),
+:class:`~nftpolicy.agent.dataplane.iptables.IptablesDataplane` (``ipset restore`` and
+``iptables-restore``) and :class:`~nftpolicy.agent.dataplane.fake.FakeNftDataplane` (an in-memory
 table for fast tests, as knftables' ``Fake``). The reconcile loop, the sandbox, the daemon's
 start-up check and ``nftpolicy cleanup`` take a dataplane; nothing else writes rules.
 """
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from nftpolicy.translators.errors import OneLineError
 from nftpolicy.translators.transaction import Transaction
 
 
-class DataplaneError(RuntimeError):
+class DataplaneError(OneLineError, RuntimeError):
     """The kernel (or the fake) refused a transaction; it keeps the rules it had before."""
 
 
