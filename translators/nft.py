@@ -18,7 +18,7 @@ from . import layout, transaction
 from .layout import Chain, Rule, Statement, Table
 from .model import Family
 from .rules import AddressSet, RuleModel, comment
-from .transaction import ChainRule, OurTable, Operation, Replace, SetName, Transaction
+from .transaction import ChainRule, Elements, OurTable, Operation, Replace, SetName, Transaction
 
 IP: dict[Family, str] = {"ipv4": "ip", "ipv6": "ip6"}
 ICMP: dict[Family, str] = {"ipv4": "icmp", "ipv6": "icmpv6"}
@@ -163,11 +163,11 @@ def element_json(element: Any) -> Any:
     """A set element of the rule model as libnftables JSON: an address, a network (``prefix``)
     or an ``address . protocol . port`` triple (``concat``); a verdict map's
     :class:`~nftpolicy.translators.layout.MapElement` as :func:`map_element_json`."""
+    if isinstance(element, str):
+        return _prefix(element) if "/" in element else element
     if isinstance(element, tuple):
         return {"concat": list(element)}
-    if isinstance(element, layout.MapElement):
-        return map_element_json(element)
-    return _prefix(element) if "/" in element else element
+    return map_element_json(element)
 
 
 def _prefix(cidr: str) -> Json:
@@ -179,19 +179,19 @@ def object_json(tx: Transaction, op: Operation) -> Json:
     """The object of one operation as libnftables-json(5) COMMAND OBJECTS take it: the whole
     object for ``add``, its name (and table) for ``flush`` and ``delete``; elements by their keys."""
     obj, table = op.object, tx.table
+    if isinstance(obj, ChainRule):  # the most frequent first
+        return rule_json(table, obj.chain, obj.rule)
+    if isinstance(obj, Elements):
+        return {"element": {**_table_ref(table), "name": obj.name, "elem": [element_json(e) for e in obj.elements]}}
+    if isinstance(obj, Chain):
+        return chain_json(table, tx.priority, obj) if op.verb == "add" else {"chain": {**_table_ref(table), "name": obj.name}}
     if isinstance(obj, OurTable):
         return {"table": {"family": "inet", "name": table}}
     if isinstance(obj, AddressSet):
         return {"set": set_json(table, obj)}
-    if isinstance(obj, layout.VerdictMap):
-        return map_json(table, obj)
     if isinstance(obj, SetName):
         return {"set": {**_table_ref(table), "name": obj.name}}
-    if isinstance(obj, Chain):
-        return chain_json(table, tx.priority, obj) if op.verb == "add" else {"chain": {**_table_ref(table), "name": obj.name}}
-    if isinstance(obj, ChainRule):
-        return rule_json(table, obj.chain, obj.rule)
-    return {"element": {**_table_ref(table), "name": obj.name, "elem": [element_json(e) for e in obj.elements]}}
+    return map_json(table, obj)
 
 
 def transaction_json(tx: Transaction) -> Json:

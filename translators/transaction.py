@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal, NamedTuple, Union
 
 from . import layout
 from .rules import AddressSet, RuleModel
@@ -36,8 +36,7 @@ class OurTable:
     and keeps it otherwise, ``delete`` removes it with everything in it."""
 
 
-@dataclass(frozen=True)
-class ChainRule:
+class ChainRule(NamedTuple):
     """``rule`` appended to chain ``chain`` (only ``add``: a chain loses its rules by a flush)."""
 
     chain: str
@@ -72,8 +71,7 @@ KIND: dict[type, str] = {OurTable: "table", AddressSet: "set", layout.VerdictMap
 """Each object type's nft object kind (the words of nft(8) and libnftables-json(5))."""
 
 
-@dataclass(frozen=True)
-class Operation:
+class Operation(NamedTuple):
     """``verb`` of ``object``."""
 
     verb: Verb
