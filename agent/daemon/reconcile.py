@@ -110,6 +110,7 @@ class Reconciler:
         commands = sum(changed.values())
         try:
             self.dataplane.run(tx)
+            del tx  # committed: its objects go before the collection and the trim below
         except (DataplaneError, OSError) as exc:
             self.failures += 1
             self.renderer = None  # the kernel's state is unknown: the next attempt is a full replace
