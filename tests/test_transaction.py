@@ -15,7 +15,7 @@ import os
 import random
 import subprocess
 import sys
-from typing import Any, Iterator
+from typing import Iterator
 
 from nftpolicy.translators import delta, layout, nft, nfttext, transaction
 from nftpolicy.translators.noderender import NodeRenderer
