@@ -26,6 +26,7 @@ from nftpolicy.translators.cases import case_manifests, load_case
 
 from .conftest import clear_api
 
+REPO = Path(__file__).resolve().parent.parent
 ROOT = Path(__file__).parent / "conformance"
 CASES = sorted((ROOT / "upstream").glob("*.yaml")) + sorted((ROOT / "cnp-upstream").glob("*.yaml"))
 ORDER = {"Namespace": 0, "Node": 1, "Pod": 2, "NetworkPolicy": 3, "ClusterNetworkPolicy": 4}
@@ -235,3 +236,29 @@ def test_trace_runs_nftpolicy_trace_with_the_agents_table_settings():
         "nftpolicy", "trace", "--from", "10.0.0.1", "--to", "10.0.0.2", "--timeout", "20", "--port", "TCP/80",
         "--table", "ours", "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/108"]
     assert "--port" not in trace_argv(pod, "10.0.0.1", "10.0.0.2", None, 20)
+
+
+def test_the_krew_manifest_follows_krews_rules():
+    """plugins/krew/nftpolicy.yaml against the rules krew checks before it installs a manifest
+    (sigs.k8s.io/krew internal/index/validation/validate.go, ValidatePlugin), and against the
+    package: the version and the console script that the archive holds."""
+    import re
+    import tomllib
+
+    path = REPO / "plugins" / "krew" / "nftpolicy.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert manifest["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2" and manifest["kind"] == "Plugin"
+    assert manifest["metadata"]["name"] == path.stem and re.fullmatch(r"[\w-]+", path.stem)
+    spec = manifest["spec"]
+    assert spec["shortDescription"] and not set(spec["shortDescription"]) & {"\r", "\n"}
+    assert spec["version"] == f"v{project['version']}"  # krew's semver wants the v
+    assert re.fullmatch(r"v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", spec["version"])
+    assert spec["platforms"]
+    for platform in spec["platforms"]:
+        assert platform["uri"] and re.fullmatch(r"[a-f0-9]{64}", platform["sha256"])
+        assert platform["bin"] == "kubectl-nftpolicy" and platform["bin"] in project["scripts"]
+        assert platform.get("files") is None or all(f["from"] and f["to"] for f in platform["files"])
+        selector = platform["selector"]
+        keys = [*selector.get("matchLabels", {}), *(e["key"] for e in selector.get("matchExpressions", []))]
+        assert keys and set(keys) <= {"os", "arch"}
