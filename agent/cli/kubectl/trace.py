@@ -18,15 +18,12 @@ from typing import Any, Mapping
 
 from kubernetes import stream
 
-from nftpolicy.agent.cli.flags import env_name
+from nftpolicy.agent.cli.flags import add_config_arguments, env_name
 from . import api as kube
 from .api import Api, PluginError
 from .explain import SERVICE_PREFIX, explain_port, split_port
 from .status import AGENT_CONTAINER, pod_problem
 
-# The agent's settings that shape its table, as flags of ``nftpolicy trace`` (add_config_arguments).
-TABLE_FLAGS = ("--table", "--priority", "--policy-mark", "--passed-mark", "--service-cidr", "--node-port-range", "--external-cidr")
-REPEATABLE = ("--service-cidr", "--external-cidr")
 EXEC_MARGIN = 30.0  # seconds the exec may take beyond the trace's own timeout
 
 
@@ -47,9 +44,19 @@ def endpoint(api: Api, text: str) -> tuple[str, str | None]:
     return str(address), (pod.get("spec") or {}).get("nodeName")
 
 
+def table_flags() -> list[tuple[str, bool]]:
+    """The flags that shape the agent's table, which ``nftpolicy trace`` takes too
+    (:func:`~nftpolicy.agent.cli.flags.add_config_arguments`), each with whether it repeats."""
+    flags = argparse.ArgumentParser(add_help=False)
+    add_config_arguments(flags)
+    return [(action.option_strings[0], isinstance(action, argparse._AppendAction)) for action in flags._actions]
+
+
 def trace_argv(agent: Mapping[str, Any], source: str, destination: str, port: str | None, timeout: float) -> list[str]:
     """The ``nftpolicy trace`` command line to run in ``agent`` (its pod): the connection, the
-    timeout, and each table setting of :data:`TABLE_FLAGS` its container's environment sets."""
+    timeout, and each table setting (:func:`table_flags`) its container's environment sets
+    (``NFTPOLICY_TABLE=ours`` -> ``--table ours``; a repeatable one's comma-separated list, one
+    flag each)."""
     env: dict[str, str] = {}
     for container in (agent.get("spec") or {}).get("containers") or ():
         if container.get("name") == AGENT_CONTAINER:
@@ -57,9 +64,9 @@ def trace_argv(agent: Mapping[str, Any], source: str, destination: str, port: st
     argv = ["nftpolicy", "trace", "--from", source, "--to", destination, "--timeout", f"{timeout:g}"]
     if port:
         argv += ["--port", port]
-    for flag in TABLE_FLAGS:
+    for flag, repeatable in table_flags():
         value = env.get(env_name(flag), "")
-        values = [v.strip() for v in value.split(",") if v.strip()] if flag in REPEATABLE else [value] if value else []
+        values = [v.strip() for v in value.split(",") if v.strip()] if repeatable else [value] if value else []
         argv += [item for v in values for item in (flag, v)]
     return argv
 
