@@ -128,6 +128,7 @@ class Reconciler:
         self.metrics.sync_duration.labels(mode).observe(took)
         self.metrics.transaction_commands.labels(mode).observe(commands)
         self.metrics.last_success.set(time.time())
+        self.metrics.table_generation.inc()
         counts = renderer.counts()
         for kind, value in counts.items():
             self.metrics.table_objects.labels(kind).set(value)

@@ -31,7 +31,7 @@ from nftpolicy.translators.workloads import Service, place_pods, services_from
 
 from nftpolicy.agent.cli.flags import UsageError, config_from
 from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
-from . import read_manifests, report_skipped
+from . import Manifests, read_manifests, report_skipped
 
 AGENT_TIMEOUT = 5.0
 
@@ -141,36 +141,44 @@ def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) ->
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print the verdicts; exit 0 when every connection is allowed, 1 otherwise, 2 on bad input
     (3: manifests left out, see :func:`~nftpolicy.agent.cli.commands.finish`)."""
-    read = None
     if args.agent:
         if args.paths:
             raise UsageError("give manifests or --agent, not both")
         enforcement = _agent(args.agent)
+        return _answer(args, enforcement, connections(enforcement, args.source, args.destination, args.port or ()))
+    if not args.paths:
+        raise UsageError("give manifest paths, or --agent http://ADDR")
+    return explain_objects(args, read_manifests(args))
+
+
+def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
+    """:func:`cmd_explain` on objects already read: from manifests, or listed from the API by
+    ``kubectl nftpolicy explain`` (:mod:`nftpolicy.agent.cli.kubectl`), so that both answer
+    alike. ``args``: explain's flags (``source``, ``destination``, ``port``, ``output``, the
+    exemptions of :func:`~nftpolicy.agent.cli.flags.add_config_arguments`, ``strict`` and
+    ``accept_skipped``). Prints the verdicts; returns the exit code. Raises UsageError."""
+    cluster = with_addresses(read.cluster)
+    enforcement = enforcement_of(cluster, config=config_from(args))
+    services, unread = services_from(read.objects)
+    report_skipped(unread, args.strict)
+    read.skipped += unread
+    service = services.get(args.destination) if args.destination not in cluster.pods else None
+    if service is None:
+        asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
     else:
-        if not args.paths:
-            raise UsageError("give manifest paths, or --agent http://ADDR")
-        read = read_manifests(args)
-        cluster = with_addresses(read.cluster)
-        enforcement = enforcement_of(cluster, config=config_from(args))
-    if read is None:
-        asked = connections(enforcement, args.source, args.destination, args.port or ())
-    else:
-        services, unread = services_from(read.objects)
-        report_skipped(unread, args.strict)
-        read.skipped += unread
-        service = services.get(args.destination) if args.destination not in cluster.pods else None
-        if service is None:
-            asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
-        else:
-            selected, targets = service_targets(service, cluster, args.port or ())
-            asked = [c for key in selected for c in connections(enforcement, args.source, key, targets, cluster.pods)]
+        selected, targets = service_targets(service, cluster, args.port or ())
+        asked = [c for key in selected for c in connections(enforcement, args.source, key, targets, cluster.pods)]
+    return read.finish(args, _answer(args, enforcement, asked))
+
+
+def _answer(args: argparse.Namespace, enforcement: Enforcement, asked: Sequence[Connection]) -> int:
+    """Print the verdicts on ``asked`` (``args.output``: text or json); 0 when all are allowed, else 1."""
     verdicts: list[Verdict] = [enforcement.verdict(c) for c in asked]
     if args.output == "json":
         print(json.dumps([v.as_json() for v in verdicts], indent=2))
     else:
         print("\n".join(line for v in verdicts for line in verdict_lines(v)))
-    code = 0 if all(v.allowed for v in verdicts) else 1
-    return read.finish(args, code) if read else code
+    return 0 if all(v.allowed for v in verdicts) else 1
 
 
 def with_addresses(cluster: Cluster) -> Cluster:
