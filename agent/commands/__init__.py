@@ -59,14 +59,24 @@ def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_i
     read = Manifests(list(args.paths), cluster, objects, unreadable + bad + (invalid if report_invalid else []), stand_ins)
     report_skipped(read.skipped, args.strict)
     if stand_ins:
-        pods = sum(s.pods for s in stand_ins)
-        shown = ", ".join(map(str, stand_ins[:4])) + (f" and {len(stand_ins) - 4} more" if len(stand_ins) > 4 else "")
-        print(f"nftpolicy: {len(stand_ins)} workload{'s' if len(stand_ins) > 1 else ''} stand in "
-              f"{pods} pod{'s' if pods != 1 else ''}: {shown}", file=sys.stderr)
+        print(f"nftpolicy: {stand_in_line(stand_ins)}", file=sys.stderr)
     if read.empty and args.strict:
         print(f"nftpolicy: {_empty_line(read.paths)}", file=sys.stderr)
         raise SystemExit(2)
     return read
+
+
+def plural(count: int, one: str, many: str) -> str:
+    """``one`` when ``count`` is 1, else ``many`` (0 takes the plural: "0 pods")."""
+    return one if count == 1 else many
+
+
+def stand_in_line(stand_ins: Sequence[StandIn]) -> str:
+    """``3 workloads stand in 4 pods: Deployment demo/web (2), ...`` (the first four named)."""
+    pods = sum(len(s.pods) for s in stand_ins)
+    shown = ", ".join(map(str, stand_ins[:4])) + (f" and {len(stand_ins) - 4} more" if len(stand_ins) > 4 else "")
+    return (f"{len(stand_ins)} {plural(len(stand_ins), 'workload stands', 'workloads stand')} in "
+            f"{pods} {plural(pods, 'pod', 'pods')}: {shown}")
 
 
 def report_skipped(errors: list[ManifestError], strict: bool) -> None:
