@@ -110,15 +110,17 @@ def finish(args: argparse.Namespace, code: int, skipped: Sequence[ManifestError]
 
 
 def cluster_warnings(cluster: Cluster, nodes: list[str]) -> list[str]:
-    """What a command given these manifests should be told: a node in ``nodes`` that no pod runs
-    on, pods in namespaces that have no Namespace object (their labels are unknown, so a
-    namespaceSelector sees only the automatic name label)."""
+    """What a command given these manifests should be told: a node in ``nodes`` that nothing
+    names (no Node object, no pod runs on it: a typo, most likely; a Node object that runs no pod
+    yet is a fresh node, no mistake), pods in namespaces that have no Namespace object (their
+    labels are unknown, so a namespaceSelector sees only the automatic name label)."""
     warnings = []
     on = {pod.node for pod in cluster.pods.values()}
     for node in nodes:
-        if node not in on:
-            known = sorted(n for n in on if n)
-            warnings.append(f"no pod runs on node {node} (--node); the pods' nodes: {', '.join(known) or 'none'}")
+        if node not in on and node not in cluster.nodes:
+            known = sorted({*(n for n in on if n), *cluster.nodes})
+            warnings.append(f"no pod runs on node {node} (--node) and no Node object has that name; "
+                            f"the nodes named: {', '.join(known) or 'none'}")
     missing = sorted({pod.namespace for pod in cluster.pods.values()} - cluster.namespaces.keys())
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
