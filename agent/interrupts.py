@@ -2,8 +2,13 @@
 one line on stderr, no traceback, exit 130 (SIGINT) or 143 (SIGTERM) (128 + the signal number, as
 a shell reports a process a signal ended), and what it made removed.
 
-* :class:`Guard` (installed by :func:`install`, which :mod:`nftpolicy.agent.cli` calls first)
-  handles both signals. The first one raises :class:`Interrupted` in the main thread, so every
+* The ``nftpolicy`` command is a launcher (``agent/nftpolicy``) that starts the interpreter with
+  both signals blocked; :func:`run` installs the guard, then unblocks them, so a signal that
+  came while Python started (site-packages, the imports: tens of milliseconds) is handled as any
+  later one. Only one in the launcher's first millisecond, before it blocks them, ends the
+  process the default way (no line; a shell shows 130 or 143 all the same).
+* :class:`Guard` (installed by :func:`install`, which :func:`run` calls first) handles both
+  signals. The first one raises :class:`Interrupted` in the main thread, so every
   ``with`` and ``finally`` on the way out removes what it made; while an asyncio loop runs (the
   sandbox's probes) it cancels the loop's tasks instead (an exception raised inside asyncio's own
   code leaves the loop unusable: this is how :class:`asyncio.Runner` handles Ctrl-C), and the
@@ -244,16 +249,22 @@ def deferred() -> contextlib.AbstractContextManager[None]:
 
 
 def run() -> None:
-    """The ``nftpolicy`` console script: install the guard before the command line's imports, run
+    """The ``nftpolicy`` command (its launcher's Python part): install the guard and unblock the
+    signals (a pending one is raised once the command line's imports are done), run
     :func:`nftpolicy.agent.cli.main`, remove any leftover that an interrupt cut short, exit with
     the command's code (or the signal's)."""
-    install()
     try:
-        with _guard.deferred():  # after the handlers: a signal during the imports is handled too
+        with _guard.deferred():  # a signal from the handlers on waits for the end of the imports
+            install()
+            # The launcher (agent/nftpolicy) started the interpreter with both signals blocked:
+            # one that came while Python started is delivered now, to the guard.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(MESSAGES))
             from .cli import main
         code = main()
-    except KeyboardInterrupt:  # the guard's, raised before main() could catch it
+    except KeyboardInterrupt:  # the guard's, raised before main() could catch it, or Python's own
         code = 130
+        if _guard.signum is None:  # Python's: the command was started without the launcher
+            _guard.signum = signal.SIGINT
     except SystemExit as exc:  # a command's own exit (SystemExit(2) for --strict): leftovers still go
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         if isinstance(exc.code, str):
