@@ -2,13 +2,14 @@
 one line on stderr, no traceback, exit 130 (SIGINT) or 143 (SIGTERM) (128 + the signal number, as
 a shell reports a process a signal ended), and what it made removed.
 
-* The ``nftpolicy`` command is a launcher (``agent/nftpolicy``) that starts the interpreter with
-  both signals blocked; :func:`run` installs the guard, then unblocks them, so a signal that
-  came while Python started (site-packages, the imports: tens of milliseconds) is handled as any
-  later one. Only one in the launcher's first millisecond, before it blocks them, ends the
-  process the default way (no line; a shell shows 130 or 143 all the same).
-* :class:`Guard` (installed by :func:`install`, which :func:`run` calls first) handles both
-  signals. The first one raises :class:`Interrupted` in the main thread, so every
+* The ``nftpolicy`` command is a launcher (``agent/cli/nftpolicy``) that starts the interpreter
+  with both signals blocked; :func:`nftpolicy.agent.cli.run` installs the guard, then unblocks
+  them, so a signal that came while Python started (site-packages, the imports: tens of
+  milliseconds) is handled as any later one. Only one in the launcher's first millisecond,
+  before it blocks them, ends the process the default way (no line; a shell shows 130 or 143
+  all the same).
+* :class:`Guard` (installed by :func:`install`, which :func:`nftpolicy.agent.cli.run` calls
+  first) handles both signals. The first one raises :class:`Interrupted` in the main thread, so every
   ``with`` and ``finally`` on the way out removes what it made; while an asyncio loop runs (the
   sandbox's probes) it cancels the loop's tasks instead (an exception raised inside asyncio's own
   code leaves the loop unusable: this is how :class:`asyncio.Runner` handles Ctrl-C), and the
@@ -246,37 +247,3 @@ def raise_pending() -> None:
 def deferred() -> contextlib.AbstractContextManager[None]:
     """:meth:`Guard.deferred` of the process's guard (around imports)."""
     return _guard.deferred()
-
-
-def run() -> None:
-    """The ``nftpolicy`` command (its launcher's Python part): install the guard and unblock the
-    signals (a pending one is raised once the command line's imports are done), run
-    :func:`nftpolicy.agent.cli.main`, remove any leftover that an interrupt cut short, exit with
-    the command's code (or the signal's)."""
-    try:
-        with _guard.deferred():  # a signal from the handlers on waits for the end of the imports
-            install()
-            # The launcher (agent/nftpolicy) started the interpreter with both signals blocked:
-            # one that came while Python started is delivered now, to the guard.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(MESSAGES))
-            from .cli import main
-        code = main()
-    except KeyboardInterrupt:  # the guard's, raised before main() could catch it, or Python's own
-        code = 130
-        if _guard.signum is None:  # Python's: the command was started without the launcher
-            _guard.signum = signal.SIGINT
-    except SystemExit as exc:  # a command's own exit (SystemExit(2) for --strict): leftovers still go
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-    if _guard.signum is not None:
-        _guard.announce()
-    _guard.finished = True  # a signal from now on exits at once, with its code
-    clean_leftovers()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a reader that went away was main()'s to report
-            stream.flush()
-    logging.shutdown()
-    # Not sys.exit(): the interpreter's finalization puts the default handlers back, and a signal
-    # then would end the process without its code. Nothing is left to do but leave.
-    _guard.exit(_guard.code or code)

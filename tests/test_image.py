@@ -21,13 +21,16 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import cli, images
-from nftpolicy.agent.images import CONTAINERFILE, buildah, buildah_command
+from nftpolicy.agent.cli import flags
+
+from nftpolicy.agent.testbed import images
+from nftpolicy.agent.testbed.images import CONTAINERFILE, buildah, buildah_command
 
 from .conftest import REPO, nft
 from .test_chart import agent_container, env_of, http_get, render
@@ -135,6 +138,25 @@ def test_base_is_an_argument_of_both_stages():
     assert [line[1] for line in lines if line[0] == "FROM"] == ["${BASE}", "${BASE}"]
 
 
+def test_the_wheel_holds_every_package_and_the_launcher(tmp_path):
+    """What the Containerfile installs (a wheel, not the editable install of .ci/install): every
+    package under agent/ and translators/, and the command as the launcher script (agent/cli/nftpolicy)."""
+    src = tmp_path / "src"  # what the Containerfile copies, so that the build leaves nothing in the repository
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "agent", "translators"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(tmp_path), str(src)],
+                   check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("nftpolicy-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = sorted(str(p.parent.relative_to(REPO)) for top in ("agent", "translators") for p in (REPO / top).rglob("__init__.py"))
+    assert [p for p in packages if f"nftpolicy/{p}/__init__.py" not in names] == []
+    scripts = [n for n in names if ".data/scripts/" in n or n.endswith("/cli/nftpolicy")]
+    assert scripts == [f"nftpolicy-{version('nftpolicy')}.data/scripts/nftpolicy"]
+    assert zipfile.ZipFile(wheel).read(scripts[0]) == (REPO / "agent" / "cli" / "nftpolicy").read_bytes()
+
+
 # --- the built image -------------------------------------------------------------------------
 
 def test_version(image):
@@ -185,7 +207,7 @@ def pod_capabilities() -> list[str]:
 @pytest.mark.kernel
 def test_image_loads_the_ruleset_and_cleanup_removes_it(image, make_netns):
     """With the chart's capabilities only, the image's nft loads the image's render, and the
-    image's ``nftpolicy cleanup`` removes the table (what the README's uninstall step runs)."""
+    image's ``nftpolicy cleanup`` removes the table (what the uninstall step of docs/operations.md runs)."""
     ns = make_netns()
     in_test_namespace(image, ns)
     caps = pod_capabilities()
@@ -247,7 +269,7 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
     root = Path(buildah("mount", image.container).stdout.strip())
     started = time.time() - 1
     log = tmp_path / "agent.log"
-    env = env_of(container) | {cli.env_name("--manifests"): "/examples/shop"}
+    env = env_of(container) | {flags.env_name("--manifests"): "/examples/shop"}
     args = image.run_args("nftpolicy", "agent", env=env,
                           volumes={str(REPO / "examples"): "/examples:ro"}, caps=pod_capabilities())
     with log.open("w") as output:
@@ -261,7 +283,7 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
             time.sleep(0.3)
         assert http_get(ns, port, container["livenessProbe"]["httpGet"]["path"])[0] == 200
         assert http_get(ns, port, "/metrics")[0] == 200
-        assert f"table inet {env_of(container)[cli.env_name('--table')]}" in nft(ns, "list", "tables")
+        assert f"table inet {env_of(container)[flags.env_name('--table')]}" in nft(ns, "list", "tables")
         # SIGTERM to the agent itself, as the kubelet sends it (buildah would SIGKILL it).
         [pid] = [p for p in _descendants(agent.pid) if _is_agent(Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0"))]
         os.kill(pid, signal.SIGTERM)

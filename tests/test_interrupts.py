@@ -23,7 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import interrupts, netns
+from nftpolicy.agent import interrupts
+
+
+from nftpolicy.agent.dataplane import netns
 
 from .conftest import CONFORMANCE, OURS, REPO
 
@@ -314,7 +317,7 @@ def _signalled_from_the_start(argv: list[str], sig: int, delay: float) -> tuple[
 
 def test_an_interrupt_while_the_command_starts_is_one_line(capsys):
     """40 runs of render and explain, each signalled 0-300 ms after it was started: while Python
-    starts (site-packages, the imports) the launcher (agent/nftpolicy) keeps both signals blocked,
+    starts (site-packages, the imports) the launcher (agent/cli/nftpolicy) keeps both signals blocked,
     so every one ends in the guard's line and 130/143, never a traceback. Allowed besides: a run
     that finished first (exit 0, nothing said), and a signal in the launcher's first millisecond,
     before it blocks them (ended by the signal, nothing said: a shell reports 130/143 too)."""

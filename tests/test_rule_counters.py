@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nftpolicy.agent.nftables import NftDataplane
-from nftpolicy.agent.rulecounters import RuleCounters, tally
+from nftpolicy.agent.dataplane.nftables import NftDataplane
+from nftpolicy.agent.daemon.rulecounters import RuleCounters, tally
 
 from .agentenv import AgentEnv
 from .test_agent_e2e import SLOTS, B, policy

@@ -23,8 +23,8 @@ import secrets
 
 import pytest
 
-from nftpolicy.agent.controlplane import ApiError, ControlPlane
-from nftpolicy.agent.sources import CONVERT
+from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
+from nftpolicy.agent.daemon.sources import CONVERT
 from nftpolicy.translators.manifests import InvalidField, build_cluster
 
 pytestmark = pytest.mark.kernel

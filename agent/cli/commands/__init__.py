@@ -1,0 +1,137 @@
+"""The commands of ``nftpolicy``, one module each; :mod:`nftpolicy.agent.cli.main` parses the flags and
+calls ``cmd_<command>(args)`` of the command's module (imported only when it runs).
+
+The commands that read manifests (``render``, ``sandbox``, ``explain``, ``trace``, ``compare``)
+read them through :func:`read_manifests`: workloads stand in their Pods, and every object,
+document or file left out is one line; :func:`finish` then turns anything left out, or an input
+with no object at all, into a last summary line and exit :data:`INCOMPLETE`, unless
+``--accept-skipped`` was given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from nftpolicy.translators.manifests import ManifestError, build_cluster
+from nftpolicy.translators.model import NAMESPACE_NAME_LABEL, Cluster
+from nftpolicy.translators.workloads import StandIn, stand_in_pods
+
+from nftpolicy.agent.daemon.manifestfiles import read_objects
+
+INCOMPLETE = 3  # exit code: part of the input was left out (see finish())
+
+
+@dataclass
+class Manifests:
+    """What a command read from its paths: the ``cluster``, the ``objects`` it was built from
+    (workloads already replaced by their Pods), what was ``skipped`` (one error each) and the
+    workloads that stand in Pods."""
+
+    paths: list[str]
+    cluster: Cluster
+    objects: list[tuple[str, Any]]
+    skipped: list[ManifestError] = field(default_factory=list)
+    stand_ins: list[StandIn] = field(default_factory=list)
+
+    @property
+    def empty(self) -> list[str]:
+        """The paths when they held no object that counts, else ``[]`` (for :func:`finish`)."""
+        c = self.cluster
+        return [] if c.pods or c.policies or c.namespaces or c.nodes or c.cluster_policies else self.paths
+
+    def finish(self, args: argparse.Namespace, code: int, skipped: Sequence[ManifestError] = ()) -> int:
+        """:func:`finish` with what was skipped here and ``skipped`` (found later)."""
+        return finish(args, code, [*self.skipped, *skipped], self.empty)
+
+
+def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_invalid: bool = True) -> Manifests:
+    """The manifests in ``args.paths``: workloads stand in their Pods (``nodes``: where a
+    DaemonSet runs, besides the nodes the manifests name), said in one line; each object,
+    document or file left out is one ``nftpolicy: skipped ...`` line (``report_invalid=False``:
+    objects that fail validation are kept for an API server to judge, only unreadable input is
+    reported). With ``--strict`` anything left out ends the command (exit 2)."""
+    objects, unreadable = read_objects(args.paths)
+    objects, stand_ins, bad = stand_in_pods(objects, nodes)
+    cluster, invalid = build_cluster(objects)
+    read = Manifests(list(args.paths), cluster, objects, unreadable + bad + (invalid if report_invalid else []), stand_ins)
+    report_skipped(read.skipped, args.strict)
+    if stand_ins:
+        print(f"nftpolicy: {stand_in_line(stand_ins)}", file=sys.stderr)
+    if read.empty and args.strict:
+        print(f"nftpolicy: {_empty_line(read.paths)}", file=sys.stderr)
+        raise SystemExit(2)
+    return read
+
+
+def plural(count: int, one: str, many: str) -> str:
+    """``one`` when ``count`` is 1, else ``many`` (0 takes the plural: "0 pods")."""
+    return one if count == 1 else many
+
+
+def stand_in_line(stand_ins: Sequence[StandIn]) -> str:
+    """``3 workloads stand in 4 pods: Deployment demo/web (2), ...`` (the first four named)."""
+    pods = sum(len(s.pods) for s in stand_ins)
+    shown = ", ".join(map(str, stand_ins[:4])) + (f" and {len(stand_ins) - 4} more" if len(stand_ins) > 4 else "")
+    return (f"{len(stand_ins)} {plural(len(stand_ins), 'workload stands', 'workloads stand')} in "
+            f"{pods} {plural(pods, 'pod', 'pods')}: {shown}")
+
+
+def report_skipped(errors: list[ManifestError], strict: bool) -> None:
+    """One line per object left out; with ``--strict`` any of them ends the command (exit 2)."""
+    for error in errors:
+        print(f"nftpolicy: skipped {error}", file=sys.stderr)
+    if errors and strict:
+        raise SystemExit(2)
+
+
+def _empty_line(paths: Sequence[str]) -> str:
+    return f"no Pod, Namespace, NetworkPolicy, Node or workload found in {', '.join(paths)}"
+
+
+def finish(args: argparse.Namespace, code: int, skipped: Sequence[ManifestError], empty: Sequence[str] = ()) -> int:
+    """The command's exit code once its output is printed: ``code``, or, when anything was left
+    out (``skipped``) or the paths ``empty`` held no object, one summary line
+    (``nftpolicy: 2 skipped: NetworkPolicy shop/bad, document #3 (exit 3; ...)``) and
+    :data:`INCOMPLETE` (3), unless ``--accept-skipped`` was given."""
+    if skipped:
+        names = [f"{e.kind} {e.ref}" for e in skipped]
+        line = f"{len(skipped)} skipped: " + ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    elif empty:
+        line = _empty_line(empty)
+    else:
+        return code
+    if args.accept_skipped:
+        return code
+    print(f"nftpolicy: {line} (exit {INCOMPLETE}; --accept-skipped accepts this)", file=sys.stderr)
+    return INCOMPLETE
+
+
+def cluster_warnings(cluster: Cluster, nodes: list[str]) -> list[str]:
+    """What a command given these manifests should be told: a node in ``nodes`` that nothing
+    names (no Node object, no pod runs on it: a typo, most likely; a Node object that runs no pod
+    yet is a fresh node, no mistake), pods in namespaces that have no Namespace object (their
+    labels are unknown, so a namespaceSelector sees only the automatic name label)."""
+    warnings = []
+    on = {pod.node for pod in cluster.pods.values()}
+    for node in nodes:
+        if node not in on and node not in cluster.nodes:
+            known = sorted({*(n for n in on if n), *cluster.nodes})
+            warnings.append(f"no pod runs on node {node} (--node) and no Node object has that name; "
+                            f"the nodes named: {', '.join(known) or 'none'}")
+    missing = sorted({pod.namespace for pod in cluster.pods.values()} - cluster.namespaces.keys())
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        warnings.append(f"pods in namespaces without a Namespace object: {shown}; their labels are unknown, so a "
+                        f"namespaceSelector sees only {NAMESPACE_NAME_LABEL} (add the Namespace objects to the manifests)")
+    return warnings
+
+
+def warn(warnings: list[str], strict: bool) -> None:
+    """One ``nftpolicy: warning: ...`` line each; with ``--strict`` any of them ends the command (exit 2)."""
+    for warning in warnings:
+        print(f"nftpolicy: warning: {warning}", file=sys.stderr)
+    if warnings and strict:
+        raise SystemExit(2)

@@ -1,0 +1,189 @@
+"""``nftpolicy explain``: why traffic from A to B on a port is allowed or denied, in a few lines.
+
+The answer is the verdict engine's (:mod:`nftpolicy.translators.verdict`) on what nftpolicy
+enforces: every node's rule model rendered from manifests, or, with ``--agent``, the model a
+running agent holds right now (read from its debug endpoint, :mod:`nftpolicy.agent.daemon.debughttp`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Mapping, Sequence
+
+from nftpolicy.translators.model import Cluster, Pod, family_of
+from nftpolicy.translators.verdict import (
+    Connection,
+    ConnectionProtocol,
+    Endpoint,
+    Enforcement,
+    Verdict,
+    enforcement_from_json,
+    enforcement_of,
+    verdict_lines,
+)
+from nftpolicy.translators.workloads import Service, place_pods, services_from
+
+from nftpolicy.agent.cli.flags import UsageError, config_from
+from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
+from . import plural, read_manifests, report_skipped
+
+AGENT_TIMEOUT = 5.0
+
+
+def parse_port(text: str) -> tuple[ConnectionProtocol, int | None]:
+    """``[TCP|UDP|SCTP/]PORT`` or ``ICMP`` -> (protocol, port). Raises UsageError."""
+    protocol, _, port = text.upper().partition("/")
+    if protocol == "ICMP" and not port:
+        return "ICMP", None
+    if not port:
+        protocol, port = "TCP", protocol
+    if protocol not in ("TCP", "UDP", "SCTP") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"invalid --port {text!r} (expected [TCP|UDP|SCTP/]PORT or icmp)")
+    return protocol, int(port)  # type: ignore[return-value]
+
+
+def resolve(enforcement: Enforcement, text: str, flag: str) -> tuple[Endpoint | None, tuple[str, ...]]:
+    """``--from``/``--to`` -> (the pod or None, its candidate addresses). An address or a CIDR
+    (its first address), else ``NS/POD``: exactly, or the one pod of NS whose name starts with
+    POD. Raises UsageError."""
+    try:
+        return None, (str(ipaddress.ip_network(text, strict=False).network_address),)
+    except ValueError:
+        pass
+    namespace, slash, name = text.partition("/")
+    if not slash or not namespace or not name or "." in namespace or ":" in namespace:  # namespaces have neither
+        raise UsageError(f"{flag} {text}: not NS/POD, an address or a CIDR")
+    found = [p for p in enforcement.pods if p.key == text] or [p for p in enforcement.pods if p.key.startswith(text)]
+    if len(found) == 1:
+        return found[0], found[0].ips
+    if not found:
+        raise UsageError(f"{flag} {text}: no running pod with an address of that name")
+    raise UsageError(f"{flag} {text}: names {len(found)} pods ({', '.join(sorted(p.key for p in found)[:5])}): give more of the name")
+
+
+def _agent(url: str) -> Enforcement:
+    """The enforcement the agent at ``url`` holds. Raises UsageError when it cannot be read."""
+    address = url.rstrip("/") + DEBUG_PATH
+    try:
+        with urllib.request.urlopen(address, timeout=AGENT_TIMEOUT) as reply:
+            return enforcement_from_json(json.loads(reply.read()))
+    except urllib.error.HTTPError as exc:
+        raise UsageError(f"agent {url}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise UsageError(f"cannot reach the agent at {url}: {getattr(exc, 'reason', exc)}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"agent {url}: unreadable answer from {address}: {exc}") from None
+
+
+def port_spec(text: str, target: Endpoint | None, pods: Mapping[str, Pod] | None) -> tuple[ConnectionProtocol, int | None]:
+    """:func:`parse_port`, or ``[PROTO/]NAME``: the destination pod's container port of that name
+    (``pods``: the manifests' pods; None with ``--agent``, which knows port numbers only).
+    Raises UsageError."""
+    try:
+        return parse_port(text)
+    except UsageError:
+        protocol, _, name = text.upper().rpartition("/")
+        if not name.isalnum() and not name.replace("-", "").isalnum() or name.isdigit():
+            raise
+    pod = pods.get(target.key) if pods is not None and target is not None else None
+    if pod is None:
+        raise UsageError(f"--port {text}: a port name needs a destination pod from manifests (--agent knows numbers only)")
+    found = [p for p in pod.ports if p.name == name.lower() and protocol in ("", p.protocol)]
+    if not found:
+        named = ", ".join(sorted(f"{p.name} ({p.protocol}/{p.port})" for p in pod.ports if p.name)) or "none"
+        raise UsageError(f"--port {text}: {pod.key} has no container port of that name (its named ports: {named})")
+    return found[0].protocol, found[0].port
+
+
+def connections(enforcement: Enforcement, source: str, destination: str, ports: Sequence[str],
+                pods: Mapping[str, Pod] | None = None) -> list[Connection]:
+    """The connections ``explain`` answers: one per port (see :func:`port_spec`; ``pods``: the
+    manifests' pods, for port names), between the first addresses of the two ends in a family
+    both have (IPv4 first). Raises UsageError."""
+    _, sources = resolve(enforcement, source, "--from")
+    target, destinations = resolve(enforcement, destination, "--to")
+    pairs = [(s, d) for s in sources for d in destinations if family_of(s) == family_of(d)]
+    if not pairs:
+        raise UsageError(f"{source} and {destination} have no address family in common")
+    src, dst = min(pairs, key=lambda pair: family_of(pair[0]))
+    specs = [port_spec(p, target, pods) for p in ports] or [(protocol, port) for protocol, port in (target.ports if target else ())]  # type: ignore[misc]
+    return [Connection(src, dst, protocol, port) for protocol, port in (specs or [("ICMP", None)])]
+
+
+def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``--to`` naming a Service: the pods it selects (keys, sorted) and the ports to ask about:
+    each ``--port`` that is one of the Service's ports, by number or by name (``[PROTO/]PORT``,
+    ``[PROTO/]NAME``), as its targetPort (a number or a container port's name), or, without
+    ``--port``, every targetPort. Says so in one line; raises UsageError."""
+    selected = sorted(key for key, pod in cluster.pods.items() if pod.ips and service.selects(pod))
+    if not selected:
+        raise UsageError(f"--to {service.ref}: the Service selects no pod with an address")
+    targets = []
+    for text in ports:
+        protocol, _, port = text.rpartition("/")
+        found = [p for p in service.ports if port in (str(p.port), p.name) and protocol.upper() in ("", p.protocol)]
+        if not found:
+            known = ", ".join(f"{p.name + ' ' if p.name else ''}{p.protocol}/{p.port}" for p in service.ports) or "none"
+            raise UsageError(f"--port {text}: not a port of Service {service.ref} (its ports: {known})")
+        targets.append(f"{found[0].protocol}/{found[0].target}")
+    targets = targets or [f"{p.protocol}/{p.target}" for p in service.ports]
+    shown = ", ".join(selected[:3]) + (f" and {len(selected) - 3} more" if len(selected) > 3 else "")
+    print(f"nftpolicy: --to {service.ref} is a Service: its pods {shown}; target ports {', '.join(targets) or '(none)'}",
+          file=sys.stderr)
+    return selected, targets
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Print the verdicts; exit 0 when every connection is allowed, 1 otherwise, 2 on bad input
+    (3: manifests left out, see :func:`~nftpolicy.agent.cli.commands.finish`)."""
+    read = None
+    if args.agent:
+        if args.paths:
+            raise UsageError("give manifests or --agent, not both")
+        enforcement = _agent(args.agent)
+    else:
+        if not args.paths:
+            raise UsageError("give manifest paths, or --agent http://ADDR")
+        read = read_manifests(args)
+        cluster = with_addresses(read.cluster)
+        enforcement = enforcement_of(cluster, config=config_from(args))
+    if read is None:
+        asked = connections(enforcement, args.source, args.destination, args.port or ())
+    else:
+        services, unread = services_from(read.objects)
+        report_skipped(unread, args.strict)
+        read.skipped += unread
+        service = services.get(args.destination) if args.destination not in cluster.pods else None
+        if service is None:
+            asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
+        else:
+            selected, targets = service_targets(service, cluster, args.port or ())
+            asked = [c for key in selected for c in connections(enforcement, args.source, key, targets, cluster.pods)]
+    verdicts: list[Verdict] = [enforcement.verdict(c) for c in asked]
+    if args.output == "json":
+        print(json.dumps([v.as_json() for v in verdicts], indent=2))
+    else:
+        print("\n".join(line for v in verdicts for line in verdict_lines(v)))
+    code = 0 if all(v.allowed for v in verdicts) else 1
+    return read.finish(args, code) if read else code
+
+
+def with_addresses(cluster: Cluster) -> Cluster:
+    """``cluster`` with every pod that has no ``status.podIP`` placed and addressed as the
+    sandbox and ``trace`` build it (:func:`~nftpolicy.translators.workloads.place_pods`: node1,
+    10.244.0.10 on), said in one line, so that all three answer for the same pods."""
+    bare = sorted(p.key for p in cluster.pods.values() if not p.ips and not p.host_network and p.phase not in ("Succeeded", "Failed"))
+    if not bare:
+        return cluster
+    families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
+    placed = place_pods(cluster.pods.values(), families=families)
+    shown = ", ".join(f"{key} {' '.join(placed[key].ips)}" for key in bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
+    print(f"nftpolicy: {len(bare)} {plural(len(bare), 'pod without status.podIP gets', 'pods without status.podIP get')} "
+          f"the sandbox's addresses: {shown}", file=sys.stderr)
+    return dataclasses.replace(cluster, pods={**cluster.pods, **{key: placed[key] for key in bare}})

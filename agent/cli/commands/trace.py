@@ -1,0 +1,191 @@
+"""``nftpolicy trace``: one real packet's path through our chains, mapped to pods, policies and rules.
+
+For the trace, our own table gets one base chain per hook, hooked just before our base chains
+(:func:`~nftpolicy.translators.layout.trace_chains`), whose rule sets ``meta nftrace set 1`` on
+the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.dataplane.nftables.TraceMonitor`)
+reports the packet's walk, and every event in our table is printed with the comment of the rule
+that matched (``<ns>/<name> ...``: the pod, or the policy, direction and rule index). The trace
+chains are deleted afterwards, also on an error, Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
+
+* With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.testbed.sandbox.Sandbox`),
+  and one connection is sent from the ``--from`` pod; each node it crosses is traced.
+* Without: on this node (``--netns``: in that namespace), wait up to ``--timeout`` seconds for one
+  packet of the connection, given by addresses, through our table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from nftpolicy.translators import layout, nft
+from nftpolicy.translators.model import family_of
+from nftpolicy.translators.rules import Config
+from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
+
+from nftpolicy.agent.cli.flags import UsageError, check_exists, config_from
+from nftpolicy.agent.dataplane.nftables import NftDataplane, TraceMonitor
+from nftpolicy.agent.testbed.probes import ProbeSpec, sctp_supported
+from nftpolicy.agent.testbed.sandbox import Sandbox
+from . import read_manifests
+from .explain import connections, parse_port
+
+_EVENT = re.compile(r"^trace id (\S+) inet (\S+) (\S+) (.*)$")
+_RULE = re.compile(r"^(?:rule (?P<text>.*?)|unknown rule handle (?P<handle>\d+)) \(verdict (?P<verdict>[^)]*)\)\s*$")
+_COMMENT = re.compile(r'comment "([^"]*)"')
+
+
+@dataclass(frozen=True)
+class Step:
+    """One trace event in our table: ``chain``, what matched (``rule`` comment, or ``policy``
+    for a base chain's end) and the verdict."""
+
+    chain: str
+    what: str
+    verdict: str
+
+
+@contextlib.contextmanager
+def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
+    """Our table with the trace chains for ``conn`` while the body runs, then without them (those
+    still there: the agent's full resync replaces the table, trace chains included)."""
+    chains = layout.trace_chains(conn.source, conn.destination, conn.protocol, conn.port)
+    objects = [o for c in chains for o in nft.chain_json(config.table, config.priority - 1, c)]
+    dataplane.run({"nftables": [{"add": o} for o in objects]})
+    try:
+        yield
+    finally:
+        listed = {o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o}
+        refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains if c.name in listed]
+        if refs:
+            dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
+
+
+def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: dict[str, str]) -> list[Step]:
+    """The steps of the first traced packet in ``table`` (our trace chains left out), up to the
+    base chain's end or a final verdict. ``comments``: rule handle -> comment, for the rules the
+    monitor did not know yet (``unknown rule handle``); ``owners``: policy chain -> ``<policy>
+    <direction>``, to name a policy chain that the packet left without a match (the kernel
+    reports no event for that)."""
+    steps: list[Step] = []
+    first = None
+    for line in lines:
+        if steps and steps[-1].verdict.startswith("jump KUBE-NWPLCY-") and f" {steps[-1].verdict[5:]} " not in line:
+            target = steps[-1].verdict[5:]
+            what = "common: not invalid, no essential ICMP" if target == layout.COMMON_CHAIN else \
+                f"policy {owners.get(target, '(no rules: deny all)')}: no rule matched"
+            steps.append(Step(target, what, "return"))
+        event = _EVENT.match(line)
+        if not event or event.group(2) != table or event.group(3) in layout.TRACE_CHAINS:
+            continue
+        trace_id, chain, rest = event.group(1), event.group(3), event.group(4)
+        if first is None:
+            first = trace_id
+        if trace_id != first or rest.startswith("packet:"):
+            continue
+        rule = _RULE.match(rest)
+        if rule:
+            text = rule.group("text")
+            found = _COMMENT.search(text) if text is not None else None
+            what = found.group(1) if found else comments.get(int(rule.group("handle") or -1), text or "a rule")
+            steps.append(Step(chain, what, rule.group("verdict")))
+            if rule.group("verdict") in ("accept", "drop"):
+                break
+        elif rest.startswith("policy "):
+            steps.append(Step(chain, "end of chain, policy", rest.split()[1]))
+            if chain in layout.BASE_CHAINS:
+                break
+    return steps
+
+
+def step_text(step: Step) -> str:
+    """``KUBE-NWPLCY-... : policy shop/api-ingress ingress rule 0 -> return``: a policy rule
+    named with its index, a pod chain rule with its pod, a base chain rule with its comment."""
+    what = step.what
+    if step.chain.startswith("KUBE-NWPLCY-") and rule_index(what) is not None and not what.startswith("policy "):
+        what = f"policy {what} (allows)"
+    elif step.chain.startswith("KUBE-POD-FW-"):
+        what = f"pod {what}"
+    return f"  {step.chain}: {what} -> {step.verdict}"
+
+
+def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, timeout: float) -> list[Step]:
+    rules = [o["rule"] for o in dataplane.listing() if "rule" in o]
+    owners: dict[str, str] = {}
+    for rule in rules:  # a policy chain's rules say "<policy> <direction> rule <i>"
+        if rule["chain"].startswith("KUBE-NWPLCY-") and rule_index(rule.get("comment", "")) is not None:
+            owners.setdefault(rule["chain"], rule["comment"].rsplit(" rule ", 1)[0])
+    return follow(monitor.lines(timeout), table, {r["handle"]: r.get("comment", "") for r in rules}, owners)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Print the path; exit 0 when the packet passed, 1 when it was refused or never seen, 2 on bad input."""
+    config = config_from(args)
+    if args.paths:
+        return _trace_sandbox(args, config)
+    return _trace_node(args, config)
+
+
+def _print(head: str, node: str, steps: list[Step]) -> None:
+    print(f"{head}\nnode {node}:" if head else f"node {node}:")
+    print("\n".join(step_text(s) for s in steps) if steps else "  (no packet of it in our table here)")
+
+
+def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
+    read = read_manifests(args, args.node or ["node1"])
+    cluster = read.cluster
+    families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
+    node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
+    with Sandbox(cluster.pods.values(), args.node or ["node1"], families, node_addresses, config) as sandbox:
+        cluster = sandbox.with_sandbox_pods(cluster)
+        sandbox.apply(cluster)
+        engine = enforcement_of(cluster, list(sandbox.nodes), config)
+        conn = connections(engine, args.source, args.destination, [args.port] if args.port else [], cluster.pods)[0]
+        source, target = engine.pod_at(conn.source), engine.pod_at(conn.destination)
+        if source is None or source.key not in sandbox.pods:
+            raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")
+        if conn.protocol == "SCTP" and not sctp_supported():
+            raise UsageError(f"--port {args.port or conn.text().lower()}: this kernel has no SCTP, so the sandbox cannot send it")
+        nodes = list(dict.fromkeys(p.node for p in (source, target) if p is not None and p.node))
+        spec = ProbeSpec(conn.port or 0, conn.protocol)
+        with contextlib.ExitStack() as stack:
+            monitors = {}
+            for node in nodes:
+                dataplane = NftDataplane(config.table, sandbox.node_netns(node))
+                stack.enter_context(traced(dataplane, config, conn))
+                monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane)
+            # Every monitor listens once entered, so this one connection's first packet is the first traced.
+            connected = sandbox.connect(source.key, conn.destination, spec)
+            first = _steps(*monitors[nodes[0]], config.table, 1.0)
+            head = f"TRACE  {engine.name(conn.source)} -> {engine.name(conn.destination)} {conn.text()}: " \
+                   f"{'connected' if connected else 'refused'}"
+            _print(head, nodes[0], first)
+            for node in nodes[1:]:
+                _print("", node, _steps(*monitors[node], config.table, 1.0))
+    return read.finish(args, 0 if connected else 1)
+
+
+def _trace_node(args: argparse.Namespace, config: Config) -> int:
+    addresses = []
+    for text, flag in ((args.source, "--from"), (args.destination, "--to")):
+        try:
+            addresses.append(str(ipaddress.ip_address(text)))
+        except ValueError:
+            raise UsageError(f"{flag} {text}: on a node, give an address (names need manifests)") from None
+    protocol, port = parse_port(args.port or "icmp")
+    conn = Connection(addresses[0], addresses[1], protocol, port)
+    check_exists("--netns", args.netns)
+    dataplane = NftDataplane(config.table, args.netns)
+    if not dataplane.has_table():
+        raise UsageError(f"no table inet {config.table}{' in ' + args.netns if args.netns else ''}: nothing to trace")
+    with traced(dataplane, config, conn), TraceMonitor(args.netns) as monitor:
+        print(f"waiting up to {args.timeout:g} s for {conn.source} -> {conn.destination} {conn.text()}", file=sys.stderr)
+        steps = _steps(monitor, dataplane, config.table, args.timeout)
+    _print(f"TRACE  {conn.source} -> {conn.destination} {conn.text()}", args.netns or "(this node)", steps)
+    passed = bool(steps) and steps[-1].verdict not in ("drop",)
+    return 0 if passed else 1

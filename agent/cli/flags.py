@@ -1,0 +1,413 @@
+"""The ``nftpolicy`` command line's flags: their types, their ``NFTPOLICY_*`` environment
+variables, the parser of every subcommand (:func:`parser`) and the helpers the commands share
+(:func:`config_from`, :func:`check_exists`)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import ipaddress
+import math
+import os
+import re
+import sys
+from importlib.metadata import version
+from typing import Any, Callable, NoReturn, Sequence
+
+from nftpolicy.translators.rules import Config
+
+from nftpolicy.translators.errors import OneLineError
+from nftpolicy.agent.dataplane.netns import NETNS_DIR, RUN_TAG_ENV
+
+
+ENV_PREFIX = "NFTPOLICY_"
+
+
+class UsageError(OneLineError, ValueError):
+    """Flags that parse one by one but do not fit together."""
+
+
+def env_name(flag: str) -> str:
+    """The environment variable that sets ``--flag``: ``NFTPOLICY_`` + upper-case, ``-`` -> ``_``."""
+    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+# NFTPOLICY_* variables of the project that are not flags: the sandbox's run tag.
+NOT_FLAGS = frozenset({RUN_TAG_ENV})
+
+
+class _FromEnvironment(list[Any]):
+    """The list a repeatable flag got from its variable: the first use on the command line replaces it."""
+
+
+class _Append(argparse._AppendAction):
+    """``action="append"``, where the command line replaces a list from the environment."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if isinstance(getattr(namespace, self.dest, None), _FromEnvironment):
+            setattr(namespace, self.dest, [])
+        super().__call__(parser, namespace, values, option_string)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose mistakes are one line on stderr and exit 2. With
+    ``environment=True`` (the agent's: the Helm chart gives every setting as an environment
+    variable, and no other command reads them, so that a variable set for the agent never changes
+    what ``render`` or ``trace`` do) its options take their default from ``NFTPOLICY_<FLAG>`` when
+    it is set. Repeatable flags read a comma-separated list. A bad environment value is refused
+    as a bad flag is, naming the variable:
+    ``nftpolicy: --min-sync-interval: must be >= 0 seconds, got -1 (from NFTPOLICY_MIN_SYNC_INTERVAL)``;
+    so is a variable that names no flag (``NFTPOLICY_LOG_FORMT``), but the project's own
+    :data:`NOT_FLAGS` and ``NFTPOLICY_CI_*`` (the tests' settings). The environment is read when
+    the arguments are parsed; a flag on the command line wins."""
+
+    def __init__(self, *args: Any, environment: bool = False, **kwargs: Any) -> None:
+        # No abbreviated flags: `explain --node node1` was read as --node-port-range.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.environment = environment
+        self.register("action", "append", _Append)
+
+    def error(self, message: str) -> NoReturn:  # argparse's "usage: ..." block, then the message
+        message = re.sub(r"^argument ([^:]*?)(/\S+)?: ", r"\1: ", message)  # "argument --x/-x: " -> "--x: "
+        flag_named = message.startswith("-")
+        hint = "" if flag_named else f" (see '{self.prog} --help')"
+        self.exit(2, f"nftpolicy: {message}{hint}\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # named with the command's own --help
+            command = getattr(parsed, "command", None)
+            self.prog = f"{self.prog} {command}" if command else self.prog
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]:
+        if not self.environment:
+            return super().parse_known_args(args, namespace)
+        given = list(sys.argv[1:] if args is None else args)
+        flags = {env_name(f) for a in self._actions for f in a.option_strings if f.startswith("--")}
+        for name in sorted(os.environ):
+            if name.startswith(ENV_PREFIX) and name not in flags | NOT_FLAGS and not name.startswith(ENV_PREFIX + "CI_"):
+                near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), sorted(f.removeprefix(ENV_PREFIX) for f in flags), 1)
+                self.error(f"{name}: no such setting of {self.prog}" + (f" (did you mean {ENV_PREFIX}{near[0]}?)" if near else ""))
+        for action in self._actions:
+            flag = next((o for o in action.option_strings if o.startswith("--")), None)
+            if flag is None or action.dest in ("help", "version"):
+                continue
+            env = env_name(flag)
+            if action.help is not argparse.SUPPRESS and f"[env {env}]" not in (action.help or ""):
+                action.help = (action.help or "") + f" [env {env}]"
+            on_command_line = any(word == flag or word.startswith(flag + "=") for word in given)
+            if env in os.environ and not on_command_line:  # the flag wins, also over a bad variable
+                action.default = self._from_env(action, flag, env, os.environ[env])
+                action.required = False
+        return super().parse_known_args(args, namespace)
+
+    def _from_env(self, action: argparse.Action, flag: str, env: str, raw: str) -> Any:
+        """The value of ``flag`` given as ``raw`` in variable ``env``; a bad one ends the command."""
+        try:
+            values = [v.strip() for v in raw.split(",") if v.strip()] if isinstance(action, argparse._AppendAction) else [raw]
+            converted = []
+            for value in values:
+                if action.choices is not None and value not in action.choices:
+                    raise argparse.ArgumentTypeError(
+                        f"invalid choice: {value!r} (choose from {', '.join(map(repr, action.choices))})")
+                converted.append(action.type(value) if callable(action.type) else value)
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            self.error(f"{flag}: {exc} (from {env})")
+        return _FromEnvironment(converted) if isinstance(action, argparse._AppendAction) else converted[0]
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    try:
+        first, last = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port range {text!r} (expected LOW-HIGH)") from None
+    if not 1 <= first <= last <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port range {text!r} (expected LOW-HIGH, 1 <= LOW <= HIGH <= 65535)")
+    return first, last
+
+
+def _cidr(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text, strict=False)) if "/" in text and "%" not in text else _bad_cidr(text)
+    except ValueError:
+        return _bad_cidr(text)
+
+
+def _bad_cidr(text: str) -> str:
+    raise argparse.ArgumentTypeError(f"invalid CIDR {text!r} (expected ADDRESS/PREFIX)")
+
+
+def _seconds(minimum: float, inclusive: bool = True) -> Callable[[str], float]:
+    """An argparse type: a number of seconds >= minimum (> minimum when not inclusive)."""
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (not inclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {minimum:g} seconds, got {text}")
+        return value
+    return seconds
+
+
+def _whole_seconds(text: str) -> int:
+    """A whole number of seconds, at least 1 (the API's ``timeoutSeconds``)."""
+    value = _seconds(1)(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds, got {text}")
+    return int(value)
+
+
+def _priority(text: str) -> int:
+    """A base chain priority: a signed 32-bit integer (decimal or 0x...)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid priority {text!r} (expected an integer)") from None
+    if not -2**31 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"must be a signed 32-bit integer, got {text}")
+    return value
+
+
+def _node(text: str) -> str:
+    """A node name: a lower-case RFC 1123 subdomain, as the API server validates Node names."""
+    if not re.fullmatch(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", text):
+        raise argparse.ArgumentTypeError(f"invalid node name {text!r} (a lower-case RFC 1123 name, as Node objects have)")
+    return text
+
+
+def _table(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", text):
+        raise argparse.ArgumentTypeError(f"invalid table name {text!r} (a letter, then letters, digits, '-' or '_')")
+    return text
+
+
+def _mark(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid mark {text!r} (expected one bit, as 0x... or a decimal number)") from None
+    if value <= 0 or value & (value - 1) or value > 0x80000000:
+        raise argparse.ArgumentTypeError(f"a mark must be one bit of 32, got {text}")
+    return value
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _http_address(text: str) -> str:
+    """``HOST:PORT``: HOST an IPv4 address, ``[IPv6]``, a host name or empty (every address),
+    PORT 0 to 65535 (0: any free port)."""
+    host, colon, port = text.rpartition(":")
+    expected = "expected HOST:PORT, HOST an IPv4 address, [IPv6 address], a name or empty"
+    if not colon or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid address {text!r} ({expected})")
+    if int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {port} in {text!r} (0 to 65535)")
+    if host.startswith("["):
+        try:
+            if not host.endswith("]") or ipaddress.ip_address(host[1:-1]).version != 6:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid IPv6 address {host} in {text!r} ({expected})") from None
+    elif host and not _HOST_NAME.fullmatch(host):
+        raise argparse.ArgumentTypeError(f"invalid host {host!r} in {text!r} ({expected})")
+    elif host and re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid IPv4 address {host!r} in {text!r}") from None
+    return text
+
+
+def _debug_address(text: str) -> str:
+    """:func:`_http_address`, or ``''``: no debug endpoint."""
+    return text and _http_address(text)
+
+
+def check_exists(flag: str, value: str | None) -> None:
+    """Raise UsageError when the file (``--kubeconfig``), directory (``--manifests``) or named
+    network namespace (``--netns``) given to ``flag`` is not there (checked when the command
+    runs, not when it parses: the chart's paths exist only in its container)."""
+    if not value:
+        return
+    what, exists = {"--kubeconfig": ("no such file", os.path.isfile), "--manifests": ("no such directory", os.path.isdir),
+                    "--netns": ("no such network namespace (see 'ip netns list')",
+                                lambda name: "/" not in name and os.path.exists(os.path.join(NETNS_DIR, name)))}[flag]
+    if not exists(value):
+        env = env_name(flag)
+        raise UsageError(f"{flag}: {what}: {value}" + (f" (from {env})" if os.environ.get(env) == value else ""))
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--strict`` and ``--accept-skipped``: what a command that reads manifests does with
+    input it left out (see :func:`nftpolicy.agent.cli.commands.finish`)."""
+    parser.add_argument("--strict", action="store_true", help="exit 2 at once when any object is invalid or the input draws a warning")
+    parser.add_argument("--accept-skipped", action="store_true",
+                        help="exit as if nothing was skipped when objects, documents or files were left out or no object was found "
+                             "(default: a summary line and exit 3)")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) -> None:
+    """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`.
+    ``table=False``: only the exemptions (service, node-port and external ranges), for a command
+    whose answer the table's name, priority and marks do not change (``explain``)."""
+    defaults = Config()
+    if table:
+        parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
+        parser.add_argument("--priority", type=_priority, default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
+        parser.add_argument("--policy-mark", type=_mark, default=defaults.policy_mark, help="mark bit set by an allowing policy (default 0x10000)")
+        parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
+    parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
+    parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
+    parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    """Build the :class:`Config` from parsed flags (the defaults for the flags a command lacks,
+    see :func:`add_config_arguments`). Raises UsageError when the marks collide."""
+    defaults = Config()
+    for name in ("table", "priority", "policy_mark", "passed_mark"):
+        if not hasattr(args, name):
+            setattr(args, name, getattr(defaults, name))
+    if args.policy_mark == args.passed_mark:
+        raise UsageError(f"--policy-mark and --passed-mark must differ (both {args.policy_mark:#x})")
+    if Config.pass_mark in (args.policy_mark, args.passed_mark):
+        raise UsageError(f"--policy-mark and --passed-mark must differ from the ClusterNetworkPolicy pass mark {Config.pass_mark:#x}")
+    return Config(
+        table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark,
+        service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
+        node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr),
+    )
+
+
+DATAPLANE_CHOICES = {"nft": ("nft",), "iptables": ("iptables",), "kube-router": ("kube-router",),
+                     "both": ("nft", "kube-router"), "nft,iptables": ("nft", "iptables")}
+
+
+
+def _probe_spec(text: str) -> tuple[int, str]:
+    """``[PROTO/]PORT`` as (port, protocol); TCP when no protocol is given."""
+    protocol, _, port = text.upper().partition("/")
+    if not port:
+        protocol, port = "TCP", protocol
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r} (expected [TCP|UDP|SCTP/]PORT)") from None
+    if protocol not in ("TCP", "UDP", "SCTP") or not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r} (expected [TCP|UDP|SCTP/]PORT)")
+    return number, protocol
+
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    top = Parser(prog="nftpolicy", description="Kubernetes NetworkPolicy on nftables, in kube-router's chain topology.",
+                 epilog=EXIT_CODES)
+    top.add_argument("--version", action="version", version=f"nftpolicy {version('nftpolicy')}")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    render = sub.add_parser("render", help="print the ruleset for one node's pods")
+    render.add_argument("paths", nargs="+", metavar="PATH", help="manifest files or directories, '-' for stdin")
+    render.add_argument("--node", type=_node, help="node whose pods are rendered (default: every pod counts as local)")
+    render.add_argument("--format", choices=("nft", "json", "iptables", "ip6tables", "ipset"), default="nft",
+                        help="nft -f text, libnftables JSON, or the iptables variant: iptables-restore / ip6tables-restore input "
+                             "(the filter table) and ipset restore input (its sets; load them first)")
+    add_input_arguments(render)
+    add_config_arguments(render)
+
+    sandbox = sub.add_parser("sandbox", help="build the cluster from network namespaces, enforce, probe every pod pair")
+    sandbox.add_argument("paths", nargs="+", metavar="PATH",
+                         help="manifests, or conformance case files (several: replayed in order as live steps)")
+    sandbox.add_argument("--node", action="append", type=_node, help="node for pods without spec.nodeName (repeatable: round-robin; default node1)")
+    stack = sandbox.add_mutually_exclusive_group()
+    stack.add_argument("--dual-stack", action="store_true", help="allocate IPv4 and IPv6 addresses and probe both")
+    stack.add_argument("--ipv6", action="store_true", help="allocate IPv6 addresses only")
+    sandbox.add_argument("--timeout", type=_seconds(0, inclusive=False), default=1.0, help="seconds per probe (default %(default)s)")
+    add_input_arguments(sandbox)
+    sandbox.add_argument("--dataplane", choices=tuple(DATAPLANE_CHOICES), default="nft", metavar="|".join(DATAPLANE_CHOICES),
+                         help="nft ruleset, the iptables variant, the real kube-router (implies --control-plane), or two in twin "
+                              "sandboxes: both = nft,kube-router; nft,iptables (every disagreeing cell printed, exit 1)")
+    sandbox.add_argument("--control-plane", action="store_true",
+                         help="run a real etcd and kube-apiserver on loopback, load the cluster into it and enforce with one "
+                              "'nftpolicy agent' per node (steps become API updates)")
+    sandbox.add_argument("--kube-router", metavar="PATH",
+                         help="the kube-router binary for --dataplane kube-router|both (default .tools/bin/kube-router, then $PATH)")
+    sandbox.add_argument("--iptables-loader", choices=("nft", "legacy"), default="nft",
+                         help="iptables-nft-restore or iptables-legacy-restore for the iptables variant (default %(default)s)")
+    sandbox.add_argument("--output", choices=("text", "json"), default="text", help="matrices as a compact table with a legend (default) or one JSON object")
+    sandbox.add_argument("--report", metavar="FILE.html", help="also write the matrices as a self-contained HTML page")
+    add_config_arguments(sandbox)
+
+    cmp = sub.add_parser("compare", help="replay a kube-router node's iptables-save/ipset dump and nftpolicy's ruleset in twin sandboxes, report every difference")
+    cmp.add_argument("paths", nargs="+", metavar="MANIFESTS", help="kubectl get pods,namespaces,networkpolicies,nodes -A -o yaml output (files, directories, '-')")
+    cmp.add_argument("--node", required=True, type=_node, help="the node the dump was taken on")
+    cmp.add_argument("--iptables-save", metavar="FILE", help="iptables-save output of that node")
+    cmp.add_argument("--ip6tables-save", metavar="FILE", help="ip6tables-save output of that node (dual-stack / IPv6)")
+    cmp.add_argument("--ipset-save", metavar="FILE", required=True, help="ipset save output of that node")
+    cmp.add_argument("--loader", choices=("nft", "legacy"), help="iptables-restore flavour for the dump (default: as its header says, else nft)")
+    cmp.add_argument("--port", action="append", type=_probe_spec, metavar="[PROTO/]PORT",
+                     help="also probe this port (repeatable; container ports and policy ports are always probed)")
+    cmp.add_argument("--icmp", action="store_true", help="also probe ICMP echo (kube-router always allows it: a deliberate difference)")
+    cmp.add_argument("--timeout", type=_seconds(0, inclusive=False), default=1.0, help="seconds per probe (default %(default)s)")
+    add_input_arguments(cmp)
+    add_config_arguments(cmp)
+
+    agent = sub.add_parser("agent", environment=True, help="the node agent: reconcile our nftables table from the Kubernetes API (or a manifests directory)")
+    agent.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    agent.add_argument("--manifests", metavar="DIR", help="read the cluster from manifests in DIR, re-read when files change, instead of the API")
+    agent.add_argument("--node", type=_node, default=os.environ.get("NODE_NAME"), help="this node's name (default: $NODE_NAME)")
+    agent.add_argument("--min-sync-interval", type=_seconds(0), default=0.2, help="seconds between two syncs; bursts of events within it are coalesced (default %(default)s)")
+    agent.add_argument("--resync-interval", type=_seconds(0, inclusive=False), default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
+    agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
+    agent.add_argument("--watch-timeout", type=_whole_seconds, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
+    agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
+    agent.add_argument("--debug-address", type=_debug_address, default="127.0.0.1:9479",
+                       help="address of the read-only /debug/model for explain --agent (it names every pod, label and policy: "
+                            "keep it on loopback; '' turns it off; default %(default)s)")
+    agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
+    agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
+    agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
+    add_config_arguments(agent)
+
+    cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")
+    cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
+    cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
+
+    explain = sub.add_parser("explain", help="why traffic from one pod (or address) to another is allowed or denied")
+    explain.add_argument("paths", nargs="*", metavar="PATH", help="manifest files or directories, '-' for stdin (not with --agent)")
+    explain.add_argument("--from", dest="source", required=True, metavar="NS/POD|CIDR", help="the source pod (a unique name prefix will do) or address")
+    explain.add_argument("--to", dest="destination", required=True, metavar="NS/POD|CIDR", help="the destination pod or address")
+    explain.add_argument("--port", action="append", metavar="[PROTO/]PORT",
+                         help="TCP/5432, udp/53, 8080 (TCP) or icmp (echo); repeatable (default: the destination's container ports, else icmp)")
+    explain.add_argument("--agent", metavar="http://ADDR", help="ask a running agent's debug endpoint (its node's rules right now) instead of manifests")
+    explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
+    add_input_arguments(explain)
+    add_config_arguments(explain, table=False)
+
+    trace = sub.add_parser("trace", help="follow one real packet through our chains (nftrace), mapped to pods, policies and rules")
+    trace.add_argument("paths", nargs="*", metavar="PATH", help="manifests: build them as a sandbox and send the packet (none: wait for it on this node)")
+    trace.add_argument("--from", dest="source", required=True, metavar="NS/POD|ADDRESS", help="the source pod (sandbox) or address")
+    trace.add_argument("--to", dest="destination", required=True, metavar="NS/POD|ADDRESS", help="the destination pod (sandbox) or address")
+    trace.add_argument("--port", metavar="[PROTO/]PORT", help="TCP/8080, udp/53, icmp (default: the destination's first container port, else icmp)")
+    trace.add_argument("--node", action="append", type=_node, help="sandbox node for pods without spec.nodeName (repeatable; default node1)")
+    trace.add_argument("--netns", help="on a node: trace in this named network namespace (default: the current one)")
+    trace.add_argument("--timeout", type=_seconds(0, inclusive=False), default=30.0, help="on a node: seconds to wait for the packet (default %(default)s)")
+    add_input_arguments(trace)
+    add_config_arguments(trace)
+    return top
+
+
+EXIT_CODES = """exit codes: 0 success; 1 a difference was found (sandbox, compare), or the agent cannot run
+(a missing nftables feature, the HTTP address cannot be bound); 2 bad input: a flag or NFTPOLICY_*
+variable, a file that cannot be read, an invalid object with --strict; 130 interrupted (SIGINT),
+143 terminated (SIGTERM); 141 the reader of the output went away (| head)"""
+
+

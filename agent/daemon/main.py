@@ -1,0 +1,83 @@
+"""``nftpolicy agent``: wires the sources, the reconcile loop, health, metrics and signals together."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from importlib.metadata import version
+
+from nftpolicy.translators.rules import Config
+
+from nftpolicy.agent import interrupts
+from .debughttp import start_debug
+from .health import Health, serve_http
+from .logs import setup_logging
+from .metrics import Metrics
+from nftpolicy.agent.dataplane.nftables import NftDataplane
+from .reconcile import HEARTBEAT, Reconciler
+from .rulecounters import RuleCounters
+from .sources import KubeSource, ManifestsSource, Store
+
+log = logging.getLogger("nftpolicy.agent")
+
+
+def settings(args: argparse.Namespace, config: Config) -> str:
+    """The effective value of every flag, as ``--flag=value`` words (defaults and the
+    environment included; the ruleset flags as the :class:`Config` they built)."""
+    values = {k: v for k, v in vars(args).items() if k != "command"}
+    values.update(table=config.table, priority=config.priority, policy_mark=f"{config.policy_mark:#x}",
+                  passed_mark=f"{config.passed_mark:#x}", service_cidr=",".join(config.service_cidrs),
+                  node_port_range="-".join(map(str, config.node_port_range or ())), external_cidr=",".join(config.external_cidrs))
+    return " ".join(f"--{k.replace('_', '-')}={'' if v is None else v}" for k, v in sorted(values.items()))
+
+
+def run_agent(args: argparse.Namespace, config: Config) -> int:
+    """Run until SIGTERM or SIGINT; the ruleset stays in the kernel afterwards. Returns the exit
+    code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound
+    (after a signal, :func:`nftpolicy.agent.cli.main.main` exits with the signal's code instead)."""
+    setup_logging(args.log_format, args.log_level)
+    dataplane = NftDataplane(config.table, args.netns)
+    missing = dataplane.missing_features()
+    if missing:
+        for feature in missing:
+            log.error("nftables feature missing: %s", feature)
+        log.error("this kernel or libnftables cannot run nftpolicy; nothing was changed")
+        return 1
+    stop = threading.Event()
+    metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
+    metrics.registry.register(RuleCounters(dataplane))  # read from the kernel at each scrape
+    store = Store(metrics)
+    health.unlisted = store.unlisted
+    try:
+        server = serve_http(args.http_address, metrics, health)
+    except OSError as exc:
+        log.error("cannot serve HTTP on %s: %s", args.http_address, exc)
+        return 1
+
+    def shutdown(signum: int) -> None:
+        log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)
+        stop.set()
+        store.changed.set()
+
+    interrupts.guard().stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
+    if args.manifests:
+        ManifestsSource(store, args.manifests, stop).start()
+        source = f"manifests {args.manifests}"
+    else:
+        KubeSource(store, metrics, args.node, args.kubeconfig, args.api_timeout, args.watch_timeout, stop).start()
+        source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
+    log.info("nftpolicy %s agent for node %s: source %s, table inet %s, http %s:%d; settings: %s", version("nftpolicy"),
+             args.node, source, config.table, *server.server_address[:2], settings(args, config))
+    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
+    debug = None
+    try:  # a debugging aid: enforcement goes on without it
+        debug = start_debug(args.debug_address, reconciler) if args.debug_address else None
+    except OSError as exc:
+        log.warning("no debug endpoint: cannot serve %s: %s", args.debug_address, exc)
+    reconciler.run(stop)
+    server.shutdown()
+    if debug is not None:
+        debug.shutdown()
+    return 0

@@ -1,0 +1,182 @@
+"""The reconcile loop: cluster snapshot -> desired table -> one libnftables transaction (DESIGN.md section 4).
+
+* The first sync waits until every source has listed, and is a full replace (``add table``,
+  ``delete table``, everything) in one transaction: the old ruleset stays in force until the
+  new one is committed, so a restart opens no window.
+* Later syncs feed only the objects that changed to the node's renderer
+  (:class:`~nftpolicy.translators.noderender.NodeRenderer`) and commit only what that changed in
+  the model (set elements, sets, chains, dispatch map elements): the cost of a change is what it
+  touches, not the cluster. A full replace again on the resync timer and after any failure.
+* Changes are coalesced: two syncs are at least ``min_interval`` seconds apart.
+* A refused transaction leaves the kernel as it was; it is logged with libnftables' reason and
+  retried with exponential backoff (full replace).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from nftpolicy.translators import nft, nftchanges
+from nftpolicy.translators.noderender import NodeRenderer
+from nftpolicy.translators.rules import Config
+
+from nftpolicy.agent.dataplane import Dataplane, DataplaneError
+from .health import Health
+from .memory import gc_paused
+from .metrics import Metrics
+from nftpolicy.agent.dataplane.nftables import release_memory
+from .sources import Store
+
+log = logging.getLogger("nftpolicy.reconcile")
+Json = dict[str, Any]
+HEARTBEAT = 5.0
+MAX_RETRY_DELAY = 30.0
+
+
+def empty_table_reason(renderer: NodeRenderer, pod_chains: int) -> str | None:
+    """Why the table has no pod chain (None when it has ``pod_chains``): no running pod with an
+    address on the node, or no policy selects one of them."""
+    if pod_chains:
+        return None
+    local = renderer.local_pods()  # kept by the renderer: no walk over the cluster's pods per sync
+    if not local:
+        return f"no running pod with an IP address on node {renderer.node} ({len(renderer.pods)} pods in the cluster)"
+    return f"no NetworkPolicy selects any of the {local} pods on node {renderer.node}"
+
+
+class Reconciler:
+    """Keeps our table in ``dataplane`` equal to what ``store`` describes, for node ``node``
+    (``dataplane`` takes libnftables JSON batches: the kernel's or the in-memory fake's)."""
+
+    def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
+                 min_interval: float, resync_interval: float, dataplane: Dataplane[Json]) -> None:
+        self.store, self.config, self.node = store, config, node
+        self.metrics, self.health = metrics, health
+        self.min_interval, self.resync_interval = min_interval, resync_interval
+        self.dataplane = dataplane
+        # The model the kernel holds (None: unknown, the next sync replaces the table).
+        self.renderer: NodeRenderer | None = None
+        self.lock = threading.Lock()  # held by each sync: readers (the debug endpoint) see a committed model
+        self.failures = 0
+        self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
+
+    def _table_lost(self) -> bool:
+        """True when what we committed is no longer in the kernel: our table or its FORWARD base
+        chain is missing (a cheap look-up, done while idle)."""
+        return self.renderer is not None and not self.dataplane.has_table()
+
+    def _full_batch(self) -> tuple[Json, float | None, NodeRenderer]:
+        """Render the whole snapshot from scratch: the batch replaces the table."""
+        cluster, since = self.store.take()
+        with gc_paused():
+            renderer = NodeRenderer(self.node, self.config).load(cluster)
+            renderer.take_changes()  # the full replace carries everything
+            return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model(ordered=False))), since, renderer
+
+    def _incremental_batch(self) -> tuple[Json | None, float | None]:
+        """Feed the objects that changed to the renderer; the batch of what that changed (None:
+        nothing in the table changes)."""
+        assert self.renderer is not None
+        changes, since = self.store.take_changes()
+        for kind, key, obj in changes:
+            self.renderer.apply(kind, key, obj)
+        delta = self.renderer.take_changes()
+        return (nftchanges.changes_transaction(self.config, delta) if delta else None), since
+
+    def sync(self, full: bool) -> bool:
+        """Commit the changes since the last sync (everything when ``full``); True when the
+        kernel took them."""
+        with self.lock:
+            return self._sync(full)
+
+    def _sync(self, full: bool) -> bool:
+        started = time.monotonic()
+        batch: Json | None
+        if full or self.renderer is None:
+            mode = "full"
+            batch, since, renderer = self._full_batch()
+        else:
+            mode, renderer = "incremental", self.renderer
+            batch, since = self._incremental_batch()
+        if batch is None:
+            if since is not None:
+                self.metrics.event_to_kernel.observe(time.monotonic() - since)
+            return True
+        commands = len(batch["nftables"])
+        try:
+            self.dataplane.run(batch)
+        except (DataplaneError, OSError) as exc:
+            self.failures += 1
+            self.renderer = None  # the kernel's state is unknown: the next attempt is a full replace
+            self.metrics.sync_failures.labels(mode).inc()
+            if since is not None and self.store.pending_since is None:
+                self.store.pending_since = since  # still owed to the kernel
+            self.health.sync_failure = " ".join(str(exc).split())
+            log.error("sync failed, the kernel keeps the previous ruleset: %s", str(exc).strip(),
+                      extra={"mode": mode, "commands": commands})
+            return False
+        took = time.monotonic() - started
+        self.failures = 0
+        self.health.sync_failure = None
+        self.renderer = renderer
+        self.metrics.sync_duration.labels(mode).observe(took)
+        self.metrics.transaction_commands.labels(mode).observe(commands)
+        self.metrics.last_success.set(time.time())
+        counts = renderer.counts()
+        for kind, value in counts.items():
+            self.metrics.table_objects.labels(kind).set(value)
+        if since is not None:
+            self.metrics.event_to_kernel.observe(time.monotonic() - since)
+        if (why := empty_table_reason(renderer, counts["pod chains"])) != self.empty_reason and why:
+            log.info("the table isolates no pod: %s", why)
+        self.empty_reason = why
+        if mode == "full":
+            # The model lives long: collect once, then keep it out of later collections, whose
+            # pauses would otherwise dominate the sync latency tail; give freed memory back.
+            gc.collect()
+            gc.freeze()
+            release_memory()
+        changed = Counter(f"{verb} {next(iter(body))}" for c in batch["nftables"] for verb, body in c.items())
+        log.info("sync %s in %.1f ms: %s; table has %d pod chains, %d policy chains, %d sets, %d set elements", mode,
+                 took * 1000, ", ".join(f"{n} {what}" for what, n in sorted(changed.items())), counts["pod chains"],
+                 counts["policy chains"], counts["sets"], counts["elements"],
+                 extra={"mode": mode, "commands": commands, "duration_ms": round(took * 1000, 1)})
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until ``stop`` is set; rules are left in place when it ends."""
+        while not self.store.listed() and not stop.wait(0.05):
+            self.health.beat()
+        last_sync, last_full = float("-inf"), float("-inf")  # a full sync is due at once
+        retry_at: float | None = None
+        while not stop.is_set():
+            self.health.beat()
+            now = time.monotonic()
+            if retry_at is not None:
+                if now < retry_at:
+                    stop.wait(min(HEARTBEAT, retry_at - now))
+                    continue
+            else:
+                resync_at = last_full + self.resync_interval
+                if not self.store.changed.is_set() and now < resync_at:
+                    if not self.store.changed.wait(min(HEARTBEAT, resync_at - now)) and self._table_lost():
+                        log.warning("our table is gone or incomplete (another tool flushed the ruleset?): restoring it")
+                        self.renderer, retry_at = None, time.monotonic()
+                    continue
+                if now - last_sync < self.min_interval:  # coalesce a burst of changes
+                    stop.wait(min(HEARTBEAT, self.min_interval - (now - last_sync)))
+                    continue
+            full = self.renderer is None or now - last_full >= self.resync_interval
+            last_sync = time.monotonic()
+            if self.sync(full):
+                retry_at = None
+                self.health.ready = True
+                if full:
+                    last_full = last_sync
+            else:
+                retry_at = time.monotonic() + min(MAX_RETRY_DELAY, 0.5 * 2 ** (self.failures - 1))

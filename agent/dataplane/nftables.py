@@ -1,0 +1,241 @@
+"""libnftables: the one module that talks to the kernel's nftables (through Debian's python3-nftables).
+
+:class:`NftDataplane` commits libnftables JSON batches (libnftables-json(5)) inside one network
+namespace; the kernel takes each batch as one transaction: it lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import time
+from contextlib import nullcontext
+from typing import Any, Iterator
+
+import nftables
+import orjson
+
+from nftpolicy.translators import nft
+from nftpolicy.translators.rules import RuleModel
+
+from . import netns, DataplaneError
+
+Json = dict[str, Any]
+
+
+class NftError(DataplaneError):
+    """libnftables refused a batch; the kernel still holds the ruleset it had before."""
+
+
+# Each nft feature the ruleset needs, as a batch the kernel must accept (DESIGN.md section 2).
+FEATURE_PROBES = {
+    "inet family table with filter base chains (nf_tables, nf_tables_inet)":
+        "add chain inet {t} probe_0 {{ type filter hook forward priority 0; policy accept; }}",
+    "verdict maps (nft_lookup, nft_immediate)":
+        "add map inet {t} m {{ type ipv4_addr : verdict; }}\nadd chain inet {t} probe_1\nadd rule inet {t} probe_1 ip daddr vmap @m",
+    "interval sets (nft_set_rbtree)":
+        "add set inet {t} s {{ type ipv4_addr; flags interval; elements = {{ 10.0.0.0/8 }}; }}",
+    "concatenated sets (nft_set_hash)":
+        "add set inet {t} n {{ type ipv4_addr . inet_proto . inet_service; elements = {{ 10.0.0.1 . tcp . 80 }}; }}",
+    "fib expression (nft_fib_inet)": "add chain inet {t} probe_2\nadd rule inet {t} probe_2 fib saddr type local accept",
+    "conntrack state (nft_ct)": "add chain inet {t} probe_3\nadd rule inet {t} probe_3 ct state established,related accept",
+    "meta mark (nft_meta)": "add chain inet {t} probe_4\nadd rule inet {t} probe_4 meta mark set meta mark | 0x10000",
+    "reject (nft_reject_inet)": "add chain inet {t} probe_5\nadd rule inet {t} probe_5 meta l4proto tcp reject with tcp reset\nadd rule inet {t} probe_5 reject",
+    "rate limit and NFLOG (nft_limit, nft_log, nfnetlink_log)":
+        "add chain inet {t} probe_6\nadd rule inet {t} probe_6 limit rate 10/minute burst 10 packets log group 100",
+}
+FEATURE_TABLE = "nftpolicy-feature-check"
+NETLINK_NETFILTER = 12  # <linux/netlink.h>
+NFNLGRP_NFTRACE = 9  # <linux/netfilter/nfnetlink.h>: the group trace events are sent to
+MONITOR_START_TIMEOUT = 30.0  # seconds for ``monitor trace`` to join it
+
+
+def release_memory() -> None:
+    """Give the memory that a big commit freed back to the system (glibc ``malloc_trim(0)``):
+    libnftables' JSON parsing and netlink buffers otherwise keep the process at about twice its
+    model's size. A no-op where the C library has no malloc_trim."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+class NftDataplane:
+    """Our ``inet <table>`` through libnftables, inside network namespace ``netns`` (a name from
+    ``ip netns add``; None: this process's own). Only that table is ever named."""
+
+    def __init__(self, table: str, netns_name: str | None = None) -> None:
+        self.table, self.netns = table, netns_name
+
+    def __repr__(self) -> str:
+        return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
+
+    def _entered(self) -> Any:
+        return netns.entered(self.netns) if self.netns else nullcontext()
+
+    def run(self, batch: Json) -> None:
+        """Commit ``batch`` (``{"nftables": [...]}``); raises NftError with libnftables' reason."""
+        self._cmd(batch)
+
+    def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False) -> Json:
+        with self._entered():
+            ctx = nftables.Nftables()
+            ctx.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
+            ctx.set_terse_output(terse)  # lists leave set elements out
+            ctx.set_stateless_output(stateless)  # lists leave counter values out
+            rc, output, error = ctx.cmd(orjson.dumps(batch).decode())
+        if rc != 0:
+            raise NftError(str(error).strip() or f"libnftables returned {rc}")
+        return orjson.loads(output) if output else {}
+
+    def replace(self, model: RuleModel) -> None:
+        """Replace our table with ``model``'s (:func:`nft.full_transaction`: one transaction)."""
+        self.run(nft.full_transaction(model))
+
+    def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
+        """Our table's objects as the kernel lists them (``list table``; empty when absent).
+
+        ``stateless`` (the default) lists counters without their values (``{"counter": null}``,
+        as we render them), so a listing compares with a render whatever traffic passed;
+        ``terse`` leaves set elements out (the cost is then the rules', not the sets')."""
+        try:
+            listed = self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]}, terse, stateless)
+        except NftError:
+            return []
+        return [item for item in listed.get("nftables", []) if "metainfo" not in item]
+
+    def counted_rules(self) -> list[Json]:
+        """The ``rule`` bodies of our table that hold a counter, with its packets and bytes, as
+        the kernel lists them now (a terse list: no set element is read); empty when the table
+        is absent."""
+        rules = (item["rule"] for item in self.listing(terse=True, stateless=False) if "rule" in item)
+        return [r for r in rules if any("counter" in e for e in r.get("expr", ()))]
+
+    def has_table(self) -> bool:
+        """True while our table and its FORWARD base chain are there (a cheap look-up)."""
+        probe = {"nftables": [{"list": {"chain": {"family": "inet", "table": self.table, "name": "KUBE-ROUTER-FORWARD"}}}]}
+        try:
+            self._cmd(probe)
+        except (NftError, OSError):
+            return False
+        return True
+
+    def remove(self) -> bool:
+        """Delete ``inet <table>`` if it exists; True if it did. No other table is listed or changed."""
+        try:
+            self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]})
+        except NftError:
+            return False
+        self.run({"nftables": [{"delete": {"table": {"family": "inet", "name": self.table}}}]})
+        return True
+
+    def missing_features(self) -> list[str]:
+        """The features of :data:`FEATURE_PROBES` that this kernel and libnftables refuse, each
+        with libnftables' reason. Every probe is a dry run (``nft --check``): nothing is committed."""
+        missing = []
+        with self._entered():
+            for feature, commands in FEATURE_PROBES.items():
+                ctx = nftables.Nftables()
+                ctx.set_dry_run(True)
+                rc, _, error = ctx.cmd(f"add table inet {FEATURE_TABLE}\n" + commands.format(t=FEATURE_TABLE))
+                if rc != 0:
+                    missing.append(f"{feature}: {error.strip().splitlines()[0] if error.strip() else rc}")
+        return missing
+
+
+class TraceMonitor:
+    """libnftables' ``monitor trace`` inside network namespace ``netns_name`` (None: ours), run
+    in a child process (context manager) whose output :meth:`lines` reads.
+
+    libnftables 1.0.6 prints trace events as text lines, also with JSON output on:
+    ``trace id <id> inet <table> <chain> rule <rule> comment "<comment>" (verdict <verdict>)``,
+    ``... policy accept``, ``... packet: <headers>``. The python3-nftables bindings buffer a
+    command's output until it ends, which ``monitor`` never does, so the child unbuffers its
+    context (libnftables then writes each event to stdout, a pipe to this process, flushed per
+    event). The child dies with this process (``PR_SET_PDEATHSIG``) and on :meth:`__exit__`.
+
+    :meth:`__enter__` returns once the child's netfilter netlink socket has joined the trace group
+    (``NFNLGRP_NFTRACE``, seen in the ``Groups`` column of ``/proc/<child>/net/netlink``, the
+    child's namespace's list): from then on the kernel queues every trace event for it, so a
+    packet sent after it is reported whole. Raises NftError when the child ends first or has not
+    joined within :data:`MONITOR_START_TIMEOUT` seconds.
+    """
+
+    def __init__(self, netns_name: str | None = None) -> None:
+        self.netns = netns_name
+        self.pid = 0
+        self._read = -1
+        self._pending = b""
+
+    def __enter__(self) -> "TraceMonitor":
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            try:
+                os.close(read)
+                os.dup2(write, 1)
+                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+                with netns.entered(self.netns) if self.netns else nullcontext():
+                    ctx = nftables.Nftables()
+                    ctypes.CDLL("libnftables.so.1").nft_ctx_unbuffer_output(ctypes.c_void_p(ctx._Nftables__ctx))
+                    ctx.cmd("monitor trace")
+            finally:
+                os._exit(1)
+        os.close(write)
+        self.pid, self._read = pid, read
+        try:
+            self._wait_listening()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + MONITOR_START_TIMEOUT
+        while not self._listening():
+            if os.waitpid(self.pid, os.WNOHANG) != (0, 0):
+                self.pid = 0
+                os.close(self._read)
+                raise NftError("monitor trace ended before it listened")
+            if time.monotonic() > deadline:
+                raise NftError(f"monitor trace did not listen within {MONITOR_START_TIMEOUT:g} s")
+            time.sleep(0.01)
+
+    def _listening(self) -> bool:
+        """True once a netfilter netlink socket of the child has joined NFNLGRP_NFTRACE."""
+        inodes = set()
+        with contextlib.suppress(FileNotFoundError):
+            for fd in os.listdir(f"/proc/{self.pid}/fd"):
+                with contextlib.suppress(FileNotFoundError):
+                    link = os.readlink(f"/proc/{self.pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(int(link[8:-1]))
+        try:
+            with open(f"/proc/{self.pid}/net/netlink") as table:
+                rows = [line.split() for line in table.readlines()[1:]]
+        except FileNotFoundError:
+            return False
+        # columns: sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode; Groups: bit n-1 is group n
+        return any(int(r[1]) == NETLINK_NETFILTER and int(r[3], 16) >> (NFNLGRP_NFTRACE - 1) & 1 and int(r[9]) in inodes
+                   for r in rows)
+
+    def lines(self, timeout: float) -> Iterator[str]:
+        """The monitor's lines as they come, until ``timeout`` seconds pass without one."""
+        while True:
+            while b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                yield line.decode(errors="replace")
+            ready, _, _ = select.select([self._read], [], [], timeout)
+            chunk = os.read(self._read, 65536) if ready else b""
+            if not chunk:
+                return
+            self._pending += chunk
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            os.close(self._read)
+            self.pid = 0
