@@ -469,7 +469,10 @@ status: {podIP: 10.244.0.6}
 ---
 kind: Service
 metadata: {name: front, namespace: demo}
-spec: {selector: {app: web}, ports: [{name: web, port: 80, targetPort: http}, {name: stats, port: 81, targetPort: 9090}]}
+spec:
+  selector: {app: web}
+  ports: [{name: dns, port: 53, protocol: UDP}, {name: web, port: 80, targetPort: http}, {name: stats, port: 81, targetPort: 9090},
+          {name: dns-tcp, port: 53}]
 """
 
 
@@ -479,6 +482,8 @@ spec: {selector: {app: web}, ports: [{name: web, port: 80, targetPort: http}, {n
     ("demo/front", "web", "TCP/8080"),  # a Service port's name, as its targetPort
     ("demo/front", "TCP/stats", "TCP/9090"),
     ("demo/front", "81", "TCP/9090"),  # a Service port's number, as before
+    ("demo/front", "53", "TCP/53"),  # a number alone is TCP, a name any protocol
+    ("demo/front", "dns", "UDP/53"),
 ])
 def test_explain_takes_a_named_port_of_a_pod_or_of_a_service(tmp_path, to, port, answer):
     (tmp_path / "s.yaml").write_text(SERVICE_WITH_NAMES)
@@ -486,9 +491,12 @@ def test_explain_takes_a_named_port_of_a_pod_or_of_a_service(tmp_path, to, port,
     assert (out.returncode, out.stdout.splitlines()[0]) == (0, f"ALLOWED  demo/client -> demo/web {answer}"), out.stderr
 
 
+FRONT_PORTS = "dns UDP/53, web TCP/80, stats TCP/81, dns-tcp TCP/53"
+
+
 @pytest.mark.parametrize(("to", "port", "error"), [
-    ("demo/front", "http", "--port http: not a port of Service demo/front (its ports: web TCP/80, stats TCP/81)"),
-    ("demo/front", "udp/web", "--port udp/web: not a port of Service demo/front (its ports: web TCP/80, stats TCP/81)"),
+    ("demo/front", "http", f"--port http: not a port of Service demo/front (its ports: {FRONT_PORTS})"),
+    ("demo/front", "udp/web", f"--port udp/web: not a port of Service demo/front (its ports: {FRONT_PORTS})"),
     ("demo/web", "web", "--port web: demo/web has no container port of that name (its named ports: http (TCP/8080), metrics (TCP/9090))"),
 ])
 def test_explain_refuses_a_port_name_the_destination_does_not_have(tmp_path, to, port, error):

@@ -127,7 +127,9 @@ def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) ->
     targets = []
     for text in ports:
         protocol, _, port = text.rpartition("/")
-        found = [p for p in service.ports if port in (str(p.port), p.name) and protocol.upper() in ("", p.protocol)]
+        protocol = protocol.upper() or ("TCP" if port.isdigit() else "")  # a number alone is TCP; a name is unique
+        found = [p for p in service.ports if (int(port) == p.port if port.isdigit() else port == p.name)
+                 and protocol in ("", p.protocol)]
         if not found:
             known = ", ".join(f"{p.name + ' ' if p.name else ''}{p.protocol}/{p.port}" for p in service.ports) or "none"
             raise UsageError(f"--port {text}: not a port of Service {service.ref} (its ports: {known})")
