@@ -50,6 +50,10 @@ _FIELDS = {
 }
 
 
+class UnsupportedPeer(InvalidField):
+    """A peer the CRD accepts and nftpolicy does not enforce (``nodes``, ``domainNames``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterPeer:
     """One ``from``/``to`` peer: exactly one of ``namespaces`` (every pod of the namespaces it
@@ -189,7 +193,7 @@ def _peer(value: Any, path: str, direction: Direction) -> ClusterPeer:
         return ClusterPeer(pods=_namespaced_pods(entry[kind], where))
     if kind == "networks":
         return ClusterPeer(networks=_networks(entry[kind], where))
-    raise InvalidField(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks)")
+    raise UnsupportedPeer(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks)")
 
 
 def _port_number(value: Any, path: str) -> int:

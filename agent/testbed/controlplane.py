@@ -44,7 +44,7 @@ from nftpolicy.translators.errors import OneLineError
 from nftpolicy.agent import interrupts
 from nftpolicy.agent.dataplane.netns import run_tag
 
-REPO_TOOLS = Path(__file__).resolve().parents[2] / ".tools" / "bin"  # agent/testbed/ -> the repository
+REPO_TOOLS = Path(__file__).resolve().parents[2] / ".tools" / "bin"
 SERVICE_CIDR = "10.96.0.0/12"
 ADMIN_GROUP = "system:masters"
 # The image of sandbox pods: no kubelet ever pulls it, but the API requires one.
