@@ -31,7 +31,7 @@ from nftpolicy.translators.workloads import Service, place_pods, services_from
 
 from nftpolicy.agent.cli.flags import UsageError, config_from
 from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
-from . import Manifests, read_manifests, report_skipped
+from . import Manifests, plural, read_manifests, report_skipped
 
 AGENT_TIMEOUT = 5.0
 
@@ -118,20 +118,23 @@ def connections(enforcement: Enforcement, source: str, destination: str, ports: 
 
 def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) -> tuple[list[str], list[str]]:
     """``--to`` naming a Service: the pods it selects (keys, sorted) and the ports to ask about:
-    each ``--port`` that is one of the Service's ports as its targetPort (a number or a name),
-    or, without ``--port``, every targetPort. Says so in one line; raises UsageError."""
+    each ``--port`` that is one of the Service's ports, by number or by name (``[PROTO/]PORT``,
+    ``[PROTO/]NAME``), as its targetPort (a number or a container port's name), or, without
+    ``--port``, every targetPort. Says so in one line; raises UsageError."""
     selected = sorted(key for key, pod in cluster.pods.items() if pod.ips and service.selects(pod))
     if not selected:
         raise UsageError(f"--to {service.ref}: the Service selects no pod with an address")
-    by_port: dict[tuple[str, int | None], str] = {(protocol, number): f"{protocol}/{target}" for protocol, number, target in service.ports}
     targets = []
     for text in ports:
-        protocol, number = parse_port(text)
-        if (protocol, number) not in by_port:
-            known = ", ".join(f"{p}/{n}" for p, n in by_port) or "none"
+        protocol, _, port = text.rpartition("/")
+        protocol = protocol.upper() or ("TCP" if port.isdigit() else "")  # a number alone is TCP; a name is unique
+        found = [p for p in service.ports if (int(port) == p.port if port.isdigit() else port == p.name)
+                 and protocol in ("", p.protocol)]
+        if not found:
+            known = ", ".join(f"{p.name + ' ' if p.name else ''}{p.protocol}/{p.port}" for p in service.ports) or "none"
             raise UsageError(f"--port {text}: not a port of Service {service.ref} (its ports: {known})")
-        targets.append(by_port[(protocol, number)])
-    targets = targets or list(by_port.values())
+        targets.append(f"{found[0].protocol}/{found[0].target}")
+    targets = targets or [f"{p.protocol}/{p.target}" for p in service.ports]
     shown = ", ".join(selected[:3]) + (f" and {len(selected) - 3} more" if len(selected) > 3 else "")
     print(f"nftpolicy: --to {service.ref} is a Service: its pods {shown}; target ports {', '.join(targets) or '(none)'}",
           file=sys.stderr)
@@ -191,6 +194,6 @@ def with_addresses(cluster: Cluster) -> Cluster:
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     placed = place_pods(cluster.pods.values(), families=families)
     shown = ", ".join(f"{key} {' '.join(placed[key].ips)}" for key in bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
-    print(f"nftpolicy: {len(bare)} pod{'s' if len(bare) > 1 else ''} without status.podIP get the sandbox's addresses: {shown}",
-          file=sys.stderr)
+    print(f"nftpolicy: {len(bare)} {plural(len(bare), 'pod without status.podIP gets', 'pods without status.podIP get')} "
+          f"the sandbox's addresses: {shown}", file=sys.stderr)
     return dataclasses.replace(cluster, pods={**cluster.pods, **{key: placed[key] for key in bare}})
