@@ -149,9 +149,9 @@ def test_the_iptables_variant_declines_cluster_policies():
     cluster, _ = build_cluster(("t", o) for o in [*PODS, cnp("deny-y", "Admin", 1, ingress=[{"action": "Deny", "from": FROM_Y}])])
     model = build_rule_model(cluster, "n1", CONFIG)
     with pytest.raises(iptables.Unsupported, match=r"^the iptables variant does not enforce ClusterNetworkPolicy .*deny-y selects pods of this node"):
-        iptables.to_restore(model)
+        iptables.to_restore(layout.table(model))
     with pytest.raises(iptables.Unsupported):
-        iptables.to_ipset(model)
+        iptables.to_ipset(layout.table(model))
 
 
 def test_the_three_marks_must_be_different_bits(capsys):

@@ -267,13 +267,15 @@ class VerdictMap:
 class Table:
     """Our whole table for one node, objects in dependency order: sets, then chains (common,
     default, policy chains, ClusterNetworkPolicy tier chains, pod chains, base chains); the maps
-    name pod chains."""
+    name pod chains. ``cluster_policies``: the ClusterNetworkPolicies that have tier chains here
+    (by name, sorted; the iptables variant declines them)."""
 
     name: str
     priority: int
     sets: tuple[AddressSet, ...]
     chains: tuple[Chain, ...]
     maps: tuple[VerdictMap, ...]
+    cluster_policies: tuple[str, ...] = ()
 
 
 # ---- the decisions ------------------------------------------------------------------------------
@@ -517,4 +519,5 @@ def table(model: RuleModel) -> Table:
     chains += [tier_chain(c, chain) for chain in model.tier_chains]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
     chains += base_chains(c)
-    return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains))
+    return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains),
+                 tuple(sorted({chain.policy for chain in model.tier_chains})))

@@ -34,9 +34,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from nftpolicy.translators import layout, nft
+from nftpolicy.translators import layout
 from nftpolicy.translators.model import family_of
 from nftpolicy.translators.rules import Config
+from nftpolicy.translators.transaction import ChainRule, Transaction
 from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
 
 from nftpolicy.agent.cli.flags import LOWEST_PRIORITY, UsageError, check_exists, config_from
@@ -107,9 +108,11 @@ def remove_stale(dataplane: NftDataplane) -> list[str]:
             guard.close()
             stale += [c for c in chains if layout.trace_token(c) == token]
     for name in stale:
-        ref = {"family": "inet", "table": dataplane.table, "name": name}
+        removing = Transaction(dataplane.table, 0)
+        removing.flush(layout.Chain(name, ()))
+        removing.delete(layout.Chain(name, ()))
         with contextlib.suppress(NftError):
-            dataplane.run({"nftables": [{"flush": {"chain": ref}}, {"delete": {"chain": ref}}]})
+            dataplane.run(removing)
     return stale
 
 
@@ -124,15 +127,24 @@ def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
         if stale:
             print(f"removed {len(stale)} chains of a trace that ended without cleaning up: {' '.join(stale)}", file=sys.stderr)
         chains = layout.trace_chains(token, conn.source, conn.destination, conn.protocol, conn.port)
-        objects = [o for c in chains for o in nft.chain_json(config.table, config.priority - 1, c)]
-        dataplane.run({"nftables": [{"add": o} for o in objects]})
+        adding = Transaction(config.table, config.priority - 1)  # hooked just before our base chains
+        for chain in chains:
+            adding.add(chain)
+            for rule in chain.rules:
+                adding.add(ChainRule(chain.name, rule))
+        dataplane.run(adding)
         try:
             yield token
         finally:
             listed = {o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o}
-            refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains if c.name in listed]
-            if refs:
-                dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
+            left = [c for c in chains if c.name in listed]
+            if left:
+                removing = Transaction(config.table, config.priority - 1)
+                for chain in left:
+                    removing.flush(chain)
+                for chain in left:
+                    removing.delete(chain)
+                dataplane.run(removing)
 
 
 def follow(lines: Iterable[str], table: str, token: str, comments: dict[int, str], owners: dict[str, str]) -> list[Step]:
