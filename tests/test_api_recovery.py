@@ -37,6 +37,7 @@ from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
 from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.agent.daemon.store import KINDS, Store
+from nftpolicy.translators import transaction
 from nftpolicy.translators.noderender import build_rule_model
 
 from .agentenv import AgentEnv, RealApi
@@ -163,7 +164,7 @@ class Kernel:
         store = Store(Metrics())
         for kind in KINDS:
             store.replace(kind, objects.get(kind, []))
-        self.reference.replace(build_rule_model(store.take()[0], "node1"))
+        self.reference.run(transaction.full(build_rule_model(store.take()[0], "node1")))
         return normalized(self.reference.listing())
 
     def converged(self, expected: object, since: float, timeout: float = 60.0) -> float:
