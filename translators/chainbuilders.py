@@ -1,6 +1,7 @@
-"""The policy chains of the rule model: a NetworkPolicy's ``KUBE-NWPLCY-<hash>`` and a
+"""The chains of the rule model, built: a NetworkPolicy's ``KUBE-NWPLCY-<hash>`` and a
 ClusterNetworkPolicy's tier chain (``KUBE-ANP-<hash>`` for the Admin tier, ``KUBE-BANP-<hash>``
-for the Baseline tier), one per policy and direction, built the same way.
+for the Baseline tier), one per policy and direction, built the same way; and a local pod's
+``KUBE-POD-FW-<hash>``, which jumps to them.
 
 What such a chain says depends only on the policy (and the address families in use): one
 :class:`~nftpolicy.translators.rules.MatchRule` per (peer, port) of each policy rule, whose peers
@@ -23,7 +24,7 @@ match as well); a NetworkPolicy port names its protocol, a ClusterNetworkPolicy
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .model import (
     PROTOCOLS,
@@ -35,11 +36,12 @@ from .model import (
     IPBlock,
     NetworkPolicy,
     Peer,
+    Pod,
     PolicyRule,
     Protocol,
     family_of,
 )
-from .rules import MatchRule, PolicyChain, PortMatch, RuleOrigin, TierChain, comment, hashed_name
+from .rules import MatchRule, PodChain, PolicyChain, PortMatch, RuleOrigin, TierChain, address_order, comment, hashed_name
 from .selectors import ALL, LabelSelector, canonical_selector
 from .setstore import Scope, SetKey
 
@@ -70,6 +72,27 @@ def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tu
         rules.extend(MatchRule(*match, origin, text) for match in found)
     name = hashed_name("KUBE-NWPLCY-", policy.namespace, policy.name, direction)
     return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"))
+
+
+def build_pod_chain(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction, list[str]],
+                    tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> PodChain:
+    """The ``KUBE-POD-FW-<hash>`` chain of local pod ``pod`` for its addresses ``ips`` (those
+    that dispatch to it): ``policies``, the policy chains of each direction whose policy selects
+    it (a direction absent: no NetworkPolicy isolates it); ``tiers``, the tier chains by pod
+    chain field (``admin_ingress``, ...) in evaluation order; ``tier_policy``: tier chain ->
+    its ClusterNetworkPolicy."""
+    ingress, egress = policies.get("ingress"), policies.get("egress")
+    return PodChain(name=hashed_name("KUBE-POD-FW-", pod.namespace, pod.name), pod=pod.key,
+                    ips=tuple(sorted(set(ips), key=address_order)),
+                    ingress=tuple(sorted(ingress)) if ingress is not None else None,
+                    egress=tuple(sorted(egress)) if egress is not None else None,
+                    comment=comment(f"{pod.key} pod"),
+                    admin_ingress=tuple(tiers.get("admin_ingress", ())),
+                    admin_egress=tuple(tiers.get("admin_egress", ())),
+                    # the Baseline tier only where no NetworkPolicy isolates the pod
+                    baseline_ingress=tuple(tiers.get("baseline_ingress", ())) if ingress is None else (),
+                    baseline_egress=tuple(tiers.get("baseline_egress", ())) if egress is None else (),
+                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in tiers.values() for n in v})))
 
 
 def tier_chain_name(policy: ClusterNetworkPolicy, direction: Direction) -> str:

@@ -20,9 +20,8 @@ the pod chains of its namespace.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-from .chainbuilders import build_policy_chain
 from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Pod
 from .rules import (
     FAMILIES,
@@ -31,19 +30,13 @@ from .rules import (
     Changes,
     Config,
     PodChain,
-    PolicyChain,
     RuleModel,
-    address_order,
-    comment,
-    hashed_name,
     owner_of,
 )
-from .selectors import Labels
-from .setstore import SelectorSets, SetKey
+from .setstore import SelectorSets
+from .chainbuilders import build_pod_chain
+from .policychains import PolicyChains
 from .tierchains import TierChains
-
-DIRECTIONS: tuple[Direction, ...] = ("ingress", "egress")
-
 
 class NodeRenderer:
     """The rule model of ``node`` (None: every pod counts as local), updated object by object.
@@ -55,19 +48,16 @@ class NodeRenderer:
         self.node, self.config = node, config
         self.namespaces: dict[str, Namespace] = {}
         self.pods: dict[str, Pod] = {}
-        self.policies: dict[str, NetworkPolicy] = {}
         self.sets = SelectorSets(self._is_local, self.namespace_labels)
         self._family_pods: Counter[Family] = Counter()
         self.families: tuple[Family, ...] = ("ipv4",)
         self._local: dict[str, dict[str, Pod]] = {}  # namespace -> local pods that count
-        self._policies_in: dict[str, set[str]] = {}
-        self._local_targets: Counter[str] = Counter()  # policy key -> local pods it selects
         # the model, and the chains changed since take_changes (name -> the chain before, None: absent)
-        self._policy_chains: dict[tuple[str, str], tuple[PolicyChain, list[SetKey]]] = {}
+        self._chains_before: dict[str, AnyChain | None] = {}
+        self.policies = PolicyChains(self.sets, self._chains_before)
+        self.tiers = TierChains(self.sets, self._chains_before, self.namespace_labels)
         self._pod_chains: dict[str, PodChain] = {}
         self._pod_chains_stale = False
-        self._chains_before: dict[str, AnyChain | None] = {}
-        self.tiers = TierChains(self.sets, self._chains_before, self.namespace_labels)
 
     # ---- inputs --------------------------------------------------------------------------
 
@@ -79,10 +69,10 @@ class NodeRenderer:
         render), the loaded model is where changes start: :meth:`take_changes` reports what
         changes after the load (a full replace carries the whole model anyway).
         """
-        empty = not (self.namespaces or self.pods or self.policies or self.tiers.policies or self.sets.known_namespaces)
+        empty = not (self.namespaces or self.pods or self.policies.policies or self.tiers.policies or self.sets.known_namespaces)
         for name, ns in cluster.namespaces.items():
             self.set_namespace(name, ns)
-        if self.policies or self.tiers.policies:
+        if self.policies.policies or self.tiers.policies:
             for key, pod in cluster.pods.items():
                 self.set_pod(key, pod)
         else:
@@ -100,32 +90,15 @@ class NodeRenderer:
     def _index_pods(self, pods: Mapping[str, Pod]) -> None:
         """What :meth:`set_pod` does for new pods, when there are no sets and no policies."""
         self.pods.update(pods)
-        v4 = v6 = 0
-        groups: dict[Labels, dict[str, Pod]] = {}
-        namespace = None
-        for key, pod in pods.items():
-            if not pod.enforceable:
-                continue
-            if pod.namespace != namespace:
-                namespace = pod.namespace
-                if namespace not in self.sets.known_namespaces:
-                    self.set_namespace(namespace, None)
-                groups = self.sets.groups.setdefault(namespace, {})
-            group = groups.get(pod.labels)
-            if group is None:
-                group = groups[pod.labels] = {}
-            group[key] = pod
-            if len(pod.ips) == 1:
-                if ":" in pod.ips[0]:
-                    v6 += 1
-                else:
-                    v4 += 1
-            else:
-                v4 += any(":" not in ip for ip in pod.ips)
-                v6 += any(":" in ip for ip in pod.ips)
+        counting = [(key, pod) for key, pod in pods.items() if pod.enforceable]
+        for namespace in dict.fromkeys(pod.namespace for _, pod in counting):
+            if namespace not in self.sets.known_namespaces:
+                self.set_namespace(namespace, None)
+        self.sets.index(counting)
+        self._family_pods.update(_family_counts(pod for _, pod in counting))
+        for key, pod in counting:
             if self.node is None or pod.node == self.node:
-                self._local.setdefault(namespace, {})[key] = pod
-        self._family_pods.update({"ipv4": v4, "ipv6": v6})
+                self._local.setdefault(pod.namespace, {})[key] = pod
         self._pod_chains_stale = True
         self.families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
 
@@ -187,24 +160,15 @@ class NodeRenderer:
         families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
         if families != self.families:
             self.families = families
-            for policy_key in list(self.policies):
-                self._render_policy(policy_key)
+            for policy_key in list(self.policies.policies):
+                self.policies.render(policy_key, families)
             self.tiers.drop(list(self.tiers.chains))
             self._pod_chains_stale = True
 
     def set_policy(self, key: str, policy: NetworkPolicy | None) -> None:
         """A NetworkPolicy was added or changed (None: deleted)."""
-        old = self.policies.pop(key, None)
-        if old is not None:
-            self._policies_in[old.namespace].discard(key)
-        if policy is not None:
-            self.policies[key] = policy
-            self._policies_in.setdefault(policy.namespace, set()).add(key)
-            self._local_targets[key] = sum(1 for p in self._local.get(policy.namespace, {}).values()
-                                           if policy.pod_selector.matches(p.labels))
-        else:
-            self._local_targets.pop(key, None)
-        self._render_policy(key)
+        namespace = policy.namespace if policy is not None else None
+        self.policies.set_policy(key, policy, self._local.get(namespace, {}).values() if namespace else (), self.families)
         self._pod_chains_stale = True
 
     def set_cluster_policy(self, key: str, policy: ClusterNetworkPolicy | None) -> None:
@@ -223,7 +187,7 @@ class NodeRenderer:
         return RuleModel(
             config=self.config,
             sets=tuple(sorted(self.sets.address_sets(ordered), key=lambda s: s.name)),
-            policy_chains=tuple(sorted((c for c, _ in self._policy_chains.values()), key=lambda c: c.name)),
+            policy_chains=tuple(sorted((c for c, _ in self.policies.chains.values()), key=lambda c: c.name)),
             pod_chains=tuple(sorted(self._pod_chains.values(), key=lambda c: c.name)),
             tier_chains=tuple(sorted((c for c, _ in self.tiers.chains.values()), key=lambda c: c.name)),
         )
@@ -233,7 +197,7 @@ class NodeRenderer:
         and ``pod chains``."""
         self._refresh_pod_chains()
         sets, elements = self.sets.counts()
-        return {"sets": sets, "elements": elements, "policy chains": len(self._policy_chains), "pod chains": len(self._pod_chains)}
+        return {"sets": sets, "elements": elements, "policy chains": len(self.policies.chains), "pod chains": len(self._pod_chains)}
 
     def local_pods(self) -> int:
         """How many pods that count (running, with an address, not hostNetwork) run on the node."""
@@ -261,7 +225,7 @@ class NodeRenderer:
     # ---- chains --------------------------------------------------------------------------
 
     def _chains(self) -> dict[str, AnyChain]:
-        chains: dict[str, AnyChain] = {c.name: c for c, _ in self._policy_chains.values()}
+        chains: dict[str, AnyChain] = {c.name: c for c, _ in self.policies.chains.values()}
         chains.update((c.name, c) for c, _ in self.tiers.chains.values())
         chains.update(self._pod_chains)
         return chains
@@ -283,33 +247,7 @@ class NodeRenderer:
         else:
             local.pop(key, None)
         self._pod_chains_stale = True
-        for policy_key in list(self._policies_in.get(namespace, ())):
-            selector = self.policies[policy_key].pod_selector
-            step = int(now is not None and selector.matches(now.labels)) - int(was is not None and selector.matches(was.labels))
-            if step:
-                before = self._local_targets[policy_key]
-                self._local_targets[policy_key] = before + step
-                if (before == 0) != (before + step == 0):
-                    self._render_policy(policy_key)
-
-    def _render_policy(self, key: str) -> None:
-        """(Re)build the chains of policy ``key``: they exist while it selects a local pod."""
-        policy = self.policies.get(key)
-        for direction in DIRECTIONS:
-            old = self._policy_chains.pop((key, direction), None)
-            chain = None
-            if policy is not None and direction in policy.policy_types and self._local_targets[key] > 0:
-                keys: list[SetKey] = []
-                chain = build_policy_chain(policy, direction, self.families, keys)
-                for set_key in keys:  # acquired before the old ones are released: shared sets stay
-                    self.sets.acquire(set_key)
-                self._policy_chains[(key, direction)] = (chain, keys)
-            if old is not None:
-                for set_key in old[1]:
-                    self.sets.release(set_key)
-            name = old[0].name if old is not None else chain.name if chain is not None else None
-            if name is not None and name not in self._chains_before:
-                self._chains_before[name] = old[0] if old is not None else None
+        self.policies.local_pod_changed(namespace, was, now, self.families)
 
     def _refresh_pod_chains(self) -> None:
         """Pod chains of the local pods: which policy chains each direction jumps to."""
@@ -324,28 +262,12 @@ class NodeRenderer:
         for pod in sorted(local, key=lambda p: (p.phase != "Running", p.key)):
             ips = tuple(ip for ip in pod.ips if ip not in dispatched)
             dispatched.update(pod.ips)
-            selecting: dict[str, list[str]] = {}
-            for policy_key in self._policies_in.get(pod.namespace, ()):
-                if self.policies[policy_key].pod_selector.matches(pod.labels):
-                    for direction in DIRECTIONS:
-                        entry = self._policy_chains.get((policy_key, direction))
-                        if entry is not None:
-                            selecting.setdefault(direction, []).append(entry[0].name)
+            selecting = self.policies.selecting(pod)
             pod_tiers = tiers.get(pod.key, {})
             if not (selecting or pod_tiers) or not ips:
                 continue  # not isolated in either direction: nothing to enforce
-            name = hashed_name("KUBE-POD-FW-", pod.namespace, pod.name)
-            ingress, egress = selecting.get("ingress"), selecting.get("egress")
-            chains[name] = PodChain(name=name, pod=pod.key, ips=tuple(sorted(set(ips), key=address_order)),
-                                    ingress=tuple(sorted(ingress)) if ingress is not None else None,
-                                    egress=tuple(sorted(egress)) if egress is not None else None,
-                                    comment=comment(f"{pod.key} pod"),
-                                    admin_ingress=tuple(pod_tiers.get("admin_ingress", ())),
-                                    admin_egress=tuple(pod_tiers.get("admin_egress", ())),
-                                    # the Baseline tier only where no NetworkPolicy isolates the pod
-                                    baseline_ingress=tuple(pod_tiers.get("baseline_ingress", ())) if ingress is None else (),
-                                    baseline_egress=tuple(pod_tiers.get("baseline_egress", ())) if egress is None else (),
-                                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in pod_tiers.values() for n in v})))
+            chain = build_pod_chain(pod, ips, selecting, pod_tiers, tier_policy)
+            chains[chain.name] = chain
         if self.tiers.chains:  # tier chains that no pod chain jumps to go
             jumped = {n for c in chains.values() for n in (*c.admin_ingress, *c.admin_egress, *c.baseline_ingress, *c.baseline_egress)}
             self.tiers.drop([k for k, (c, _) in self.tiers.chains.items() if c.name not in jumped])
@@ -353,6 +275,21 @@ class NodeRenderer:
             if self._pod_chains.get(name) != chains.get(name) and name not in self._chains_before:
                 self._chains_before[name] = self._pod_chains.get(name)
         self._pod_chains = chains
+
+
+def _family_counts(pods: Iterable[Pod]) -> dict[Family, int]:
+    """How many of ``pods`` have an address of each family (a dual-stack pod counts in both)."""
+    v4 = v6 = 0
+    for pod in pods:
+        if len(pod.ips) == 1:  # the common case, without a generator per pod
+            if ":" in pod.ips[0]:
+                v6 += 1
+            else:
+                v4 += 1
+        else:
+            v4 += any(":" not in ip for ip in pod.ips)
+            v6 += any(":" in ip for ip in pod.ips)
+    return {"ipv4": v4, "ipv6": v6}
 
 
 def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config()) -> RuleModel:

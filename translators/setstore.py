@@ -218,6 +218,21 @@ class SelectorSets:
                     self._count(set_key, old, -1)
                     self._count(set_key, new, 1)
 
+    def index(self, pods: Iterable[tuple[str, Pod]]) -> None:
+        """Add new pods that count (``(key, pod)``, of known namespaces) while no set exists:
+        :meth:`pod_changed` without the sets, which would have no element to count."""
+        assert not self._sets
+        groups: dict[Labels, dict[str, Pod]] = {}
+        namespace = None
+        for key, pod in pods:
+            if pod.namespace != namespace:
+                namespace = pod.namespace
+                groups = self.groups.setdefault(namespace, {})
+            group = groups.get(pod.labels)
+            if group is None:
+                group = groups[pod.labels] = {}
+            group[key] = pod
+
     def pods_of(self, namespace: str, selector: LabelSelector | None) -> Iterator[Pod]:
         """The pods that count of ``namespace`` whose labels ``selector`` matches (None: all)."""
         for labels, group in self.groups.get(namespace, {}).items():
