@@ -2,7 +2,7 @@
 one line on stderr, no traceback, exit 130 (SIGINT) or 143 (SIGTERM) (128 + the signal number, as
 a shell reports a process a signal ended), and what it made removed.
 
-* :class:`Guard` (installed by :func:`install`, which :mod:`nftpolicy.agent.cli` calls first)
+* :class:`Guard` (installed by :func:`install`, which :mod:`nftpolicy.agent.cli.main` calls first)
   handles both signals. The first one raises :class:`Interrupted` in the main thread, so every
   ``with`` and ``finally`` on the way out removes what it made; while an asyncio loop runs (the
   sandbox's probes) it cancels the loop's tasks instead (an exception raised inside asyncio's own
@@ -241,31 +241,3 @@ def raise_pending() -> None:
 def deferred() -> contextlib.AbstractContextManager[None]:
     """:meth:`Guard.deferred` of the process's guard (around imports)."""
     return _guard.deferred()
-
-
-def run() -> None:
-    """The ``nftpolicy`` console script: install the guard before the command line's imports, run
-    :func:`nftpolicy.agent.cli.main`, remove any leftover that an interrupt cut short, exit with
-    the command's code (or the signal's)."""
-    install()
-    try:
-        with _guard.deferred():  # after the handlers: a signal during the imports is handled too
-            from .cli import main
-        code = main()
-    except KeyboardInterrupt:  # the guard's, raised before main() could catch it
-        code = 130
-    except SystemExit as exc:  # a command's own exit (SystemExit(2) for --strict): leftovers still go
-        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-    if _guard.signum is not None:
-        _guard.announce()
-    _guard.finished = True  # a signal from now on exits at once, with its code
-    clean_leftovers()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a reader that went away was main()'s to report
-            stream.flush()
-    logging.shutdown()
-    # Not sys.exit(): the interpreter's finalization puts the default handlers back, and a signal
-    # then would end the process without its code. Nothing is left to do but leave.
-    _guard.exit(_guard.code or code)

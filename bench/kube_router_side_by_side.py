@@ -5,7 +5,7 @@ in 100 namespaces, 110 pods on ``node-0``; ``synthetic.generate``), this script 
 kube-apiserver on loopback (``ControlPlane``) and, for node ``node-0``, two network namespaces
 that stand in for the node: kube-router v2.1.0 (``.tools/bin/kube-router --run-firewall=true
 --run-router=false --run-service-proxy=false``, under ``ip netns exec``, API reached through a
-relay process, as ``agent/nodedaemons.py`` does it) writes its iptables (iptables-nft) and ipsets
+relay process, as ``agent/testbed/nodedaemons.py`` does it) writes its iptables (iptables-nft) and ipsets
 in one, ``nftpolicy agent --netns`` commits its table in the other. Each namespace has the Node's
 InternalIP on an interface (a veth pair inside it); kube-router takes a pod as local when
 ``status.hostIP`` is that address, so every pod object carries its node's address as ``hostIP``.
@@ -93,9 +93,9 @@ sys.path.insert(0, str(ROOT))
 
 import synthetic  # noqa: E402
 
-from nftpolicy.agent import netns  # noqa: E402
-from nftpolicy.agent.controlplane import SANDBOX_IMAGE, ApiError, ControlPlane, find_binary, free_port  # noqa: E402
-from nftpolicy.agent.nodedaemons import (AGENT_COMMAND, KUBE_ROUTER_SYNC_END, KUBE_ROUTER_SYNC_START,  # noqa: E402
+from nftpolicy.agent.dataplane import netns  # noqa: E402
+from nftpolicy.agent.testbed.controlplane import SANDBOX_IMAGE, ApiError, ControlPlane, find_binary, free_port  # noqa: E402
+from nftpolicy.agent.testbed.nodedaemons import (AGENT_COMMAND, KUBE_ROUTER_SYNC_END, KUBE_ROUTER_SYNC_START,  # noqa: E402
                                          NftpolicyAgents, cluster_from_api, config_flags)
 from nftpolicy.translators.model import Cluster, Pod  # noqa: E402
 from nftpolicy.translators.noderender import build_rule_model  # noqa: E402
@@ -557,7 +557,7 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
     daemons: list[Daemon] = []
     try:
         # The API relay into kube-router's namespace, in its own process (not this one's GIL).
-        relay = subprocess.Popen([sys.executable, "-c", "import time\nfrom nftpolicy.agent.nodedaemons import ApiRelay\n"
+        relay = subprocess.Popen([sys.executable, "-c", "import time\nfrom nftpolicy.agent.testbed.nodedaemons import ApiRelay\n"
                                   f"ApiRelay({names['kr']!r}, {cp.port})\nprint('ready', flush=True)\ntime.sleep(1e9)"],
                                  stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         if relay.stdout is None or relay.stdout.readline().strip() != b"ready":

@@ -62,9 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import synthetic  # noqa: E402
 
-from nftpolicy.agent import netns  # noqa: E402
-from nftpolicy.agent.nftables import NftDataplane  # noqa: E402
-from nftpolicy.agent.sandbox import Sandbox  # noqa: E402
+from nftpolicy.agent.dataplane import netns  # noqa: E402
+from nftpolicy.agent.dataplane.nftables import NftDataplane  # noqa: E402
+from nftpolicy.agent.testbed.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators.nft import ruleset_objects  # noqa: E402
 from nftpolicy.translators.noderender import build_rule_model  # noqa: E402

@@ -63,13 +63,15 @@ sys.path.insert(0, str(ROOT))
 
 import synthetic  # noqa: E402
 
-from nftpolicy.agent import iptables, netns  # noqa: E402
-from nftpolicy.agent.health import Health  # noqa: E402
-from nftpolicy.agent.memory import gc_paused  # noqa: E402
-from nftpolicy.agent.metrics import Metrics  # noqa: E402
-from nftpolicy.agent.nftables import NftDataplane  # noqa: E402
-from nftpolicy.agent.reconcile import Reconciler  # noqa: E402
-from nftpolicy.agent.sources import KubeSource, Store  # noqa: E402
+from nftpolicy.agent.dataplane import iptables  # noqa: E402
+
+from nftpolicy.agent.dataplane import netns  # noqa: E402
+from nftpolicy.agent.daemon.health import Health  # noqa: E402
+from nftpolicy.agent.daemon.memory import gc_paused  # noqa: E402
+from nftpolicy.agent.daemon.metrics import Metrics  # noqa: E402
+from nftpolicy.agent.dataplane.nftables import NftDataplane  # noqa: E402
+from nftpolicy.agent.daemon.reconcile import Reconciler  # noqa: E402
+from nftpolicy.agent.daemon.sources import KubeSource, Store  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators import nftchanges  # noqa: E402
 from nftpolicy.translators.model import Cluster, Namespace  # noqa: E402

@@ -12,10 +12,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.controlplane import ControlPlane, free_port
-from nftpolicy.agent.probes import ProbeSpec
-from nftpolicy.agent.sandbox import Sandbox
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.controlplane import ControlPlane, free_port
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators.model import Pod
 
 from .conftest import http_get

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.netns import RUN_TAG_ENV
-from nftpolicy.agent.manifestfiles import load_cluster
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.dataplane.netns import RUN_TAG_ENV
+from nftpolicy.agent.daemon.manifestfiles import load_cluster
 from nftpolicy.translators.manifests import build_cluster, parse_documents
 from nftpolicy.translators.model import family_of
 
@@ -57,9 +57,9 @@ def make_netns():
 
 @pytest.fixture(scope="module")
 def control_plane():
-    """A real etcd and kube-apiserver (agent/controlplane.py) shared by one test module; tests
+    """A real etcd and kube-apiserver (agent/testbed/controlplane.py) shared by one test module; tests
     that use it end with :func:`clear_api`."""
-    from nftpolicy.agent.controlplane import ControlPlane
+    from nftpolicy.agent.testbed.controlplane import ControlPlane
 
     with ControlPlane() as cp:
         yield cp

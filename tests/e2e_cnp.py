@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nftpolicy.agent.controlplane import CRD_MODULE, CRD_PATH
-from nftpolicy.agent.realnode import RealCluster, RealNodeError
+from nftpolicy.agent.testbed.controlplane import CRD_MODULE, CRD_PATH
+from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError
 
 CRD_NAME = "clusternetworkpolicies.policy.networking.k8s.io"
 # conformance/utils/suite/features.go: what nftpolicy supports (node peers are refused).

@@ -30,13 +30,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.realnode import RealCluster, RealNodeError, container_pid
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError, container_pid
 
 NAMESPACE = "lifecycle"
 PERIOD = 0.1  # seconds between two probes of one pair
 CONNECT_TIMEOUT = 0.5
-ALLOWED_WINDOW = 1.0  # seconds: the longest the allowed pair may fail in a row (README, Lifecycle)
+ALLOWED_WINDOW = 1.0  # seconds: the longest the allowed pair may fail in a row (docs/contributing.md, "Lifecycle with traffic")
 SETTLE = 3.0  # seconds of probing after each step has settled
 
 

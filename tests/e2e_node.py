@@ -1,6 +1,6 @@
 """The real node's checks, run by ``bash .ci/e2e`` (``python -m tests.e2e_node``).
 
-On a :class:`~nftpolicy.agent.realnode.RealCluster` of real kubelets and containerd:
+On a :class:`~nftpolicy.agent.testbed.realnode.RealCluster` of real kubelets and containerd:
 
 1. **Vacuity**: before nftpolicy is installed, one deny spec of the upstream suite must fail
    (nothing else on the node enforces NetworkPolicy).
@@ -16,7 +16,7 @@ On a :class:`~nftpolicy.agent.realnode.RealCluster` of real kubelets and contain
    kubelet and kube-apiserver restarted and the chart uninstalled.
 
 Prints one line per step and a table of the specs, writes ``e2e-report.json`` (figures for
-``bench/real_node.py`` and the README) in ``--report-dir``, and ends with ginkgo's summary line.
+``bench/real_node.py`` and docs/contributing.md) in ``--report-dir``, and ends with ginkgo's summary line.
 Exit 0 only when every step passed; 2 when a tool is missing; 1 otherwise.
 """
 
@@ -35,9 +35,9 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
-from nftpolicy.agent import images
-from nftpolicy.agent.controlplane import find_binary
-from nftpolicy.agent.realnode import PAUSE_IMAGE, RealCluster, RealNodeError, cgroup_dir, container_pid
+from nftpolicy.agent.testbed import images
+from nftpolicy.agent.testbed.controlplane import find_binary
+from nftpolicy.agent.testbed.realnode import PAUSE_IMAGE, RealCluster, RealNodeError, cgroup_dir, container_pid
 
 from .e2e_cnp import run_cnp_conformance
 from .e2e_lifecycle import lifecycle
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                     for name in cnp["skipped_sctp"]:
                         print(f"  SKIPPED    0.0 s  {name} (no SCTP in this kernel)")
                     print(f"  {cnp['summary']} in {cnp['seconds']:.1f} s", flush=True)
-                    # The run's exact result is reported above and in README.md. It fails on a wrong
+                    # The run's exact result is reported above and in docs/contributing.md. It fails on a wrong
                     # verdict or anything unexplained; two causes are known and documented: a denied
                     # probe refused at once (nftpolicy rejects, the suite wants a drop) and SCTP
                     # probes (no SCTP in this kernel).

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.testbed.probes import ProbeSpec
 
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api, nft

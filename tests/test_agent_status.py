@@ -9,9 +9,9 @@ from importlib.metadata import version
 
 import pytest
 
-from nftpolicy.agent.health import Health, serve_http
-from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.sources import Store
+from nftpolicy.agent.daemon.health import Health, serve_http
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.sources import Store
 
 from .conftest import REPO, http_get
 from .test_cli import NFTPOLICY

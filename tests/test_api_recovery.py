@@ -16,7 +16,7 @@ silent (its packets are dropped, the socket stays open) while new connections ar
 both tables listed by libnftables and compared without handles and with set elements sorted.
 Each case records its time as the ``catch_up_seconds`` property, and the time the API took to
 accept the change after its return as ``change_accepted_seconds`` (``--junitxml`` shows them):
-the README's reliability table. The agent must be done within 5 s of the change's acceptance
+the reliability table of docs/operations.md. The agent must be done within 5 s of the change's acceptance
 (which follows the return by under 0.1 s but after etcd's return, when it takes seconds).
 """
 
@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pytest
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.controlplane import ApiError, ControlPlane
-from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.nftables import NftDataplane
-from nftpolicy.agent.sources import KINDS, Store
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.dataplane.nftables import NftDataplane
+from nftpolicy.agent.daemon.sources import KINDS, Store
 from nftpolicy.translators.noderender import build_rule_model
 
 from .agentenv import AgentEnv, RealApi

@@ -24,7 +24,10 @@ import jsonschema
 import pytest
 import yaml
 
-from nftpolicy.agent import cli, netns
+from nftpolicy.agent.cli import flags
+
+
+from nftpolicy.agent.dataplane import netns
 
 from .conftest import REPO, nft
 from .conftest import http_get as conftest_http_get
@@ -95,7 +98,7 @@ def chart_values(name: str) -> dict:
 
 def agent_flags() -> list[argparse.Action]:
     """The options of ``nftpolicy agent``, from the agent's own parser."""
-    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    sub = next(a for a in flags.parser()._actions if isinstance(a, argparse._SubParsersAction))
     return [a for a in sub.choices["agent"]._actions if a.option_strings and a.dest != "help"]
 
 
@@ -125,12 +128,12 @@ def parse_agent(monkeypatch, env: dict[str, str], argv: list[str] = ()) -> dict:
     """What ``nftpolicy agent`` makes of ``env`` and ``argv``, as the flags it runs with: parsed by
     the agent's own parser, the ruleset flags as the Config it builds."""
     for name in list(os.environ):
-        if name.startswith(cli.ENV_PREFIX) or name == "NODE_NAME":
+        if name.startswith(flags.ENV_PREFIX) or name == "NODE_NAME":
             monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    args = cli.parser().parse_args(["agent", *argv])
-    result = vars(args) | {"config": cli.config_from(args)}
+    args = flags.parser().parse_args(["agent", *argv])
+    result = vars(args) | {"config": flags.config_from(args)}
     result.pop("service_cidr")  # its default (None) only means Config's default: compare the Config
     return result
 
@@ -407,8 +410,8 @@ def test_every_agent_flag_reaches_the_agent_as_its_environment_variable():
     seen = {var["name"] for name in VALUES for var in agent_container(render(name))["env"]}
     for action in agent_flags():
         flag = flag_name(action)
-        assert (cli.env_name(flag) if flag != "--node" else "NODE_NAME") in seen, flag
-    assert {n for n in seen if n.startswith(cli.ENV_PREFIX)} <= {cli.env_name(flag_name(a)) for a in agent_flags()}
+        assert (flags.env_name(flag) if flag != "--node" else "NODE_NAME") in seen, flag
+    assert {n for n in seen if n.startswith(flags.ENV_PREFIX)} <= {flags.env_name(flag_name(a)) for a in agent_flags()}
 
 
 def test_default_values_are_the_agent_defaults(monkeypatch):
@@ -451,11 +454,11 @@ def test_agent_serves_the_chart_probes(make_netns, tmp_path):
     docs = render("default")
     container = agent_container(docs)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    env = env_of(container) | {cli.env_name("--manifests"): str(REPO / "examples" / "shop")}
+    env = env_of(container) | {flags.env_name("--manifests"): str(REPO / "examples" / "shop")}
     ns = make_netns()
     subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
     log = tmp_path / "agent.log"
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(cli.ENV_PREFIX) and k != "NODE_NAME"}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(flags.ENV_PREFIX) and k != "NODE_NAME"}
     with log.open("w") as stderr:
         command = ["ip", "netns", "exec", ns, NFTPOLICY, "agent"]
         agent = subprocess.Popen(command, env=clean | env, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
@@ -469,7 +472,7 @@ def test_agent_serves_the_chart_probes(make_netns, tmp_path):
         assert http_get(ns, probes["/healthz"], "/healthz")[0] == 200
         status, metrics = http_get(ns, ports["http"], "/metrics")
         assert status == 200 and "nftpolicy_" in metrics
-        table = env[cli.env_name("--table")]
+        table = env[flags.env_name("--table")]
         assert f"table inet {table}" in nft(ns, "list", "tables")
     finally:
         agent.terminate()
@@ -510,11 +513,11 @@ def agent_refuses(monkeypatch, overrides: dict) -> bool:
     for key, value in values.items():
         if value in ("", [], None):
             continue
-        env[cli.env_name(by_key[key])] = ",".join(value) if isinstance(value, list) else \
+        env[flags.env_name(by_key[key])] = ",".join(value) if isinstance(value, list) else \
             (str(int(value)) if isinstance(value, float) and key == "watchTimeout" and value.is_integer() else str(value))
     try:
         parse_agent(monkeypatch, env)
-    except (SystemExit, cli.UsageError):
+    except (SystemExit, flags.UsageError):
         return True
     return False
 

@@ -18,9 +18,9 @@ import time
 import pytest
 import yaml
 
-from nftpolicy.agent.controlplane import free_port
-from nftpolicy.agent.probes import ProbeSpec
-from nftpolicy.agent.sandbox import Sandbox
+from nftpolicy.agent.testbed.controlplane import free_port
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.sandbox import Sandbox
 
 from .conftest import REPO, example_cluster, http_get
 from .test_chart import KUBE_VERSIONS, KUBERNETES_VALIDATE, NFTPOLICY, one, render, render_text

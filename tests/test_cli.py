@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import cli, netns
+from nftpolicy.agent.cli.main import main
+
+
+from nftpolicy.agent.dataplane import netns
 
 from .conftest import CONFORMANCE, OURS, REPO
 
@@ -113,7 +116,7 @@ def test_render_shows_progress_only_on_a_terminal(monkeypatch, capsys, terminal)
     """A status line rewritten in place on a terminal, erased at the end; nothing in a pipe."""
     err = _Terminal() if terminal else io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    assert cli.main(["render", "--node", "node1", str(REPO / "examples" / "shop")]) == 0
+    assert main(["render", "--node", "node1", str(REPO / "examples" / "shop")]) == 0
     assert "table inet nftpolicy" in capsys.readouterr().out
     text = err.getvalue()
     if terminal:
@@ -141,7 +144,7 @@ def test_sandbox_into_a_closed_pipe_ends_quietly_and_cleans_up():
 def test_the_safety_net_matches_only_this_runs_namespaces(monkeypatch):
     """conftest's safety net deletes leftovers named nftp-<RUN_TAG>...: a sandbox that an operator
     (no tag: its run id is hex only) or another test run (another tag) has open never matches."""
-    from nftpolicy.agent.sandbox import Sandbox
+    from nftpolicy.agent.testbed.sandbox import Sandbox
 
     from .conftest import RUN_TAG
 
@@ -155,3 +158,18 @@ def test_the_safety_net_matches_only_this_runs_namespaces(monkeypatch):
         sandbox.prober.close()  # never entered: no namespace was made
     assert ours.prefix.startswith(OURS)
     assert not operators.prefix.startswith(OURS) and not other_run.prefix.startswith(OURS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["render", str(CONFORMANCE / "upstream" / "001-default-deny-ingress.yaml")],
+    ["agent", "--manifests", "/nonexistent", "--node", "node1"],
+])
+def test_the_agent_and_render_load_no_test_bed_and_no_asyncio(argv):
+    """The layers of agent/: the daemon and render never load the test bed (sandbox, probes,
+    control plane) nor asyncio, which only the test bed uses."""
+    program = ("import sys\nfrom nftpolicy.agent.cli.main import main\nmain(sys.argv[1:])\n"
+               "print(' '.join(sorted(m for m in sys.modules if m == 'asyncio' or m.startswith(('nftpolicy.agent', 'asyncio')))))")
+    run = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, timeout=60)
+    loaded = run.stdout.strip().splitlines()[-1].split()
+    assert f"nftpolicy.agent.cli.commands.{argv[0]}" in loaded, run.stderr
+    assert [m for m in loaded if m.startswith("nftpolicy.agent.testbed") or m == "asyncio"] == []

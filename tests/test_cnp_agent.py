@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from nftpolicy.agent import sources
-from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.sources import KubeSource, Store
+from nftpolicy.agent.daemon import sources
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.sources import KubeSource, Store
 
 from .agentenv import AgentEnv
 from .fakeapi import FakeApiServer, namespace, node, pod

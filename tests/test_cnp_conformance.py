@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent.compare import explain
-from nftpolicy.agent.controlplane import ControlPlane
-from nftpolicy.agent.replay import replay, replay_twins
+from nftpolicy.agent.testbed.compare import explain
+from nftpolicy.agent.testbed.controlplane import ControlPlane
+from nftpolicy.agent.testbed.replay import replay, replay_twins
 from nftpolicy.translators.cases import load_case
 
 from .conftest import clear_api

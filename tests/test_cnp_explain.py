@@ -19,7 +19,7 @@ FILES = sorted((ROOT / "cnp-upstream").glob("*.yaml")) + sorted((ROOT / "cnp-own
 
 
 def case_cluster(case, nodes, family):
-    """The case at sandbox addresses, as agent/replay.py builds it."""
+    """The case at sandbox addresses, as agent/testbed/replay.py builds it."""
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(dataclasses.replace(case, policies=(), cluster_policies=()), {}))
     with sandbox_addresses(skeleton.pods.values(), nodes, family) as sandbox:
         ips = {key: list(p.ips) for key, p in sandbox.pods.items()}

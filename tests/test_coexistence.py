@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from nftpolicy.agent.nftables import NftDataplane, NftError
+from nftpolicy.agent.dataplane.nftables import NftDataplane, NftError
 from nftpolicy.translators import nft as render
 from nftpolicy.translators import nfttext
 from nftpolicy.translators.noderender import build_rule_model

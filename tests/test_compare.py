@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent.compare import compare, format_report
-from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.testbed.compare import compare, format_report
+from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.translators.kuberouter import DumpError, parse_iptables_save, select
 
 from .conftest import REPO, example_cluster
@@ -151,7 +151,7 @@ def test_a_dual_stack_dump_saved_from_a_node(make_netns):
     ``KUBE-NET-`` and ``KUBE-PORT-``, which the reader rightly leaves out), is recognised as
     kube-router's layout and gives nftpolicy's verdicts. (No real dump serves here: kube-router
     v2.1.0 enforces nothing over IPv6, cloudnativelabs/kube-router#1653.)"""
-    from nftpolicy.agent import iptables
+    from nftpolicy.agent.dataplane import iptables
     from nftpolicy.translators.noderender import build_rule_model
 
     cluster = example_cluster()

@@ -15,8 +15,8 @@ from collections import defaultdict
 
 import pytest
 
-from nftpolicy.agent.probes import sctp_supported
-from nftpolicy.agent.replay import replay
+from nftpolicy.agent.testbed.probes import sctp_supported
+from nftpolicy.agent.testbed.replay import replay
 from nftpolicy.translators.cases import load_case
 
 from .conftest import CONFORMANCE, OWN_CASES

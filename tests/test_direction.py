@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from nftpolicy.agent.probes import ProbeSpec
-from nftpolicy.agent.sandbox import Sandbox
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.sandbox import Sandbox
 
 from .conftest import cluster_from_yaml
 

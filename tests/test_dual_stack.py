@@ -6,9 +6,9 @@ from contextlib import closing
 
 import pytest
 
-from nftpolicy.agent.probes import ProbeSpec
-from nftpolicy.agent.replay import replay
-from nftpolicy.agent.sandbox import Sandbox
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.replay import replay
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators.cases import load_case
 
 from .conftest import CONFORMANCE, cluster_from_yaml

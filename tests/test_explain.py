@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent.cli import main
-from nftpolicy.agent.controlplane import free_port
+from nftpolicy.agent.cli.main import main
+from nftpolicy.agent.testbed.controlplane import free_port
 
 from .conftest import REPO, http_get
 
@@ -131,11 +131,11 @@ def test_explain_against_a_running_agent(make_netns, tmp_path):
 def test_the_debug_endpoint_holds_the_sync_lock_only_to_take_the_model(monkeypatch):
     """Turning the model and every pod into JSON takes 0.1 s at 10,000 pods and 0.8 s at 50,000:
     done under the reconciler's lock, each GET would hold up the syncs that long."""
-    from nftpolicy.agent.debughttp import start_debug
+    from nftpolicy.agent.daemon.debughttp import start_debug
     from nftpolicy.translators import verdict
 
     from .test_reconcile import _objects, _reconciler, _store
-    from nftpolicy.agent.fakenft import FakeNftDataplane
+    from nftpolicy.agent.dataplane.fake import FakeNftDataplane
 
     reconciler = _reconciler(_store(_objects()), FakeNftDataplane())
     assert reconciler.sync(full=True)

@@ -14,8 +14,8 @@ import tomllib
 import pytest
 import yaml
 
-from nftpolicy.agent import report
-from nftpolicy.agent.probes import ProbeSpec
+from nftpolicy.agent.testbed import report
+from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Pod
 from nftpolicy.translators.workloads import place_pods, services_from, stand_in_pods
@@ -335,7 +335,7 @@ def test_the_html_report_has_glyphs_a_title_a_source_and_a_time(tmp_path):
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
     pods = {"a/x": Pod("a", "x", {}, "node1", ("10.0.0.1",)), "a/y": Pod("a", "y", {}, "node1", ("10.0.0.2",))}
     cluster = build_cluster([])[0]
-    with report.Report("json", str(page), source="examples/shop", clock=lambda: when) as out:
+    with report.SandboxOutput("json", str(page), source="examples/shop", clock=lambda: when) as out:
         out.matrices(pods, {(ProbeSpec(80, "TCP"), "ipv4"): {("a/x", "a/y"): True, ("a/y", "a/x"): False}}, cluster)
     text = page.read_text()
     assert "<title>nftpolicy sandbox report: examples/shop</title>" in text

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from nftpolicy.agent import cli
+from nftpolicy.agent.cli import flags
 
 from .conftest import REPO
 from .test_cli import NFTPOLICY, run
@@ -59,13 +59,13 @@ BAD = [
 def exit_of(argv: list[str], capsys) -> tuple[int, list[str]]:
     """Parse ``argv`` with the real parser: the exit code and the lines on stderr."""
     with pytest.raises(SystemExit) as exited:
-        cli.parser().parse_args(argv)
+        flags.parser().parse_args(argv)
     return exited.value.code, capsys.readouterr().err.splitlines()
 
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in [n for n in os.environ if n.startswith(cli.ENV_PREFIX)]:
+    for name in [n for n in os.environ if n.startswith(flags.ENV_PREFIX)]:
         monkeypatch.delenv(name)
     return monkeypatch
 
@@ -75,11 +75,11 @@ def test_a_bad_flag_is_one_line_from_the_command_line_and_from_the_environment(c
     """From the command line for every command; from NFTPOLICY_<FLAG> for the agent only, the
     one command that reads the environment (the others leave the variable alone)."""
     assert exit_of([command, f"{flag}={value}", *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message}"])
-    clean_env.setenv(cli.env_name(flag), value)
+    clean_env.setenv(flags.env_name(flag), value)
     if command == "agent":
-        assert exit_of([command, *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})"])
+        assert exit_of([command, *REST[command]], capsys) == (2, [f"nftpolicy: {flag}: {message} (from {flags.env_name(flag)})"])
     else:
-        args = cli.parser().parse_args([command, *REST[command]])
+        args = flags.parser().parse_args([command, *REST[command]])
         assert getattr(args, flag[2:].replace("-", "_")) != value
 
 
@@ -87,20 +87,20 @@ def test_a_repeatable_flag_names_the_bad_item_of_its_variable(clean_env, capsys)
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12, fd00::/108,bad")
     assert exit_of(["agent"], capsys) == (2, ["nftpolicy: --service-cidr: invalid CIDR 'bad' (expected ADDRESS/PREFIX) (from NFTPOLICY_SERVICE_CIDR)"])
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12, fd00::/108")
-    assert cli.parser().parse_args(["agent"]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
+    assert flags.parser().parse_args(["agent"]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
 
 
 def test_only_the_agent_reads_the_environment(clean_env):
     """NFTPOLICY_NODE=node2 once made render render node2 alone, and NFTPOLICY_TIMEOUT was a probe
     time in sandbox and a wait in trace: variables are the agent's (the chart's) settings."""
     clean_env.setenv("NFTPOLICY_NODE", "node2")
-    assert cli.parser().parse_args(["agent"]).node == "node2"
+    assert flags.parser().parse_args(["agent"]).node == "node2"
     clean_env.setenv("NFTPOLICY_TIMEOUT", "9")
     clean_env.setenv("NFTPOLICY_STRICT", "true")
-    render = cli.parser().parse_args(["render", SHOP])
+    render = flags.parser().parse_args(["render", SHOP])
     assert (render.node, render.strict) == (None, False)
-    assert cli.parser().parse_args(["sandbox", SHOP]).timeout == 1.0
-    assert cli.parser().parse_args(["trace", *REST["trace"]]).timeout == 30.0
+    assert flags.parser().parse_args(["sandbox", SHOP]).timeout == 1.0
+    assert flags.parser().parse_args(["trace", *REST["trace"]]).timeout == 30.0
     out = subprocess.run([NFTPOLICY, "render", SHOP], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "NFTPOLICY_NODE": "node2"})
     every, node2 = (run("render", *flags, SHOP).stdout.count(": jump KUBE-POD-FW-") for flags in ([], ["--node", "node2"]))
@@ -120,24 +120,24 @@ def test_the_agent_refuses_a_variable_that_names_no_flag(clean_env, capsys, name
     clean_env.delenv(name)
     clean_env.setenv("NFTPOLICY_RUN_TAG", "t1")  # the project's own, not flags
     clean_env.setenv("NFTPOLICY_CI_CACHE", "/tmp")
-    assert cli.parser().parse_args(["agent"]).min_sync_interval == 0.2
+    assert flags.parser().parse_args(["agent"]).min_sync_interval == 0.2
 
 
 def test_the_command_line_wins_over_the_environment(clean_env):
     clean_env.setenv("NFTPOLICY_MIN_SYNC_INTERVAL", "3")
-    assert cli.parser().parse_args(["agent"]).min_sync_interval == 3.0
-    assert cli.parser().parse_args(["agent", "--min-sync-interval", "0.5"]).min_sync_interval == 0.5
+    assert flags.parser().parse_args(["agent"]).min_sync_interval == 3.0
+    assert flags.parser().parse_args(["agent", "--min-sync-interval", "0.5"]).min_sync_interval == 0.5
     clean_env.setenv("NFTPOLICY_MIN_SYNC_INTERVAL", "-1")  # a bad variable is not read when the flag is given
-    assert cli.parser().parse_args(["agent", "--min-sync-interval=0.5"]).min_sync_interval == 0.5
+    assert flags.parser().parse_args(["agent", "--min-sync-interval=0.5"]).min_sync_interval == 0.5
     clean_env.delenv("NFTPOLICY_MIN_SYNC_INTERVAL")
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "bad")
-    assert cli.parser().parse_args(["agent", "--service-cidr", "10.0.0.0/8"]).service_cidr == ["10.0.0.0/8"]
+    assert flags.parser().parse_args(["agent", "--service-cidr", "10.0.0.0/8"]).service_cidr == ["10.0.0.0/8"]
 
 
 def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
     """argparse says ``invalid <lambda> value`` or ``invalid float value`` for a type that raises
     ValueError: every typed flag of every command says what it expected instead."""
-    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    sub = next(a for a in flags.parser()._actions if isinstance(a, argparse._SubParsersAction))
     checked = 0
     for command, command_parser in sub.choices.items():
         for action in command_parser._actions:
@@ -186,8 +186,8 @@ def test_a_missing_path_is_one_line_from_the_command_line_and_from_the_environme
     assert (given.returncode, given.stderr) == (2, f"nftpolicy: {flag}: {message}\n")
     if command != "agent":
         return
-    from_env = subprocess.run(argv, capture_output=True, text=True, env=base | {cli.env_name(flag): value}, timeout=60)
-    assert (from_env.returncode, from_env.stderr) == (2, f"nftpolicy: {flag}: {message} (from {cli.env_name(flag)})\n")
+    from_env = subprocess.run(argv, capture_output=True, text=True, env=base | {flags.env_name(flag): value}, timeout=60)
+    assert (from_env.returncode, from_env.stderr) == (2, f"nftpolicy: {flag}: {message} (from {flags.env_name(flag)})\n")
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -238,17 +238,17 @@ def test_render_into_a_closed_pipe_ends_quietly():
 
 def test_a_repeatable_flag_on_the_command_line_replaces_its_variable(clean_env):
     clean_env.setenv("NFTPOLICY_SERVICE_CIDR", "10.96.0.0/12,fd00::/108")
-    assert cli.parser().parse_args(["agent"]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
-    args = cli.parser().parse_args(["agent", "--service-cidr", "10.0.0.0/16", "--service-cidr", "10.1.0.0/16"])
+    assert flags.parser().parse_args(["agent"]).service_cidr == ["10.96.0.0/12", "fd00::/108"]
+    args = flags.parser().parse_args(["agent", "--service-cidr", "10.0.0.0/16", "--service-cidr", "10.1.0.0/16"])
     assert args.service_cidr == ["10.0.0.0/16", "10.1.0.0/16"]
 
 
 def test_an_empty_debug_address_turns_the_endpoint_off(clean_env, capsys):
     """``--debug-address ''`` is documented as off, and the chart's schema allows
     ``agent.debugAddress: ""``: the agent must start without the endpoint, not exit 2."""
-    assert cli.parser().parse_args(["agent", "--debug-address", ""]).debug_address == ""
+    assert flags.parser().parse_args(["agent", "--debug-address", ""]).debug_address == ""
     clean_env.setenv("NFTPOLICY_DEBUG_ADDRESS", "")
-    assert cli.parser().parse_args(["agent"]).debug_address == ""
+    assert flags.parser().parse_args(["agent"]).debug_address == ""
     assert exit_of(["agent", "--debug-address", "nowhere"], capsys) == (2, [
         "nftpolicy: --debug-address: invalid address 'nowhere' (expected HOST:PORT, HOST an IPv4 address, [IPv6 address], "
         "a name or empty)"])

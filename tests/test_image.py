@@ -26,8 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import cli, images
-from nftpolicy.agent.images import CONTAINERFILE, buildah, buildah_command
+from nftpolicy.agent.cli import flags
+
+from nftpolicy.agent.testbed import images
+from nftpolicy.agent.testbed.images import CONTAINERFILE, buildah, buildah_command
 
 from .conftest import REPO, nft
 from .test_chart import agent_container, env_of, http_get, render
@@ -185,7 +187,7 @@ def pod_capabilities() -> list[str]:
 @pytest.mark.kernel
 def test_image_loads_the_ruleset_and_cleanup_removes_it(image, make_netns):
     """With the chart's capabilities only, the image's nft loads the image's render, and the
-    image's ``nftpolicy cleanup`` removes the table (what the README's uninstall step runs)."""
+    image's ``nftpolicy cleanup`` removes the table (what the uninstall step of docs/operations.md runs)."""
     ns = make_netns()
     in_test_namespace(image, ns)
     caps = pod_capabilities()
@@ -247,7 +249,7 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
     root = Path(buildah("mount", image.container).stdout.strip())
     started = time.time() - 1
     log = tmp_path / "agent.log"
-    env = env_of(container) | {cli.env_name("--manifests"): "/examples/shop"}
+    env = env_of(container) | {flags.env_name("--manifests"): "/examples/shop"}
     args = image.run_args("nftpolicy", "agent", env=env,
                           volumes={str(REPO / "examples"): "/examples:ro"}, caps=pod_capabilities())
     with log.open("w") as output:
@@ -261,7 +263,7 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
             time.sleep(0.3)
         assert http_get(ns, port, container["livenessProbe"]["httpGet"]["path"])[0] == 200
         assert http_get(ns, port, "/metrics")[0] == 200
-        assert f"table inet {env_of(container)[cli.env_name('--table')]}" in nft(ns, "list", "tables")
+        assert f"table inet {env_of(container)[flags.env_name('--table')]}" in nft(ns, "list", "tables")
         # SIGTERM to the agent itself, as the kubelet sends it (buildah would SIGKILL it).
         [pid] = [p for p in _descendants(agent.pid) if _is_agent(Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0"))]
         os.kill(pid, signal.SIGTERM)

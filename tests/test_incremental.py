@@ -25,7 +25,7 @@ from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
 from nftpolicy.translators.rules import Config
 
 from .conftest import example_cluster
-from nftpolicy.agent.fakenft import FakeTable
+from nftpolicy.agent.dataplane.fake import FakeTable
 
 CONFIG = Config()
 

@@ -23,7 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import interrupts, netns
+from nftpolicy.agent import interrupts
+
+
+from nftpolicy.agent.dataplane import netns
 
 from .conftest import CONFORMANCE, OURS, REPO
 

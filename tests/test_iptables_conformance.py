@@ -15,7 +15,7 @@ from contextlib import closing
 
 import pytest
 
-from nftpolicy.agent.replay import replay_twins
+from nftpolicy.agent.testbed.replay import replay_twins
 from nftpolicy.translators.cases import load_case
 
 from .test_conformance import FILES, GROUPS

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from nftpolicy.agent import iptables
+from nftpolicy.agent.dataplane import iptables
 from nftpolicy.translators import iptables as render
 from nftpolicy.translators.noderender import build_rule_model
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import cli
+from nftpolicy.agent.cli.main import main
 from nftpolicy.translators import iptables as render
 
 from .conftest import CONFORMANCE, REPO
@@ -51,7 +51,7 @@ def test_a_disagreement_is_printed_and_fails(monkeypatch, capsys):
                          if not (line.split()[1:2] and line.split()[1] in chains)) + "\n"
 
     monkeypatch.setattr(render, "to_restore", broken)
-    rc = cli.main(["sandbox", "--dataplane", "nft,iptables", EXAMPLE])
+    rc = main(["sandbox", "--dataplane", "nft,iptables", EXAMPLE])
     out = capsys.readouterr().out
     assert rc == 1
     assert re.search(r"^DISAGREE TCP/8080 ipv4 shop/frontend-7d9c8b6f5-x2k4p -> shop/api-5f6b7c9d4-q8w2n: "

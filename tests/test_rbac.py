@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from nftpolicy.agent.controlplane import ControlPlane
+from nftpolicy.agent.testbed.controlplane import ControlPlane
 
 from .agentenv import AgentEnv, RealApi
 from .fakeapi import pod

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from nftpolicy.agent import sources
-from nftpolicy.agent.controlplane import ControlPlane
-from nftpolicy.agent.metrics import Metrics
+from nftpolicy.agent.daemon import sources
+from nftpolicy.agent.testbed.controlplane import ControlPlane
+from nftpolicy.agent.daemon.metrics import Metrics
 
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api

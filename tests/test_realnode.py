@@ -1,4 +1,4 @@
-"""The real node's test bed (agent/realnode.py) removes everything it made: after a failed start,
+"""The real node's test bed (agent/testbed/realnode.py) removes everything it made: after a failed start,
 and, through the next start, after its owner was killed by SIGKILL. (The whole cluster, with
 kubelet running pods, is proven by `bash .ci/e2e`.)"""
 
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import netns, realnode
-from nftpolicy.agent.realnode import KERNEL_TUNABLES, RealCluster, RealNodeError
+from nftpolicy.agent.dataplane import netns
+
+from nftpolicy.agent.testbed import realnode
+from nftpolicy.agent.testbed.realnode import KERNEL_TUNABLES, RealCluster, RealNodeError
 
 from .conftest import REPO
 
@@ -61,7 +63,7 @@ def test_a_killed_run_is_removed_by_the_next_start(machine_before, tmp_path):
     idle.chmod(0o755)
     script = tmp_path / "start.py"
     script.write_text(
-        "from nftpolicy.agent.realnode import RealCluster\n"
+        "from nftpolicy.agent.testbed.realnode import RealCluster\n"
         f"c = RealCluster(nodes=2, binaries={{'kubelet': '{idle}'}})\n"
         "print(c.state.id, flush=True)\n"
         "c.start()\n")

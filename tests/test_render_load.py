@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nftpolicy.agent.nftables import NftDataplane
+from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.translators import nfttext
 from nftpolicy.translators.noderender import build_rule_model
 

@@ -1,4 +1,4 @@
-"""The sandbox's output (agent/report.py): the compact table fits 120 columns with its legend and
+"""The sandbox's output (agent/testbed/report.py): the compact table fits 120 columns with its legend and
 blocked pairs, ``--output json`` is one JSON object with every cell, ``--report`` writes an
 HTML page that a real headless browser (Debian's chromium, from ``.ci/install``) loads without
 errors and that shows the expected number of cells, and ``| head`` ends quietly."""
@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.probes import ProbeSpec
-from nftpolicy.agent.report import Section, compact_text, html_page, section_json, selecting_policies
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.report import Section, compact_text, html_page, section_json, selecting_policies
 
 from .conftest import OURS, REPO, example_cluster
 from .test_chart import NFTPOLICY

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import netns
+from nftpolicy.agent.dataplane import netns
 
 from .conftest import CONFORMANCE, OURS, OWN_CASES, REPO, RUN_TAG
 

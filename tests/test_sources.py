@@ -11,8 +11,8 @@ import time
 import pytest
 from kubernetes.client import ApiException
 
-from nftpolicy.agent.metrics import Metrics
-from nftpolicy.agent.sources import KubeSource, ManifestsSource, Store
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.sources import KubeSource, ManifestsSource, Store
 
 from .fakeapi import FakeApiServer, namespace, node, pod
 
@@ -317,7 +317,7 @@ def test_manifests_directory_is_reread_on_change(tmp_path):
 def test_health_server_on_ipv4_and_ipv6(address):
     import urllib.request
 
-    from nftpolicy.agent.health import Health, serve_http
+    from nftpolicy.agent.daemon.health import Health, serve_http
 
     health = Health(window=60)
     server = serve_http(address, Metrics(), health)
@@ -358,7 +358,7 @@ def test_an_expired_continue_token_relists_at_once(tmp_path):
     pause of other client errors (review finding)."""
     from kubernetes.client import ApiException
 
-    from nftpolicy.agent import sources
+    from nftpolicy.agent.daemon import sources
 
     calls = []
 
@@ -421,7 +421,7 @@ def test_the_api_back_after_an_outage_is_noticed_within_the_retry_cap(api, sourc
     of this 20 s outage comes at 12.6-18.6 s and the 8th at 25.4 s or later: at least 5.4 s after
     the API is back.) And
     nftpolicy_watch_seconds_since_success says how long each kind has been without an answer."""
-    from nftpolicy.agent.sources import RETRY_CAP, RETRY_JITTER
+    from nftpolicy.agent.daemon.sources import RETRY_CAP, RETRY_JITTER
 
     store, metrics, start = source
     start()

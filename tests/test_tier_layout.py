@@ -152,7 +152,7 @@ def test_the_iptables_variant_declines_cluster_policies():
 
 
 def test_the_marks_flags_may_not_take_the_pass_mark(capsys):
-    from nftpolicy.agent.cli import main
+    from nftpolicy.agent.cli.main import main
 
     assert main(["render", "--policy-mark", hex(CONFIG.pass_mark), "examples/shop"]) == 2
     assert capsys.readouterr().err == "nftpolicy: --policy-mark and --passed-mark must differ from the ClusterNetworkPolicy pass mark 0x40000\n"

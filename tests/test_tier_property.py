@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nftpolicy.agent.probes import ProbeSpec
-from nftpolicy.agent.sandbox import Sandbox
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators import layout
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent import netns
-from nftpolicy.agent.nftables import TraceMonitor
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.dataplane.nftables import TraceMonitor
 from nftpolicy.translators.layout import TRACE_CHAINS
 
 from .conftest import REPO, nft
@@ -94,8 +94,8 @@ def test_the_monitor_listens_once_entered(make_netns):
 def test_the_trace_ends_cleanly_when_the_agent_replaced_the_table_meanwhile(make_netns):
     """The agent's full resync replaces the table (trace chains included) while a trace waits:
     the trace's clean-up then finds nothing to delete, and must not fail for it."""
-    from nftpolicy.agent.commands.trace import traced
-    from nftpolicy.agent.nftables import NftDataplane
+    from nftpolicy.agent.cli.commands.trace import traced
+    from nftpolicy.agent.dataplane.nftables import NftDataplane
     from nftpolicy.translators.rules import Config
     from nftpolicy.translators.verdict import Connection
 
@@ -112,7 +112,7 @@ def test_the_trace_ends_cleanly_when_the_agent_replaced_the_table_meanwhile(make
 def test_sctp_without_kernel_sctp_is_one_line():
     """The sandbox cannot send SCTP on a kernel without it (as in many CI kernels): one line and
     exit 2, not a socket traceback; with SCTP the packet is traced."""
-    from nftpolicy.agent.probes import sctp_supported
+    from nftpolicy.agent.testbed.probes import sctp_supported
 
     result = trace("--from", "shop/frontend", "--to", "shop/db", "--port", "sctp/5432", SHOP)
     assert "Traceback" not in result.stderr

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nftpolicy.agent.probes import ProbeSpec
-from nftpolicy.agent.sandbox import Sandbox
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators.cases import Case, case_manifests, load_case
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster, Family
@@ -45,7 +45,7 @@ LAYOUTS = {"one-node-ipv4": (("node1",), "ipv4"), "two-nodes-ipv4": (("node1", "
 @contextlib.contextmanager
 def sandbox_addresses(pods: Any, nodes: tuple[str, ...], family: Family) -> Iterator[Sandbox]:
     """A Sandbox object that is never entered: it gives the pods the nodes and addresses the
-    sandbox would (agent/sandbox.py), and creates no namespace."""
+    sandbox would (agent/testbed/sandbox.py), and creates no namespace."""
     sandbox = Sandbox(pods, nodes, (family,))
     try:
         yield sandbox
@@ -54,7 +54,7 @@ def sandbox_addresses(pods: Any, nodes: tuple[str, ...], family: Family) -> Iter
 
 
 def case_cluster(case: Case, nodes: tuple[str, ...], family: Family) -> Cluster:
-    """The case's cluster as agent/replay.py builds it: the pods of the case at sandbox addresses."""
+    """The case's cluster as agent/testbed/replay.py builds it: the pods of the case at sandbox addresses."""
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(dataclasses.replace(case, policies=()), {}))
     with sandbox_addresses(skeleton.pods.values(), nodes, family) as sandbox:
         ips = {key: list(p.ips) for key, p in sandbox.pods.items()}
@@ -90,7 +90,7 @@ FRONTEND, API, PROMETHEUS, DB, DEBUG = "10.244.1.10", "10.244.1.11", "10.244.1.1
 
 @pytest.fixture(scope="module")
 def shop() -> Enforcement:
-    from nftpolicy.agent.manifestfiles import load_cluster
+    from nftpolicy.agent.daemon.manifestfiles import load_cluster
 
     cluster, errors = load_cluster([str(SHOP)])
     assert errors == []

@@ -5,10 +5,10 @@ Usage (as root, from the repository)::
     .venv/bin/python tools/kube_router_dumps.py --out tests/fixtures/kube-router-v2.1.0 \\
         shop=examples/shop/cluster.yaml [NAME=MANIFEST[,MANIFEST...]]... [--node node1]
 
-For each ``NAME=MANIFESTS`` cluster: a sandbox (agent/sandbox.py, dataplane ``kube-router``)
+For each ``NAME=MANIFESTS`` cluster: a sandbox (agent/testbed/sandbox.py, dataplane ``kube-router``)
 with every pod on its ``spec.nodeName`` at its ``status.podIPs`` and every node at the
 ``InternalIP`` of its Node object, a real control plane (etcd + kube-apiserver,
-agent/controlplane.py) holding the cluster, and the real kube-router (agent/nodedaemons.py)
+agent/testbed/controlplane.py) holding the cluster, and the real kube-router (agent/testbed/nodedaemons.py)
 running on every node. Once kube-router has synced, ``OUT/NAME/`` gets ``<node>.iptables-save``,
 ``<node>.ip6tables-save`` (only when a pod has an IPv6 address), ``<node>.ipset-save``, the
 manifests as ``cluster.yaml`` and a README.md naming the kube-router version, the commands that
@@ -30,10 +30,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nftpolicy.agent.controlplane import ControlPlane, ControlPlaneError, find_binary
-from nftpolicy.agent.manifestfiles import manifest_files, read_objects
-from nftpolicy.agent.nodedaemons import KUBE_ROUTER_SYNC_END, KubeRouters
-from nftpolicy.agent.sandbox import Sandbox, SandboxError
+from nftpolicy.agent.testbed.controlplane import ControlPlane, ControlPlaneError, find_binary
+from nftpolicy.agent.daemon.manifestfiles import manifest_files, read_objects
+from nftpolicy.agent.testbed.nodedaemons import KUBE_ROUTER_SYNC_END, KubeRouters
+from nftpolicy.agent.testbed.sandbox import Sandbox, SandboxError
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster, Family
 

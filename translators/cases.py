@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .errors import OneLineError
 from .model import NAMESPACE_NAME_LABEL, Protocol
 
 DEFAULT_NAMESPACES = ("x", "y", "z")
@@ -30,7 +31,7 @@ _PLACEHOLDER = re.compile(r"\$\{(hostCIDR|largeCIDR):([^/}]+)/([^}]+)\}")
 Matrix = dict[tuple[str, str], bool]
 
 
-class CaseError(ValueError):
+class CaseError(OneLineError, ValueError):
     """A case file that does not follow the format; the message names the field."""
 
 

@@ -61,6 +61,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from .errors import OneLineError
 from . import layout
 from .model import Family
 from .rules import AddressSet, RuleModel
@@ -232,7 +233,7 @@ class _Printer:
         return words, target
 
 
-class Unsupported(ValueError):
+class Unsupported(OneLineError, ValueError):
     """What the iptables variant does not do (kube-router has no equivalent)."""
 
 

@@ -2,7 +2,7 @@
 keep its network policy controller's rules and sets, and list everything else.
 
 Pure: text in, :class:`Dump` out. ``nftpolicy compare`` loads :meth:`Dump.restore` and
-:meth:`Dump.ipset` into a sandbox node (:mod:`nftpolicy.agent.compare`).
+:meth:`Dump.ipset` into a sandbox node (:mod:`nftpolicy.agent.testbed.compare`).
 
 What counts as kube-router's (its network policy controller, ``pkg/controllers/netpol``):
 
@@ -47,6 +47,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from .errors import OneLineError
+
 BUILTIN_CHAINS = ("INPUT", "FORWARD", "OUTPUT")
 HASH = r"[A-Z2-7]{16}"
 CHAIN = re.compile(rf"^(KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)|KUBE-POD-FW-{HASH}|KUBE-NWPLCY-({HASH}|COMMON|DEFAULT|TAIL))$")
@@ -55,7 +57,7 @@ STANDARD_TARGETS = frozenset({"ACCEPT", "DROP", "RETURN", "REJECT", "MARK", "NFL
 COUNTERS = re.compile(r"^\[\d+:\d+\]\s+")
 
 
-class DumpError(ValueError):
+class DumpError(OneLineError, ValueError):
     """The text is not iptables-save / ipset save output, or a kept rule needs a set that the
     ipset save lacks; the message names the line."""
 

@@ -43,7 +43,7 @@ ALLOWED = ("nftpolicy_allowed_packets", "Packets (a connection's first) that a r
 
 
 class CountedRules(Protocol):
-    """What the collector needs of a dataplane (:class:`~nftpolicy.agent.nftables.NftDataplane`)."""
+    """What the collector needs of a dataplane (:class:`~nftpolicy.agent.dataplane.nftables.NftDataplane`)."""
 
     def counted_rules(self) -> list[dict[str, Any]]:
         """Rule bodies (libnftables JSON) that hold a counter, with its current values."""

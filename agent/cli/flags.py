@@ -1,12 +1,11 @@
-"""The ``nftpolicy`` command line: the flags, their types and their ``NFTPOLICY_*`` environment
-variables, and :func:`main`, which runs one command of :mod:`nftpolicy.agent.commands` and turns
-its errors into one line and an exit code."""
+"""The ``nftpolicy`` command line's flags: their types, their ``NFTPOLICY_*`` environment
+variables, the parser of every subcommand (:func:`parser`) and the helpers the commands share
+(:func:`config_from`, :func:`check_exists`)."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import ipaddress
 import math
 import os
@@ -15,23 +14,16 @@ import sys
 from importlib.metadata import version
 from typing import Any, Callable, NoReturn, Sequence
 
-from nftpolicy.translators.cases import CaseError
-from nftpolicy.translators.iptables import Unsupported
-from nftpolicy.translators.kuberouter import DumpError
 from nftpolicy.translators.rules import Config
 
-from . import interrupts
-from .controlplane import ControlPlaneError
-from .netns import NETNS_DIR, RUN_TAG_ENV, NetnsError
-from .dataplane import DataplaneError
-from .probes import ProbeSpec
-from .sandbox import SandboxError
+from nftpolicy.translators.errors import OneLineError
+from nftpolicy.agent.dataplane.netns import NETNS_DIR, RUN_TAG_ENV
 
 
 ENV_PREFIX = "NFTPOLICY_"
 
 
-class UsageError(ValueError):
+class UsageError(OneLineError, ValueError):
     """Flags that parse one by one but do not fit together."""
 
 
@@ -255,7 +247,7 @@ def check_exists(flag: str, value: str | None) -> None:
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """``--strict`` and ``--accept-skipped``: what a command that reads manifests does with
-    input it left out (see :func:`nftpolicy.agent.commands.finish`)."""
+    input it left out (see :func:`nftpolicy.agent.cli.commands.finish`)."""
     parser.add_argument("--strict", action="store_true", help="exit 2 at once when any object is invalid or the input draws a warning")
     parser.add_argument("--accept-skipped", action="store_true",
                         help="exit as if nothing was skipped when objects, documents or files were left out or no object was found "
@@ -300,7 +292,8 @@ DATAPLANE_CHOICES = {"nft": ("nft",), "iptables": ("iptables",), "kube-router": 
 
 
 
-def _probe_spec(text: str) -> ProbeSpec:
+def _probe_spec(text: str) -> tuple[int, str]:
+    """``[PROTO/]PORT`` as (port, protocol); TCP when no protocol is given."""
     protocol, _, port = text.upper().partition("/")
     if not port:
         protocol, port = "TCP", protocol
@@ -310,7 +303,7 @@ def _probe_spec(text: str) -> ProbeSpec:
         raise argparse.ArgumentTypeError(f"invalid port {text!r} (expected [TCP|UDP|SCTP/]PORT)") from None
     if protocol not in ("TCP", "UDP", "SCTP") or not 1 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"invalid port {text!r} (expected [TCP|UDP|SCTP/]PORT)")
-    return ProbeSpec(number, protocol)
+    return number, protocol
 
 
 
@@ -419,36 +412,3 @@ variable, a file that cannot be read, an invalid object with --strict; 130 inter
 143 terminated (SIGTERM); 141 the reader of the output went away (| head)"""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one ``nftpolicy`` command; returns its exit code (:data:`EXIT_CODES`). Every mistake
-    the user can make ends as one ``nftpolicy: ...`` line on stderr; a SIGINT or SIGTERM that
-    :mod:`nftpolicy.agent.interrupts` handled ends it with that signal's line and code, however
-    the command unwound."""
-    args = parser().parse_args(argv)
-    guard = interrupts.guard()
-    try:
-        with interrupts.deferred():  # see interrupts.Guard.deferred
-            command = importlib.import_module(f"nftpolicy.agent.commands.{args.command}")
-        code = int(getattr(command, f"cmd_{args.command}")(args))
-    except KeyboardInterrupt:
-        code = 130
-        if guard.signum is None:  # Ctrl-C without the guard (main() called in-process)
-            print("nftpolicy: interrupted", file=sys.stderr)
-    except BrokenPipeError:
-        # The reader (``| head``) has gone: end quietly, and keep the interpreter's final flush
-        # of stdout from failing again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 141
-    except (FileNotFoundError, CaseError, DataplaneError, SandboxError, DumpError, NetnsError, UsageError,
-            ControlPlaneError, Unsupported) as exc:
-        if guard.signum is None:  # else an effect of the interrupt: its line says it all
-            print(f"nftpolicy: {exc}", file=sys.stderr)
-        code = 2
-    except Exception:
-        if guard.signum is None:
-            raise
-        code = guard.code  # an effect of the interrupt on the way out: no traceback
-    if guard.signum is not None:
-        guard.announce()
-        return guard.code
-    return code

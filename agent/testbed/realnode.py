@@ -53,9 +53,9 @@ from typing import IO, Any, Iterable, Sequence
 
 import yaml
 
-from . import netns
+from nftpolicy.agent.dataplane import netns
 from .controlplane import SERVICE_CIDR, ControlPlaneError, die_with_parent, find_binary
-from .netns import run_tag
+from nftpolicy.agent.dataplane.netns import run_tag
 
 STATE_ROOT = Path("/var/lib/nftpolicy-e2e")
 SOCKET_ROOT = Path("/run/nftpolicy-e2e")

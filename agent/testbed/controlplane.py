@@ -40,8 +40,9 @@ from typing import IO, Any, Iterable, Mapping
 
 import yaml
 
-from . import interrupts
-from .netns import run_tag
+from nftpolicy.translators.errors import OneLineError
+from nftpolicy.agent import interrupts
+from nftpolicy.agent.dataplane.netns import run_tag
 
 REPO_TOOLS = Path(__file__).resolve().parent.parent / ".tools" / "bin"
 SERVICE_CIDR = "10.96.0.0/12"
@@ -66,7 +67,7 @@ CRD_PATH = Path(__file__).resolve().parent.parent / ".tools" / "crd" / "clustern
 WITH_STATUS = ("Pod", "Node")
 
 
-class ControlPlaneError(RuntimeError):
+class ControlPlaneError(OneLineError, RuntimeError):
     """A binary is missing, a process did not start or the API refused a request; the message
     names the binary or the object, and the API's own reason."""
 

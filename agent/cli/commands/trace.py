@@ -2,7 +2,7 @@
 
 For the trace, our own table gets one base chain per hook, hooked just before our base chains
 (:func:`~nftpolicy.translators.layout.trace_chains`), whose rule sets ``meta nftrace set 1`` on
-the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.nftables.TraceMonitor`)
+the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.dataplane.nftables.TraceMonitor`)
 reports the packet's walk, and every event in our table is printed with the comment of the rule
 that matched: a policy chain's rule by its policy, direction and rule index, read from the rule
 model (:class:`~nftpolicy.translators.rules.RuleOrigin` of the layout rule at that place in its
@@ -10,7 +10,7 @@ chain, found by the rule handle the monitor reports), a pod chain's rule by its 
 its comment (a description only). The trace chains are deleted afterwards, also on an error,
 Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
 
-* With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.sandbox.Sandbox`),
+* With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.testbed.sandbox.Sandbox`),
   and one connection is sent from the ``--from`` pod; each node it crosses is traced.
 * Without: on this node (``--netns``: in that namespace), wait up to ``--timeout`` seconds for one
   packet of the connection, given by addresses, through our table; ``--agent`` names the policy
@@ -32,10 +32,10 @@ from nftpolicy.translators.model import family_of
 from nftpolicy.translators.rules import ChainOwner, Config, RuleModel, chain_owners
 from nftpolicy.translators.verdict import Connection, enforcement_of
 
-from ..cli import UsageError, check_exists, config_from
-from ..nftables import NftDataplane, TraceMonitor
-from ..probes import ProbeSpec, sctp_supported
-from ..sandbox import Sandbox
+from nftpolicy.agent.cli.flags import UsageError, check_exists, config_from
+from nftpolicy.agent.dataplane.nftables import NftDataplane, TraceMonitor
+from nftpolicy.agent.testbed.probes import ProbeSpec, sctp_supported
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from . import read_manifests
 from .explain import _agent, connections, parse_port
 

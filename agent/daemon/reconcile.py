@@ -25,11 +25,11 @@ from nftpolicy.translators import nft, nftchanges
 from nftpolicy.translators.noderender import NodeRenderer
 from nftpolicy.translators.rules import ChainOwner, Config
 
-from .dataplane import Dataplane, DataplaneError
+from nftpolicy.agent.dataplane import Dataplane, DataplaneError
 from .health import Health
 from .memory import gc_paused
 from .metrics import Metrics
-from .nftables import release_memory
+from nftpolicy.agent.dataplane.nftables import release_memory
 from .sources import Store
 
 log = logging.getLogger("nftpolicy.reconcile")

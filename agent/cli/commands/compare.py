@@ -8,8 +8,9 @@ from pathlib import Path
 
 from nftpolicy.translators.kuberouter import DumpError, select
 
-from ..cli import config_from
-from ..compare import compare, format_report
+from nftpolicy.agent.cli.flags import config_from
+from nftpolicy.agent.testbed.compare import compare, format_report
+from nftpolicy.agent.testbed.probes import ProbeSpec
 from . import cluster_warnings, read_manifests, warn
 
 
@@ -43,7 +44,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 2
     dump = select(saves, read_dump("--ipset-save", args.ipset_save), args.ipset_save,
                   {"ipv4": args.iptables_save, "ipv6": args.ip6tables_save})
-    report = compare(cluster, args.node, dump, config_from(args), args.timeout, args.loader, args.port or (), args.icmp)
+    report = compare(cluster, args.node, dump, config_from(args), args.timeout, args.loader,
+                     [ProbeSpec(port, protocol) for port, protocol in args.port or ()], args.icmp)
     print(format_report(report))
-    # Exit 1 for a difference that no documented deliberate one accounts for (README, "Deliberate differences").
+    # Exit 1 for a difference that no documented deliberate one accounts for (docs/migration.md, "Deliberate differences").
     return read.finish(args, 1 if any(not d.note for d in report.differences) else 0)

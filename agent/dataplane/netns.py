@@ -14,7 +14,8 @@ import subprocess
 from contextlib import contextmanager
 from typing import Iterator
 
-from . import interrupts
+from nftpolicy.translators.errors import OneLineError
+from nftpolicy.agent import interrupts
 
 CLONE_NEWNET = 0x40000000
 # Set by a caller that runs many sandboxes (the test suite): every namespace and control-plane
@@ -24,7 +25,7 @@ NETNS_DIR = "/run/netns"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class NetnsError(RuntimeError):
+class NetnsError(OneLineError, RuntimeError):
     """An ``ip`` command or setns(2) failed; the message holds the command and its output."""
 
 

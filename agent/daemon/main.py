@@ -10,12 +10,12 @@ from importlib.metadata import version
 
 from nftpolicy.translators.rules import Config
 
-from . import interrupts
+from nftpolicy.agent import interrupts
 from .debughttp import start_debug
 from .health import Health, serve_http
 from .logs import setup_logging
 from .metrics import Metrics
-from .nftables import NftDataplane
+from nftpolicy.agent.dataplane.nftables import NftDataplane
 from .reconcile import HEARTBEAT, Reconciler
 from .rulecounters import RuleCounters
 from .sources import KubeSource, ManifestsSource, Store
@@ -36,7 +36,7 @@ def settings(args: argparse.Namespace, config: Config) -> str:
 def run_agent(args: argparse.Namespace, config: Config) -> int:
     """Run until SIGTERM or SIGINT; the ruleset stays in the kernel afterwards. Returns the exit
     code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound
-    (after a signal, :func:`nftpolicy.agent.cli.main` exits with the signal's code instead)."""
+    (after a signal, :func:`nftpolicy.agent.cli.main.main` exits with the signal's code instead)."""
     setup_logging(args.log_format, args.log_level)
     dataplane = NftDataplane(config.table, args.netns)
     missing = dataplane.missing_features()

@@ -3,9 +3,9 @@
 A dataplane is bound, when it is made, to one network namespace (None: this process's own) and
 to our table (nft) or our chains and sets (the iptables variant). It checks the kernel's
 features, runs one batch as one transaction, says whether our table is there, and removes it.
-The implementations: :class:`~nftpolicy.agent.nftables.NftDataplane` (libnftables),
-:class:`~nftpolicy.agent.iptables.IptablesDataplane` (``ipset restore`` and
-``iptables-restore``) and :class:`~nftpolicy.agent.fakenft.FakeNftDataplane` (an in-memory
+The implementations: :class:`~nftpolicy.agent.dataplane.nftables.NftDataplane` (libnftables),
+:class:`~nftpolicy.agent.dataplane.iptables.IptablesDataplane` (``ipset restore`` and
+``iptables-restore``) and :class:`~nftpolicy.agent.dataplane.fake.FakeNftDataplane` (an in-memory
 table for fast tests, as knftables' ``Fake``). The reconcile loop, the sandbox, the daemon's
 start-up check and ``nftpolicy cleanup`` take a dataplane; nothing else writes rules.
 """
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
+from nftpolicy.translators.errors import OneLineError
 from nftpolicy.translators.rules import RuleModel
 
 B = TypeVar("B", contravariant=True)
 
 
-class DataplaneError(RuntimeError):
+class DataplaneError(OneLineError, RuntimeError):
     """The kernel (or the fake) refused a batch; it keeps the rules it had before."""
 
 

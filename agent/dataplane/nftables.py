@@ -21,8 +21,7 @@ import orjson
 from nftpolicy.translators import nft
 from nftpolicy.translators.rules import RuleModel
 
-from . import netns
-from .dataplane import DataplaneError
+from . import netns, DataplaneError
 
 Json = dict[str, Any]
 

@@ -1,18 +1,18 @@
-"""``nftpolicy agent``: the node agent (the flags checked here; the wiring is :mod:`nftpolicy.agent.daemon`)."""
+"""``nftpolicy agent``: the node agent (the flags checked here; the wiring is :mod:`nftpolicy.agent.daemon.main`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .. import interrupts
-from ..cli import check_exists, config_from
+from nftpolicy.agent import interrupts
+from nftpolicy.agent.cli.flags import check_exists, config_from
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
     with interrupts.deferred():  # imports the Kubernetes client only for this command
-        from ..daemon import run_agent
-        from ..sources import SourceError
+        from nftpolicy.agent.daemon.main import run_agent
+        from nftpolicy.agent.daemon.sources import SourceError
 
     if not args.node:
         print("nftpolicy: --node (or $NODE_NAME) is required", file=sys.stderr)

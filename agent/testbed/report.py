@@ -12,8 +12,8 @@ and a self-contained HTML page.
   end (from the rule model: the policy chains each pod chain jumps to), and the policies
   involved. No external file, script or font.
 
-:class:`Report` collects the sections of one sandbox run; the sandbox command makes one, calls
-:meth:`Report.matrices` where it printed matrices, and leaves the ``with`` block.
+:class:`SandboxOutput` collects the sections of one sandbox run; the sandbox command makes one, calls
+:meth:`SandboxOutput.matrices` where it printed matrices, and leaves the ``with`` block.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def html_page(sections: Sequence[Section], source: str = "", generated: str = ""
     return "\n".join(parts)
 
 
-class Report:
+class SandboxOutput:
     """The output of one sandbox run: ``output`` ``text`` prints each section as it comes;
     ``json`` sends the command's other lines to stderr and prints one JSON object at the end;
     ``html_path`` also writes the HTML page there at the end, titled with ``source`` and the
@@ -275,7 +275,7 @@ class Report:
         self._stdout: TextIO = sys.stdout
         self._redirect: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
 
-    def __enter__(self) -> "Report":
+    def __enter__(self) -> "SandboxOutput":
         self._stdout = sys.stdout
         if self.output == "json":
             self._redirect = contextlib.redirect_stdout(sys.stderr)

@@ -2,7 +2,7 @@
 
 The answer is the verdict engine's (:mod:`nftpolicy.translators.verdict`) on what nftpolicy
 enforces: every node's rule model rendered from manifests, or, with ``--agent``, the model a
-running agent holds right now (read from its debug endpoint, :mod:`nftpolicy.agent.debughttp`).
+running agent holds right now (read from its debug endpoint, :mod:`nftpolicy.agent.daemon.debughttp`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from nftpolicy.translators.verdict import (
 )
 from nftpolicy.translators.workloads import Service, place_pods, services_from
 
-from ..cli import UsageError, config_from
-from ..debughttp import DEBUG_PATH
+from nftpolicy.agent.cli.flags import UsageError, config_from
+from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
 from . import read_manifests, report_skipped
 
 AGENT_TIMEOUT = 5.0
@@ -140,7 +140,7 @@ def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) ->
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print the verdicts; exit 0 when every connection is allowed, 1 otherwise, 2 on bad input
-    (3: manifests left out, see :func:`~nftpolicy.agent.commands.finish`)."""
+    (3: manifests left out, see :func:`~nftpolicy.agent.cli.commands.finish`)."""
     read = None
     if args.agent:
         if args.paths:

@@ -3,7 +3,7 @@
 Every pod serves each probed port (TCP accept, UDP echo, SCTP where the kernel has it); a probe
 is a new connection from a fresh source port, so conntrack never carries an old verdict into a new
 probe. ICMP probes (``ProbeSpec(0, "ICMP")``) are echo requests from a ping socket. Sockets are
-made inside each pod's network namespace (:func:`~nftpolicy.agent.netns.entered`), then driven
+made inside each pod's network namespace (:func:`~nftpolicy.agent.dataplane.netns.entered`), then driven
 from one asyncio loop in this thread.
 """
 
@@ -19,7 +19,9 @@ from typing import Any, Coroutine, Iterable, Mapping, Sequence, TypeVar, cast
 from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.model import Family, Pod, Protocol
 
-from . import interrupts, netns
+from nftpolicy.agent import interrupts
+
+from nftpolicy.agent.dataplane import netns
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from typing import Any
 from nftpolicy.translators import nft, nfttext
 from nftpolicy.translators.rules import RuleModel
 
-from .dataplane import DataplaneError
+from . import DataplaneError
 
 
 class FakeNftError(DataplaneError):

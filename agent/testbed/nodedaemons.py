@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
-from . import netns
+from nftpolicy.agent.dataplane import netns
 from .controlplane import ControlPlane, ControlPlaneError, find_binary, free_port, spawn, stop
-from .nftables import NftDataplane
+from nftpolicy.agent.dataplane.nftables import NftDataplane
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
 
-AGENT_COMMAND = [sys.executable, "-c", "from nftpolicy.agent.interrupts import run; run()"]
+AGENT_COMMAND = [sys.executable, "-c", "from nftpolicy.agent.cli import run; run()"]
 KUBE_ROUTER_SYNC_START = "Starting sync of iptables"
 KUBE_ROUTER_SYNC_END = "sync iptables took"
 QUIET = 1.0  # seconds without a new kube-router sync before its rules count as settled
@@ -65,8 +65,8 @@ def config_flags(config: Config) -> list[str]:
 def cluster_from_api(control_plane: ControlPlane) -> Any:
     """The cluster as the API holds it now, converted as the agent converts it (a
     :class:`~nftpolicy.translators.model.Cluster`)."""
-    from .metrics import Metrics  # with the Kubernetes client: only when a control plane runs
-    from .sources import KINDS, Store
+    from nftpolicy.agent.daemon.metrics import Metrics  # with the Kubernetes client: only when a control plane runs
+    from nftpolicy.agent.daemon.sources import KINDS, Store
 
     store = Store(Metrics())
     for kind in KINDS:

@@ -10,12 +10,12 @@ plus random hex, and removed by :meth:`Sandbox.close`):
 * one namespace per pod: ``eth0`` with the pod's addresses (``status.podIPs`` when the manifests
   give them, else allocated from 10.244.<node>.0/24 and fd00:10:244:<node>::/64).
 
-Probes between the pods: :mod:`nftpolicy.agent.probes`. Dataplanes (:meth:`Sandbox.node_dataplane`):
+Probes between the pods: :mod:`nftpolicy.agent.testbed.probes`. Dataplanes (:meth:`Sandbox.node_dataplane`):
 ``nft`` applies each node's ruleset through libnftables inside the node's namespace;
 ``iptables-nft`` and ``iptables-legacy`` load the iptables variant of the same rule model
 (:mod:`nftpolicy.translators.iptables`) with that ``iptables-restore`` and ``ipset restore``, also
 inside the node's namespace. Replaying conformance cases, also on twin sandboxes:
-:mod:`nftpolicy.agent.replay`.
+:mod:`nftpolicy.agent.testbed.replay`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from nftpolicy.translators.errors import OneLineError
 from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.manifests import ManifestError, object_ref
 from nftpolicy.translators.model import Cluster, Family, Pod, family_of
@@ -33,11 +34,11 @@ from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import FAMILIES, Config
 from nftpolicy.translators.workloads import PlacementError, place_pods
 
-from . import netns
+from nftpolicy.agent.dataplane import netns
 from .controlplane import ApiError, ControlPlane
-from .dataplane import Dataplane
-from .iptables import IptablesDataplane
-from .nftables import NftDataplane
+from nftpolicy.agent.dataplane import Dataplane
+from nftpolicy.agent.dataplane.iptables import IptablesDataplane
+from nftpolicy.agent.dataplane.nftables import NftDataplane
 from .probes import ProbeSpec, Prober
 
 NETNS_PREFIX = "nftp-"
@@ -65,7 +66,7 @@ class _Node:
     addresses: dict[Family, str]
 
 
-class SandboxError(RuntimeError):
+class SandboxError(OneLineError, RuntimeError):
     """The sandbox could not be built or a ruleset could not be applied."""
 
 

@@ -11,8 +11,8 @@ from nftpolicy.translators import nft, nfttext
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import RuleModel
 
-from ..cli import config_from
-from ..memory import gc_paused
+from nftpolicy.agent.cli.flags import config_from
+from nftpolicy.agent.daemon.memory import gc_paused
 from . import cluster_warnings, read_manifests, warn
 
 

@@ -23,8 +23,7 @@ from nftpolicy.translators import iptables as render
 from nftpolicy.translators.model import Family
 from nftpolicy.translators.rules import RuleModel
 
-from . import netns
-from .dataplane import DataplaneError
+from . import netns, DataplaneError
 
 Loader = Literal["nft", "legacy"]
 LOADERS: tuple[Loader, ...] = ("nft", "legacy")

@@ -23,12 +23,12 @@ from nftpolicy.translators.rules import FAMILIES, Config
 from nftpolicy.translators.tiers import direction_decision
 from nftpolicy.translators.verdict import Connection, Enforcement, enforcement_of
 
-from .iptables import IptablesBatch
+from nftpolicy.agent.dataplane.iptables import IptablesBatch
 from .probes import ProbeSpec
 from .replay import disagreements
 from .sandbox import Sandbox, SandboxError
 
-# The deliberate differences (README, "Deliberate differences"); each was seen with the real
+# The deliberate differences (docs/migration.md, "Deliberate differences"); each was seen with the real
 # kube-router v2.1.0 (tests/fixtures/kube-router-v2.1.0, tests/test_real_dumps.py; CLUSTER_POLICY_NOTE:
 # tests/test_cnp_conformance.py, the real kube-router beside the agents) except ICMP_NOTE,
 # which only applies to a dump that has such an ACCEPT rule (Dump.accepts_icmp_echo): v2.1.0 has none.
@@ -59,7 +59,7 @@ class Difference:
 
 
 @dataclass
-class Report:
+class Comparison:
     """What ``compare`` found: the cells probed and every difference, plus what was left out."""
 
     node: str
@@ -119,7 +119,7 @@ def _peerless_named_port(cluster: Cluster, policy: NetworkPolicy, spec: ProbeSpe
 
 def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: bool | None, ours: bool | None,
             icmp_echo_accepted: bool = False) -> str | None:
-    """The documented deliberate difference that accounts for a cell, if one does (README,
+    """The documented deliberate difference that accounts for a cell, if one does (docs/migration.md,
     "Deliberate differences"), else None.
 
     ``icmp_echo_accepted``: kube-router's rules accept every ICMP echo request before the policies
@@ -178,7 +178,7 @@ def probe_specs(cluster: Cluster, extra: Sequence[ProbeSpec] = (), icmp: bool = 
 
 
 def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), timeout: float = 1.0,
-            loader: str | None = None, extra: Sequence[ProbeSpec] = (), icmp: bool = False) -> Report:
+            loader: str | None = None, extra: Sequence[ProbeSpec] = (), icmp: bool = False) -> Comparison:
     """Build the twins, load kube-router's dump and nftpolicy's ruleset on ``node``, probe, compare.
 
     ``loader`` (``nft``/``legacy``) defaults to what the dump's header says, else ``nft``.
@@ -212,7 +212,7 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
         ours.apply(cluster, nodes=[node])
         kube_router = theirs.probe(specs, families, pairs)
         nftpolicy = ours.probe(specs, families, pairs)
-    report = Report(node, local, [s for s in specs if any(k[0] == s for k in nftpolicy)], families,
+    report = Comparison(node, local, [s for s in specs if any(k[0] == s for k in nftpolicy)], families,
                     sum(len(m) for m in nftpolicy.values()), loader, dump.rule_count,
                     left_out=list(dump.left_out), not_built=not_built)
     engine = enforcement_of(cluster, [node], config)
@@ -237,7 +237,7 @@ def _spec(spec: ProbeSpec) -> str:
     return "ICMP/echo" if spec.protocol == "ICMP" else f"{spec.protocol}/{spec.port}"
 
 
-def format_report(report: Report) -> str:
+def format_report(report: Comparison) -> str:
     """The report as ``nftpolicy compare`` prints it."""
     lines = [
         f"node {report.node}: {len(report.local_pods)} local pods ({', '.join(report.local_pods)})",

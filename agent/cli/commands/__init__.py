@@ -1,4 +1,4 @@
-"""The commands of ``nftpolicy``, one module each; :mod:`nftpolicy.agent.cli` parses the flags and
+"""The commands of ``nftpolicy``, one module each; :mod:`nftpolicy.agent.cli.main` parses the flags and
 calls ``cmd_<command>(args)`` of the command's module (imported only when it runs).
 
 The commands that read manifests (``render``, ``sandbox``, ``explain``, ``trace``, ``compare``)
@@ -19,7 +19,7 @@ from nftpolicy.translators.manifests import ManifestError, build_cluster
 from nftpolicy.translators.model import NAMESPACE_NAME_LABEL, Cluster
 from nftpolicy.translators.workloads import StandIn, stand_in_pods
 
-from ..manifestfiles import read_objects
+from nftpolicy.agent.daemon.manifestfiles import read_objects
 
 INCOMPLETE = 3  # exit code: part of the input was left out (see finish())
 

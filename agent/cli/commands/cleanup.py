@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import check_exists
-from ..nftables import NftDataplane
+from nftpolicy.agent.cli.flags import check_exists
+from nftpolicy.agent.dataplane.nftables import NftDataplane
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:

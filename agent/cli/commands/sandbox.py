@@ -14,14 +14,15 @@ from nftpolicy.translators.manifests import ManifestError, load_yaml_documents
 from nftpolicy.translators.model import Cluster, Family, family_of
 from nftpolicy.translators.rules import Config
 
-from ..cli import DATAPLANE_CHOICES, UsageError, config_from
-from ..compare import cells_differ, explain, verdict
-from .. import interrupts, report
-from ..controlplane import ControlPlane, find_binary
-from ..manifestfiles import manifest_files
-from ..probes import ProbeSpec
-from ..replay import Disagreement, disagreements, replay_twins, start_daemons
-from ..sandbox import Sandbox
+from nftpolicy.agent.cli.flags import DATAPLANE_CHOICES, UsageError, config_from
+from nftpolicy.agent.testbed.compare import cells_differ, explain, verdict
+from nftpolicy.agent import interrupts
+from nftpolicy.agent.testbed import report
+from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary
+from nftpolicy.agent.daemon.manifestfiles import manifest_files
+from nftpolicy.agent.testbed.probes import ProbeSpec
+from nftpolicy.agent.testbed.replay import Disagreement, disagreements, replay_twins, start_daemons
+from nftpolicy.agent.testbed.sandbox import Sandbox
 from . import cluster_warnings, finish, read_manifests, report_skipped, warn
 
 
@@ -83,7 +84,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     dataplanes = _dataplanes(args)
     live = _sandbox_control_plane(args, dataplanes)
     _check_report_path(args.report)
-    with report.Report(args.output, args.report, config, " ".join(args.paths)) as out, contextlib.ExitStack() as stack:
+    with report.SandboxOutput(args.output, args.report, config, " ".join(args.paths)) as out, contextlib.ExitStack() as stack:
         control_plane = stack.enter_context(ControlPlane()) if live else None
         if cases is None:
             code = _sandbox_manifests(args, stack, control_plane, nodes, families, config, dataplanes, out)
@@ -94,7 +95,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
                        nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...],
-                       out: report.Report) -> int:
+                       out: report.SandboxOutput) -> int:
     read = read_manifests(args, nodes, report_invalid=control_plane is None)
     cluster = read.cluster
     warn(cluster_warnings(cluster, []), args.strict)
@@ -146,7 +147,7 @@ def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[st
 
 
 def _sandbox_cases(args: argparse.Namespace, cases: list[Case], control_plane: ControlPlane | None, nodes: list[str],
-                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], out: report.Report) -> int:
+                   families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...], out: report.SandboxOutput) -> int:
     failures = disagree = compared = 0
     skipped: list[ManifestError] = []
     with contextlib.closing(replay_twins(cases, nodes, families, config, args.timeout, dataplanes,

@@ -1,0 +1,40 @@
+"""The ``nftpolicy`` command line: :func:`run` is the console script, :mod:`.main` runs one
+command, :mod:`.flags` parses, :mod:`.commands` holds one module per subcommand. This module
+imports only :mod:`nftpolicy.agent.interrupts`, so that the signal handlers are in place before
+any heavy import."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+from nftpolicy.agent import interrupts
+
+
+def run() -> None:
+    """The ``nftpolicy`` console script: install the guard before the command line's imports, run
+    :func:`nftpolicy.agent.cli.main.main`, remove any leftover that an interrupt cut short, exit with
+    the command's code (or the signal's)."""
+    guard = interrupts.install()
+    try:
+        with interrupts.deferred():  # after the handlers: a signal during the imports is handled too
+            from .main import main
+        code = main()
+    except KeyboardInterrupt:  # the guard's, raised before main() could catch it
+        code = 130
+    except SystemExit as exc:  # a command's own exit (SystemExit(2) for --strict): leftovers still go
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    if guard.signum is not None:
+        guard.announce()
+    guard.finished = True  # a signal from now on exits at once, with its code
+    interrupts.clean_leftovers()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away was main()'s to report
+            stream.flush()
+    logging.shutdown()
+    # Not sys.exit(): the interpreter's finalization puts the default handlers back, and a signal
+    # then would end the process without its code. Nothing is left to do but leave.
+    guard.exit(guard.code or code)
