@@ -128,7 +128,7 @@ def test_a_policy_rule_is_named_from_the_model_by_its_handle_whatever_its_commen
     # cut at nft's 128 bytes loses nothing.
     from nftpolicy.translators import layout
     from nftpolicy.translators.noderender import build_rule_model
-    from nftpolicy.agent.commands.trace import follow, listed_rules
+    from nftpolicy.agent.cli.commands.trace import follow, listed_rules
 
     from .test_rules import cluster_of, labels, netpol, ns, pod
 
