@@ -55,6 +55,9 @@ def test_bad_input_gets_one_line_and_exit_2():
     result = trace("--from", "shop/frontend", "--to", "10.0.0.1", "--netns", "none")
     assert result.returncode == 2 and result.stderr.splitlines() == [
         "nftpolicy: --from shop/frontend: on a node, give an address (names need manifests)"]
+    result = trace("--from", "shop/frontend", "--to", "shop/db", "--agent", "http://127.0.0.1:1", SHOP)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "nftpolicy: --agent: only on a node; with manifests the sandbox knows its own model"], result.stderr
 
 
 def test_on_a_node_the_trace_chains_go_away_after_a_timeout_and_after_sigterm(make_netns):

@@ -164,6 +164,8 @@ def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, timeout: 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Print the path; exit 0 when the packet passed, 1 when it was refused or never seen, 2 on bad input."""
     config = config_from(args)
+    if args.paths and args.agent:
+        raise UsageError("--agent: only on a node; with manifests the sandbox knows its own model")
     if args.paths:
         return _trace_sandbox(args, config)
     return _trace_node(args, config)
