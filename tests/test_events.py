@@ -16,7 +16,7 @@ from nftpolicy.agent.daemon.events import (CRD_MISSING, INVALID, UNSUPPORTED_PEE
                                            TokenBucket)
 from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.translators.clusterpolicy import UnsupportedPeer
-from nftpolicy.translators.manifests import InvalidField
+from nftpolicy.translators.validation import InvalidField
 
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api, eventually

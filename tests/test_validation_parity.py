@@ -23,9 +23,10 @@ import secrets
 
 import pytest
 
-from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
 from nftpolicy.agent.daemon.store import CONVERT
-from nftpolicy.translators.manifests import InvalidField, build_cluster
+from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.validation import InvalidField
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver")]
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from . import layout
 from .layout import POD_MAPS
 from .model import Family, family_of
-from .noderender import AnyChain, Changes
-from .rules import Config, PodChain, PolicyChain, TierChain
+from .rules import AnyChain, Changes, Config, PodChain, PolicyChain, TierChain
 from .transaction import ChainRule, Elements, OurTable, SetName, Transaction
 
 

@@ -26,8 +26,23 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from .clusterpolicy import ClusterNetworkPolicy, ClusterPeer, ClusterPort, Tier, network_contains, peer_selects
-from .model import Cluster, Direction, Family, NetworkPolicy, Peer, Pod, PolicyPort, Protocol, family_of
+from .model import (
+    Cluster,
+    ClusterNetworkPolicy,
+    ClusterPeer,
+    ClusterPort,
+    Direction,
+    Family,
+    NetworkPolicy,
+    Peer,
+    Pod,
+    PolicyPort,
+    Protocol,
+    Tier,
+    family_of,
+    network_contains,
+    peer_selects,
+)
 
 Endpoint = Pod | str  # a pod of the model, or an address outside every pod
 

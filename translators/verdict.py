@@ -36,19 +36,17 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
 from .model import Cluster, Direction, Family, Pod, family_of
 from .noderender import build_rule_model
-from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel, TierChain, TierRule
+from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
                     "node port", "external IP"]
-_RULE_INDEX = re.compile(r" (?:ingress|egress) rule (\d+)(?: |$)")
 
 
 def canonical(address: str) -> str:
@@ -100,12 +98,11 @@ class Endpoint:
 class RuleSummary:
     """What one rule of a policy allows, in words: ``peers`` (what its peer sets select) and
     ``ports`` (``TCP/8080``, ``TCP/6000-6999``, a named-port set's description, ``any port``).
-    ``rule`` is the rule's index in the policy's ingress or egress list (None when the comment
-    that carries it was cut at nft's 128 bytes)."""
+    ``rule`` is the rule's index in the policy's ingress or egress list."""
 
     policy: str
     direction: Direction
-    rule: int | None
+    rule: int
     peers: tuple[str, ...]
     ports: tuple[str, ...]
 
@@ -150,14 +147,6 @@ class Verdict:
     def as_json(self) -> dict[str, Any]:
         """The verdict as plain JSON data (``explain --output json``)."""
         return dataclasses.asdict(self)
-
-
-def rule_index(comment: str) -> int | None:
-    """The policy rule index that an allow rule's comment ``<ns>/<name> <direction> rule <i>``
-    (or a tier rule's ``<name> <tier> <direction> rule <i> ...``) carries
-    (:mod:`~nftpolicy.translators.noderender` writes it); None when the comment was cut."""
-    match = _RULE_INDEX.search(comment)
-    return int(match.group(1)) if match else None
 
 
 @dataclass
@@ -332,13 +321,13 @@ def _tier_decision(index: _NodeIndex, chains: Sequence[str], direction: Directio
         chain = index.tier_chains[name]
         for rule in chain.rules:
             if _matches(index, rule, direction, peer, conn):
-                if rule.action == "Pass":
+                if rule.origin.action == "Pass":
                     return None
-                return f"{chain.tier} {rule.action}", _summaries(index, chain, [rule])[0]
+                return f"{chain.tier} {rule.origin.action}", _summaries(index, chain, [rule])[0]
     return None
 
 
-def _matches(index: _NodeIndex, rule: AllowRule | TierRule, direction: Direction, peer: str, conn: Connection) -> bool:
+def _matches(index: _NodeIndex, rule: MatchRule, direction: Direction, peer: str, conn: Connection) -> bool:
     """What :func:`~nftpolicy.translators.layout.allow_rule` matches: family, the peer (source
     for ingress, destination for egress) in the peer set, the named port
     (``destination . protocol . port``) in its set, the protocol and port range."""
@@ -364,11 +353,11 @@ def port_text(port: PortMatch) -> str:
     return f"{port.protocol}/{port.first}" + (f"-{port.last}" if port.last not in (None, port.first) else "")
 
 
-def _summaries(index: _NodeIndex, chain: PolicyChain | TierChain, rules: Sequence[AllowRule | TierRule]) -> list[RuleSummary]:
+def _summaries(index: _NodeIndex, chain: PolicyChain | TierChain, rules: Sequence[MatchRule]) -> list[RuleSummary]:
     """The allow rules of ``chain`` grouped by policy rule index, in order, in words."""
-    grouped: dict[int | None, tuple[list[str], list[str]]] = {}
+    grouped: dict[int, tuple[list[str], list[str]]] = {}
     for rule in rules:
-        peers, ports = grouped.setdefault(rule_index(rule.comment), ([], []))
+        peers, ports = grouped.setdefault(rule.origin.index, ([], []))
         if rule.named_port_set is not None:
             what = index.describe(rule.named_port_set)
             if chain.direction == "egress":  # the set of the peers' named port: the peer match as well
@@ -489,6 +478,10 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
+def _match_rule(data: Mapping[str, Any]) -> MatchRule:
+    return MatchRule(**{**data, "port": PortMatch(**data["port"]) if data["port"] else None, "origin": RuleOrigin(**data["origin"])})
+
+
 def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
     """The :class:`Enforcement` that :func:`enforcement_json` wrote. Raises KeyError, TypeError or
     ValueError for data of another shape."""
@@ -497,13 +490,9 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
         m = entry["model"]
         config = Config(**{k: _tuples(v) for k, v in m["config"].items()})
         sets = tuple(AddressSet(**{**s, "elements": _tuples(s["elements"])}) for s in m["sets"])
-        chains = tuple(PolicyChain(**{**c, "rules": tuple(
-            AllowRule(**{**r, "port": PortMatch(**r["port"]) if r["port"] else None}) for r in c["rules"])})
-            for c in m["policy_chains"])
+        chains = tuple(PolicyChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m["policy_chains"])
         pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
-        tiers = tuple(TierChain(**{**c, "rules": tuple(
-            TierRule(**{**r, "port": PortMatch(**r["port"]) if r["port"] else None}) for r in c["rules"])})
-            for c in m.get("tier_chains") or ())
+        tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m.get("tier_chains") or ())
         models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
     endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
     return Enforcement(models, endpoints, data.get("node_addresses") or {})

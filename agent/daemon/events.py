@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Protocol, cast
 from kubernetes import client as k8s
 
 from nftpolicy.translators.clusterpolicy import UnsupportedPeer
-from nftpolicy.translators.manifests import InvalidField
+from nftpolicy.translators.validation import InvalidField
 
 from .metrics import Metrics
 from .sources import describe

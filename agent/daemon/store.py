@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterable, Mapping
 
 from nftpolicy.translators.clusterpolicy import cluster_policy_from, fail_closed_cluster_policy
 from nftpolicy.translators.manifests import (
-    InvalidField,
     fail_closed_policy,
     namespace_from,
     node_from,
@@ -24,6 +23,7 @@ from nftpolicy.translators.manifests import (
     policy_from,
 )
 from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.validation import InvalidField
 
 from .memory import gc_paused
 from .metrics import Metrics
