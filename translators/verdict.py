@@ -37,13 +37,14 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
+from . import layout
 from .model import Cluster, Direction, Family, Pod, family_of
 from .noderender import build_rule_model
 from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel, TierChain, TierRule
+from .tablewalk import Packet, Step, TableWalker, Walk
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
@@ -160,39 +161,43 @@ def rule_index(comment: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-@dataclass
-class _NodeIndex:
-    """One node's rule model, indexed for look-ups."""
+def _rule_index(rule: AllowRule | TierRule) -> int | None:
+    """The index of the policy rule a model rule comes from (the one place that reads a rule's
+    identity: :func:`rule_index` of its comment)."""
+    return rule_index(rule.comment)
 
-    model: RuleModel
-    pod_chains: dict[str, PodChain] = field(default_factory=dict)
-    policy_chains: dict[str, PolicyChain] = field(default_factory=dict)
-    tier_chains: dict[str, TierChain] = field(default_factory=dict)
-    sets: dict[str, AddressSet] = field(default_factory=dict)
-    members: dict[str, Any] = field(default_factory=dict)  # set name -> frozenset, or networks
 
-    def __post_init__(self) -> None:
-        self.pod_chains = {canonical(ip): chain for chain in self.model.pod_chains for ip in chain.ips}
-        self.policy_chains = {chain.name: chain for chain in self.model.policy_chains}
-        self.tier_chains = {chain.name: chain for chain in self.model.tier_chains}
-        self.sets = {s.name: s for s in self.model.sets}
+class _Node:
+    """One node's rule model and the table :mod:`~nftpolicy.translators.layout` decides for it,
+    indexed: the table walker (``local``: the node's addresses), the model's chains and sets by
+    name, the pod of each dispatched address, and the model rule each layout rule of a policy or
+    tier chain was made from."""
 
-    def contains(self, name: str, element: Any) -> bool:
-        """True when ``element`` (an address, or ``(address, protocol, port)``) is in set ``name``."""
-        members = self.members.get(name)
-        if members is None:
-            s = self.sets[name]
-            if s.kind == "interval":
-                members = [ipaddress.ip_network(e) for e in s.elements]
-            elif s.kind == "addr":
-                members = frozenset(canonical(e) for e in s.elements)
-            else:
-                members = frozenset((canonical(e[0]), e[1], e[2]) for e in s.elements)
-            self.members[name] = members
-        if isinstance(members, list):
-            address = ipaddress.ip_address(element)
-            return any(address.version == net.version and address in net for net in members)
-        return element in members
+    def __init__(self, model: RuleModel, local: Sequence[str]) -> None:
+        self.model = model
+        self.walker = TableWalker(layout.table(model), local)
+        self.policy_chains = {chain.name: chain for chain in model.policy_chains}
+        self.tier_chains = {chain.name: chain for chain in model.tier_chains}
+        self.sets = {s.name: s for s in model.sets}
+        self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
+        self._origins: dict[str, list[AllowRule | TierRule]] = {
+            **{c.name: list(c.rules) for c in model.policy_chains},  # layout.allow_rule: one rule each
+            **{c.name: [r for r in c.rules for _ in layout.tier_rule(model.config, c, r)] for c in model.tier_chains}}
+
+    def origin(self, step: Step) -> tuple[PolicyChain | TierChain, AllowRule | TierRule] | None:
+        """The policy or tier chain of the model and the rule of it that the layout rule of
+        ``step`` was made from; None for the table's own chains (base, common, default, pod)."""
+        chain = self.policy_chains.get(step.chain) or self.tier_chains.get(step.chain)
+        return (chain, self._origins[step.chain][step.position]) if chain is not None else None
+
+    def jumps(self, pod_chain: str, direction: Direction) -> tuple[str, ...]:
+        """The chains that pod chain ``pod_chain`` jumps to for ``direction`` (its tier chains,
+        policy chains or ``KUBE-NWPLCY-DEFAULT``), in order."""
+        field = "daddr" if direction == "ingress" else "saddr"
+        targets = [s.target for rule in self.walker.chains[pod_chain].rules
+                   if any(isinstance(s, layout.AddressIs) and s.field == field for s in rule.statements)
+                   for s in rule.statements if isinstance(s, layout.Jump)]
+        return tuple(dict.fromkeys(targets))
 
     def describe(self, name: str) -> str:
         """What set ``name`` selects (its comment)."""
@@ -211,7 +216,7 @@ class Enforcement:
         self.models = dict(models)
         self.pods = tuple(pods)
         self.node_addresses = {name: tuple(canonical(a) for a in addresses) for name, addresses in (node_addresses or {}).items()}
-        self._nodes = {name: _NodeIndex(model) for name, model in self.models.items()}
+        self._nodes = {name: _Node(model, self.node_addresses.get(name or "", ())) for name, model in self.models.items()}
         self._pod_at: dict[str, Endpoint] = {}
         for pod in self.pods:
             for ip in pod.ips:
@@ -238,7 +243,7 @@ class Enforcement:
         allowed = False if False in sides else None if None in sides else True
         return Verdict(conn, allowed, egress, ingress)
 
-    def _node_of(self, address: str) -> tuple[str | None, _NodeIndex | None, bool]:
+    def _node_of(self, address: str) -> tuple[str | None, _Node | None, bool]:
         """(node name, its index, known) for the pod at ``address``."""
         pod = self.pod_at(address)
         if pod is not None:
@@ -247,114 +252,91 @@ class Enforcement:
                     return name, self._nodes[name], True
             return pod.node, None, False
         for name, index in self._nodes.items():
-            if address in index.pod_chains:
+            if address in index.pods:
                 return name, index, True
         return None, None, True
 
+    def _base_chain(self, node: str | None, direction: Direction, conn: Connection) -> str:
+        """The base chain that first sees the connection on ``node`` for ``direction``: egress
+        to an address of the node itself, a service cluster IP or an external range enters
+        ``KUBE-ROUTER-INPUT`` (kube-proxy's IPVS mode binds the latter two to the node);
+        ingress from the node itself ``KUBE-ROUTER-OUTPUT``; the rest ``KUBE-ROUTER-FORWARD``."""
+        local = self.node_addresses.get(node or "", ())
+        if direction == "ingress":
+            return "KUBE-ROUTER-OUTPUT" if conn.source in local else "KUBE-ROUTER-FORWARD"
+        config, destination = self._nodes[node].model.config, ipaddress.ip_address(conn.destination)
+        bound = [c for c in config.service_cidrs + config.external_cidrs if family_of(c) == conn.family]
+        if conn.destination in local or any(destination in ipaddress.ip_network(c) for c in bound):
+            return layout.INPUT_CHAIN
+        return "KUBE-ROUTER-FORWARD"
+
     def _direction(self, direction: Direction, address: str, peer: str, conn: Connection) -> DirectionVerdict:
+        """One direction: the walk of the node's table from the base chain that sees the packet,
+        dispatching only on ``address`` (the destination's pod chain for ingress, the source's for
+        egress), read back as reasons."""
         node, index, known = self._node_of(address)
         pod = self.pod_at(address)
-        chain = index.pod_chains.get(address) if index is not None else None
-        key = pod.key if pod is not None else chain.pod if chain is not None else None
+        key = pod.key if pod is not None else index.pods.get(address) if index is not None else None
         if not known or index is None:
             return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
-        targets = getattr(chain, direction) if chain is not None else None
-        admin, baseline = chain.tiers(direction) if chain is not None else ((), ())
-        tiers = (admin, baseline if targets is None else ())
-        policies = tuple(index.policy_chains[t].policy for t in targets or ())
-        side = DirectionVerdict(direction, address, key, node, True, targets is not None, True, policies)
+        pod_chain = index.walker.dispatch_target(conn.family, address)
+        jumps = index.jumps(pod_chain, direction) if pod_chain is not None else ()
+        targets = [index.policy_chains[t] for t in jumps if t in index.policy_chains]
+        isolated = pod_chain is not None and layout.DEFAULT_CHAIN not in jumps
+        side = DirectionVerdict(direction, address, key, node, True, isolated, True, tuple(c.policy for c in targets))
         if address == peer:
             return dataclasses.replace(side, exemption="own address")
-        exemption = self._input_exemption(node, conn) if direction == "egress" else None
-        if exemption is None and (targets is not None or any(tiers)):
-            exemption = self._chain_exemption(node, conn, direction)
-        if exemption is not None:
-            return dataclasses.replace(side, exemption=exemption)
-        decided = _tier_decision(index, tiers[0], direction, peer, conn)
-        if decided is None and targets is None:
-            decided = _tier_decision(index, tiers[1], direction, peer, conn)
+        packet = Packet(conn.source, conn.destination, conn.protocol.lower(), conn.port, conn.icmp_type, conn.established)
+        walk = index.walker.walk(packet, self._base_chain(node, direction, conn), ("daddr" if direction == "ingress" else "saddr",))
+        ended = walk.ended_by
+        if walk.allowed and ended is not None:
+            return dataclasses.replace(side, exemption=_exemption(ended.rule, index.model.config))
+        decided = _deciding_rule(index, walk)
         if decided is not None:
-            action, summary = decided
-            return dataclasses.replace(side, allowed=action.endswith("Accept"), cluster_rule=summary, cluster_action=action)
-        if targets is None:
+            chain, rule = decided
+            summary = _summaries(index, chain, [rule])[0]
+            if isinstance(chain, TierChain):
+                action = _action(rule)
+                return dataclasses.replace(side, allowed=action == "Accept", cluster_rule=summary, cluster_action=f"{chain.tier} {action}")
+            return dataclasses.replace(side, allowed_by=summary)
+        if walk.allowed:
             return side
-        for target in targets:
-            for rule in index.policy_chains[target].rules:
-                if _matches(index, rule, direction, peer, conn):
-                    return dataclasses.replace(side, allowed_by=_summaries(index, index.policy_chains[target], [rule])[0])
-        summaries = tuple(s for t in targets for s in _summaries(index, index.policy_chains[t], [
-            r for r in index.policy_chains[t].rules if r.family in (None, conn.family)]))
+        summaries = tuple(s for t in targets for s in _summaries(index, t, [r for r in t.rules if r.family in (None, conn.family)]))
         return dataclasses.replace(side, allowed=False, rules=summaries)
 
-    def _config(self, node: str | None) -> Config:
-        index = self._nodes.get(node)
-        return index.model.config if index is not None else Config()
 
-    def _input_exemption(self, node: str | None, conn: Connection) -> Exemption | None:
-        """``KUBE-ROUTER-INPUT``'s returns, for traffic from a pod to its own node: to a service
-        cluster IP or an external range (kube-proxy's IPVS mode binds those to the node, so they
-        reach INPUT), or to a node port of a node address."""
-        config, destination = self._config(node), ipaddress.ip_address(conn.destination)
-        local = conn.destination in self.node_addresses.get(node or "", ())
+def _action(rule: AllowRule | TierRule) -> str:
+    """What a model rule does when it matches: a NetworkPolicy rule only allows (``Accept``)."""
+    return rule.action if isinstance(rule, TierRule) else "Accept"
 
-        def inside(cidrs: tuple[str, ...]) -> bool:
-            return any(destination in ipaddress.ip_network(c) for c in cidrs if family_of(c) == conn.family)
 
-        if not local and not inside(config.service_cidrs + config.external_cidrs):
+def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, AllowRule | TierRule] | None:
+    """The policy or tier rule that decided a walk: the last one that fired, a ``Pass`` aside
+    (it only ends its tier); None when none fired, or ``KUBE-NWPLCY-DEFAULT`` after it."""
+    for step in reversed(walk.fired()):
+        if step.chain == layout.DEFAULT_CHAIN:
             return None
-        if conn.established:
-            return "established"
-        if inside(config.service_cidrs):
-            return "service cluster IP"
-        if local and config.node_port_range and conn.protocol.lower() in NODE_PORT_PROTOCOLS and conn.port is not None \
-                and config.node_port_range[0] <= conn.port <= config.node_port_range[1]:
-            return "node port"
-        if inside(config.external_cidrs):
-            return "external IP"
-        return None
-
-    def _chain_exemption(self, node: str | None, conn: Connection, direction: Direction) -> Exemption | None:
-        """What the base chains, the common chain and the pod chain accept whatever the policies say."""
-        if conn.established:
-            return "established"
-        if conn.protocol == "ICMP" and conn.icmp_type in ESSENTIAL_ICMP[conn.family]:
-            return "essential ICMP error"
-        if direction == "ingress" and conn.source in self.node_addresses.get(node or "", ()):
-            return "node-local source"
-        return None
-
-
-def _tier_decision(index: _NodeIndex, chains: Sequence[str], direction: Direction, peer: str,
-                   conn: Connection) -> tuple[str, RuleSummary] | None:
-    """The first matching rule of one tier's chains, in order: its tier and action
-    (``Admin Deny``) and the rule in words; None when no rule matches or a Pass rule does."""
-    for name in chains:
-        chain = index.tier_chains[name]
-        for rule in chain.rules:
-            if _matches(index, rule, direction, peer, conn):
-                if rule.action == "Pass":
-                    return None
-                return f"{chain.tier} {rule.action}", _summaries(index, chain, [rule])[0]
+        origin = index.origin(step)
+        if origin is not None and _action(origin[1]) != "Pass":
+            return origin
     return None
 
 
-def _matches(index: _NodeIndex, rule: AllowRule | TierRule, direction: Direction, peer: str, conn: Connection) -> bool:
-    """What :func:`~nftpolicy.translators.layout.allow_rule` matches: family, the peer (source
-    for ingress, destination for egress) in the peer set, the named port
-    (``destination . protocol . port``) in its set, the protocol and port range."""
-    if rule.family is not None and rule.family != conn.family:
-        return False
-    if rule.peer_set is not None and not index.contains(rule.peer_set, peer):
-        return False
-    if rule.named_port_set is not None and (conn.protocol == "ICMP" or not index.contains(
-            rule.named_port_set, (conn.destination, conn.protocol.lower(), conn.port))):
-        return False
-    if rule.port is not None:
-        if rule.port.protocol != conn.protocol:
-            return False
-        if rule.port.first is not None and not (conn.port is not None and rule.port.first <= conn.port <= (rule.port.last or rule.port.first)):
-            return False
-    return True
+def _exemption(rule: layout.Rule, config: Config) -> Exemption:
+    """Which exemption ``rule`` (of a base chain, the common chain or a pod chain: a rule that
+    accepts, or a ``return`` of ``KUBE-ROUTER-INPUT``) is, by what it matches."""
+    statements = rule.statements
+    if any(isinstance(s, layout.ConntrackState) for s in statements):
+        return "established"
+    if any(isinstance(s, layout.IcmpTypes) for s in statements):
+        return "essential ICMP error"
+    if any(isinstance(s, layout.LocalAddress) and s.field == "saddr" for s in statements):
+        return "node-local source"
+    if any(isinstance(s, layout.LocalAddress) and s.field == "daddr" for s in statements):
+        return "node port"
+    if any(isinstance(s, layout.AddressIs) and set(s.addresses) <= set(config.service_cidrs) for s in statements):
+        return "service cluster IP"
+    return "external IP"
 
 
 def port_text(port: PortMatch) -> str:
@@ -364,11 +346,11 @@ def port_text(port: PortMatch) -> str:
     return f"{port.protocol}/{port.first}" + (f"-{port.last}" if port.last not in (None, port.first) else "")
 
 
-def _summaries(index: _NodeIndex, chain: PolicyChain | TierChain, rules: Sequence[AllowRule | TierRule]) -> list[RuleSummary]:
+def _summaries(index: _Node, chain: PolicyChain | TierChain, rules: Sequence[AllowRule | TierRule]) -> list[RuleSummary]:
     """The allow rules of ``chain`` grouped by policy rule index, in order, in words."""
     grouped: dict[int | None, tuple[list[str], list[str]]] = {}
     for rule in rules:
-        peers, ports = grouped.setdefault(rule_index(rule.comment), ([], []))
+        peers, ports = grouped.setdefault(_rule_index(rule), ([], []))
         if rule.named_port_set is not None:
             what = index.describe(rule.named_port_set)
             if chain.direction == "egress":  # the set of the peers' named port: the peer match as well
