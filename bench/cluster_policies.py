@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import generate  # noqa: E402
 
-from nftpolicy.translators.clusterpolicy import ClusterNetworkPolicy, cluster_policy_from  # noqa: E402
-from nftpolicy.translators.model import Pod  # noqa: E402
+from nftpolicy.translators.clusterpolicy import cluster_policy_from  # noqa: E402
+from nftpolicy.translators.model import ClusterNetworkPolicy, Pod  # noqa: E402
 from nftpolicy.translators.noderender import NodeRenderer  # noqa: E402
 
 

@@ -40,7 +40,6 @@ from nftpolicy.translators.model import (
     Cluster,
     ContainerPort,
     IPBlock,
-    LabelSelector,
     Namespace,
     NetworkPolicy,
     Node,
@@ -48,8 +47,8 @@ from nftpolicy.translators.model import (
     Pod,
     PolicyPort,
     PolicyRule,
-    Requirement,
 )
+from nftpolicy.translators.selectors import LabelSelector, Requirement
 
 NODE = "node-0"
 MAX_PODS_PER_NODE = 110

@@ -11,14 +11,11 @@ import ipaddress
 from typing import Any
 
 import pytest
-from nftpolicy.translators.clusterpolicy import (
-    ClusterPeer,
-    ClusterPort,
-    ClusterRule,
-    cluster_policy_from,
-)
-from nftpolicy.translators.manifests import InvalidField, build_cluster
-from nftpolicy.translators.model import LabelSelector
+from nftpolicy.translators.clusterpolicy import cluster_policy_from
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.model import ClusterPeer, ClusterPort, ClusterRule
+from nftpolicy.translators.selectors import LabelSelector
+from nftpolicy.translators.validation import InvalidField
 
 HOUSE = {"matchLabels": {"kubernetes.io/metadata.name": "ravenclaw"}}
 RAVENCLAW = LabelSelector((("kubernetes.io/metadata.name", "ravenclaw"),))

@@ -16,23 +16,21 @@ from typing import Any
 import pytest
 import yaml
 from nftpolicy.translators.manifests import (
-    InvalidField,
     ManifestError,
     build_cluster,
     parse_documents,
     pod_from,
     policy_from,
-    selector_from,
 )
+from nftpolicy.translators.validation import InvalidField, selector_from
 from nftpolicy.translators.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
     IPBlock,
-    LabelSelector,
     Peer,
     PolicyPort,
-    Requirement,
 )
+from nftpolicy.translators.selectors import LabelSelector, Requirement
 
 ORIGIN = "test.yaml"
 

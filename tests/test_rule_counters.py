@@ -7,6 +7,7 @@ import pytest
 
 from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.agent.daemon.rulecounters import RuleCounters, tally
+from nftpolicy.translators.rules import ChainOwner
 
 from .agentenv import AgentEnv
 from .test_agent_e2e import SLOTS, B, policy
@@ -58,26 +59,31 @@ def test_first_probe_after_the_sync_counts_from_zero(env):
 
 
 def test_a_missing_table_gives_no_samples(make_netns):
-    collector = RuleCounters(NftDataplane("nftpolicy", make_netns()))
+    collector = RuleCounters(NftDataplane("nftpolicy", make_netns()), dict)
     families = list(collector.collect())
     assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets"]
     assert all(not f.samples for f in families)
 
 
-def test_labels_come_from_the_comments_and_the_address_match():
+def test_labels_come_from_the_chain_owners_and_the_address_match():
     def rule(chain, comment, field, packets, reject=True):
         expr = [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": field}}, "right": "10.0.0.1"}},
                 {"counter": {"packets": packets, "bytes": 60 * packets}}]
         expr.append({"reject": None} if reject else {"return": None})
         return {"chain": chain, "comment": comment, "expr": expr}
 
+    long_policy = "shop/" + "a-name-longer-than-the-128-bytes-nft-keeps-of-a-comment-" * 4
+    assert len(long_policy) > 128
+    owners = {"KUBE-POD-FW-X": ChainOwner(pod="shop/api-0"), "KUBE-NWPLCY-P": ChainOwner("shop/api-ingress", "ingress"),
+              "KUBE-NWPLCY-Q": ChainOwner(long_policy, "egress")}
     denied, allowed = tally([
         rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 2),
         rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 3),  # the tcp reset and the other reject add up
         rule("KUBE-POD-FW-X", "shop/api-0 reject egress", "saddr", 1),
         rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 0", "saddr", 4, reject=False),
         rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 1", "saddr", 5, reject=False),
-        rule("KUBE-NWPLCY-Q", "shop/a-name-cut-by-nft-at-128-byt", "saddr", 6, reject=False),
-    ])
+        rule("KUBE-NWPLCY-Q", long_policy[:128], "daddr", 6, reject=False),  # the comment nft keeps: cut
+        rule("KUBE-NWPLCY-R", "x/changed-by-hand ingress rule 0", "saddr", 7, reject=False),  # no chain of the model
+    ], owners)
     assert denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1}
-    assert allowed == {("shop", "api-ingress", "ingress"): 9, ("", "KUBE-NWPLCY-Q", "unknown"): 6}
+    assert allowed == {("shop", "api-ingress", "ingress"): 9, ("shop", long_policy[5:], "egress"): 6, ("", "KUBE-NWPLCY-R", "unknown"): 7}

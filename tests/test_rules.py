@@ -24,10 +24,9 @@ from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import (
     NAMESPACE_NAME_LABEL,
     IPBlock,
-    LabelSelector,
-    Requirement,
     family_of,
 )
+from nftpolicy.translators.selectors import LabelSelector, Requirement
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.verdict import Connection, Enforcement
 from nftpolicy.translators.rules import (

@@ -25,7 +25,8 @@ import pytest
 
 from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
 from nftpolicy.agent.daemon.sources import CONVERT
-from nftpolicy.translators.manifests import InvalidField, build_cluster
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.validation import InvalidField
 
 pytestmark = pytest.mark.kernel
 

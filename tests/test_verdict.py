@@ -31,7 +31,6 @@ from nftpolicy.translators.verdict import (
     enforcement_from_json,
     enforcement_json,
     enforcement_of,
-    rule_index,
     verdict_lines,
 )
 
@@ -180,11 +179,6 @@ def test_json_round_trip(shop):
     assert again.models == shop.models and again.pods == shop.pods
     conn = Connection(PROMETHEUS, API, "TCP", 9090)
     assert again.verdict(conn) == shop.verdict(conn)
-
-
-@pytest.mark.parametrize("text, expected", [("x/p ingress rule 0", 0), ("x/p egress rule 12", 12), ("x/" + "p" * 120, None)])
-def test_rule_index(text, expected):
-    assert rule_index(text) == expected
 
 
 # --------------------------------------------------------------------------- against the kernel

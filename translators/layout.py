@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from .model import Direction, Family, family_of
-from .rules import FAMILIES, AddressSet, AllowRule, Config, PodChain, PolicyChain, RuleModel, TierChain, TierRule
+from .rules import FAMILIES, AddressSet, Config, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
 
 Field = Literal["saddr", "daddr"]
 Hook = Literal["input", "forward", "output"]
@@ -222,10 +222,13 @@ Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, Destinatio
 
 @dataclass(frozen=True)
 class Rule:
-    """Statements in order (matches, then actions) and the comment that says why."""
+    """Statements in order (matches, then actions) and the comment that says why (a description
+    only: printers cut it). ``origin``: the policy rule it enforces, for a rule of a policy or
+    tier chain (None: any other rule)."""
 
     statements: tuple[Statement, ...]
     comment: str
+    origin: RuleOrigin | None = None
 
     def family(self) -> Family | None:
         """The family this rule is limited to by its address or ICMP matches (None: both)."""
@@ -296,7 +299,7 @@ def default_chain(config: Config) -> Chain:
     return Chain(DEFAULT_CHAIN, (Rule((SetMark(config.policy_mark),), "allow a direction that no policy isolates"),))
 
 
-def peer_and_port(direction: Direction, rule: AllowRule | TierRule) -> list[Statement]:
+def peer_and_port(direction: Direction, rule: MatchRule) -> list[Statement]:
     """The matches of one (peer, port) tuple of a NetworkPolicy or ClusterNetworkPolicy rule, in
     order: the peer set (the source for ingress, the destination for egress), the named-port set,
     the protocol and the destination port range; empty for a rule that matches everything."""
@@ -314,13 +317,14 @@ def peer_and_port(direction: Direction, rule: AllowRule | TierRule) -> list[Stat
     return matches
 
 
-def allow_rule(config: Config, chain: PolicyChain, allow: AllowRule) -> Rule:
+def allow_rule(config: Config, chain: PolicyChain, allow: MatchRule) -> Rule:
     """One allowed (peers, port) tuple of a policy: match the peer (the source for ingress, the
     destination for egress), the named port and the port (:func:`peer_and_port`), then set the
     policy mark and return (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the
     API reference). A counter before the mark counts the packets this rule allowed (the agent's
     allowed metric)."""
-    return Rule((*peer_and_port(chain.direction, allow), Counter(), SetMark(config.policy_mark), Verdict("return")), allow.comment)
+    return Rule((*peer_and_port(chain.direction, allow), Counter(), SetMark(config.policy_mark), Verdict("return")), allow.comment,
+                allow.origin)
 
 
 def policy_chain(config: Config, chain: PolicyChain) -> Chain:
@@ -340,7 +344,7 @@ def log_prefix(direction: str, pod: str) -> str:
     return f"nftpolicy reject {direction} {pod}: "
 
 
-def tier_rule(config: Config, chain: TierChain, rule: TierRule) -> list[Rule]:
+def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     """One (peer, port) match of a ClusterNetworkPolicy rule (the peer is the source for
     ingress, the destination for egress) and its action: ``Accept`` sets the policy mark and
     returns (the pod chain's later jumps, NetworkPolicies included, test the mark: "no further
@@ -348,17 +352,17 @@ def tier_rule(config: Config, chain: TierChain, rule: TierRule) -> list[Rule]:
     reset for TCP); ``Pass`` sets the pass mark and returns (the pod chain skips the rest of the
     tier). The matches are :func:`peer_and_port`'s. Source: network-policy-api v0.2.0,
     ClusterNetworkPolicyRuleAction."""
-    matches = peer_and_port(chain.direction, rule)
-    if rule.action == "Accept":
-        return [Rule((*matches, SetMark(config.policy_mark), Verdict("return")), rule.comment)]
-    if rule.action == "Pass":
-        return [Rule((*matches, SetMark(config.pass_mark), Verdict("return")), rule.comment)]
+    matches, text, origin = peer_and_port(chain.direction, rule), rule.comment, rule.origin
+    if origin.action == "Accept":
+        return [Rule((*matches, SetMark(config.policy_mark), Verdict("return")), text, origin)]
+    if origin.action == "Pass":
+        return [Rule((*matches, SetMark(config.pass_mark), Verdict("return")), text, origin)]
     protocol = rule.port.protocol if rule.port else None
     if protocol == "TCP":
-        return [Rule((*matches, Reject(tcp_reset=True)), rule.comment)]
+        return [Rule((*matches, Reject(tcp_reset=True)), text, origin)]
     if protocol is not None:
-        return [Rule((*matches, Reject()), rule.comment)]
-    return [Rule((*matches, Protocols(("tcp",)), Reject(tcp_reset=True)), rule.comment), Rule((*matches, Reject()), rule.comment)]
+        return [Rule((*matches, Reject()), text, origin)]
+    return [Rule((*matches, Protocols(("tcp",)), Reject(tcp_reset=True)), text, origin), Rule((*matches, Reject()), text, origin)]
 
 
 def tier_chain(config: Config, chain: TierChain) -> Chain:

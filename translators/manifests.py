@@ -20,25 +20,24 @@ and are read as the API server reads them (host bits masked).
 from __future__ import annotations
 
 import functools
-import hashlib
 import ipaddress
-import json
 import re
 import sys
 from dataclasses import dataclass
 from collections.abc import Iterable, Mapping  # collections.abc: isinstance on typing's alias is slow
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import yaml
 
+from .clusterpolicy import cluster_policy_from
 from .model import (
     NAMESPACE_NAME_LABEL,
     PROTOCOLS,
     Cluster,
+    ClusterNetworkPolicy,
     ContainerPort,
     IPBlock,
-    LabelSelector,
     Namespace,
     NetworkPolicy,
     Node,
@@ -46,40 +45,34 @@ from .model import (
     Pod,
     PolicyPort,
     PolicyRule,
-    Requirement,
 )
-
-if TYPE_CHECKING:
-    from .clusterpolicy import ClusterNetworkPolicy
+from .selectors import LabelSelector, Labels
+from .validation import (
+    DNS_LABEL,
+    InvalidField,
+    known_fields,
+    label_key,
+    labels_field,
+    list_field,
+    mapping_field,
+    network_field,
+    object_name,
+    selector_from,
+)
 
 KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
 # IANA service name (RFC 6335, Kubernetes' IsValidPortName): 1-15 of [a-z0-9-], at least one
 # letter, no leading, trailing or doubled hyphen.
 # Object names and labels, as the API server validates them (k8s.io/apimachinery validation).
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL_NAME = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 # Fields each part of a NetworkPolicy may have: anything else is refused, as kubectl's strict
 # field validation does (an "egress: [{from: ...}]" typo must not become "allow all").
 _FIELDS = {
     "spec": {"podSelector", "policyTypes", "ingress", "egress"},
     "ingress": {"from", "ports"}, "egress": {"to", "ports"},
     "peer": {"podSelector", "namespaceSelector", "ipBlock"}, "ipBlock": {"cidr", "except"},
-    "port": {"protocol", "port", "endPort"}, "selector": {"matchLabels", "matchExpressions"},
-    "requirement": {"key", "operator", "values"},
+    "port": {"protocol", "port", "endPort"},
 }
-# The characters the API server appends to ``metadata.generateName`` (5 of them).
-_GENERATED_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 _IANA_SVC_NAME = re.compile(r"(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
-
-
-class InvalidField(ValueError):
-    """A field that fails validation: ``path`` is the JSON path (``spec.ingress[0].ports[1].port``)."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path, self.message = path, message
 
 
 @dataclass(frozen=True)
@@ -214,7 +207,6 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 policy = policy_from(obj, new=True)
                 policies[policy.key] = policy
             elif kind == "ClusterNetworkPolicy":
-                from .clusterpolicy import cluster_policy_from  # it builds on this module's validators
                 cluster_policy = cluster_policy_from(obj)
                 cluster_policies[cluster_policy.key] = cluster_policy
             else:
@@ -228,66 +220,18 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
     return Cluster(namespaces=namespaces, pods=pods, policies=policies, nodes=nodes, cluster_policies=cluster_policies), errors
 
 
-def _mapping(value: Any, path: str) -> Mapping[str, Any]:
-    if type(value) is dict:  # what every parser gives: skip the slower abstract check
-        return value
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidField(path, f"must be an object, got {type(value).__name__}")
-    return value
-
-
-def _list(value: Any, path: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidField(path, f"must be a list, got {type(value).__name__}")
-    return value
-
-
-def _known_fields(value: Mapping[str, Any], part: str, path: str) -> None:
-    unknown = sorted(str(k) for k in value if k not in _FIELDS[part])
-    if unknown:
-        raise InvalidField(f"{path}.{unknown[0]}", f"unknown field (expected one of {', '.join(sorted(_FIELDS[part]))})")
-
-
 def _mapping_or_empty(value: Any) -> Mapping[str, Any]:
     """``value`` if it is a mapping, else an empty one (for reading an object that may be malformed)."""
     return value if isinstance(value, Mapping) else {}
 
 
-def generated_suffix(content: Any, length: int) -> str:
-    """``length`` characters of the API server's name alphabet (``bcdfghjklmnpqrstvwxz2456789``,
-    what it appends to a ``generateName``), taken from a digest of ``content`` (JSON-able): the
-    same content gives the same characters, so reading the same file twice gives the same names."""
-    digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).digest()
-    return "".join(_GENERATED_SUFFIX[b % len(_GENERATED_SUFFIX)] for b in digest[:length])
-
-
-def _name(obj: Mapping[str, Any], pattern: re.Pattern[str] = _DNS_SUBDOMAIN) -> str:
-    meta = _mapping(obj.get("metadata"), "metadata")
-    name, prefix = meta.get("name"), meta.get("generateName")
-    if not name and isinstance(prefix, str) and prefix:
-        # The API server appends 5 random characters (to at most 58 of the prefix); ours come
-        # from the object's content, so that reading the same file twice gives the same name.
-        if not pattern.fullmatch(prefix[:-1] + "a" if prefix.endswith("-") else prefix):
-            raise InvalidField("metadata.generateName", f"invalid name prefix {prefix!r} (a lower-case RFC 1123 name)")
-        name = prefix[:58] + generated_suffix(obj, 5)
-    if not isinstance(name, str) or not name:
-        raise InvalidField("metadata.name", "required")
-    if not pattern.fullmatch(name):
-        raise InvalidField("metadata.name", f"invalid name {name!r} (a lower-case RFC 1123 name)")
-    return name
-
-
 def object_ref(kind: str, obj: Mapping[str, Any]) -> str:
     """``namespace/name`` for Pods and NetworkPolicies, ``name`` otherwise: what the object is
-    called (with only ``generateName``, the name :func:`_name` generates for it, so that such
+    called (with only ``generateName``, the name :func:`object_name` generates for it, so that such
     objects never share a key); never raises (an invalid name is kept as it is)."""
     meta = _mapping_or_empty(obj.get("metadata"))
     try:
-        name = _name(obj)
+        name = object_name(obj)
     except InvalidField:
         name = str(meta.get("name"))
     return f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else name
@@ -298,7 +242,7 @@ def _namespace(obj: Mapping[str, Any]) -> str:
     namespace = obj["metadata"].get("namespace") or "default"
     if type(namespace) is str and namespace in _NAMESPACES:  # one of the few names seen already
         return _NAMESPACES[namespace]
-    if not isinstance(namespace, str) or not _DNS_LABEL.fullmatch(namespace):
+    if not isinstance(namespace, str) or not DNS_LABEL.fullmatch(namespace):
         raise InvalidField("metadata.namespace", f"invalid namespace {namespace!r} (a lower-case RFC 1123 label)")
     if len(_NAMESPACES) >= 1 << 14:
         _NAMESPACES.clear()
@@ -308,85 +252,34 @@ def _namespace(obj: Mapping[str, Any]) -> str:
 _NAMESPACES: dict[str, str] = {}  # valid namespace names seen (bounded), each its interned self
 
 
-def _label_key(key: Any, path: str, what: str = "label") -> str:
-    if not isinstance(key, str):
-        raise InvalidField(path, f"{what} keys must be strings, got {key!r}")
-    prefix, slash, name = key.rpartition("/")
-    if (slash and not _DNS_SUBDOMAIN.fullmatch(prefix)) or not _LABEL_NAME.fullmatch(name):
-        raise InvalidField(path, f"invalid {what} key {key!r}")
-    return key
-
-
 def _annotations(value: Any, path: str) -> None:
     """Annotation keys are label keys, compared in lower case; values are any strings."""
-    for k, v in _mapping(value, path).items():
+    for k, v in mapping_field(value, path).items():
         if not isinstance(v, str):
             raise InvalidField(f"{path}.{k}", "annotation values must be strings")
-        _label_key(k.lower() if isinstance(k, str) else k, f"{path}.{k}", "annotation")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _label_error(key: Any, value: Any) -> str | None:
-    """Why ``key: value`` is not a valid label, or None (cached: pods repeat their labels)."""
-    if not isinstance(key, str) or not isinstance(value, str):
-        return "label keys and values must be strings"
-    try:
-        _label_key(key, "")
-    except InvalidField as exc:
-        return exc.message
-    return None if _LABEL_VALUE.fullmatch(value) else f"invalid label value {value!r}"
-
-
-def _labels(value: Any, path: str) -> Mapping[str, str]:
-    """Validated labels, keys in sorted order. Equal label sets are one shared object (the
-    replicas of a workload carry the same labels; the node renderer groups pods by it): never
-    modify the result."""
-    labels = _mapping(value, path)
-    try:
-        return _shared_labels(tuple(labels), tuple(labels.values()))
-    except TypeError:  # an unhashable key or value (a list, a mapping): not a string either
-        bad = next(k for k, v in labels.items() if not isinstance(k, str) or not isinstance(v, str))
-        raise InvalidField(f"{path}.{bad}", "label keys and values must be strings") from None
-    except InvalidField as exc:
-        raise InvalidField(f"{path}.{exc.path}", exc.message) from None
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _shared_labels(keys: tuple[Any, ...], values: tuple[Any, ...]) -> Mapping[str, str]:
-    """The labels ``keys[i]: values[i]``, validated once per label set and order (a set seen
-    before is valid: only strings are cached, and nothing but a string equals one); raises
-    InvalidField with the key as its path. Every order of a set gives the dict of its sorted
-    order (the API server sends keys sorted)."""
-    for k, v in zip(keys, values):
-        error = _label_error(k, v) if isinstance(k, str) and isinstance(v, str) else "label keys and values must be strings"
-        if error:
-            raise InvalidField(str(k), error)
-    if list(keys) != sorted(keys):
-        ordered = sorted(zip(keys, values))
-        return _shared_labels(tuple(k for k, _ in ordered), tuple(v for _, v in ordered))
-    return {sys.intern(k): sys.intern(v) for k, v in zip(keys, values)}
+        label_key(k.lower() if isinstance(k, str) else k, f"{path}.{k}", "annotation")
 
 
 def namespace_from(obj: Mapping[str, Any]) -> Namespace:
     """A Namespace object -> :class:`Namespace`; adds the automatic ``kubernetes.io/metadata.name`` label."""
-    name = _name(obj, _DNS_LABEL)
-    labels = {**_labels(obj["metadata"].get("labels"), "metadata.labels"), NAMESPACE_NAME_LABEL: name}
-    return Namespace(name=name, labels=labels)
+    name = object_name(obj, DNS_LABEL)
+    labels = {**labels_field(obj["metadata"].get("labels"), "metadata.labels"), NAMESPACE_NAME_LABEL: name}
+    return Namespace(name=name, labels=Labels.interned(labels))
 
 
 def node_from(obj: Mapping[str, Any]) -> Node:
     """A Node object -> :class:`Node` (``status.addresses`` IPs, ``spec.podCIDRs`` or ``spec.podCIDR``)."""
-    name = _name(obj)
-    spec = _mapping(obj.get("spec"), "spec")
-    status = _mapping(obj.get("status"), "status")
+    name = object_name(obj)
+    spec = mapping_field(obj.get("spec"), "spec")
+    status = mapping_field(obj.get("status"), "status")
     addresses = []
-    for i, a in enumerate(_list(status.get("addresses"), "status.addresses")):
-        address = _mapping(a, f"status.addresses[{i}]").get("address")
+    for i, a in enumerate(list_field(status.get("addresses"), "status.addresses")):
+        address = mapping_field(a, f"status.addresses[{i}]").get("address")
         if isinstance(address, str) and _is_ip(address):
             addresses.append(str(ipaddress.ip_address(address)))
-    cidrs = _list(spec.get("podCIDRs"), "spec.podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    cidrs = list_field(spec.get("podCIDRs"), "spec.podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
     for i, c in enumerate(cidrs):
-        _network(c, f"spec.podCIDRs[{i}]")
+        network_field(c, f"spec.podCIDRs[{i}]")
     return Node(name=name, addresses=tuple(addresses), pod_cidrs=tuple(cidrs))
 
 
@@ -415,13 +308,13 @@ def _is_ip(text: str) -> bool:
 def pod_from(obj: Mapping[str, Any]) -> Pod:
     """A Pod object -> :class:`Pod`: labels, ``spec.nodeName``, ``status.podIPs`` (or ``podIP``),
     phase, ``spec.hostNetwork`` and the containers' named ports."""
-    name = _name(obj)
+    name = object_name(obj)
     meta = obj["metadata"]
-    spec = _mapping(obj.get("spec"), "spec")
-    status = _mapping(obj.get("status"), "status")
+    spec = mapping_field(obj.get("spec"), "spec")
+    status = mapping_field(obj.get("status"), "status")
     ips: list[str] = []
-    for i, entry in enumerate(_list(status.get("podIPs"), "status.podIPs")):
-        ips.append(str((entry if type(entry) is dict else _mapping(entry, f"status.podIPs[{i}]")).get("ip")))
+    for i, entry in enumerate(list_field(status.get("podIPs"), "status.podIPs")):
+        ips.append(str((entry if type(entry) is dict else mapping_field(entry, f"status.podIPs[{i}]")).get("ip")))
     if not ips and status.get("podIP"):
         ips.append(str(status["podIP"]))
     for i, ip in enumerate(ips):
@@ -434,7 +327,7 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
     return Pod(  # the strings that repeat across pods are interned: one copy each in memory
         namespace=_namespace(obj),
         name=name,
-        labels=_labels(meta.get("labels"), "metadata.labels"),
+        labels=labels_field(meta.get("labels"), "metadata.labels"),
         node=sys.intern(node) if isinstance(node, str) else node,
         ips=tuple(ips),
         phase=sys.intern(str(status.get("phase") or ("Running" if ips else "Pending"))),
@@ -485,10 +378,10 @@ def _container_ports_checked(spec: Mapping[str, Any]) -> tuple[ContainerPort, ..
     """The full check of ``spec.containers[*].ports``: raises InvalidField naming the first
     invalid field."""
     ports = []
-    for ci, container in enumerate(_list(spec.get("containers"), "spec.containers")):
-        container_ports = _mapping(container, f"spec.containers[{ci}]").get("ports")
-        for pi, p in enumerate(_list(container_ports, f"spec.containers[{ci}].ports") if container_ports else ()):
-            p = _mapping(p, f"spec.containers[{ci}].ports[{pi}]")
+    for ci, container in enumerate(list_field(spec.get("containers"), "spec.containers")):
+        container_ports = mapping_field(container, f"spec.containers[{ci}]").get("ports")
+        for pi, p in enumerate(list_field(container_ports, f"spec.containers[{ci}].ports") if container_ports else ()):
+            p = mapping_field(p, f"spec.containers[{ci}].ports[{pi}]")
             number, protocol, port_name = p.get("containerPort"), p.get("protocol") or "TCP", p.get("name")
             if port_name is not None and not isinstance(port_name, str):
                 raise InvalidField(f"spec.containers[{ci}].ports[{pi}].name", f"must be a string, got {port_name!r}")
@@ -520,63 +413,9 @@ def _boolean(value: Any, path: str) -> bool:
     return value
 
 
-def _network(value: Any, path: str, new: bool = False) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """A CIDR; ``new``: also refuse what kube-apiserver (v1.36) refuses in a new object."""
-    if not isinstance(value, str):
-        raise InvalidField(path, f"invalid CIDR {value!r}")
-    try:
-        return _cidr(value, new)
-    except ValueError as exc:
-        raise InvalidField(path, str(exc)) from None
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _cidr(value: str, new: bool) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """:func:`_network` of a string, cached (policies repeat their CIDRs; networks are
-    immutable); raises ValueError with the reason."""
-    if not re.fullmatch(r"[0-9a-fA-F.:]+/[0-9]{1,3}", value):
-        raise ValueError(f"invalid CIDR {value!r}")
-    try:
-        network = ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        raise ValueError(f"invalid CIDR {value!r}") from None
-    if new and ipaddress.ip_interface(value).ip != network.network_address:
-        raise ValueError(f"invalid CIDR {value!r}: must not have bits set beyond the prefix length (use {network})")
-    if new and isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped is not None:
-        raise ValueError(f"invalid CIDR {value!r}: must not have an IPv4-mapped IPv6 address")
-    return network
-
-
-def selector_from(value: Any, path: str) -> LabelSelector:
-    """A ``meta/v1`` LabelSelector object -> :class:`LabelSelector` (validates operators and values)."""
-    sel = _mapping(value, path)
-    _known_fields(sel, "selector", path)
-    requirements = []
-    for i, expr in enumerate(_list(sel.get("matchExpressions"), f"{path}.matchExpressions")):
-        epath = f"{path}.matchExpressions[{i}]"
-        expr = _mapping(expr, epath)
-        _known_fields(expr, "requirement", epath)
-        op, key, values = expr.get("operator"), expr.get("key"), _list(expr.get("values"), f"{epath}.values")
-        if not isinstance(key, str) or not key:
-            raise InvalidField(f"{epath}.key", "required")
-        _label_key(key, f"{epath}.key")
-        for j, v in enumerate(values):
-            if not isinstance(v, str) or not _LABEL_VALUE.fullmatch(v):
-                raise InvalidField(f"{epath}.values[{j}]", f"invalid label value {v!r}")
-        if op in ("In", "NotIn") and not values:
-            raise InvalidField(f"{epath}.values", f"must be non-empty when operator is {op}")
-        if op in ("Exists", "DoesNotExist") and values:
-            raise InvalidField(f"{epath}.values", f"must be empty when operator is {op}")
-        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            raise InvalidField(f"{epath}.operator", f"unknown operator {op!r} (In, NotIn, Exists, DoesNotExist)")
-        requirements.append(Requirement(key=key, operator=op, values=frozenset(str(v) for v in values)))
-    labels = _labels(sel.get("matchLabels"), f"{path}.matchLabels")
-    return LabelSelector(match_labels=tuple(sorted(labels.items())), match_expressions=tuple(requirements))
-
-
 def _port(value: Any, path: str) -> PolicyPort:
-    entry = _mapping(value, path)
-    _known_fields(entry, "port", path)
+    entry = mapping_field(value, path)
+    known_fields(entry, _FIELDS["port"], path)
     protocol = _protocol(entry.get("protocol"), f"{path}.protocol")
     port, end_port = entry.get("port"), entry.get("endPort")
     if isinstance(port, bool) or not (port is None or isinstance(port, (int, str))):
@@ -596,8 +435,8 @@ def _port(value: Any, path: str) -> PolicyPort:
 
 
 def _peer(value: Any, path: str, new: bool) -> Peer:
-    entry = _mapping(value, path)
-    _known_fields(entry, "peer", path)
+    entry = mapping_field(value, path)
+    known_fields(entry, _FIELDS["peer"], path)
     block = entry.get("ipBlock")
     has_selector = entry.get("podSelector") is not None or entry.get("namespaceSelector") is not None
     if block is not None and has_selector:
@@ -610,12 +449,12 @@ def _peer(value: Any, path: str, new: bool) -> Peer:
             namespace_selector=selector_from(entry["namespaceSelector"], f"{path}.namespaceSelector")
             if entry.get("namespaceSelector") is not None else None,
         )
-    block = _mapping(block, f"{path}.ipBlock")
-    _known_fields(block, "ipBlock", f"{path}.ipBlock")
-    cidr = _network(block.get("cidr"), f"{path}.ipBlock.cidr", new)
+    block = mapping_field(block, f"{path}.ipBlock")
+    known_fields(block, _FIELDS["ipBlock"], f"{path}.ipBlock")
+    cidr = network_field(block.get("cidr"), f"{path}.ipBlock.cidr", new)
     excepts = []
-    for i, text in enumerate(_list(block.get("except"), f"{path}.ipBlock.except")):
-        hole = _network(text, f"{path}.ipBlock.except[{i}]", new)
+    for i, text in enumerate(list_field(block.get("except"), f"{path}.ipBlock.except")):
+        hole = network_field(text, f"{path}.ipBlock.except[{i}]", new)
         if hole.version != cidr.version or not hole.subnet_of(cidr) or hole == cidr:  # type: ignore[arg-type]
             raise InvalidField(f"{path}.ipBlock.except[{i}]", f"{text} must be a strict subset of cidr {cidr}")
         excepts.append(hole)
@@ -624,12 +463,12 @@ def _peer(value: Any, path: str, new: bool) -> Peer:
 
 def _rules(value: Any, path: str, peers_key: str, new: bool) -> tuple[PolicyRule, ...]:
     rules = []
-    for i, rule in enumerate(_list(value, path)):
+    for i, rule in enumerate(list_field(value, path)):
         rpath = f"{path}[{i}]"
-        rule = _mapping(rule, rpath)
-        _known_fields(rule, "ingress" if peers_key == "from" else "egress", rpath)
-        peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]", new) for j, p in enumerate(_list(rule.get(peers_key), f"{rpath}.{peers_key}")))
-        ports = tuple(_port(p, f"{rpath}.ports[{j}]") for j, p in enumerate(_list(rule.get("ports"), f"{rpath}.ports")))
+        rule = mapping_field(rule, rpath)
+        known_fields(rule, _FIELDS["ingress" if peers_key == "from" else "egress"], rpath)
+        peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]", new) for j, p in enumerate(list_field(rule.get(peers_key), f"{rpath}.{peers_key}")))
+        ports = tuple(_port(p, f"{rpath}.ports[{j}]") for j, p in enumerate(list_field(rule.get("ports"), f"{rpath}.ports")))
         rules.append(PolicyRule(peers=peers, ports=ports))
     return tuple(rules)
 
@@ -641,14 +480,14 @@ def policy_from(obj: Mapping[str, Any], new: bool = False) -> NetworkPolicy:
     already stores (the agent's API sources), which may hold legacy CIDRs with host bits.
     Raises :class:`InvalidField` naming the first invalid field.
     """
-    name = _name(obj)
-    _labels(obj["metadata"].get("labels"), "metadata.labels")
+    name = object_name(obj)
+    labels_field(obj["metadata"].get("labels"), "metadata.labels")
     _annotations(obj["metadata"].get("annotations"), "metadata.annotations")
-    spec = _mapping(obj.get("spec"), "spec")
-    _known_fields(spec, "spec", "spec")
+    spec = mapping_field(obj.get("spec"), "spec")
+    known_fields(spec, _FIELDS["spec"], "spec")
     ingress = _rules(spec.get("ingress"), "spec.ingress", "from", new)
     egress = _rules(spec.get("egress"), "spec.egress", "to", new)
-    types = _list(spec.get("policyTypes"), "spec.policyTypes")
+    types = list_field(spec.get("policyTypes"), "spec.policyTypes")
     if len(types) > 2:
         raise InvalidField("spec.policyTypes", f"may not specify more than two policyTypes, got {len(types)}")
     for i, t in enumerate(types):

@@ -2,24 +2,29 @@
 
 Every type is a frozen dataclass built by :mod:`nftpolicy.translators.manifests` (from YAML or
 JSON) or by the agent's API sources; validation and API-server defaulting happen there, so a
-model object is always valid. Source of the semantics: the Kubernetes API reference for
-``networking.k8s.io/v1`` NetworkPolicy and ``meta/v1`` LabelSelector.
+model object is always valid (ClusterNetworkPolicy by :mod:`nftpolicy.translators.clusterpolicy`).
+Source of the semantics: the Kubernetes API reference for ``networking.k8s.io/v1``
+NetworkPolicy (label selectors: :mod:`nftpolicy.translators.selectors`) and, for
+ClusterNetworkPolicy, sigs.k8s.io/network-policy-api v0.2.0 (``apis/v1alpha2``).
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Mapping
+from typing import Literal, Mapping
 
-if TYPE_CHECKING:
-    from .clusterpolicy import ClusterNetworkPolicy
+from .selectors import LabelSelector, Labels, labels_of
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
 Direction = Literal["ingress", "egress"]
 Family = Literal["ipv4", "ipv6"]
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
+Tier = Literal["Admin", "Baseline"]  # of a ClusterNetworkPolicy
+Action = Literal["Accept", "Deny", "Pass"]  # of a ClusterNetworkPolicy rule
+TIERS: tuple[Tier, ...] = ("Admin", "Baseline")
+ACTIONS: tuple[Action, ...] = ("Accept", "Deny", "Pass")
 PROTOCOLS: tuple[Protocol, ...] = ("TCP", "UDP", "SCTP")
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
@@ -31,56 +36,15 @@ def family_of(address: str) -> Family:
 
 
 @dataclass(frozen=True, slots=True)
-class Requirement:
-    """One ``matchExpressions`` entry: ``key``, operator ``In|NotIn|Exists|DoesNotExist``, values.
-
-    Semantics from the LabelSelector API reference: ``In`` needs the key with one of the values,
-    ``NotIn`` matches a missing key or a value not listed, ``Exists``/``DoesNotExist`` test the key.
-    """
-
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """True when ``labels`` satisfy this requirement."""
-        if self.operator == "In":
-            return labels.get(self.key) in self.values
-        if self.operator == "NotIn":
-            return labels.get(self.key) not in self.values
-        if self.operator == "Exists":
-            return self.key in labels
-        return self.key not in labels
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    """A ``meta/v1`` LabelSelector: ``matchLabels`` AND every ``matchExpressions`` requirement.
-
-    The empty selector (``{}``) matches every object (API reference: "An empty label selector
-    matches all objects").
-    """
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[Requirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """True when ``labels`` satisfy every term of the selector."""
-        for k, v in self.match_labels:  # loops, not all(): this runs for every pod group and selector
-            if labels.get(k) != v:
-                return False
-        for r in self.match_expressions:
-            if not r.matches(labels):
-                return False
-        return True
-
-
-@dataclass(frozen=True, slots=True)
 class Namespace:
     """A Namespace: name and labels (``kubernetes.io/metadata.name`` always present)."""
 
     name: str
-    labels: Mapping[str, str]
+    labels: Labels
+
+    def __post_init__(self) -> None:
+        if type(self.labels) is not Labels:  # given a plain mapping: its interned label set
+            object.__setattr__(self, "labels", labels_of(self.labels))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +66,16 @@ class Pod:
 
     namespace: str
     name: str
-    labels: Mapping[str, str]
+    labels: Labels
     node: str | None
     ips: tuple[str, ...]
     phase: str = "Running"
     host_network: bool = False
     ports: tuple[ContainerPort, ...] = ()
+
+    def __post_init__(self) -> None:
+        if type(self.labels) is not Labels:  # given a plain mapping: its interned label set
+            object.__setattr__(self, "labels", labels_of(self.labels))
 
     @property
     def key(self) -> str:
@@ -222,6 +190,92 @@ class NetworkPolicy:
     def rules(self, direction: Direction) -> tuple[PolicyRule, ...]:
         """The rules of one direction."""
         return self.ingress if direction == "ingress" else self.egress
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPeer:
+    """One ``from``/``to`` peer: exactly one of ``namespaces`` (every pod of the namespaces it
+    matches), ``pods`` (``(namespace selector, pod selector)``: pods matching both) or
+    ``networks`` (egress only: CIDRs, host bits masked)."""
+
+    namespaces: LabelSelector | None = None
+    pods: tuple[LabelSelector, LabelSelector] | None = None
+    networks: tuple[IPNetwork, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPort:
+    """One ``protocols`` entry: ``protocol`` with the destination ports ``first..last``
+    (inclusive; a single number has ``first == last``), or a destination named port ``name``
+    (``protocol`` None: the container port's own protocol)."""
+
+    protocol: Protocol | None
+    first: int = 0
+    last: int = 0
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRule:
+    """An ingress or egress rule: ``action`` on traffic from/to any of ``peers`` on any of
+    ``ports`` (empty ``ports``: every port and protocol). ``name`` is the optional rule name."""
+
+    action: Action
+    peers: tuple[ClusterPeer, ...]
+    ports: tuple[ClusterPort, ...] = ()
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNetworkPolicy:
+    """A ClusterNetworkPolicy: ``tier``, ``priority`` (lower first), the subject (exactly one of
+    ``subject_namespaces`` and ``subject_pods``, as in :class:`ClusterPeer`) and its rules in
+    their written order (the first matching rule of a policy decides: the API reference)."""
+
+    name: str
+    tier: Tier
+    priority: int
+    subject_namespaces: LabelSelector | None = None
+    subject_pods: tuple[LabelSelector, LabelSelector] | None = None
+    ingress: tuple[ClusterRule, ...] = ()
+    egress: tuple[ClusterRule, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The object's name (cluster-scoped)."""
+        return self.name
+
+    def rules(self, direction: Direction) -> tuple[ClusterRule, ...]:
+        """The rules of one direction, in precedence order."""
+        return self.ingress if direction == "ingress" else self.egress
+
+    def selects(self, namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
+        """True when the subject selects a pod with ``pod_labels`` in a namespace with
+        ``namespace_labels`` (callers pass only enforceable pods: host-networked pods are never
+        selected, says the API reference)."""
+        return _selects(self.subject_namespaces, self.subject_pods, namespace_labels, pod_labels)
+
+
+def _selects(namespaces: LabelSelector | None, pods: tuple[LabelSelector, LabelSelector] | None,
+             namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
+    if namespaces is not None:
+        return namespaces.matches(namespace_labels)
+    assert pods is not None
+    return pods[0].matches(namespace_labels) and pods[1].matches(pod_labels)
+
+
+def peer_selects(peer: ClusterPeer, namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
+    """True when a namespaces or pods ``peer`` selects a pod with these labels (a networks peer
+    selects addresses, not pods: False)."""
+    if peer.networks:
+        return False
+    return _selects(peer.namespaces, peer.pods, namespace_labels, pod_labels)
+
+
+def network_contains(peer: ClusterPeer, address: str) -> bool:
+    """True when ``address`` is in one of a networks peer's CIDRs."""
+    ip = ipaddress.ip_address(address)
+    return any(ip.version == n.version and ip in n for n in peer.networks)
 
 
 @dataclass(frozen=True, slots=True)

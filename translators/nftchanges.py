@@ -13,8 +13,7 @@ from . import layout
 from .layout import POD_MAPS
 from .model import Family, family_of
 from .nft import Json, map_element_json, set_json, chain_json, element_json
-from .noderender import AnyChain, Changes
-from .rules import Config, PodChain, PolicyChain, TierChain
+from .rules import AnyChain, Changes, Config, PodChain, PolicyChain, TierChain
 
 
 def chain_objects(config: Config, chain: AnyChain) -> list[Json]:

@@ -8,7 +8,7 @@ DESIGN.md section 2 (kube-router's ``KUBE-ROUTER-*`` -> ``KUBE-POD-FW-<hash>`` -
 
 * a pod is isolated for a direction when a policy of that type selects it; its chain then jumps
   to the policy chains of that direction only, else to ``KUBE-NWPLCY-DEFAULT``;
-* a policy chain has one :class:`AllowRule` per allowed (peers, port) tuple;
+* a policy chain has one :class:`MatchRule` per allowed (peers, port) tuple;
 * peers are shared sets, named after what they select: pod addresses (``addr``), an ipBlock
   minus its own excepts (``interval``), or ``address . protocol . port`` triples where a named
   port resolves per pod (``named_port``).
@@ -23,10 +23,10 @@ import base64
 import functools
 import hashlib
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .model import Direction, Family, LabelSelector, Protocol
+from .model import Action, Direction, Family, Protocol, Tier
 
 FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
 COMMENT_MAX_BYTES = 128
@@ -78,12 +78,32 @@ class PortMatch:
 
 
 @dataclass(frozen=True)
-class AllowRule:
-    """One allowed (peers, port) tuple: set the policy mark and return.
+class RuleOrigin:
+    """The policy rule a :class:`MatchRule` comes from, as data (comments only describe; nft cuts
+    them at 128 bytes): ``policy`` (a NetworkPolicy's ``namespace/name`` or a
+    ClusterNetworkPolicy's name), ``direction``, ``index`` (the rule's place in the policy's
+    ingress or egress list, from 0), ``tier`` (None for a NetworkPolicy), ``action`` (a
+    NetworkPolicy rule only allows: ``Accept``) and ``name`` (a ClusterNetworkPolicy rule's
+    optional name)."""
+
+    policy: str
+    direction: Direction
+    index: int
+    tier: Tier | None = None
+    action: Action = "Accept"
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class MatchRule:
+    """One (peer, port) match of a NetworkPolicy or ClusterNetworkPolicy rule and the rule it
+    comes from (``origin``, which holds the action: a NetworkPolicy rule sets the policy mark and
+    returns).
 
     ``peer_set`` names the set the peer address (source for ingress, destination for egress)
     must be in; None means any peer. ``named_port_set`` names a ``named_port`` set that the
-    packet's ``destination address . protocol . port`` must be in. ``family`` is None when the
+    packet's ``destination address . protocol . port`` must be in (for an egress named port it
+    holds the peers' addresses, so it is the peer match as well). ``family`` is None when the
     rule has no address match and applies to both families.
     """
 
@@ -91,6 +111,7 @@ class AllowRule:
     peer_set: str | None
     port: PortMatch | None
     named_port_set: str | None
+    origin: RuleOrigin
     comment: str
 
 
@@ -101,21 +122,7 @@ class PolicyChain:
     name: str
     policy: str
     direction: Direction
-    rules: tuple[AllowRule, ...]
-    comment: str
-
-
-@dataclass(frozen=True)
-class TierRule:
-    """One (peer, port) match of a ClusterNetworkPolicy rule and its ``action``: ``peer_set``,
-    ``port`` and ``named_port_set`` as in :class:`AllowRule` (every ClusterNetworkPolicy rule
-    names its peers, so ``peer_set`` is None only where ``named_port_set`` is the peer match)."""
-
-    action: Literal["Accept", "Deny", "Pass"]
-    family: Family | None
-    peer_set: str | None
-    port: PortMatch | None
-    named_port_set: str | None
+    rules: tuple[MatchRule, ...]
     comment: str
 
 
@@ -126,9 +133,9 @@ class TierChain:
 
     name: str
     policy: str
-    tier: Literal["Admin", "Baseline"]
+    tier: Tier
     direction: Direction
-    rules: tuple[TierRule, ...]
+    rules: tuple[MatchRule, ...]
     comment: str
 
 
@@ -172,6 +179,55 @@ class RuleModel:
     tier_chains: tuple[TierChain, ...] = ()
 
 
+AnyChain = PolicyChain | PodChain | TierChain
+
+
+@dataclass(frozen=True)
+class ChainOwner:
+    """What a chain of the model enforces: ``policy`` (a NetworkPolicy's ``namespace/name``, or
+    with ``tier`` a ClusterNetworkPolicy's name) in ``direction``, or for a pod chain the local
+    pod ``pod`` (``namespace/name``)."""
+
+    policy: str | None = None
+    direction: Direction | None = None
+    tier: Tier | None = None
+    pod: str | None = None
+
+
+def owner_of(chain: AnyChain) -> ChainOwner:
+    """The :class:`ChainOwner` of a policy, tier or pod chain."""
+    if isinstance(chain, PodChain):
+        return ChainOwner(pod=chain.pod)
+    return ChainOwner(chain.policy, chain.direction, chain.tier if isinstance(chain, TierChain) else None)
+
+
+def chain_owners(model: RuleModel) -> dict[str, ChainOwner]:
+    """Chain name -> :class:`ChainOwner` for every policy, tier and pod chain of ``model``."""
+    chains: list[AnyChain] = [*model.policy_chains, *model.tier_chains, *model.pod_chains]
+    return {c.name: owner_of(c) for c in chains}
+
+
+@dataclass
+class Changes:
+    """What changed in a node's rule model between two points (the node renderer's
+    ``take_changes``).
+
+    ``sets_added``/``sets_removed``: whole sets (added ones with their elements);
+    ``elements_added``/``elements_removed``: set name -> elements, for sets that exist before and
+    after; ``chains``: chain name -> (before, after), each a PolicyChain, a PodChain, a TierChain or None
+    (absent), only where they differ.
+    """
+
+    sets_added: list[AddressSet] = field(default_factory=list)
+    sets_removed: list[str] = field(default_factory=list)
+    elements_added: dict[str, list[Any]] = field(default_factory=dict)
+    elements_removed: dict[str, list[Any]] = field(default_factory=dict)
+    chains: dict[str, tuple[AnyChain | None, AnyChain | None]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.sets_added or self.sets_removed or self.elements_added or self.elements_removed or self.chains)
+
+
 def hashed_name(prefix: str, *identity: str) -> str:
     """``prefix`` + the first 16 characters of base32(sha256(identity)) (DESIGN.md section 2).
 
@@ -185,20 +241,6 @@ def comment(text: str, limit: int = COMMENT_MAX_BYTES) -> str:
     """``text`` without double quotes, cut to at most ``limit`` bytes of UTF-8 (nft's comment
     limit is 128), never mid-character."""
     return text.replace('"', "'").encode()[:limit].decode(errors="ignore")
-
-
-def selector_text(selector: LabelSelector | None) -> str:
-    """A label selector in kubectl's words, terms sorted: ``app=b,tier in (api,web),!legacy``;
-    ``(any)`` for None or the empty selector (both match everything; no label key has
-    parentheses, so it never reads like an ``Exists`` term)."""
-    if selector is None:
-        return "(any)"
-    terms = [f"{k}={v}" for k, v in sorted(selector.match_labels)]
-    for r in sorted(selector.match_expressions, key=lambda r: (r.key, r.operator, sorted(r.values))):
-        values = ",".join(sorted(r.values))
-        terms.append({"In": f"{r.key} in ({values})", "NotIn": f"{r.key} notin ({values})",
-                      "Exists": r.key, "DoesNotExist": f"!{r.key}"}[r.operator])
-    return ",".join(terms) or "(any)"
 
 
 @functools.lru_cache(maxsize=1 << 17)

@@ -36,20 +36,18 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from . import layout
 from .model import Cluster, Direction, Family, Pod, family_of
 from .noderender import build_rule_model
-from .rules import AddressSet, AllowRule, Config, PodChain, PolicyChain, PortMatch, RuleModel, TierChain, TierRule
+from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
 from .tablewalk import Packet, Step, TableWalker, Walk
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
                     "node port", "external IP"]
-_RULE_INDEX = re.compile(r" (?:ingress|egress) rule (\d+)(?: |$)")
 
 
 def canonical(address: str) -> str:
@@ -101,12 +99,11 @@ class Endpoint:
 class RuleSummary:
     """What one rule of a policy allows, in words: ``peers`` (what its peer sets select) and
     ``ports`` (``TCP/8080``, ``TCP/6000-6999``, a named-port set's description, ``any port``).
-    ``rule`` is the rule's index in the policy's ingress or egress list (None when the comment
-    that carries it was cut at nft's 128 bytes)."""
+    ``rule`` is the rule's index in the policy's ingress or egress list."""
 
     policy: str
     direction: Direction
-    rule: int | None
+    rule: int
     peers: tuple[str, ...]
     ports: tuple[str, ...]
 
@@ -153,25 +150,11 @@ class Verdict:
         return dataclasses.asdict(self)
 
 
-def rule_index(comment: str) -> int | None:
-    """The policy rule index that an allow rule's comment ``<ns>/<name> <direction> rule <i>``
-    (or a tier rule's ``<name> <tier> <direction> rule <i> ...``) carries
-    (:mod:`~nftpolicy.translators.noderender` writes it); None when the comment was cut."""
-    match = _RULE_INDEX.search(comment)
-    return int(match.group(1)) if match else None
-
-
-def _rule_index(rule: AllowRule | TierRule) -> int | None:
-    """The index of the policy rule a model rule comes from (the one place that reads a rule's
-    identity: :func:`rule_index` of its comment)."""
-    return rule_index(rule.comment)
-
-
 class _Node:
     """One node's rule model and the table :mod:`~nftpolicy.translators.layout` decides for it,
     indexed: the table walker (``local``: the node's addresses), the model's chains and sets by
     name, the pod of each dispatched address, and the model rule each layout rule of a policy or
-    tier chain was made from."""
+    tier chain was made from (for its words: its peer set, named-port set and port)."""
 
     def __init__(self, model: RuleModel, local: Sequence[str]) -> None:
         self.model = model
@@ -180,15 +163,15 @@ class _Node:
         self.tier_chains = {chain.name: chain for chain in model.tier_chains}
         self.sets = {s.name: s for s in model.sets}
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
-        self._origins: dict[str, list[AllowRule | TierRule]] = {
+        self._made_from: dict[str, list[MatchRule]] = {
             **{c.name: list(c.rules) for c in model.policy_chains},  # layout.allow_rule: one rule each
             **{c.name: [r for r in c.rules for _ in layout.tier_rule(model.config, c, r)] for c in model.tier_chains}}
 
-    def origin(self, step: Step) -> tuple[PolicyChain | TierChain, AllowRule | TierRule] | None:
+    def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, MatchRule]:
         """The policy or tier chain of the model and the rule of it that the layout rule of
-        ``step`` was made from; None for the table's own chains (base, common, default, pod)."""
-        chain = self.policy_chains.get(step.chain) or self.tier_chains.get(step.chain)
-        return (chain, self._origins[step.chain][step.position]) if chain is not None else None
+        ``step`` (a rule of a policy or tier chain) was made from."""
+        chain = self.policy_chains.get(step.chain) or self.tier_chains[step.chain]
+        return chain, self._made_from[step.chain][step.position]
 
     def jumps(self, pod_chain: str, direction: Direction) -> tuple[str, ...]:
         """The chains that pod chain ``pod_chain`` jumps to for ``direction`` (its tier chains,
@@ -295,9 +278,10 @@ class Enforcement:
         if decided is not None:
             chain, rule = decided
             summary = _summaries(index, chain, [rule])[0]
-            if isinstance(chain, TierChain):
-                action = _action(rule)
-                return dataclasses.replace(side, allowed=action == "Accept", cluster_rule=summary, cluster_action=f"{chain.tier} {action}")
+            if rule.origin.tier is not None:
+                action = rule.origin.action
+                return dataclasses.replace(side, allowed=action == "Accept", cluster_rule=summary,
+                                           cluster_action=f"{rule.origin.tier} {action}")
             return dataclasses.replace(side, allowed_by=summary)
         if walk.allowed:
             return side
@@ -305,20 +289,15 @@ class Enforcement:
         return dataclasses.replace(side, allowed=False, rules=summaries)
 
 
-def _action(rule: AllowRule | TierRule) -> str:
-    """What a model rule does when it matches: a NetworkPolicy rule only allows (``Accept``)."""
-    return rule.action if isinstance(rule, TierRule) else "Accept"
-
-
-def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, AllowRule | TierRule] | None:
-    """The policy or tier rule that decided a walk: the last one that fired, a ``Pass`` aside
-    (it only ends its tier); None when none fired, or ``KUBE-NWPLCY-DEFAULT`` after it."""
+def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, MatchRule] | None:
+    """The policy or tier rule that decided a walk: the last rule with an origin (a policy
+    rule) that fired, a ``Pass`` aside (it only ends its tier); None when none fired, or
+    ``KUBE-NWPLCY-DEFAULT`` after it."""
     for step in reversed(walk.fired()):
         if step.chain == layout.DEFAULT_CHAIN:
             return None
-        origin = index.origin(step)
-        if origin is not None and _action(origin[1]) != "Pass":
-            return origin
+        if step.rule.origin is not None and step.rule.origin.action != "Pass":
+            return index.made_from(step)
     return None
 
 
@@ -346,11 +325,11 @@ def port_text(port: PortMatch) -> str:
     return f"{port.protocol}/{port.first}" + (f"-{port.last}" if port.last not in (None, port.first) else "")
 
 
-def _summaries(index: _Node, chain: PolicyChain | TierChain, rules: Sequence[AllowRule | TierRule]) -> list[RuleSummary]:
+def _summaries(index: _Node, chain: PolicyChain | TierChain, rules: Sequence[MatchRule]) -> list[RuleSummary]:
     """The allow rules of ``chain`` grouped by policy rule index, in order, in words."""
-    grouped: dict[int | None, tuple[list[str], list[str]]] = {}
+    grouped: dict[int, tuple[list[str], list[str]]] = {}
     for rule in rules:
-        peers, ports = grouped.setdefault(_rule_index(rule), ([], []))
+        peers, ports = grouped.setdefault(rule.origin.index, ([], []))
         if rule.named_port_set is not None:
             what = index.describe(rule.named_port_set)
             if chain.direction == "egress":  # the set of the peers' named port: the peer match as well
@@ -471,6 +450,10 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
+def _match_rule(data: Mapping[str, Any]) -> MatchRule:
+    return MatchRule(**{**data, "port": PortMatch(**data["port"]) if data["port"] else None, "origin": RuleOrigin(**data["origin"])})
+
+
 def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
     """The :class:`Enforcement` that :func:`enforcement_json` wrote. Raises KeyError, TypeError or
     ValueError for data of another shape."""
@@ -479,13 +462,9 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
         m = entry["model"]
         config = Config(**{k: _tuples(v) for k, v in m["config"].items()})
         sets = tuple(AddressSet(**{**s, "elements": _tuples(s["elements"])}) for s in m["sets"])
-        chains = tuple(PolicyChain(**{**c, "rules": tuple(
-            AllowRule(**{**r, "port": PortMatch(**r["port"]) if r["port"] else None}) for r in c["rules"])})
-            for c in m["policy_chains"])
+        chains = tuple(PolicyChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m["policy_chains"])
         pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
-        tiers = tuple(TierChain(**{**c, "rules": tuple(
-            TierRule(**{**r, "port": PortMatch(**r["port"]) if r["port"] else None}) for r in c["rules"])})
-            for c in m.get("tier_chains") or ())
+        tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m.get("tier_chains") or ())
         models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
     endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
     return Enforcement(models, endpoints, data.get("node_addresses") or {})

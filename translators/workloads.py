@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .manifests import InvalidField, ManifestError, generated_suffix
+from .manifests import ManifestError
+from .validation import InvalidField, generated_suffix
 from .model import Family, Pod
 
 WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob")

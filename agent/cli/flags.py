@@ -400,6 +400,7 @@ def parser() -> argparse.ArgumentParser:
     trace.add_argument("--node", action="append", type=_node, help="sandbox node for pods without spec.nodeName (repeatable; default node1)")
     trace.add_argument("--netns", help="on a node: trace in this named network namespace (default: the current one)")
     trace.add_argument("--timeout", type=_seconds(0, inclusive=False), default=30.0, help="on a node: seconds to wait for the packet (default %(default)s)")
+    trace.add_argument("--agent", metavar="http://ADDR", help="on a node: name the policy rules from this running agent's debug endpoint (its committed model)")
     add_input_arguments(trace)
     add_config_arguments(trace)
     return top

@@ -47,8 +47,9 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         return 1
     stop = threading.Event()
     metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
-    metrics.registry.register(RuleCounters(dataplane))  # read from the kernel at each scrape
     store = Store(metrics)
+    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
+    metrics.registry.register(RuleCounters(dataplane, reconciler.chain_owners))  # read from the kernel at each scrape
     health.unlisted = store.unlisted
     try:
         server = serve_http(args.http_address, metrics, health)
@@ -70,7 +71,6 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
     log.info("nftpolicy %s agent for node %s: source %s, table inet %s, http %s:%d; settings: %s", version("nftpolicy"),
              args.node, source, config.table, *server.server_address[:2], settings(args, config))
-    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
     debug = None
     try:  # a debugging aid: enforcement goes on without it
         debug = start_debug(args.debug_address, reconciler) if args.debug_address else None

@@ -23,7 +23,7 @@ from typing import Any
 
 from nftpolicy.translators import nft, nftchanges
 from nftpolicy.translators.noderender import NodeRenderer
-from nftpolicy.translators.rules import Config
+from nftpolicy.translators.rules import ChainOwner, Config
 
 from nftpolicy.agent.dataplane import Dataplane, DataplaneError
 from .health import Health
@@ -64,6 +64,12 @@ class Reconciler:
         self.lock = threading.Lock()  # held by each sync: readers (the debug endpoint) see a committed model
         self.failures = 0
         self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
+
+    def chain_owners(self) -> dict[str, ChainOwner]:
+        """Chain name -> what it enforces (policy and direction, or pod), of the model the kernel
+        holds (empty before the first sync); waits for a sync under way."""
+        with self.lock:
+            return self.renderer.chain_owners() if self.renderer is not None else {}
 
     def _table_lost(self) -> bool:
         """True when what we committed is no longer in the kernel: our table or its FORWARD base

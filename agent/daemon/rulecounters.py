@@ -11,31 +11,31 @@ and their counters, no set element) and sums the counters into
   policy allowed (only a connection's first packet walks the chains: later ones are accepted
   as established before the dispatch).
 
-The collector never touches the reconcile loop: it runs in the HTTP server's thread with its own
-libnftables context, and the kernel lists a table without holding up a commit. A missing table
-(before the first sync, or flushed by another tool) gives no samples. Counters start again at 0
-when the agent rewrites a chain (every full resync, and a pod chain whose policies change);
-``rate()`` and ``increase()`` take such resets in their stride.
+The collector runs in the HTTP server's thread with its own libnftables context, and the kernel
+lists a table without holding up a commit. A missing table (before the first sync, or flushed by
+another tool) gives no samples. Counters start again at 0 when the agent rewrites a chain (every
+full resync, and a pod chain whose policies change); ``rate()`` and ``increase()`` take such
+resets in their stride.
 
-Labels come from the rule comments that :mod:`nftpolicy.translators.layout` and the node
-renderer write (``<ns>/<pod> reject <direction>``, ``<ns>/<policy> <direction> rule <n>``), the
-reject's direction from its address match (``daddr``: ingress, ``saddr``: egress). nft keeps 128
-bytes of a comment, so a ``namespace/name`` longer than about 110 bytes shows cut; an allow rule
-whose comment was cut that far is counted under its chain's name with direction ``unknown``.
+Labels come from the chain owners of the model the agent committed
+(:meth:`~nftpolicy.translators.noderender.NodeRenderer.chain_owners`: a pod chain's pod, a policy
+chain's policy and direction; never from a rule comment, which only describes and which nft cuts
+at 128 bytes), the reject's direction from its address match (``daddr``: ingress, ``saddr``:
+egress). A chain the committed model does not know (our table changed by hand) is counted under
+its own name with direction ``unknown``.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nftpolicy.translators.layout import COMMON_CHAIN, DEFAULT_CHAIN
+from nftpolicy.translators.rules import ChainOwner
 
-ALLOW_COMMENT = re.compile(r"^(?P<namespace>[^/]+)/(?P<policy>.+) (?P<direction>ingress|egress) rule \d+$")
 DENIED = ("nftpolicy_denied_packets", "Packets rejected because no policy allowed them, by local pod and direction.",
           ["namespace", "pod", "direction"])
 ALLOWED = ("nftpolicy_allowed_packets", "Packets (a connection's first) that a rule of the policy allowed, by policy and direction.",
@@ -68,29 +68,32 @@ def _split(key: str) -> tuple[str, str]:
     return (namespace, name) if name else ("", key)
 
 
-def tally(rules: list[dict[str, Any]]) -> tuple[Counter[tuple[str, str, str]], Counter[tuple[str, str, str]]]:
+def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> tuple[Counter[tuple[str, str, str]], Counter[tuple[str, str, str]]]:
     """(denied, allowed) packet sums of counted rules: ``(namespace, pod, direction)`` and
-    ``(namespace, policy, direction)`` -> packets."""
+    ``(namespace, policy, direction)`` -> packets; ``owners``: chain name -> what it enforces."""
     denied: Counter[tuple[str, str, str]] = Counter()
     allowed: Counter[tuple[str, str, str]] = Counter()
     for rule in rules:
-        chain, text = rule.get("chain", ""), rule.get("comment", "")
+        chain = rule.get("chain", "")
+        owner = owners.get(chain)
         if chain.startswith("KUBE-POD-FW-"):
             if any("reject" in e for e in rule["expr"]):
-                denied[(*_split(text.rpartition(" reject ")[0] or text), _direction(rule))] += _packets(rule)
+                denied[(*_split(owner.pod if owner is not None and owner.pod else chain), _direction(rule))] += _packets(rule)
         elif chain.startswith("KUBE-NWPLCY-") and chain not in (COMMON_CHAIN, DEFAULT_CHAIN):
-            found = ALLOW_COMMENT.match(text)
-            key = (found["namespace"], found["policy"], found["direction"]) if found else ("", chain, "unknown")
-            allowed[key] += _packets(rule)
+            if owner is not None and owner.policy is not None and owner.direction is not None:
+                allowed[(*_split(owner.policy), owner.direction)] += _packets(rule)
+            else:
+                allowed[("", chain, "unknown")] += _packets(rule)
     return denied, allowed
 
 
 class RuleCounters(Collector):
     """A prometheus_client collector of our table's rule counters (module docstring), read from
-    ``dataplane`` at each scrape; register it with ``registry.register(RuleCounters(dataplane))``."""
+    ``dataplane`` at each scrape and named by ``owners()`` (chain name -> what it enforces, of the
+    committed model); register it with ``registry.register(RuleCounters(dataplane, owners))``."""
 
-    def __init__(self, dataplane: CountedRules) -> None:
-        self.dataplane = dataplane
+    def __init__(self, dataplane: CountedRules, owners: Callable[[], Mapping[str, ChainOwner]]) -> None:
+        self.dataplane, self.owners = dataplane, owners
 
     def describe(self) -> Iterator[Metric]:
         """The metric families without samples (so registering lists nothing)."""
@@ -99,7 +102,7 @@ class RuleCounters(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """List the table now and yield both families (empty when the table is absent)."""
-        denied, allowed = tally(self.dataplane.counted_rules())
+        denied, allowed = tally(self.dataplane.counted_rules(), self.owners())
         for (name, help_text, labels), values in ((DENIED, denied), (ALLOWED, allowed)):
             family = CounterMetricFamily(name, help_text, labels=labels)
             for key, packets in sorted(values.items()):

@@ -35,7 +35,6 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from nftpolicy.translators.clusterpolicy import cluster_policy_from, fail_closed_cluster_policy
 from nftpolicy.translators.manifests import (
-    InvalidField,
     fail_closed_policy,
     namespace_from,
     node_from,
@@ -44,6 +43,7 @@ from nftpolicy.translators.manifests import (
     policy_from,
 )
 from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.validation import InvalidField
 
 from .manifestfiles import manifest_files, read_objects
 from .memory import gc_paused

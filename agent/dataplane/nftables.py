@@ -150,7 +150,8 @@ class TraceMonitor:
     in a child process (context manager) whose output :meth:`lines` reads.
 
     libnftables 1.0.6 prints trace events as text lines, also with JSON output on:
-    ``trace id <id> inet <table> <chain> rule <rule> comment "<comment>" (verdict <verdict>)``,
+    ``trace id <id> inet <table> <chain> rule <rule> comment "<comment>" # handle <n> (verdict <verdict>)``
+    (handles on),
     ``... policy accept``, ``... packet: <headers>``. The python3-nftables bindings buffer a
     command's output until it ends, which ``monitor`` never does, so the child unbuffers its
     context (libnftables then writes each event to stdout, a pipe to this process, flushed per
@@ -179,6 +180,7 @@ class TraceMonitor:
                 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
                 with netns.entered(self.netns) if self.netns else nullcontext():
                     ctx = nftables.Nftables()
+                    ctx.set_handle_output(True)  # every rule event ends in its rule's handle
                     ctypes.CDLL("libnftables.so.1").nft_ctx_unbuffer_output(ctypes.c_void_p(ctx._Nftables__ctx))
                     ctx.cmd("monitor trace")
             finally:

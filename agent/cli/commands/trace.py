@@ -4,13 +4,17 @@ For the trace, our own table gets one base chain per hook, hooked just before ou
 (:func:`~nftpolicy.translators.layout.trace_chains`), whose rule sets ``meta nftrace set 1`` on
 the chosen connection; libnftables' ``monitor trace`` (:class:`~nftpolicy.agent.dataplane.nftables.TraceMonitor`)
 reports the packet's walk, and every event in our table is printed with the comment of the rule
-that matched (``<ns>/<name> ...``: the pod, or the policy, direction and rule index). The trace
-chains are deleted afterwards, also on an error, Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
+that matched: a policy chain's rule by its policy, direction and rule index, read from the rule
+model (:class:`~nftpolicy.translators.rules.RuleOrigin` of the layout rule at that place in its
+chain, found by the rule handle the monitor reports), a pod chain's rule by its pod, any other by
+its comment (a description only). The trace chains are deleted afterwards, also on an error,
+Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
 
 * With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.testbed.sandbox.Sandbox`),
   and one connection is sent from the ``--from`` pod; each node it crosses is traced.
 * Without: on this node (``--netns``: in that namespace), wait up to ``--timeout`` seconds for one
-  packet of the connection, given by addresses, through our table.
+  packet of the connection, given by addresses, through our table; ``--agent`` names the policy
+  rules from the model the agent committed (its debug endpoint), else rules show their comments.
 """
 
 from __future__ import annotations
@@ -21,23 +25,24 @@ import ipaddress
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from nftpolicy.translators import layout, nft
 from nftpolicy.translators.model import family_of
-from nftpolicy.translators.rules import Config
-from nftpolicy.translators.verdict import Connection, enforcement_of, rule_index
+from nftpolicy.translators.rules import ChainOwner, Config, RuleModel, chain_owners
+from nftpolicy.translators.verdict import Connection, enforcement_of
 
 from nftpolicy.agent.cli.flags import UsageError, check_exists, config_from
 from nftpolicy.agent.dataplane.nftables import NftDataplane, TraceMonitor
 from nftpolicy.agent.testbed.probes import ProbeSpec, sctp_supported
 from nftpolicy.agent.testbed.sandbox import Sandbox
 from . import read_manifests
-from .explain import connections, parse_port
+from .explain import _agent, connections, parse_port
 
+# A monitor event (``trace id <id> inet <table> <chain> <rest>``), and a rule event's rest: the
+# monitor prints handles, so both a rule it knows and one it does not end in the rule's handle.
 _EVENT = re.compile(r"^trace id (\S+) inet (\S+) (\S+) (.*)$")
-_RULE = re.compile(r"^(?:rule (?P<text>.*?)|unknown rule handle (?P<handle>\d+)) \(verdict (?P<verdict>[^)]*)\)\s*$")
-_COMMENT = re.compile(r'comment "([^"]*)"')
+_RULE = re.compile(r"^(?:rule .*? # handle |unknown rule handle )(?P<handle>\d+) \(verdict (?P<verdict>[^)]*)\)\s*$")
 
 
 @dataclass(frozen=True)
@@ -66,20 +71,66 @@ def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
             dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
 
 
-def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: dict[str, str]) -> list[Step]:
+@dataclass(frozen=True)
+class Listed:
+    """A rule of our table as the kernel lists it: ``chain``, ``comment`` and, when the model
+    the table was made from is known, the layout ``rule`` at its place (with its origin)."""
+
+    chain: str
+    comment: str
+    rule: layout.Rule | None = None
+
+
+def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None) -> dict[int, Listed]:
+    """Rule handle -> :class:`Listed` for the rules of a kernel listing; a chain's rules are
+    matched to ``model``'s layout by place, where the chain has as many rules as its layout."""
+    chains = {c.name: c.rules for c in layout.table(model).chains} if model is not None else {}
+    by_chain: dict[str, list[dict[str, Any]]] = {}
+    for item in listing:
+        if "rule" in item:
+            by_chain.setdefault(item["rule"]["chain"], []).append(item["rule"])
+    found = {}
+    for chain, rules in by_chain.items():
+        decided = chains.get(chain, ())
+        for i, rule in enumerate(rules):
+            found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided[i] if len(decided) == len(rules) else None)
+    return found
+
+
+def rule_text(listed: Listed | None) -> str:
+    """A matched rule in words: a policy rule ``policy <policy> <direction> rule <i> (allows)``
+    (from its origin), a pod chain's rule ``pod <comment>``, any other its comment."""
+    if listed is None:
+        return "a rule"
+    origin = listed.rule.origin if listed.rule is not None else None
+    if origin is not None and origin.tier is None:
+        return f"policy {origin.policy} {origin.direction} rule {origin.index} (allows)"
+    if listed.chain.startswith("KUBE-POD-FW-"):
+        return f"pod {listed.comment}"
+    return listed.comment or "a rule"
+
+
+def _unmatched(target: str, owners: Mapping[str, ChainOwner]) -> str:
+    """The step of a policy chain left without a match (the kernel reports no event for it)."""
+    if target == layout.COMMON_CHAIN:
+        return "common: not invalid, no essential ICMP"
+    owner = owners.get(target)
+    if owner is None or owner.policy is None:
+        return "policy (unknown here: give --agent): no rule matched"
+    return f"policy {owner.policy} {owner.direction}: no rule matched"
+
+
+def follow(lines: Iterable[str], table: str, rules: Mapping[int, Listed], owners: Mapping[str, ChainOwner]) -> list[Step]:
     """The steps of the first traced packet in ``table`` (our trace chains left out), up to the
-    base chain's end or a final verdict. ``comments``: rule handle -> comment, for the rules the
-    monitor did not know yet (``unknown rule handle``); ``owners``: policy chain -> ``<policy>
-    <direction>``, to name a policy chain that the packet left without a match (the kernel
-    reports no event for that)."""
+    base chain's end or a final verdict. ``rules``: rule handle -> the listed rule
+    (:func:`listed_rules`); ``owners``: chain -> what it enforces, to name a policy chain that
+    the packet left without a match."""
     steps: list[Step] = []
     first = None
     for line in lines:
         if steps and steps[-1].verdict.startswith("jump KUBE-NWPLCY-") and f" {steps[-1].verdict[5:]} " not in line:
             target = steps[-1].verdict[5:]
-            what = "common: not invalid, no essential ICMP" if target == layout.COMMON_CHAIN else \
-                f"policy {owners.get(target, '(no rules: deny all)')}: no rule matched"
-            steps.append(Step(target, what, "return"))
+            steps.append(Step(target, _unmatched(target, owners), "return"))
         event = _EVENT.match(line)
         if not event or event.group(2) != table or event.group(3) in layout.TRACE_CHAINS:
             continue
@@ -90,10 +141,7 @@ def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: d
             continue
         rule = _RULE.match(rest)
         if rule:
-            text = rule.group("text")
-            found = _COMMENT.search(text) if text is not None else None
-            what = found.group(1) if found else comments.get(int(rule.group("handle") or -1), text or "a rule")
-            steps.append(Step(chain, what, rule.group("verdict")))
+            steps.append(Step(chain, rule_text(rules.get(int(rule.group("handle")))), rule.group("verdict")))
             if rule.group("verdict") in ("accept", "drop"):
                 break
         elif rest.startswith("policy "):
@@ -104,23 +152,13 @@ def follow(lines: Iterable[str], table: str, comments: dict[int, str], owners: d
 
 
 def step_text(step: Step) -> str:
-    """``KUBE-NWPLCY-... : policy shop/api-ingress ingress rule 0 -> return``: a policy rule
-    named with its index, a pod chain rule with its pod, a base chain rule with its comment."""
-    what = step.what
-    if step.chain.startswith("KUBE-NWPLCY-") and rule_index(what) is not None and not what.startswith("policy "):
-        what = f"policy {what} (allows)"
-    elif step.chain.startswith("KUBE-POD-FW-"):
-        what = f"pod {what}"
-    return f"  {step.chain}: {what} -> {step.verdict}"
+    """``  KUBE-NWPLCY-...: policy shop/api-ingress ingress rule 0 (allows) -> return``."""
+    return f"  {step.chain}: {step.what} -> {step.verdict}"
 
 
-def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, timeout: float) -> list[Step]:
-    rules = [o["rule"] for o in dataplane.listing() if "rule" in o]
-    owners: dict[str, str] = {}
-    for rule in rules:  # a policy chain's rules say "<policy> <direction> rule <i>"
-        if rule["chain"].startswith("KUBE-NWPLCY-") and rule_index(rule.get("comment", "")) is not None:
-            owners.setdefault(rule["chain"], rule["comment"].rsplit(" rule ", 1)[0])
-    return follow(monitor.lines(timeout), table, {r["handle"]: r.get("comment", "") for r in rules}, owners)
+def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, timeout: float, model: RuleModel | None) -> list[Step]:
+    owners = chain_owners(model) if model is not None else {}
+    return follow(monitor.lines(timeout), table, listed_rules(dataplane.listing(), model), owners)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -161,12 +199,12 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
                 monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane)
             # Every monitor listens once entered, so this one connection's first packet is the first traced.
             connected = sandbox.connect(source.key, conn.destination, spec)
-            first = _steps(*monitors[nodes[0]], config.table, 1.0)
+            first = _steps(*monitors[nodes[0]], config.table, 1.0, engine.models[nodes[0]])
             head = f"TRACE  {engine.name(conn.source)} -> {engine.name(conn.destination)} {conn.text()}: " \
                    f"{'connected' if connected else 'refused'}"
             _print(head, nodes[0], first)
             for node in nodes[1:]:
-                _print("", node, _steps(*monitors[node], config.table, 1.0))
+                _print("", node, _steps(*monitors[node], config.table, 1.0, engine.models[node]))
     return read.finish(args, 0 if connected else 1)
 
 
@@ -183,9 +221,10 @@ def _trace_node(args: argparse.Namespace, config: Config) -> int:
     dataplane = NftDataplane(config.table, args.netns)
     if not dataplane.has_table():
         raise UsageError(f"no table inet {config.table}{' in ' + args.netns if args.netns else ''}: nothing to trace")
+    model = next(iter(_agent(args.agent).models.values()), None) if args.agent else None
     with traced(dataplane, config, conn), TraceMonitor(args.netns) as monitor:
         print(f"waiting up to {args.timeout:g} s for {conn.source} -> {conn.destination} {conn.text()}", file=sys.stderr)
-        steps = _steps(monitor, dataplane, config.table, args.timeout)
+        steps = _steps(monitor, dataplane, config.table, args.timeout, model)
     _print(f"TRACE  {conn.source} -> {conn.destination} {conn.text()}", args.netns or "(this node)", steps)
     passed = bool(steps) and steps[-1].verdict not in ("drop",)
     return 0 if passed else 1

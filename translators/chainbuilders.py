@@ -1,0 +1,224 @@
+"""The chains of the rule model, built: a NetworkPolicy's ``KUBE-NWPLCY-<hash>`` and a
+ClusterNetworkPolicy's tier chain (``KUBE-ANP-<hash>`` for the Admin tier, ``KUBE-BANP-<hash>``
+for the Baseline tier), one per policy and direction, built the same way; and a local pod's
+``KUBE-POD-FW-<hash>``, which jumps to them.
+
+What such a chain says depends only on the policy (and the address families in use): one
+:class:`~nftpolicy.translators.rules.MatchRule` per (peer, port) of each policy rule, whose peers
+name shared sets by key (:class:`~nftpolicy.translators.setstore.SetKey`). A peer is a
+:class:`~nftpolicy.translators.setstore.Scope` of pods (one address set per family) or an
+ipBlock (one interval set); peers of a rule are OR'ed.
+
+* NetworkPolicyPeer (the API reference): selectors in one peer are AND'ed, no
+  namespaceSelector means the policy's namespace; an ipBlock minus its excepts.
+* ClusterNetworkPolicy peers (network-policy-api v0.2.0, ClusterNetworkPolicyIngressPeer /
+  EgressPeer): ``namespaces`` is every pod of the namespaces a selector matches, ``pods`` the pods
+  a pod selector matches in those namespaces, ``networks`` one ipBlock per CIDR.
+
+A named port is resolved on the destination pods: for ingress the local pods the policy
+selects, for egress the peer pods (the set of ``address . protocol . port`` is then the peer
+match as well); a NetworkPolicy port names its protocol, a ClusterNetworkPolicy
+``destinationNamedPort`` takes each protocol the container port may have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from .model import (
+    PROTOCOLS,
+    ClusterNetworkPolicy,
+    ClusterPeer,
+    ClusterRule,
+    Direction,
+    Family,
+    IPBlock,
+    NetworkPolicy,
+    Peer,
+    Pod,
+    PolicyRule,
+    Protocol,
+    family_of,
+)
+from .rules import MatchRule, PodChain, PolicyChain, PortMatch, RuleOrigin, TierChain, address_order, comment, hashed_name
+from .selectors import ALL, LabelSelector, canonical_selector
+from .setstore import Scope, SetKey
+
+TIER_CHAIN_PREFIX = {"Admin": "KUBE-ANP-", "Baseline": "KUBE-BANP-"}
+PeerTarget = Scope | IPBlock  # a peer: pods (their addresses) or an ipBlock
+Match = tuple[Family | None, str | None, PortMatch | None, str | None]  # family, peer set, port, named-port set
+
+
+@dataclass(frozen=True)
+class NamedPort:
+    """A destination named port ``name`` with each protocol it may have."""
+
+    name: str
+    protocols: tuple[Protocol, ...]
+
+
+def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tuple[Family, ...],
+                       keys: list[SetKey]) -> PolicyChain:
+    """The chain of ``policy``'s ``direction``; the set keys it uses are appended to ``keys``
+    (one per use)."""
+    targets = Scope(namespace=policy.namespace, pod_selector=canonical_selector(policy.pod_selector), local=True)
+    rules: list[MatchRule] = []
+    for i, rule in enumerate(policy.rules(direction)):
+        origin = RuleOrigin(policy.key, direction, i)
+        text = comment(f"{policy.key} {direction} rule {i}")
+        peers = [_policy_peer(policy, peer) for peer in rule.peers] if rule.peers else None
+        found = rule_matches(direction, peers, _policy_ports(rule), targets, families, _user(keys))
+        rules.extend(MatchRule(*match, origin, text) for match in found)
+    name = hashed_name("KUBE-NWPLCY-", policy.namespace, policy.name, direction)
+    return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"))
+
+
+def build_pod_chain(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction, list[str]],
+                    tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> PodChain:
+    """The ``KUBE-POD-FW-<hash>`` chain of local pod ``pod`` for its addresses ``ips`` (those
+    that dispatch to it): ``policies``, the policy chains of each direction whose policy selects
+    it (a direction absent: no NetworkPolicy isolates it); ``tiers``, the tier chains by pod
+    chain field (``admin_ingress``, ...) in evaluation order; ``tier_policy``: tier chain ->
+    its ClusterNetworkPolicy."""
+    ingress, egress = policies.get("ingress"), policies.get("egress")
+    return PodChain(name=hashed_name("KUBE-POD-FW-", pod.namespace, pod.name), pod=pod.key,
+                    ips=tuple(sorted(set(ips), key=address_order)),
+                    ingress=tuple(sorted(ingress)) if ingress is not None else None,
+                    egress=tuple(sorted(egress)) if egress is not None else None,
+                    comment=comment(f"{pod.key} pod"),
+                    admin_ingress=tuple(tiers.get("admin_ingress", ())),
+                    admin_egress=tuple(tiers.get("admin_egress", ())),
+                    # the Baseline tier only where no NetworkPolicy isolates the pod
+                    baseline_ingress=tuple(tiers.get("baseline_ingress", ())) if ingress is None else (),
+                    baseline_egress=tuple(tiers.get("baseline_egress", ())) if egress is None else (),
+                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in tiers.values() for n in v})))
+
+
+def tier_chain_name(policy: ClusterNetworkPolicy, direction: Direction) -> str:
+    """``KUBE-ANP-`` or ``KUBE-BANP-`` + the hash of the policy's name and the direction."""
+    return hashed_name(TIER_CHAIN_PREFIX[policy.tier], policy.name, direction)
+
+
+def build_tier_chain(policy: ClusterNetworkPolicy, direction: Direction, families: tuple[Family, ...],
+                     keys: list[SetKey]) -> TierChain:
+    """The tier chain of ``policy``'s ``direction`` (which has rules); the set keys it uses are
+    appended to ``keys`` (one per use)."""
+    targets = _cluster_scope(policy.subject_namespaces, policy.subject_pods, local=True)
+    rules: list[MatchRule] = []
+    for i, rule in enumerate(policy.rules(direction)):
+        origin = RuleOrigin(policy.name, direction, i, policy.tier, rule.action, rule.name)
+        text = comment(f"{policy.name} {policy.tier} {direction} rule {i}" + (f" {rule.name}" if rule.name else "") + f" ({rule.action})")
+        peers = [target for peer in rule.peers for target in _cluster_peer(peer)]
+        found = rule_matches(direction, peers, _cluster_ports(rule), targets, families, _user(keys))
+        rules.extend(MatchRule(*match, origin, text) for match in found)
+    return TierChain(tier_chain_name(policy, direction), policy.name, policy.tier, direction, tuple(rules),
+                     comment(f"{policy.name} {policy.tier} {direction}"))
+
+
+def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports: Sequence[PortMatch | NamedPort],
+                 targets: Scope, families: tuple[Family, ...], use: Callable[[SetKey], str]) -> list[Match]:
+    """The (family, peer set, port, named-port set) matches of one policy rule, in order: one per
+    peer set for each numbered port (or just one per peer set without ports), one per peer set
+    and family for each ingress named port (resolved on ``targets``, the policy's local pods),
+    one per peer scope and family for each egress named port (resolved on the peers). ``peers``
+    None: any peer. ``use`` names a set key the rule uses (and takes note of it)."""
+    egress_named_only = direction == "egress" and bool(ports) and all(isinstance(p, NamedPort) for p in ports)
+    # The peer sets, unless only egress named ports use this rule's peers (their own sets
+    # hold the peers' addresses with the port): a set exists only while a rule uses it.
+    options = [] if egress_named_only else peer_sets(peers, families, use)
+    if not ports:
+        return [(family, peer_set, None, None) for family, peer_set in options]
+    found: list[Match] = []
+    for port in ports:
+        if isinstance(port, PortMatch):
+            found.extend((family, peer_set, port, None) for family, peer_set in options)
+            continue
+        for protocol in port.protocols:
+            if direction == "ingress":
+                for family, peer_set in options:
+                    for fam in (families if family is None else (family,)):
+                        found.append((fam, peer_set, None, use(SetKey("named_port", fam, targets, port=port.name, protocol=protocol))))
+            else:
+                for scope, scope_families in _named_port_scopes(peers, families):
+                    for fam in scope_families:
+                        found.append((fam, None, None, use(SetKey("named_port", fam, scope, port=port.name, protocol=protocol))))
+    return found
+
+
+def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
+              use: Callable[[SetKey], str]) -> list[tuple[Family | None, str | None]]:
+    """(family, peer set) alternatives of a rule's peers: ``(None, None)`` for any peer, else an
+    address set per family for each pod scope and an interval set for each ipBlock."""
+    if peers is None:
+        return [(None, None)]
+    options: list[tuple[Family | None, str | None]] = []
+    for peer in peers:
+        if isinstance(peer, Scope):
+            options.extend((f, use(SetKey("addr", f, peer))) for f in families)
+        else:
+            family = family_of(str(peer.cidr))
+            options.append((family, use(SetKey("interval", family, block=peer))))
+    return options
+
+
+def _named_port_scopes(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...]) -> list[tuple[Scope, tuple[Family, ...]]]:
+    """Where an egress named port resolves: each peer's pods (an ipBlock peer: every pod's
+    addresses inside it; any peer: every pod)."""
+    if peers is None:
+        return [(Scope(namespace_selector=ALL), families)]
+    return [(peer, families) if isinstance(peer, Scope) else (Scope(namespace_selector=ALL, block=peer), (family_of(str(peer.cidr)),))
+            for peer in peers]
+
+
+def _user(keys: list[SetKey]) -> Callable[[SetKey], str]:
+    def use(key: SetKey) -> str:
+        keys.append(key)
+        return key.name
+    return use
+
+
+def _policy_peer(policy: NetworkPolicy, peer: Peer) -> PeerTarget:
+    if peer.ip_block is not None:
+        return peer.ip_block
+    pods = canonical_selector(peer.pod_selector)
+    if peer.namespace_selector is None:
+        return Scope(namespace=policy.namespace, pod_selector=pods)
+    return Scope(namespace_selector=canonical_selector(peer.namespace_selector) or ALL, pod_selector=pods)
+
+
+def _policy_ports(rule: PolicyRule) -> list[PortMatch | NamedPort]:
+    ports: list[PortMatch | NamedPort] = []
+    for port in rule.ports:
+        if isinstance(port.port, str):
+            ports.append(NamedPort(port.port, (port.protocol,)))
+        elif port.port is None:
+            ports.append(PortMatch(port.protocol))
+        else:
+            ports.append(PortMatch(port.protocol, port.port, port.end_port or port.port))
+    return ports
+
+
+def _cluster_scope(namespaces: LabelSelector | None, pods: tuple[LabelSelector, LabelSelector] | None, local: bool = False) -> Scope:
+    if pods is None:
+        return Scope(namespace_selector=canonical_selector(namespaces) or ALL, local=local)
+    return Scope(namespace_selector=canonical_selector(pods[0]) or ALL, pod_selector=canonical_selector(pods[1]), local=local)
+
+
+def _cluster_peer(peer: ClusterPeer) -> list[PeerTarget]:
+    if peer.networks:
+        return [IPBlock(cidr=network) for network in peer.networks]
+    return [_cluster_scope(peer.namespaces, peer.pods)]
+
+
+def _cluster_ports(rule: ClusterRule) -> list[PortMatch | NamedPort]:
+    """Numbered ports first, then named ports (with every protocol), as the tier chain lists them."""
+    numbered: list[PortMatch | NamedPort] = []
+    named: list[PortMatch | NamedPort] = []
+    for port in rule.ports:
+        if port.name is not None:
+            named.append(NamedPort(port.name, PROTOCOLS))
+        else:
+            assert port.protocol is not None
+            numbered.append(PortMatch(port.protocol, port.first, port.last))
+    return numbered + named

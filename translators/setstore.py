@@ -1,0 +1,384 @@
+"""The shared selector sets of one node's rule model: their keys, reference counts, elements and
+change journal.
+
+Peer sets are shared **selector sets** (the pattern of Calico's selector IP sets): a set is named
+after what it selects, not after the policy rule that uses it, so every rule that selects the
+same thing uses one set. Its key (:class:`SetKey`) is a :class:`Scope` of pods (one namespace, or
+the namespaces a namespaceSelector matches; a podSelector; optionally only this node's pods, or
+only addresses inside an ipBlock), or an ipBlock with its excepts, plus the family and, for named
+ports, the port name and protocol. A set appears with its first user and goes with its last
+(reference counts: :meth:`SelectorSets.acquire`, :meth:`SelectorSets.release`). Each set keeps
+how many pods give each element, so a pod change adds or deletes only the elements that change,
+in only the sets whose scope holds the pod; a namespace label change moves only the pods of the
+namespaceSelector scopes that start or stop matching it.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
+
+import orjson
+
+from .model import Family, IPBlock, Pod, Protocol
+from .rules import AddressSet, Changes, comment, hashed_name
+from .selectors import LabelSelector, Labels, Requirement, selector_text
+
+SetKind = Literal["addr", "interval", "named_port"]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which pods a set draws from: those of ``namespace`` (or of every namespace that
+    ``namespace_selector`` matches) whose labels match ``pod_selector`` (None: every pod), and
+    with ``local`` only those on the rendered node, with ``block`` only their addresses inside
+    that ipBlock (an egress named port towards an ipBlock peer). Selectors are canonical
+    (:func:`~nftpolicy.translators.selectors.canonical_selector`), so equal scopes are equal values."""
+
+    namespace: str | None = None
+    namespace_selector: LabelSelector | None = None
+    pod_selector: LabelSelector | None = None
+    local: bool = False
+    block: IPBlock | None = None
+
+    def text(self) -> str:
+        """What the scope selects, in words: ``pods in x: app=b``,
+        ``pods in namespaces team=blue: all``, ``pods in namespaces all inside 10.0.0.0/8``."""
+        where = f"in {self.namespace}" if self.namespace is not None else f"in namespaces {selector_text(self.namespace_selector)}"
+        if self.block is not None:
+            return f"pods {where} inside {block_text(self.block)}"
+        return f"{'local pods' if self.local else 'pods'} {where}: {selector_text(self.pod_selector)}"
+
+
+@dataclass(frozen=True)
+class SetKey:
+    """The identity of a shared set: pod addresses of a scope (``addr``), the networks of an
+    ipBlock (``interval``), or ``address . protocol . port`` of a scope's pods that have the
+    named container port (``named_port``)."""
+
+    kind: SetKind
+    family: Family
+    scope: Scope | None = None
+    block: IPBlock | None = None
+    port: str | None = None
+    protocol: Protocol | None = None
+
+    @functools.cached_property
+    def name(self) -> str:
+        """``KUBE-PODS-``, ``KUBE-NET-`` or ``KUBE-PORT-`` + the hash of the key's fields (with
+        canonical selectors: equal keys, equal names; different keys, different names). The
+        names fit ipset's 31 characters with the iptables variant's ``TMP-`` prefix."""
+        prefix = {"addr": "KUBE-PODS-", "interval": "KUBE-NET-", "named_port": "KUBE-PORT-"}[self.kind]
+        return hashed_name(prefix, orjson.dumps(_identity(self)).decode())
+
+    @functools.cached_property
+    def description(self) -> str:
+        """What the set holds, in words (its comment, and the identity its name hashes)."""
+        if self.kind == "interval":
+            assert self.block is not None
+            return f"ipBlock {block_text(self.block)}"
+        assert self.scope is not None
+        if self.kind == "named_port":
+            return f"port {self.port}/{self.protocol} of {self.scope.text()}"
+        return self.scope.text()
+
+
+def _identity(value: Any) -> Any:
+    """A set key as plain JSON data, fields by name (what its name hashes)."""
+    if isinstance(value, (SetKey, Scope, IPBlock, LabelSelector, Requirement)):
+        return {f: _identity(getattr(value, f)) for f in value.__dataclass_fields__}
+    if isinstance(value, (tuple, list)):
+        return [_identity(v) for v in value]
+    if isinstance(value, frozenset):
+        return sorted(value)
+    return value if value is None or isinstance(value, (str, int, bool)) else str(value)
+
+
+def block_text(block: IPBlock) -> str:
+    """``10.0.0.0/8 except 10.1.0.0/16``."""
+    return str(block.cidr) + (" except " + ", ".join(map(str, block.excepts)) if block.excepts else "")
+
+
+def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
+    """The elements ``pod`` gives set ``key`` (given that it is in the key's scope)."""
+    v6 = key.family == "ipv6"
+    ips = tuple(ip for ip in pod.ips if (":" in ip) == v6)
+    if key.scope is not None and key.scope.block is not None:
+        ips = tuple(ip for ip in ips if key.scope.block.contains(ip))
+    if key.kind == "addr":
+        return ips
+    assert key.port is not None and key.protocol is not None
+    number = pod.resolve_port(key.port, key.protocol)
+    return () if number is None else tuple((ip, key.protocol.lower(), number) for ip in ips)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_elements(key: SetKey) -> tuple[str, ...]:
+    assert key.block is not None
+    return tuple(str(n) for n in ipaddress.collapse_addresses(key.block.networks()))  # type: ignore[type-var]  # one family
+
+
+def _packed(ip: str) -> bytes:
+    """An address as its bytes: IPv4 (4 bytes) sorts before IPv6 (16), each in numeric order
+    when compared after the length."""
+    return socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+
+
+_ADDRESS_BYTES = {"ipv4": functools.partial(socket.inet_pton, socket.AF_INET), "ipv6": functools.partial(socket.inet_pton, socket.AF_INET6)}
+
+
+def _element_order(element: Any) -> tuple[Any, ...]:
+    """Sort key of a set element: an address, a network, or an ``(address, protocol, port)``."""
+    if isinstance(element, tuple):
+        packed = _packed(element[0])
+        return len(packed), packed, element[1], element[2]
+    address, _, length = element.partition("/")
+    packed = _packed(address)
+    return len(packed), packed, int(length or 0)
+
+
+@dataclass
+class _Set:
+    """A live set: its users and how many pods give each element."""
+
+    users: int = 0
+    counts: Counter[Any] = field(default_factory=Counter)
+
+
+class SelectorSets:
+    """The live sets of one node and the pod index they draw from: pods that count
+    (enforceable) by namespace and :class:`~nftpolicy.translators.selectors.Labels` (a group is
+    a workload's pods, tested against a selector once). ``is_local`` tells the node's own pods;
+    ``namespace_labels`` a namespace's labels. Changes to sets and elements are journalled until
+    :meth:`take_changes`. Not thread-safe."""
+
+    def __init__(self, is_local: Callable[[Pod], bool], namespace_labels: Callable[[str], Mapping[str, str]]) -> None:
+        self.is_local, self.namespace_labels = is_local, namespace_labels
+        self.groups: dict[str, dict[Labels, dict[str, Pod]]] = {}  # namespace -> labels -> {key: pod}
+        self.known_namespaces: set[str] = set()
+        self._sets: dict[SetKey, _Set] = {}
+        self._scope_sets: dict[Scope, set[SetKey]] = {}
+        self._scopes_in: dict[str, set[Scope]] = {}  # namespace -> watched scopes that hold its pods
+        self._selector_scopes: dict[Scope, set[str]] = {}  # namespaceSelector scope -> namespaces it matches
+        self._block_scopes: set[Scope] = set()
+        # changes since take_changes: sets made, sets gone (with what they held then), elements
+        self._born: set[SetKey] = set()
+        self._dead: dict[SetKey, set[Any]] = {}
+        self._added: dict[SetKey, set[Any]] = {}
+        self._removed: dict[SetKey, set[Any]] = {}
+
+    # ---- pods and namespaces -------------------------------------------------------------
+
+    def namespace_changed(self, name: str) -> None:
+        """Namespace ``name`` is new or its labels changed: the namespaceSelector scopes that
+        start or stop matching it take in or give up its pods."""
+        self.known_namespaces.add(name)
+        labels = self.namespace_labels(name)
+        for scope, matched in self._selector_scopes.items():
+            assert scope.namespace_selector is not None
+            now = scope.namespace_selector.matches(labels)
+            if now == (name in matched):
+                continue
+            if now:
+                matched.add(name)
+                self._scopes_in.setdefault(name, set()).add(scope)
+            else:
+                matched.discard(name)
+                self._scopes_in[name].discard(scope)
+            for pod in self.pods_of(name, scope.pod_selector):
+                if self._in_scope(scope, pod):
+                    for key in self._scope_sets.get(scope, ()):
+                        self._count(key, _elements(key, pod), 1 if now else -1)
+
+    def pod_changed(self, key: str, before: Pod | None, after: Pod | None) -> None:
+        """Pod ``key`` that counts changed from ``before`` to ``after`` (None: absent or not
+        counting): the index and the elements of every set whose scope holds it."""
+        namespace = (after or before).namespace  # type: ignore[union-attr]
+        groups = self.groups.setdefault(namespace, {})
+        if before is not None:
+            members = groups[before.labels]
+            del members[key]
+            if not members:
+                del groups[before.labels]
+        if after is not None:
+            groups.setdefault(after.labels, {})[key] = after
+        for scope in list(self._scopes_in.get(namespace, ())) + list(self._block_scopes):
+            was = before is not None and self._in_scope(scope, before)
+            now = after is not None and self._in_scope(scope, after)
+            if not was and not now:
+                continue
+            for set_key in self._scope_sets.get(scope, ()):
+                old = _elements(set_key, before) if was else ()  # type: ignore[arg-type]
+                new = _elements(set_key, after) if now else ()  # type: ignore[arg-type]
+                if old != new:
+                    self._count(set_key, old, -1)
+                    self._count(set_key, new, 1)
+
+    def index(self, pods: Iterable[tuple[str, Pod]]) -> None:
+        """Add new pods that count (``(key, pod)``, of known namespaces) while no set exists:
+        :meth:`pod_changed` without the sets, which would have no element to count."""
+        assert not self._sets
+        groups: dict[Labels, dict[str, Pod]] = {}
+        namespace = None
+        for key, pod in pods:
+            if pod.namespace != namespace:
+                namespace = pod.namespace
+                groups = self.groups.setdefault(namespace, {})
+            group = groups.get(pod.labels)
+            if group is None:
+                group = groups[pod.labels] = {}
+            group[key] = pod
+
+    def pods_of(self, namespace: str, selector: LabelSelector | None) -> Iterator[Pod]:
+        """The pods that count of ``namespace`` whose labels ``selector`` matches (None: all)."""
+        for labels, group in self.groups.get(namespace, {}).items():
+            if selector is None or selector.matches(labels):
+                yield from group.values()
+
+    # ---- sets ----------------------------------------------------------------------------
+
+    def acquire(self, key: SetKey) -> None:
+        """One more user of set ``key`` (the first makes it, with the elements of its scope)."""
+        live = self._sets.get(key)
+        if live is None:
+            live = self._sets[key] = _Set()
+            if key.scope is not None:
+                self._watch(key.scope, key)
+            if key in self._dead:  # gone and back within one change window: report the difference
+                held, now = self._dead.pop(key), set(live.counts)
+                if now - held:
+                    self._added[key] = now - held
+                if held - now:
+                    self._removed[key] = held - now
+            else:
+                self._born.add(key)
+        live.users += 1
+
+    def release(self, key: SetKey) -> None:
+        """One user fewer of set ``key`` (the last takes it away)."""
+        live = self._sets[key]
+        live.users -= 1
+        if live.users:
+            return
+        del self._sets[key]
+        if key.scope is not None:
+            users = self._scope_sets[key.scope]
+            users.discard(key)
+            if not users:
+                self._unwatch(key.scope)
+        added, removed = self._added.pop(key, set()), self._removed.pop(key, set())
+        if key in self._born:
+            self._born.discard(key)
+        else:  # what the kernel holds: the elements now, less those added since, plus those removed
+            self._dead[key] = (set(live.counts) - added) | removed
+
+    def address_sets(self, ordered: bool = True) -> list[AddressSet]:
+        """Every live set with its elements (``ordered=False``: elements unsorted)."""
+        return [self._address_set(key, ordered) for key in self._sets]
+
+    def counts(self) -> tuple[int, int]:
+        """How many sets live and how many elements they hold."""
+        return len(self._sets), sum(len(_block_elements(k)) if k.kind == "interval" else len(live.counts)
+                                    for k, live in self._sets.items())
+
+    def take_changes(self, changes: Changes) -> None:
+        """Write the set and element changes since the last call into ``changes``."""
+        changes.sets_added = [self._address_set(key) for key in sorted(self._born, key=lambda k: k.name)]
+        changes.sets_removed = sorted(key.name for key in self._dead)
+        for key, elements in self._added.items():
+            if elements and key not in self._born:  # a new set comes with all its elements
+                changes.elements_added[key.name] = sorted(elements, key=_element_order)
+        for key, elements in self._removed.items():
+            if elements and key not in self._born:
+                changes.elements_removed[key.name] = sorted(elements, key=_element_order)
+        self.forget_changes()
+
+    def forget_changes(self) -> None:
+        """Start the journal again from now."""
+        self._born, self._dead, self._added, self._removed = set(), {}, {}, {}
+
+    def _address_set(self, key: SetKey, ordered: bool = True) -> AddressSet:
+        if key.kind == "interval":
+            elements: tuple[Any, ...] = _block_elements(key)
+        elif ordered and key.kind == "addr":  # addresses of one family: their bytes sort as _element_order does
+            elements = tuple(sorted(self._sets[key].counts, key=_ADDRESS_BYTES[key.family]))
+        elif ordered:
+            elements = tuple(sorted(self._sets[key].counts, key=_element_order))
+        else:
+            elements = tuple(self._sets[key].counts)
+        return AddressSet(key.name, key.family, key.kind, elements, comment(key.description))
+
+    def _watch(self, scope: Scope, key: SetKey) -> None:
+        users = self._scope_sets.setdefault(scope, set())
+        if not users:
+            if scope.block is not None:
+                self._block_scopes.add(scope)
+            elif scope.namespace is not None:
+                self._scopes_in.setdefault(scope.namespace, set()).add(scope)
+            else:
+                assert scope.namespace_selector is not None
+                matched = {n for n in self.known_namespaces if scope.namespace_selector.matches(self.namespace_labels(n))}
+                self._selector_scopes[scope] = matched
+                for name in matched:
+                    self._scopes_in.setdefault(name, set()).add(scope)
+        users.add(key)
+        counts = self._sets[key].counts
+        if key.kind == "addr" and scope.block is None and not scope.local:  # the common case, without a call per pod
+            v6 = key.family == "ipv6"
+            counts.update([ip for members in self._scope_groups(scope) for pod in members.values() for ip in pod.ips
+                           if (":" in ip) == v6])
+        else:
+            for members in self._scope_groups(scope):
+                for pod in members.values():
+                    if not scope.local or self.is_local(pod):
+                        counts.update(_elements(key, pod))
+
+    def _unwatch(self, scope: Scope) -> None:
+        del self._scope_sets[scope]
+        if scope.block is not None:
+            self._block_scopes.discard(scope)
+        elif scope.namespace is not None:
+            self._scopes_in[scope.namespace].discard(scope)
+        else:
+            for name in self._selector_scopes.pop(scope):
+                self._scopes_in[name].discard(scope)
+
+    def _in_scope(self, scope: Scope, pod: Pod) -> bool:
+        """True when ``pod`` (of a namespace the scope covers) is in ``scope``."""
+        if scope.local and not self.is_local(pod):
+            return False
+        return scope.pod_selector is None or scope.pod_selector.matches(pod.labels)
+
+    def _scope_groups(self, scope: Scope) -> list[dict[str, Pod]]:
+        """The pod groups of the namespaces ``scope`` covers whose labels its podSelector
+        matches (``local`` is not applied)."""
+        if scope.block is not None:
+            namespaces: Iterable[str] = list(self.groups)
+        elif scope.namespace is not None:
+            namespaces = (scope.namespace,)
+        else:
+            namespaces = self._selector_scopes[scope]
+        selector, groups = scope.pod_selector, self.groups
+        return [members for namespace in namespaces if namespace in groups for labels, members in groups[namespace].items()
+                if selector is None or selector.matches(labels)]
+
+    def _count(self, key: SetKey, elements: Iterable[Any], step: int) -> None:
+        """Count ``elements`` in (step 1) or out (-1) of set ``key``; an element that appears or
+        disappears is recorded as a change (an addition and a removal cancel out)."""
+        counts = self._sets[key].counts
+        for element in elements:
+            count = counts[element] + step
+            if count:
+                counts[element] = count
+            else:
+                del counts[element]
+            if count == (1 if step > 0 else 0):
+                gained, lost = (self._added, self._removed) if step > 0 else (self._removed, self._added)
+                if element in lost.get(key, ()):
+                    lost[key].discard(element)
+                else:
+                    gained.setdefault(key, set()).add(element)
