@@ -1,4 +1,4 @@
-"""Random clusters with both kinds of policy: the tier evaluator (translators/tiers.py, straight
+"""Random clusters with both kinds of policy: the tier evaluator (tests/tiers.py, straight
 from the API reference, the spec oracle) and the table the node renderer and layout decide give
 the same verdict on every cell.
 
@@ -24,8 +24,9 @@ from nftpolicy.translators import layout
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.tablewalk import Packet, TableWalker
-from nftpolicy.translators.tiers import connection_allowed, direction_decision
 from nftpolicy.translators.verdict import Connection, DirectionVerdict, enforcement_of
+
+from .tiers import connection_allowed, direction_decision
 
 NAMESPACES = ("x", "y", "z")
 PODS = [(ns, name) for ns in NAMESPACES for name in ("a", "b")]
@@ -122,7 +123,7 @@ def test_the_table_gives_the_evaluators_verdict_on_every_cell(objects):
 
 
 def _reason(side: DirectionVerdict) -> str:
-    """What decided one direction, in the tier evaluator's words (translators/tiers.py
+    """What decided one direction, in the tier evaluator's words (tests/tiers.py
     ``Decision.by``); a NetworkPolicy by the isolating policy's rule that allowed it."""
     if side.cluster_rule is not None and side.cluster_action is not None:
         rule = side.cluster_rule

@@ -1,9 +1,12 @@
 """The verdict engine: what nftpolicy's rules do with one connection, and why.
 
 Pure: rule models in (:mod:`nftpolicy.translators.rules`, as
-:mod:`nftpolicy.translators.noderender` builds them), a :class:`Verdict` out. It walks what
-:mod:`nftpolicy.translators.layout` turns each model into, in the kernel's order (DESIGN.md
-section 2):
+:mod:`nftpolicy.translators.noderender` builds them), a :class:`Verdict` out. It does not
+re-derive the kernel's order: it walks the table :mod:`nftpolicy.translators.layout` decides for
+each node (the table walk, :mod:`nftpolicy.translators.tablewalk`: its chains and rules in the
+order the kernel evaluates them, its verdict maps and sets) and reads the walk back as reasons:
+the exemption, or the policy or tier rule (its origin: policy, direction, rule index, tier,
+action) that decided. What the table does (DESIGN.md section 2):
 
 * a packet leaves its source pod's node through that pod's chain (its **egress**) and enters
   its destination pod's node through that pod's chain (its **ingress**); the rule model of the
@@ -14,18 +17,21 @@ section 2):
   selecting the pod isolates it);
 * a connection from an address to itself never leaves the pod (its loopback), so no chain sees
   it: allowed in both directions, as upstream's conformance tests expect of a pod's own address;
-* exemptions, in the order the table applies them: an established (or related) connection is
-  accepted by the base chains; the common chain accepts essential ICMP errors
+* exemptions, in the order the table applies them: traffic to the node itself
+  (``KUBE-ROUTER-INPUT``) returns first for service cluster IPs, node ports on node addresses
+  and external ranges; an established (or related) connection is accepted by the base chains;
+  the common chain accepts essential ICMP errors
   (:data:`~nftpolicy.translators.layout.ESSENTIAL_ICMP`); traffic to a pod from an address of
-  its own node is accepted (kubelet probes; the pod chain tests it after the policies, which
-  never refuse it); traffic to the node itself (``KUBE-ROUTER-INPUT``)
-  returns for service cluster IPs, node ports on node addresses and external ranges;
+  its own node is accepted (kubelet probes; the pod chain tests it after the policies, so a
+  policy rule that allows it is named instead);
+* each direction is walked on its own node, from the base chain that sees it, with only that
+  pod's verdict-map look-up (the destination's for ingress, the source's for egress);
 * otherwise the pod chain jumps to the policy chains of the direction in order, and the first
   allow rule that matches (family, peer set, port, named-port set) allows; none: reject;
 * ClusterNetworkPolicies (:mod:`nftpolicy.translators.tierchains`): before the policy chains,
   the Admin tier chains, and where no policy isolates the direction the Baseline tier chains;
   the first matching rule of a tier decides (Accept allows, Deny denies), a Pass rule ends its
-  tier (:mod:`nftpolicy.translators.tiers` states the same order from the API reference).
+  tier (``tests/tiers.py``, the tests' spec oracle, states the same order from the API reference).
 
 :class:`Enforcement` holds the models (one per node, or one for node None: every pod local), the
 pods (key, node, addresses: to name both ends and to pick the node whose model decides) and the
