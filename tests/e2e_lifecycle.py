@@ -36,7 +36,7 @@ from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError, contain
 NAMESPACE = "lifecycle"
 PERIOD = 0.1  # seconds between two probes of one pair
 CONNECT_TIMEOUT = 0.5
-ALLOWED_WINDOW = 1.0  # seconds: the longest the allowed pair may fail in a row (README, Lifecycle)
+ALLOWED_WINDOW = 1.0  # seconds: the longest the allowed pair may fail in a row (docs/contributing.md, "Lifecycle with traffic")
 SETTLE = 3.0  # seconds of probing after each step has settled
 
 

@@ -16,7 +16,7 @@ On a :class:`~nftpolicy.agent.testbed.realnode.RealCluster` of real kubelets and
    kubelet and kube-apiserver restarted and the chart uninstalled.
 
 Prints one line per step and a table of the specs, writes ``e2e-report.json`` (figures for
-``bench/real_node.py`` and the README) in ``--report-dir``, and ends with ginkgo's summary line.
+``bench/real_node.py`` and docs/contributing.md) in ``--report-dir``, and ends with ginkgo's summary line.
 Exit 0 only when every step passed; 2 when a tool is missing; 1 otherwise.
 """
 
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                     for name in cnp["skipped_sctp"]:
                         print(f"  SKIPPED    0.0 s  {name} (no SCTP in this kernel)")
                     print(f"  {cnp['summary']} in {cnp['seconds']:.1f} s", flush=True)
-                    # The run's exact result is reported above and in README.md. It fails on a wrong
+                    # The run's exact result is reported above and in docs/contributing.md. It fails on a wrong
                     # verdict or anything unexplained; two causes are known and documented: a denied
                     # probe refused at once (nftpolicy rejects, the suite wants a drop) and SCTP
                     # probes (no SCTP in this kernel).

@@ -16,7 +16,7 @@ silent (its packets are dropped, the socket stays open) while new connections ar
 both tables listed by libnftables and compared without handles and with set elements sorted.
 Each case records its time as the ``catch_up_seconds`` property, and the time the API took to
 accept the change after its return as ``change_accepted_seconds`` (``--junitxml`` shows them):
-the README's reliability table. The agent must be done within 5 s of the change's acceptance
+the reliability table of docs/operations.md. The agent must be done within 5 s of the change's acceptance
 (which follows the return by under 0.1 s but after etcd's return, when it takes seconds).
 """
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.kernel
 FILES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(OWN_CASES.glob("*.yaml"))
 
 # (case, "PROTO/port", from, to): the cells where kube-router v2.1.0 gives another verdict than
-# the expected matrix (two nodes, IPv4). Every one is explained by compare.explain (README,
+# the expected matrix (two nodes, IPv4). Every one is explained by compare.explain (docs/migration.md,
 # "Deliberate differences"); the upstream cases have none.
 KUBE_ROUTER_DIFFERENCES = {
     # one policy with both policyTypes: a rule of one direction allows the other

@@ -187,7 +187,7 @@ def pod_capabilities() -> list[str]:
 @pytest.mark.kernel
 def test_image_loads_the_ruleset_and_cleanup_removes_it(image, make_netns):
     """With the chart's capabilities only, the image's nft loads the image's render, and the
-    image's ``nftpolicy cleanup`` removes the table (what the README's uninstall step runs)."""
+    image's ``nftpolicy cleanup`` removes the table (what the uninstall step of docs/operations.md runs)."""
     ns = make_netns()
     in_test_namespace(image, ns)
     caps = pod_capabilities()

@@ -8,7 +8,7 @@ every real dump in ``tests/fixtures/kube-router-v2.1.0`` (saved from the real bi
 rules and the same sets with the same members, where only what comes from Go's map iteration
 order (local pods, policy jumps, named-port endpoints, set members) is compared as a set. It then
 writes kube-router dumps of other clusters, which are replayed with ``compare`` against nftpolicy.
-Each deliberate difference listed in the README ("Deliberate differences") has a test here that
+Each deliberate difference listed in docs/migration.md ("Deliberate differences") has a test here that
 shows it with such a dump; ``tests/test_real_dumps.py`` shows them with the real dumps.
 """
 

@@ -4,7 +4,7 @@ Each fixture is a cluster (``cluster.yaml``) and the ``iptables-save`` / ``ipset
 node1, saved from the real kube-router v2.1.0 running against a real kube-apiserver holding that
 cluster (``tools/kube_router_dumps.py``; each fixture's README.md gives the command and the
 versions). Every dump must be read completely (nothing left out) and ``compare`` must report
-exactly the expected cells, each explained by its documented deliberate difference (README,
+exactly the expected cells, each explained by its documented deliberate difference (docs/migration.md,
 "Deliberate differences"); ICMP echo is probed everywhere, since v2.1.0 has no ICMP rule of its own.
 """
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.agent.daemon.rulecounters import RuleCounters, tally
+from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.translators.rules import ChainOwner
 
 from .agentenv import AgentEnv

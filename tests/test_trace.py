@@ -120,3 +120,31 @@ def test_sctp_without_kernel_sctp_is_one_line():
         assert result.returncode == 1 and result.stdout.startswith("TRACE  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 SCTP/5432: refused")
     else:
         assert (result.returncode, result.stderr) == (2, "nftpolicy: --port sctp/5432: this kernel has no SCTP, so the sandbox cannot send it\n")
+
+
+def test_a_policy_rule_is_named_from_the_model_by_its_handle_whatever_its_comment():
+    # The monitor prints each rule's handle; the listing gives the handle's place in its chain,
+    # and the layout rule at that place has the policy, direction and index as data: a comment
+    # cut at nft's 128 bytes loses nothing.
+    from nftpolicy.translators import layout
+    from nftpolicy.translators.noderender import build_rule_model
+    from nftpolicy.agent.cli.commands.trace import follow, listed_rules
+
+    from .test_rules import cluster_of, labels, netpol, ns, pod
+
+    name = "a-very-long-policy-name-" + "x" * 229
+    cluster = cluster_of(ns("x"), pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
+                         netpol(f"x/{name}", labels(app="b"), ingress=[
+                             {"from": [{"podSelector": labels(app="nobody")}]}, {"from": [{"podSelector": labels(app="a")}]}]))
+    model = build_rule_model(cluster, None)
+    listing, handles = [], {}
+    for chain in layout.table(model).chains:
+        for i, rule in enumerate(chain.rules):
+            handles[(chain.name, i)] = handle = len(listing) + 10
+            listing.append({"rule": {"chain": chain.name, "handle": handle, "comment": rule.comment[:128]}})
+    policy_chain, pod_chain = model.policy_chains[0].name, model.pod_chains[0].name
+    lines = [f"trace id 1 inet nftpolicy {pod_chain} rule ip daddr 10.0.0.2 jump {policy_chain} # handle {handles[(pod_chain, 3)]} (verdict jump {policy_chain})",
+             f"trace id 1 inet nftpolicy {policy_chain} unknown rule handle {handles[(policy_chain, 1)]} (verdict return)"]
+    steps = follow(lines, "nftpolicy", listed_rules(listing, model), {})
+    assert [s.what for s in steps][1] == f"policy x/{name} ingress rule 1 (allows)"
+    assert steps[0].what.startswith("pod x/b")

@@ -23,8 +23,8 @@ import secrets
 
 import pytest
 
-from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
 from nftpolicy.agent.daemon.sources import CONVERT
+from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.validation import InvalidField
 

@@ -35,7 +35,7 @@ from nftpolicy.translators.verdict import (
 )
 
 from .conftest import CONFORMANCE, OWN_CASES, REPO
-from .test_rules import cluster_of, netpol, ns, peers, pod, port_entries, selectors
+from .test_rules import cluster_of, labels, netpol, ns, peers, pod, port_entries, selectors
 
 FILES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(OWN_CASES.glob("*.yaml"))
 LAYOUTS = {"one-node-ipv4": (("node1",), "ipv4"), "two-nodes-ipv4": (("node1", "node2"), "ipv4"),
@@ -179,6 +179,23 @@ def test_json_round_trip(shop):
     assert again.models == shop.models and again.pods == shop.pods
     conn = Connection(PROMETHEUS, API, "TCP", 9090)
     assert again.verdict(conn) == shop.verdict(conn)
+
+
+def test_a_policy_name_longer_than_a_comment_loses_nothing():
+    # nft keeps 128 bytes of a comment: the rule's policy and index are fields of the model, so a
+    # name of 253 characters (the longest a NetworkPolicy may have) still names its second rule.
+    name = "a-very-long-policy-name-" + "x" * 229
+    cluster = cluster_of(ns("x"), pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
+                         netpol(f"x/{name}", labels(app="b"), ingress=[
+                             {"from": [{"podSelector": labels(app="nobody")}], "ports": [{"port": 80}]},
+                             {"from": [{"podSelector": labels(app="a")}], "ports": [{"port": 8080}]}]))
+    engine = enforcement_of(cluster)
+    chain = engine.models[next(iter(engine.models))].policy_chains[0]
+    assert all(len(r.comment.encode()) <= 128 for r in chain.rules) and f"x/{name}" not in chain.rules[0].comment
+    assert [(r.origin.policy, r.origin.index) for r in chain.rules] == [(f"x/{name}", 0), (f"x/{name}", 1)]
+    side = engine.verdict(Connection("10.0.0.1", "10.0.0.2", "TCP", 8080)).ingress
+    assert side.allowed and side.allowed_by is not None
+    assert (side.allowed_by.policy, side.allowed_by.direction, side.allowed_by.rule) == (f"x/{name}", "ingress", 1)
 
 
 # --------------------------------------------------------------------------- against the kernel

@@ -27,7 +27,7 @@ from .probes import ProbeSpec
 from .replay import disagreements
 from .sandbox import Sandbox, SandboxError
 
-# The deliberate differences (README, "Deliberate differences"); each was seen with the real
+# The deliberate differences (docs/migration.md, "Deliberate differences"); each was seen with the real
 # kube-router v2.1.0 (tests/fixtures/kube-router-v2.1.0, tests/test_real_dumps.py; CLUSTER_POLICY_NOTE:
 # tests/test_cnp_conformance.py, the real kube-router beside the agents) except ICMP_NOTE,
 # which only applies to a dump that has such an ACCEPT rule (Dump.accepts_icmp_echo): v2.1.0 has none.
@@ -128,8 +128,9 @@ def _cluster_rule(side: DirectionVerdict) -> str | None:
 def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: bool | None, ours: bool | None,
             icmp_echo_accepted: bool = False, family: Family = "ipv4") -> str | None:
     """The documented deliberate difference that accounts for a cell of ``family``, if one does
-    (README, "Deliberate differences"), else None. Which ClusterNetworkPolicy rule decides a cell
-    is the verdict engine's answer (:mod:`nftpolicy.translators.verdict`) for every node.
+    (docs/migration.md, "Deliberate differences"), else None. Which ClusterNetworkPolicy rule
+    decides a cell is the verdict engine's answer (:mod:`nftpolicy.translators.verdict`) for every
+    node.
 
     ``icmp_echo_accepted``: kube-router's rules accept every ICMP echo request before the policies
     (:attr:`~nftpolicy.translators.kuberouter.Dump.accepts_icmp_echo`; the real kube-router v2.1.0

@@ -47,5 +47,5 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report = compare(cluster, args.node, dump, config_from(args), args.timeout, args.loader,
                      [ProbeSpec(port, protocol) for port, protocol in args.port or ()], args.icmp)
     print(format_report(report))
-    # Exit 1 for a difference that no documented deliberate one accounts for (README, "Deliberate differences").
+    # Exit 1 for a difference that no documented deliberate one accounts for (docs/migration.md, "Deliberate differences").
     return read.finish(args, 1 if any(not d.note for d in report.differences) else 0)
