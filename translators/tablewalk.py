@@ -74,13 +74,11 @@ class Walk:
     """A packet's walk: ``outcome`` (``through``: no rule decided, the base chain's accept let it
     pass), ``steps`` (every rule evaluated, in order), ``ended_by`` (the step whose verdict ended
     the walk: an accept, drop or reject anywhere, or a ``return`` of the base chain itself; None
-    when the packet went through every rule) and ``entered`` (the chains that verdict maps
-    dispatched to, in order)."""
+    when the packet went through every rule)."""
 
     outcome: Outcome = "through"
     steps: list[Step] = field(default_factory=list)
     ended_by: Step | None = None
-    entered: list[str] = field(default_factory=list)
 
     @property
     def allowed(self) -> bool:
@@ -219,7 +217,6 @@ class _Walking:
             target = self.walker.dispatch_target(s.family, self.packet.address(s.field))
             if target is None:
                 return None
-            self.result.entered.append(target)
             verdict = self.run(target)
             return verdict if verdict != "return" else None
         return None  # Log, Counter, SetTrace: nothing that changes the verdict
