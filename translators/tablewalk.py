@@ -90,7 +90,8 @@ class Walk:
         return [s for s in self.steps if s.fired]
 
 
-def _canonical(address: str) -> str:
+def canonical(address: str) -> str:
+    """An address in canonical text (``fd00::1``, not ``fd00:0::01``). Raises ValueError."""
     return str(ipaddress.ip_address(address))
 
 
@@ -102,8 +103,8 @@ class TableWalker:
         self.table = table
         self.chains = {c.name: c for c in table.chains}
         self.sets = {s.name: s for s in table.sets}
-        self.maps = {m.name: {_canonical(e.address): e.chain for e in m.elements} for m in table.maps}
-        self.local = frozenset(_canonical(a) for a in local)
+        self.maps = {m.name: {canonical(e.address): e.chain for e in m.elements} for m in table.maps}
+        self.local = frozenset(canonical(a) for a in local)
         self._members: dict[str, Any] = {}
 
     def contains(self, name: str, element: Any) -> bool:
@@ -114,9 +115,9 @@ class TableWalker:
             if s.kind == "interval":
                 members = [ipaddress.ip_network(e) for e in s.elements]
             elif s.kind == "addr":
-                members = frozenset(_canonical(e) for e in s.elements)
+                members = frozenset(canonical(e) for e in s.elements)
             else:
-                members = frozenset((_canonical(e[0]), e[1], e[2]) for e in s.elements)
+                members = frozenset((canonical(e[0]), e[1], e[2]) for e in s.elements)
             self._members[name] = members
         if isinstance(members, list):
             address = ipaddress.ip_address(element)
@@ -125,13 +126,13 @@ class TableWalker:
 
     def dispatch_target(self, family: Family, address: str) -> str | None:
         """The pod chain that the verdict map of ``family`` gives ``address``, if any."""
-        return self.maps[layout.POD_MAPS[family]].get(_canonical(address)) if family_of(address) == family else None
+        return self.maps[layout.POD_MAPS[family]].get(canonical(address)) if family_of(address) == family else None
 
     def walk(self, packet: Packet, chain: str = "KUBE-ROUTER-FORWARD", dispatch: tuple[Field, ...] = ("daddr", "saddr")) -> Walk:
         """Walk ``packet`` from base chain ``chain``. ``dispatch`` limits the verdict-map look-ups
         to those on the given addresses (``daddr``: the destination pod's chain, its ingress;
         ``saddr``: the source pod's, its egress), so one direction can be walked alone."""
-        packet = dataclasses.replace(packet, source=_canonical(packet.source), destination=_canonical(packet.destination))
+        packet = dataclasses.replace(packet, source=canonical(packet.source), destination=canonical(packet.destination))
         return _Walking(self, packet, dispatch).start(chain)
 
 

@@ -49,16 +49,11 @@ from . import layout
 from .model import Cluster, Direction, Family, Pod, family_of
 from .noderender import build_rule_model
 from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
-from .tablewalk import Packet, Step, TableWalker, Walk
+from .tablewalk import Packet, Step, TableWalker, Walk, canonical
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
                     "node port", "external IP"]
-
-
-def canonical(address: str) -> str:
-    """An address in canonical text (``fd00::1``, not ``fd00:0::01``). Raises ValueError."""
-    return str(ipaddress.ip_address(address))
 
 
 @dataclass(frozen=True)
