@@ -25,7 +25,7 @@ class Labels(dict[str, str]):
     """
 
     __slots__ = ("_hash",)
-    _interned: dict[tuple[tuple[str, str], ...], Labels] = {}
+    _interned: dict[Labels, Labels] = {}
 
     def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
         pairs = sorted(items.items() if isinstance(items, Mapping) else items)
@@ -35,12 +35,12 @@ class Labels(dict[str, str]):
     @classmethod
     def interned(cls, items: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
         """The one :class:`Labels` of this label set (keys and values interned strings)."""
-        key = tuple(sorted(items.items() if isinstance(items, Mapping) else items))
-        found = cls._interned.get(key)
+        labels = cls((sys.intern(k), sys.intern(v)) for k, v in (items.items() if isinstance(items, Mapping) else items))
+        found = cls._interned.get(labels)
         if found is None:
             if len(cls._interned) >= MAX_INTERNED:
                 cls._interned.clear()
-            found = cls._interned[key] = cls((sys.intern(k), sys.intern(v)) for k, v in key)
+            found = cls._interned[labels] = labels
         return found
 
     def __hash__(self) -> int:  # type: ignore[override]  # dict is unhashable; Labels are immutable

@@ -45,6 +45,13 @@ class Scope:
     local: bool = False
     block: IPBlock | None = None
 
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.namespace, self.namespace_selector, self.pod_selector, self.local, self.block))
+
+    def __hash__(self) -> int:  # computed once: scopes key the dictionaries every change looks up
+        return self._hash
+
     def text(self) -> str:
         """What the scope selects, in words: ``pods in x: app=b``,
         ``pods in namespaces team=blue: all``, ``pods in namespaces all inside 10.0.0.0/8``."""
@@ -66,6 +73,13 @@ class SetKey:
     block: IPBlock | None = None
     port: str | None = None
     protocol: Protocol | None = None
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.kind, self.family, self.scope, self.block, self.port, self.protocol))
+
+    def __hash__(self) -> int:  # computed once: set keys key the dictionaries every element count looks up
+        return self._hash
 
     @functools.cached_property
     def name(self) -> str:
