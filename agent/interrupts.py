@@ -2,8 +2,14 @@
 one line on stderr, no traceback, exit 130 (SIGINT) or 143 (SIGTERM) (128 + the signal number, as
 a shell reports a process a signal ended), and what it made removed.
 
-* :class:`Guard` (installed by :func:`install`, which :mod:`nftpolicy.agent.cli.main` calls first)
-  handles both signals. The first one raises :class:`Interrupted` in the main thread, so every
+* The ``nftpolicy`` command is a launcher (``agent/cli/nftpolicy``) that starts the interpreter
+  with both signals blocked; :func:`nftpolicy.agent.cli.run` installs the guard, then unblocks
+  them, so a signal that came while Python started (site-packages, the imports: tens of
+  milliseconds) is handled as any later one. Only one in the launcher's first millisecond,
+  before it blocks them, ends the process the default way (no line; a shell shows 130 or 143
+  all the same).
+* :class:`Guard` (installed by :func:`install`, which :func:`nftpolicy.agent.cli.run` calls
+  first) handles both signals. The first one raises :class:`Interrupted` in the main thread, so every
   ``with`` and ``finally`` on the way out removes what it made; while an asyncio loop runs (the
   sandbox's probes) it cancels the loop's tasks instead (an exception raised inside asyncio's own
   code leaves the loop unusable: this is how :class:`asyncio.Runner` handles Ctrl-C), and the

@@ -19,7 +19,7 @@ builds them):
 * ``conntrack``: one table with one rule, ``ct state established,related accept`` in the forward
   hook: the connection tracking that every stateful policy needs (kube-router's rules too) and
   that every node running kube-proxy has anyway;
-* ``nft``: our table (``nft.full_transaction``, through libnftables);
+* ``nft``: our table (``transaction.full``, through libnftables);
 * ``nft-50-policies``: the same with 49 more policies that select the server and allow the pair
   (the first allow ends the walk through the pod chain);
 * ``iptables-nft`` and ``iptables-legacy``: the iptables variant of the same rule model, with its
@@ -66,9 +66,10 @@ from nftpolicy.agent.dataplane import netns  # noqa: E402
 from nftpolicy.agent.dataplane.nftables import NftDataplane  # noqa: E402
 from nftpolicy.agent.testbed.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
-from nftpolicy.translators.nft import ruleset_objects  # noqa: E402
+from nftpolicy.translators import layout  # noqa: E402
 from nftpolicy.translators.noderender import build_rule_model  # noqa: E402
 from nftpolicy.translators.rules import RuleModel  # noqa: E402
+from nftpolicy.translators.transaction import ChainRule, OurTable, Transaction  # noqa: E402
 from nftpolicy.translators.verdict import Connection, Enforcement  # noqa: E402
 
 VARIANTS = ("none", "conntrack", "nft", "nft-50-policies", "iptables-nft", "iptables-legacy")
@@ -117,15 +118,13 @@ def with_selecting_policies(cluster, model: RuleModel, server: str, count: int):
 
 # ---- rulesets that are not a sandbox dataplane ---------------------------------------------------
 
-ESTABLISHED = [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}, {"accept": None}]
-
-
-def conntrack_only() -> dict:
+def conntrack_only() -> Transaction:
     """One table, one forward base chain, one rule: ``ct state established,related accept``."""
-    table = {"family": "inet", "name": BENCH_TABLE}
-    chain = {"family": "inet", "table": BENCH_TABLE, "name": "forward", "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}
-    return {"nftables": [{"add": {"table": table}}, {"add": {"chain": chain}},
-                         {"add": {"rule": {"family": "inet", "table": BENCH_TABLE, "chain": "forward", "expr": ESTABLISHED}}}]}
+    tx = Transaction(BENCH_TABLE, 0)
+    tx.add(OurTable())
+    tx.add(layout.Chain("forward", (), "forward"))
+    tx.add(ChainRule("forward", layout.Rule((layout.ConntrackState(("established", "related")), layout.Verdict("accept")), "")))
+    return tx
 
 
 # ---- load ----------------------------------------------------------------------------------------
@@ -277,15 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     model = build_rule_model(cluster, synthetic.NODE)
     client, server, port = choose_pair(cluster, model)
     local = [p for p in cluster.pods.values() if p.node == synthetic.NODE and p.enforceable]
-    chains, ipt_rules = iptables_render.filter_table(model, "ipv4")
-    objects = ruleset_objects(model)
+    table = layout.table(model)
+    chains, ipt_rules = iptables_render.filter_table(table, "ipv4")
     report: dict[str, Any] = {
         "machine": machine(), "node": synthetic.NODE, "pods": len(cluster.pods), "policies": len(cluster.policies),
         "local_pods": len(local), "isolated_pods": len(model.pod_chains), "policy_chains": len(model.policy_chains),
         "client": client, "server": server, "port": port, "rounds": args.rounds, "seconds": args.seconds,
         "warmup": args.warmup, "clients": args.clients, "variants": list(variants),
-        "nft_rules": sum(1 for o in objects if "rule" in o),
-        "nft_elements": sum(len(o.get("set", o.get("map", {})).get("elem", [])) for o in objects),
+        "nft_rules": sum(len(c.rules) for c in table.chains),
+        "nft_elements": sum(len(s.elements) for s in table.sets) + sum(len(m.elements) for m in table.maps),
         "iptables_rules": len(ipt_rules),
         "ipset_elements": sum(len(iptables_render.ipset_elements(s)) for s in model.sets if s.family == "ipv4"),
     }

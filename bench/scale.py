@@ -73,10 +73,12 @@ from nftpolicy.agent.dataplane.nftables import NftDataplane  # noqa: E402
 from nftpolicy.agent.daemon.reconcile import Reconciler  # noqa: E402
 from nftpolicy.agent.daemon.sources import KubeSource, Store  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
-from nftpolicy.translators import nftchanges  # noqa: E402
+from nftpolicy.translators import nft, transaction  # noqa: E402
+from nftpolicy.translators.delta import delta_transaction  # noqa: E402
 from nftpolicy.translators.model import Cluster, Namespace  # noqa: E402
 from nftpolicy.translators.noderender import NodeRenderer  # noqa: E402
 from nftpolicy.translators.rules import Config, RuleModel  # noqa: E402
+from nftpolicy.translators.transaction import Transaction  # noqa: E402
 from tests.fakeapi import FakeApiServer  # noqa: E402
 
 NODE = synthetic.NODE
@@ -173,9 +175,9 @@ def agent(api: FakeApiServer, cluster: Cluster, ns: str, pod_edits: int, ns_edit
     commits: list[float] = []
 
     class TimedDataplane(NftDataplane):
-        def run(self, batch: dict) -> None:
+        def run(self, tx: Transaction) -> None:
             started = time.monotonic()
-            super().run(batch)
+            super().run(tx)
             commits.append(time.monotonic() - started)
 
     reconciler = Reconciler(store, Config(), NODE, metrics, health, 0.0, 3600.0, TimedDataplane(Config().table, ns))
@@ -253,10 +255,10 @@ def iptables_variant(cluster: Cluster, ns: str) -> dict[str, Any]:
     started = time.monotonic()
     model = NodeRenderer(NODE).load(cluster).model()
     dataplane = iptables.IptablesDataplane(ns, "nft", ("ipv4",))
-    batch = dataplane.batch(model)
+    batch = dataplane.batch(transaction.full(model))
     rendered = time.monotonic() - started
     started = time.monotonic()
-    dataplane.run(batch)
+    dataplane.load(batch)
     return {"ipt_render_s": rendered, "ipt_load_s": time.monotonic() - started,
             "ipt_elements": sum(len(iptables_render.ipset_elements(s)) for s in model.sets if s.family == "ipv4")}
 
@@ -300,7 +302,7 @@ def growth_figures(cluster: Cluster, rng: random.Random, changes: int) -> dict[s
         pods[key] = dataclasses.replace(pods[key], labels=labels)
         started = time.monotonic()
         renderer.set_pod(key, pods[key])
-        nftchanges.changes_transaction(Config(), renderer.take_changes())
+        nft.transaction_json(delta_transaction(Config(), renderer.take_changes()))  # as the agent prints it
         costs.append((time.monotonic() - started) * 1000)
     return {"render_s": render_s, "elements": sum(len(s.elements) for s in model.sets), "change_ms": statistics.median(costs)}
 

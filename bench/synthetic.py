@@ -48,7 +48,7 @@ from nftpolicy.translators.model import (
     PolicyPort,
     PolicyRule,
 )
-from nftpolicy.translators.selectors import LabelSelector, Requirement
+from nftpolicy.translators.selectors import LabelSelector, Labels, Requirement
 
 NODE = "node-0"
 MAX_PODS_PER_NODE = 110
@@ -218,12 +218,6 @@ def _workload_pods(app: App, team: str, rng: random.Random) -> list[_PodSpec]:
     return pods
 
 
-def _shared(label_sets: dict[frozenset[tuple[str, str]], dict[str, str]], labels: dict[str, str]) -> dict[str, str]:
-    """One labels object per distinct label set in ``label_sets``, as translators.manifests gives
-    the agent (the node renderer groups a workload's pods by their shared labels object)."""
-    return label_sets.setdefault(frozenset(labels.items()), labels)
-
-
 @dataclass
 class Synthetic:
     """A generated cluster plus what the policy generator needs to refer to it."""
@@ -324,7 +318,6 @@ def generate(pods: int, policies: int, namespaces: int, node_pods: int = 110, se
     slots: dict[int, int] = {}
     status = _rng(seed, "status")
     pod_objects: dict[str, Pod] = {}
-    label_sets: dict[frozenset[tuple[str, str]], dict[str, str]] = {}
     running_ips_by_node: dict[int, list[tuple[str, ...]]] = {}
     order = sorted(range(len(specs)), key=lambda i: (node_of[i], i))
     for i in order:
@@ -347,7 +340,7 @@ def generate(pods: int, policies: int, namespaces: int, node_pods: int = 110, se
                     phase = "Succeeded"  # finished pod still listing its (released) IP
                 else:
                     running_ips_by_node.setdefault(n, []).append(ips)
-        pod = Pod(s.namespace, s.name, _shared(label_sets, s.labels), f"node-{n}", ips, phase, s.host_network, s.ports)
+        pod = Pod(s.namespace, s.name, Labels.interned(s.labels), f"node-{n}", ips, phase, s.host_network, s.ports)
         pod_objects[pod.key] = pod
     assert len(pod_objects) == pods, "pod names collided"
     synthetic = Synthetic(Cluster(ns_objects, pod_objects, {}, _nodes(node_count, dual_stack)), infos, seed, node_pods, dual_stack)
@@ -567,7 +560,6 @@ def add_unmatched_pods(syn: Synthetic, count: int, namespaces: int = 50) -> Synt
     for name in names:
         ns_objects[name] = Namespace(name, {NAMESPACE_NAME_LABEL: name, "team": "batch", "env": "batch"})
     per_node = MAX_PODS_PER_NODE
-    label_sets: dict[frozenset[tuple[str, str]], dict[str, str]] = {}
     made = 0
     app_no = 0
     while made < count:
@@ -578,7 +570,7 @@ def add_unmatched_pods(syn: Synthetic, count: int, namespaces: int = 50) -> Synt
             idx = made + r
             n, slot = first_node + idx // per_node, idx % per_node
             ips = (pod_ip4(n, slot), pod_ip6(n, slot)) if syn.dual_stack else (pod_ip4(n, slot),)
-            pod = Pod(ns, f"etl-{app_no}-{template}-{r}", _shared(label_sets, {"app": f"etl-{app_no}", "tier": "batch", "pod-template-hash": template}),
+            pod = Pod(ns, f"etl-{app_no}-{template}-{r}", Labels.interned({"app": f"etl-{app_no}", "tier": "batch", "pod-template-hash": template}),
                       f"node-{n}", ips, "Running", False, _ports(("web", 8080, "TCP"), ("prom", 9100, "TCP")))
             pods[pod.key] = pod
         made += replicas

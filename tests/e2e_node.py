@@ -6,12 +6,15 @@ On a :class:`~nftpolicy.agent.testbed.realnode.RealCluster` of real kubelets and
    (nothing else on the node enforces NetworkPolicy).
 2. **Install**: ``helm install`` of ``charts/nftpolicy`` as shipped, with the image built from the
    ``Containerfile``; the DaemonSet's pods become Ready through their own readiness probe.
-3. **The upstream suite**: ``e2e-netpol.test --ginkgo.focus='\\[sig-network\\] Netpol'
+3. **kubectl nftpolicy** (:func:`plugin_checks`): ``kubectl nftpolicy status`` reports every
+   node's agent ready; ``kubectl nftpolicy explain`` answers as ``nftpolicy explain`` does on
+   ``kubectl get -o yaml`` of the same objects.
+4. **The upstream suite**: ``e2e-netpol.test --ginkgo.focus='\\[sig-network\\] Netpol'
    --ginkgo.skip='SCTPConnectivity' --provider=local``; every spec that runs must pass.
-4. **The ClusterNetworkPolicy conformance suite** of sigs.k8s.io/network-policy-api
+5. **The ClusterNetworkPolicy conformance suite** of sigs.k8s.io/network-policy-api
    (:mod:`tests.e2e_cnp`): ``cnp-conformance.test`` with the features nftpolicy supports, SCTP
    left out; each test's result in the report.
-5. **Lifecycle with traffic** (:mod:`tests.e2e_lifecycle`): a denied and an allowed pod pair
+6. **Lifecycle with traffic** (:mod:`tests.e2e_lifecycle`): a denied and an allowed pod pair
    probed every 100 ms while the agent's pod is deleted, the chart upgraded, containerd,
    kubelet and kube-apiserver restarted and the chart uninstalled.
 
@@ -217,6 +220,56 @@ def run_suite(cluster: RealCluster, out: Path, focus: str, skip: str, timeout: f
     return {"rc": result.returncode, "summary": summary, "specs": specs, "seconds": round(time.monotonic() - started, 1)}
 
 
+PLUGIN_NAMESPACE = "plugin-check"
+
+
+def plugin_checks(cluster: RealCluster) -> dict[str, Any]:
+    """``kubectl nftpolicy`` run by kubectl itself (the console script on its PATH) as the admin:
+    ``status`` must report every node's agent ready; ``explain`` between two agnhost pods on the
+    first and last node, one port a policy allows and one it does not, must print what
+    ``nftpolicy explain`` prints on ``kubectl get pods,namespaces,networkpolicies,nodes -A -o yaml``
+    and exit alike. Returns the answers; raises RealNodeError."""
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    kubectl = cluster.binaries["kubectl"]
+
+    def plugin(*args: str) -> subprocess.CompletedProcess[str]:
+        return cluster.run([kubectl, "nftpolicy", *args], check=False, timeout=120, env=env)
+
+    status = plugin("status", "-n", AGENT_NAMESPACE, "-o", "json")
+    if status.returncode != 0:
+        raise RealNodeError(f"kubectl nftpolicy status exited {status.returncode}: {(status.stderr or status.stdout).strip()[-1000:]}")
+    ready = sorted(s["node"] for s in json.loads(status.stdout) if s["ready"])
+    if ready != sorted(cluster.node_names):
+        raise RealNodeError(f"kubectl nftpolicy status: ready agents on {ready}, nodes {cluster.node_names}")
+    last = cluster.node_names[-1]
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": PLUGIN_NAMESPACE, "name": name, "labels": {"app": name}},
+             "spec": {"nodeName": node, "containers": [{"name": "agnhost", "image": AGNHOST_IMAGE, "imagePullPolicy": "Never",
+                                                          "args": ["netexec", "--http-port=80"], "ports": [{"containerPort": 80}]}]}}
+            for name, node in (("client", cluster.node_names[0]), ("server", last))]
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": PLUGIN_NAMESPACE, "name": "server-80-from-client"},
+              "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": 80, "protocol": "TCP"}]}]}}
+    cluster.kubectl("create", "namespace", PLUGIN_NAMESPACE)
+    try:
+        cluster.run([kubectl, "apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [*pods, policy]}))
+        cluster.kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", PLUGIN_NAMESPACE, "--timeout=120s", timeout=150)
+        dump = Path(cluster.dir) / "plugin-check.yaml"
+        dump.write_text(cluster.kubectl("get", "pods,namespaces,networkpolicies,nodes", "-A", "-o", "yaml"))
+        answers: dict[str, Any] = {}
+        for port, code in (("80", 0), ("81", 1)):
+            got = plugin("explain", f"{PLUGIN_NAMESPACE}/client", f"{PLUGIN_NAMESPACE}/server:{port}/TCP")
+            want = subprocess.run([str(Path(sys.executable).parent / "nftpolicy"), "explain", str(dump), "--from", f"{PLUGIN_NAMESPACE}/client",
+                                   "--to", f"{PLUGIN_NAMESPACE}/server", "--port", f"TCP/{port}"], capture_output=True, text=True, timeout=120)
+            if (got.returncode, got.stdout) != (want.returncode, want.stdout) or got.returncode != code:
+                raise RealNodeError(f"kubectl nftpolicy explain TCP/{port}: exit {got.returncode} {got.stdout!r} {got.stderr.strip()!r}; "
+                                    f"nftpolicy explain on the dump: exit {want.returncode} {want.stdout!r} {want.stderr.strip()!r}")
+            answers[f"TCP/{port}"] = got.stdout.splitlines()[0]
+            print(f"  {answers[f'TCP/{port}']}", flush=True)
+        return {"ready": ready, "explain": answers}
+    finally:
+        cluster.run([kubectl, "delete", "namespace", PLUGIN_NAMESPACE, "--wait=true", "--timeout=120s"], check=False, timeout=150)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.e2e_node", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2, help="kubelets (each with its containerd), 1 to 9")
@@ -270,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(20)
                 report["agent_idle"] = idle.finish()
                 print(f"  agent at idle: {report['agent_idle']}", flush=True)
+            with Step("kubectl nftpolicy status and explain"):
+                report["plugin"] = plugin_checks(cluster)
             if not args.skip_netpol:
                 with Step("upstream e2e: [sig-network] Netpol"):
                     busy = AgentUsage(cluster)

@@ -11,10 +11,14 @@ Serves what the agent reads, to the official ``kubernetes`` client, over plain H
   ``timeoutSeconds``; a resourceVersion older than the history gives an ``ERROR`` event with a
   410 Status (the API concepts page, "Efficient detection of changes").
 
+* ``POST /api/v1/namespaces/{ns}/events`` and merge ``PATCH .../events/{name}``: Events the
+  agent writes, kept in :attr:`FakeApiServer.events`.
+
 Faults: :meth:`fail` (the next N requests answer a status, e.g. 500, or 429 with Retry-After),
 :meth:`hang` (the next N requests are accepted and never answered), :meth:`cut_watches` (open
 watch streams are cut mid-stream), :meth:`outage` (the port refuses connections; events made
-meanwhile are lost from the history, so watchers must relist).
+meanwhile are lost from the history, so watchers must relist), :meth:`fail_events` (the next N
+Event writes answer a status).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class FakeApiServer:
         self._watch_errors = 0
         self._watch_error_code = 500
         self._cuts = 0
+        self.events: dict[tuple[str, str], dict] = {}  # (namespace, name) -> Event
+        self._event_faults: list[int] = []  # per coming Event write: its status
         self._listing: tuple[tuple | None, list[tuple[str, str, str]]] = (None, [])  # (kind, selector, version), keys
         self._released = threading.Event()
         self.server: ThreadingHTTPServer | None = None
@@ -137,6 +143,11 @@ class FakeApiServer:
         with self.lock:
             self._watch_errors += count
             self._watch_error_code = code
+
+    def fail_events(self, status: int, count: int = 1) -> None:
+        """The next ``count`` Event writes (POST, PATCH) answer ``status``."""
+        with self.lock:
+            self._event_faults.extend([status] * count)
 
     def heal(self) -> None:
         """Drop every fault still queued by :meth:`fail`."""
@@ -219,6 +230,45 @@ class FakeApiServer:
                     body = {"kind": f"{kind}List", "apiVersion": API_VERSION[kind], "metadata": meta,
                             "items": [fake.objects[k] for k in page]}
                 self._json(200, body)
+
+            def _event_write(self) -> tuple[list[str], dict] | None:
+                """The path's parts and the body of an Event write, or None when it has
+                answered (an injected fault, a path that is not an Event)."""
+                parts = urlsplit(self.path).path.strip("/").split("/")
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                with fake.lock:
+                    fault = fake._event_faults.pop(0) if fake._event_faults else None
+                if fault:
+                    self._status(fault)
+                    return None
+                if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5 or parts[4] != "events":
+                    self._status(404)
+                    return None
+                return parts, body
+
+            def do_POST(self) -> None:  # noqa: N802
+                answer = self._event_write()
+                if answer is None:
+                    return
+                parts, body = answer
+                key = (parts[3], body["metadata"]["name"])
+                with fake.lock:
+                    if key in fake.events:
+                        return self._status(409)
+                    fake.events[key] = body
+                self._json(201, body)
+
+            def do_PATCH(self) -> None:  # noqa: N802
+                answer = self._event_write()
+                if answer is None:
+                    return
+                parts, patch = answer
+                with fake.lock:
+                    event = fake.events.get((parts[3], parts[5])) if len(parts) == 6 else None
+                    if event is None:
+                        return self._status(404)
+                    event.update(patch)
+                self._json(200, event)
 
             def _status(self, code: int, headers: dict | None = None) -> None:
                 body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "message": f"injected {code}"}

@@ -219,7 +219,7 @@ def test_chart_version_follows_the_project():
 # --- the rendered objects --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["default", "full"])
-def test_rbac_is_read_only_on_exactly_what_the_agent_watches(name):
+def test_rbac_reads_exactly_what_the_agent_watches_and_writes_only_events(name):
     docs = render(name)
     role = one(docs, "ClusterRole")
     granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
@@ -227,7 +227,7 @@ def test_rbac_is_read_only_on_exactly_what_the_agent_watches(name):
     assert granted == {(group, resource, verb) for group, resource in
                        [("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies"),
                         ("policy.networking.k8s.io", "clusternetworkpolicies")]
-                       for verb in ("get", "list", "watch")}
+                       for verb in ("get", "list", "watch")} | {("", "events", "create"), ("", "events", "patch")}
     assert not any(d["kind"] in ("Role", "RoleBinding") for d in docs)
     binding, account = one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
@@ -489,6 +489,7 @@ BAD_AGENT_VALUES = [
     {"policyMark": "0x3"}, {"policyMark": "0x100000000"}, {"passedMark": 3}, {"passedMark": 4294967296},
     {"policyMark": "0x20000"}, {"policyMark": "131072"}, {"passedMark": 65536},  # the same bit as the other mark
     {"policyMark": "0x00040000"}, {"passedMark": 262144},  # the ClusterNetworkPolicy pass mark
+    {"passMark": "0x10000"}, {"passMark": 131072}, {"passMark": "0x3"}, {"passMark": 0},
     {"httpAddress": "0.0.0.0:99999"}, {"httpAddress": "garbage"}, {"httpAddress": "300.0.0.1:9476"},
     {"httpAddress": "[zz::1]:9476"}, {"httpAddress": "a b:9476"},
     {"table": "a.b"}, {"table": "1table"}, {"priority": 2147483648},
@@ -499,6 +500,7 @@ GOOD_AGENT_VALUES = [
     {"serviceCidrs": ["10.96.0.0/12", "fd00:10:96::/108"]}, {"externalCidrs": ["0.0.0.0/0", "::/0", "::ffff:10.0.0.0/104"]},
     {"nodePortRange": "30000-30000"}, {"nodePortRange": "1-65535"}, {"policyMark": "0x00080000"},
     {"policyMark": "0x80000000", "passedMark": 1}, {"passedMark": "0x200000"}, {"minSyncInterval": 0},
+    {"passMark": "0x80000"}, {"passMark": 1}, {"policyMark": "0x40000", "passMark": "0x100000"},
     {"httpAddress": "[::]:9476"}, {"httpAddress": "127.0.0.1:1"}, {"httpAddress": "localhost:9476"},
     {"httpAddress": ":9476"}, {"table": "my_table-2"}, {"priority": -2147483648},
 ]

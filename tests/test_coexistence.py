@@ -9,8 +9,9 @@ import json
 import pytest
 
 from nftpolicy.agent.dataplane.nftables import NftDataplane, NftError
-from nftpolicy.translators import nft as render
+from nftpolicy.translators import layout, transaction
 from nftpolicy.translators import nfttext
+from nftpolicy.translators.transaction import ChainRule
 from nftpolicy.translators.noderender import build_rule_model
 
 from .conftest import example_cluster, nft
@@ -81,15 +82,14 @@ def test_foreign_tables_unchanged_by_load_reload_failure_and_removal(make_netns,
     assert _foreign_state(ns) == before
     nft(ns, "-f", str(text))                      # reload (text)
     assert _foreign_state(ns) == before
-    NftDataplane("nftpolicy", ns).run(render.full_transaction(model))  # reload (libnftables JSON)
+    NftDataplane("nftpolicy", ns).run(transaction.full(model))  # reload (libnftables JSON)
     assert _foreign_state(ns) == before
 
     smaller = dataclasses.replace(cluster, policies={k: v for k, v in cluster.policies.items() if "api" not in k})
     dataplane = NftDataplane("nftpolicy", ns)
-    dataplane.replace(build_rule_model(smaller, "node1"))
-    broken = render.full_transaction(model)
-    broken["nftables"].append({"add": {"rule": {"family": "inet", "table": "nftpolicy", "chain": "KUBE-NWPLCY-DEFAULT",
-                                                "expr": [{"jump": {"target": "NO-SUCH-CHAIN"}}]}}})
+    dataplane.run(transaction.full(build_rule_model(smaller, "node1")))
+    broken = transaction.full(model)
+    broken.add(ChainRule("KUBE-NWPLCY-DEFAULT", layout.Rule((layout.Jump("NO-SUCH-CHAIN"),), "")))
     ours_before_failure = nft(ns, "-j", "list", "table", "inet", "nftpolicy")
     with pytest.raises(NftError):
         dataplane.run(broken)

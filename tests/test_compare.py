@@ -154,6 +154,7 @@ def test_a_dual_stack_dump_saved_from_a_node(make_netns):
     kube-router's layout and gives nftpolicy's verdicts. (No real dump serves here: kube-router
     v2.1.0 enforces nothing over IPv6, cloudnativelabs/kube-router#1653.)"""
     from nftpolicy.agent.dataplane import iptables
+    from nftpolicy.translators import transaction
     from nftpolicy.translators.noderender import build_rule_model
 
     cluster = example_cluster()
@@ -163,7 +164,7 @@ def test_a_dual_stack_dump_saved_from_a_node(make_netns):
         pods[key] = dataclasses.replace(pod, ips=pod.ips + ((f"fd00:10:244:{x}::{y}",) if pod.ips else ()))
     cluster = dataclasses.replace(cluster, pods=pods)
     ns = make_netns()
-    iptables.IptablesDataplane(ns, "legacy").replace(build_rule_model(cluster, "node1"))
+    iptables.IptablesDataplane(ns, "legacy").run(transaction.full(build_rule_model(cluster, "node1")))
     saved = {f: subprocess.run(["ip", "netns", "exec", ns, tool, "-t", "filter"], capture_output=True, text=True, check=True).stdout
              for f, tool in (("ipv4", "iptables-legacy-save"), ("ipv6", "ip6tables-legacy-save"))}
     ipset_save = subprocess.run(["ip", "netns", "exec", ns, "ipset", "save"], capture_output=True, text=True, check=True).stdout

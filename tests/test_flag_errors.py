@@ -159,6 +159,13 @@ def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
     (["renderr", SHOP], "nftpolicy: command: invalid choice: 'renderr' (choose from 'render', 'sandbox', 'compare', "
                         "'agent', 'cleanup', 'explain', 'trace') (see 'nftpolicy --help')"),
     ([], "nftpolicy: the following arguments are required: command (see 'nftpolicy --help')"),
+    (["explain", "--from", "shop/frontend", SHOP], "nftpolicy: the following arguments are required: --to "
+                                                   "(see 'nftpolicy explain --help')"),
+    (["trace"], "nftpolicy: the following arguments are required: --from, --to (see 'nftpolicy trace --help')"),
+    (["trace", *REST["trace"], "--priority"], "nftpolicy: --priority: expected one argument"),
+    (["render", "--format", "xml", SHOP], "nftpolicy: --format: invalid choice: 'xml' (choose from 'nft', 'json', 'iptables', "
+                                          "'ip6tables', 'ipset')"),
+    (["--nope", "render", SHOP], "nftpolicy: unrecognized arguments: --nope (see 'nftpolicy render --help')"),
 ])
 def test_argparse_errors_are_one_line_without_the_usage_block(clean_env, capsys, argv, line):
     assert exit_of(argv, capsys) == (2, [line])

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -135,6 +136,25 @@ def test_base_is_an_argument_of_both_stages():
     lines = [line.split() for line in CONTAINERFILE.read_text().splitlines() if line and not line.startswith("#")]
     assert lines[0][:1] == ["ARG"] and lines[0][1].startswith("BASE=") and "debian" in lines[0][1]
     assert [line[1] for line in lines if line[0] == "FROM"] == ["${BASE}", "${BASE}"]
+
+
+def test_the_wheel_holds_every_package_and_the_launcher(tmp_path):
+    """What the Containerfile installs (a wheel, not the editable install of .ci/install): every
+    package under agent/ and translators/, and the command as the launcher script (agent/cli/nftpolicy)."""
+    src = tmp_path / "src"  # what the Containerfile copies, so that the build leaves nothing in the repository
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "agent", "translators"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(tmp_path), str(src)],
+                   check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("nftpolicy-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = sorted(str(p.parent.relative_to(REPO)) for top in ("agent", "translators") for p in (REPO / top).rglob("__init__.py"))
+    assert [p for p in packages if f"nftpolicy/{p}/__init__.py" not in names] == []
+    scripts = [n for n in names if ".data/scripts/" in n or n.endswith("/cli/nftpolicy")]
+    assert scripts == [f"nftpolicy-{version('nftpolicy')}.data/scripts/nftpolicy"]
+    assert zipfile.ZipFile(wheel).read(scripts[0]) == (REPO / "agent" / "cli" / "nftpolicy").read_bytes()
 
 
 # --- the built image -------------------------------------------------------------------------

@@ -4,7 +4,7 @@ A :class:`NodeRenderer` takes random sequences of object changes (pods relabelle
 finished, deleted and re-created; namespaces relabelled; policies deleted, re-created and
 rewritten so that shared sets appear and disappear; ClusterNetworkPolicies deleted, re-created,
 moved in priority and tier, rewritten). After every step, its model equals a render
-of the same cluster from scratch, and the batch of its changes (``changes_transaction``), applied
+of the same cluster from scratch, and the transaction of its changes (``delta_transaction``), applied
 to the table that the previous step left (an in-memory table that refuses what the kernel
 refuses), gives exactly the table that a full load of the fresh render gives.
 """
@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nftpolicy.translators import nft, nftchanges
+from nftpolicy.translators import transaction
+from nftpolicy.translators.delta import delta_transaction
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster, Namespace
 from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
@@ -137,7 +138,7 @@ def test_incremental_equals_scratch(node, seed, steps, batch):
     cluster = START
     renderer = NodeRenderer(node, CONFIG).load(cluster)
     renderer.take_changes()
-    table = FakeTable().apply(nft.full_transaction(renderer.model()))
+    table = FakeTable().apply(transaction.full(renderer.model()))
     for _ in range(steps):
         for _ in range(batch):  # several changes within one sync
             kind, key, obj = _mutate(cluster, rng)
@@ -146,8 +147,8 @@ def test_incremental_equals_scratch(node, seed, steps, batch):
         fresh = build_rule_model(cluster, node, CONFIG)
         assert renderer.model() == fresh
         changes = renderer.take_changes()
-        table.apply(nftchanges.changes_transaction(CONFIG, changes))
-        assert table.state() == FakeTable().apply(nft.full_transaction(fresh)).state()
+        table.apply(delta_transaction(CONFIG, changes))
+        assert table.state() == FakeTable().apply(transaction.full(fresh)).state()
 
 
 def test_nothing_changed_gives_no_changes():

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftpolicy.translators import iptables
+from nftpolicy.translators import iptables, layout
 from nftpolicy.translators.model import IPBlock
 from nftpolicy.translators.noderender import build_rule_model
 
@@ -92,7 +92,8 @@ def _check_table(text: str, ipset_text: str) -> None:
 
 def test_example_renders_kube_routers_topology():
     model = build_rule_model(example_cluster(), "node1")
-    text, sets = iptables.to_restore(model, "ipv4"), iptables.to_ipset(model)
+    table = layout.table(model)
+    text, sets = iptables.to_restore(table, "ipv4"), iptables.to_ipset(table)
     _check_table(text, sets)
     api = next(p for p in model.pod_chains if p.pod.endswith("api-5f6b7c9d4-q8w2n"))
     ingress = api.ingress[0]
@@ -104,15 +105,16 @@ def test_example_renders_kube_routers_topology():
     assert "-j NFLOG --nflog-group 100" in text and "--reject-with icmp-port-unreachable" in text
     assert "--icmp-type echo-request" not in text and "KUBE-NWPLCY-TAIL" not in text
     assert "hash:ip,port family inet" in sets and "add TMP-KUBE-PORT-TDLZJ4AODB2WVLTO 10.244.1.11,tcp:9090" in sets
-    node2 = iptables.to_ipset(build_rule_model(example_cluster(), "node2"))
+    node2 = iptables.to_ipset(layout.table(build_rule_model(example_cluster(), "node2")))
     assert re.search(r"add (\S+) 10\.244\.1\.0/24\nadd \1 10\.244\.1\.10 nomatch\n", node2)
 
 
 def test_ipv6_renders_for_ip6tables_and_inet6_sets():
     syn = synthetic.generate(pods=400, policies=60, namespaces=12, dual_stack=True)
     model = build_rule_model(syn.cluster, synthetic.NODE)
-    sets = iptables.to_ipset(model)
-    v4, v6 = iptables.to_restore(model, "ipv4"), iptables.to_restore(model, "ipv6")
+    table = layout.table(model)
+    sets = iptables.to_ipset(table)
+    v4, v6 = iptables.to_restore(table, "ipv4"), iptables.to_restore(table, "ipv6")
     _check_table(v4, sets)
     _check_table(v6, sets)
     assert "family inet6" in sets and "-p ipv6-icmp" in v6 and "icmp6-port-unreachable" in v6

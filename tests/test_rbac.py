@@ -1,7 +1,7 @@
 """RBAC against the real kube-apiserver (``--authorization-mode=RBAC``): the agent runs with a
 ServiceAccount token bound to exactly the ClusterRole and ClusterRoleBinding that ``helm
-template`` renders from charts/nftpolicy. It syncs; with one verb taken away it says which
-verb on which resource it lacks."""
+template`` renders from charts/nftpolicy. It syncs and writes its Events; with one verb taken away
+it says which verb on which resource it lacks."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from nftpolicy.agent.testbed.controlplane import ControlPlane
 from .agentenv import AgentEnv, RealApi
 from .fakeapi import pod
 from .test_chart import NAMESPACE, one, render
+from .test_events import DNS_POLICY
 
 pytestmark = pytest.mark.kernel
 
@@ -85,3 +86,23 @@ def test_a_missing_verb_is_named(rbac_env, resource, verb):
             if event["msg"].startswith(f"API {kind} request refused")]
     wanted = f'cannot {verb} resource "{resource}"'
     assert len(said) == 1 and wanted in said[0] and "403" in said[0], said
+
+
+def test_the_charts_clusterrole_lets_the_agent_write_and_count_events(rbac_env):
+    """The Event on a ClusterNetworkPolicy the agent fails closed on is created, and patched
+    (its count bumped) when the policy changes and still fails the same way."""
+    cp, env, _ = rbac_env
+    stored = cp.apply(DNS_POLICY)
+    try:
+        env.start_agent()
+
+        def counts() -> list[int]:
+            return [e["count"] for e in cp.request("GET", "/api/v1/events")["items"]
+                    if e["involvedObject"].get("uid") == stored["metadata"]["uid"]]
+
+        env.eventually(counts, [1], timeout=15)
+        cp.apply({**DNS_POLICY, "spec": {**DNS_POLICY["spec"], "priority": 6}})
+        env.eventually(counts, [2], timeout=15)
+        assert env.metric("nftpolicy_events_total", result="failed") == 0
+    finally:
+        cp.delete("ClusterNetworkPolicy", DNS_POLICY["metadata"]["name"])

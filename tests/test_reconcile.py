@@ -18,7 +18,7 @@ from nftpolicy.agent.daemon.health import Health
 from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.daemon.reconcile import Reconciler
 from nftpolicy.agent.daemon.sources import KINDS, Store
-from nftpolicy.translators import nft
+from nftpolicy.translators import nft, transaction
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster
 from nftpolicy.translators.noderender import build_rule_model
@@ -49,15 +49,16 @@ def _cluster(objects: dict[str, list[dict[str, Any]]]) -> Cluster:
 
 def _fresh_state(objects: dict[str, list[dict[str, Any]]]) -> Any:
     """The table a full load of ``objects`` gives."""
-    return FakeTable().apply(nft.full_transaction(build_rule_model(_cluster(objects), NODE))).state()
+    return FakeTable().apply(transaction.full(build_rule_model(_cluster(objects), NODE))).state()
 
 
 def _reconciler(store: Store, dataplane: FakeNftDataplane, resync: float = 3600.0) -> Reconciler:
     return Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), 0.0, resync, dataplane)
 
 
-def _verbs(batch: dict[str, Any]) -> list[str]:
-    return [f"{verb} {next(iter(body))}" for command in batch["nftables"] for verb, body in command.items()]
+def _verbs(tx: transaction.Transaction) -> list[str]:
+    """The nft commands of ``tx`` as libnftables takes them: ``"add table"``, ..."""
+    return [f"{verb} {next(iter(body))}" for command in nft.transaction_json(tx)["nftables"] for verb, body in command.items()]
 
 
 def _relabel(store: Store, objects: dict[str, list[dict[str, Any]]], name: str, **labels: str) -> None:
@@ -74,7 +75,7 @@ def test_first_sync_is_a_full_replace_of_the_fresh_render():
     store, dataplane = _store(objects), FakeNftDataplane()
     reconciler = _reconciler(store, dataplane)
     assert reconciler.sync(full=False)  # nothing committed yet: full whatever was asked
-    (batch,) = dataplane.batches
+    (batch,) = dataplane.transactions
     assert _verbs(batch)[:2] == ["add table", "delete table"]
     assert dataplane.state.state() == _fresh_state(objects)
     assert reconciler.metrics.sync_duration.labels("full")._sum.get() > 0
@@ -85,14 +86,14 @@ def test_a_change_commits_only_what_it_changed():
     store, dataplane = _store(objects), FakeNftDataplane()
     reconciler = _reconciler(store, dataplane)
     reconciler.sync(full=True)
-    full_commands = len(dataplane.batches[0]["nftables"])
+    full_commands = dataplane.transactions[0].commands()
     # prometheus-0 leaves app=prometheus: api's ingress set loses its address
     _relabel(store, objects, "prometheus-0", app="other")
     assert reconciler.sync(full=False)
-    batch = dataplane.batches[-1]
+    batch = dataplane.transactions[-1]
     assert "delete table" not in _verbs(batch)
     assert "delete element" in _verbs(batch)
-    assert len(batch["nftables"]) < full_commands / 10
+    assert batch.commands() < full_commands / 10
     assert dataplane.state.state() == _fresh_state(objects)
 
 
@@ -101,7 +102,7 @@ def test_no_change_commits_nothing():
     reconciler = _reconciler(store, dataplane)
     reconciler.sync(full=True)
     assert reconciler.sync(full=False)
-    assert len(dataplane.batches) == 1
+    assert len(dataplane.transactions) == 1
 
 
 def test_a_refused_transaction_keeps_the_table_and_the_next_sync_is_full():
@@ -118,7 +119,7 @@ def test_a_refused_transaction_keeps_the_table_and_the_next_sync_is_full():
     assert reconciler.metrics.sync_failures.labels("incremental")._value.get() == 1
     assert store.pending_since is not None  # the change is still owed to the kernel
     assert reconciler.sync(full=False)
-    assert _verbs(dataplane.batches[-1])[:2] == ["add table", "delete table"]
+    assert _verbs(dataplane.transactions[-1])[:2] == ["add table", "delete table"]
     assert dataplane.state.state() == _fresh_state(objects)
     assert reconciler.failures == 0
 
@@ -157,7 +158,7 @@ def test_the_loop_waits_for_every_kind_then_syncs_and_follows_changes():
         for kind in KINDS[:-1]:
             store.replace(kind, objects[kind])
         time.sleep(0.2)
-        assert dataplane.batches == [] and not reconciler.health.ready  # Node not listed yet
+        assert dataplane.transactions == [] and not reconciler.health.ready  # Node not listed yet
         store.replace(KINDS[-1], objects[KINDS[-1]])
         _until(lambda: reconciler.health.ready)
         _relabel(store, objects, "prometheus-0", app="other")
@@ -167,7 +168,7 @@ def test_the_loop_waits_for_every_kind_then_syncs_and_follows_changes():
         store.changed.set()
         thread.join(5)
     assert not thread.is_alive()
-    assert len(dataplane.batches) == 2
+    assert len(dataplane.transactions) == 2
 
 
 def test_the_loop_restores_a_lost_table_and_retries_a_refused_sync():
@@ -203,7 +204,7 @@ def test_a_burst_of_changes_is_coalesced_into_one_transaction():
         stop.set()
         store.changed.set()
         thread.join(5)
-    assert len(dataplane.batches) == 2  # the full sync, then the burst in one
+    assert len(dataplane.transactions) == 2  # the full sync, then the burst in one
 
 
 def test_the_fake_prints_its_table():

@@ -8,10 +8,11 @@ import json
 import pytest
 
 from nftpolicy.agent.dataplane.nftables import NftDataplane
-from nftpolicy.translators import nfttext
+from nftpolicy.translators import nfttext, transaction
 from nftpolicy.translators.noderender import build_rule_model
 
 from .conftest import example_cluster, nft
+from .test_transaction import scenarios
 
 pytestmark = pytest.mark.kernel
 
@@ -37,10 +38,21 @@ def test_text_and_json_load_the_same_ruleset(make_netns, tmp_path, node):
     path = tmp_path / "r.nft"
     path.write_text(nfttext.to_text(model))
     nft(text_ns, "-f", str(path))
-    NftDataplane(model.config.table, json_ns).replace(model)
+    NftDataplane(model.config.table, json_ns).run(transaction.full(model))
     assert _listing(text_ns) == _listing(json_ns)
     chains = {next(iter(o.values()))["name"] for o in _listing(text_ns) if "chain" in o}
     assert {c.name for c in model.policy_chains} | {c.name for c in model.pod_chains} <= chains
+
+
+def test_deltas_as_text_and_json_load_the_same_ruleset(make_netns):
+    """A full sync and deltas of random changes (every kind of operation), each printed as nft
+    text and as libnftables JSON, leave the same table after each step."""
+    text_ns, json_ns = make_netns(), make_netns()
+    _, steps = next(scenarios())
+    for tx in steps:
+        nft(text_ns, "-f", "-", stdin=nfttext.transaction_text(tx))
+        NftDataplane(tx.table, json_ns).run(tx)
+        assert _listing(text_ns) == _listing(json_ns)
 
 
 def test_reload_removes_stale_chains_and_sets(make_netns, tmp_path):

@@ -131,6 +131,26 @@ def test_429_honours_retry_after(api, source):
     assert retried_at - failed_at >= 1.9
 
 
+@pytest.mark.parametrize("asked, waited", [("2", 2.0), ("3600", 30.0), ("1e9", 30.0)])
+def test_a_large_retry_after_is_capped(api, tmp_path, asked, waited):
+    """A 429 whose Retry-After asks for an hour waits MAX_BACKOFF (30 s), like every other
+    long pause of the source (the source's sleep is the test's: the delay is read)."""
+    metrics = Metrics()
+    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
+    slept: list[float] = []
+    src.sleep = slept.append
+    answers = [ApiException(status=429, reason="Too Many Requests")]
+    answers[0].headers = {"Retry-After": asked}
+
+    def request() -> str:
+        if answers:
+            raise answers.pop(0)
+        return "listed"
+
+    assert src._retrying("Pod", "list")(request) == "listed"
+    assert slept == [waited]
+
+
 def _first_429_kind(api) -> str:
     paths = [p for _, p, code in api.requests if code == 429]
     if not paths:

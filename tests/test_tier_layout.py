@@ -3,6 +3,8 @@ noderender.py): tier chains, their place in the pod chain, the marks. Pure: no k
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
@@ -146,13 +148,37 @@ def test_the_iptables_variant_declines_cluster_policies():
     cluster, _ = build_cluster(("t", o) for o in [*PODS, cnp("deny-y", "Admin", 1, ingress=[{"action": "Deny", "from": FROM_Y}])])
     model = build_rule_model(cluster, "n1", CONFIG)
     with pytest.raises(iptables.Unsupported, match=r"^the iptables variant does not enforce ClusterNetworkPolicy .*deny-y selects pods of this node"):
-        iptables.to_restore(model)
+        iptables.to_restore(layout.table(model))
     with pytest.raises(iptables.Unsupported):
-        iptables.to_ipset(model)
+        iptables.to_ipset(layout.table(model))
 
 
-def test_the_marks_flags_may_not_take_the_pass_mark(capsys):
+def test_the_three_marks_must_be_different_bits(capsys):
     from nftpolicy.agent.cli.main import main
 
     assert main(["render", "--policy-mark", hex(CONFIG.pass_mark), "examples/shop"]) == 2
-    assert capsys.readouterr().err == "nftpolicy: --policy-mark and --passed-mark must differ from the ClusterNetworkPolicy pass mark 0x40000\n"
+    assert capsys.readouterr().err == "nftpolicy: --policy-mark and --pass-mark must differ (both 0x40000)\n"
+    assert main(["render", "--pass-mark", hex(CONFIG.passed_mark), "examples/shop"]) == 2
+    assert capsys.readouterr().err == "nftpolicy: --passed-mark and --pass-mark must differ (both 0x20000)\n"
+
+
+def test_the_pass_mark_is_a_setting(tmp_path, capsys):
+    """--pass-mark moves every use of the pass mark (set by a Pass rule, guarded and cleared in
+    the pod chain) to the bit it names; the other marks stay."""
+    from nftpolicy.agent.cli.main import main
+
+    manifest = tmp_path / "cluster.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        *PODS, cnp("pass-y", "Admin", 1, ingress=[{"action": "Pass", "from": FROM_Y}])]}))
+    assert main(["render", "--node", "n1", str(manifest)]) == 0
+    default = capsys.readouterr().out
+    assert main(["render", "--node", "n1", "--pass-mark", "0x80000", str(manifest)]) == 0
+    moved = capsys.readouterr().out
+    assert "0x00040000" in default and "0x00080000" in moved
+
+    def swapped(number: int) -> int:  # bit 0x40000 and bit 0x80000 trade places
+        return number & ~0xC0000 | (number & 0x40000) << 1 | (number & 0x80000) >> 1
+
+    hex_numbers = re.compile(r"0x[0-9a-f]{8}")
+    assert hex_numbers.sub("0x", moved) == hex_numbers.sub("0x", default)
+    assert [int(m, 16) for m in hex_numbers.findall(moved)] == [swapped(int(d, 16)) for d in hex_numbers.findall(default)]

@@ -1,6 +1,8 @@
 """``nftpolicy trace``: a real packet's path through our chains in a sandbox (the policy chain and
 rule that allowed it; the reject of a denied one), and on a node (a namespace the test made):
-the trace chains go away afterwards, also when the command is stopped with SIGTERM."""
+the trace chains go away afterwards, also when the command is stopped with SIGTERM; those of a
+trace killed with SIGKILL go at the next trace and at the agent's start; two traces at once have
+chains of their own."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import TraceMonitor
-from nftpolicy.translators.layout import TRACE_CHAINS
+from nftpolicy.translators.layout import TRACE_PREFIX
 
 from .conftest import REPO, nft
 
@@ -55,6 +57,9 @@ def test_bad_input_gets_one_line_and_exit_2():
     result = trace("--from", "shop/frontend", "--to", "10.0.0.1", "--netns", "none")
     assert result.returncode == 2 and result.stderr.splitlines() == [
         "nftpolicy: --from shop/frontend: on a node, give an address (names need manifests)"]
+    result = trace("--from", "shop/frontend", "--to", "shop/db", "--agent", "http://127.0.0.1:1", SHOP)
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "nftpolicy: --agent: only on a node; with manifests the sandbox knows its own model"], result.stderr
 
 
 def test_on_a_node_the_trace_chains_go_away_after_a_timeout_and_after_sigterm(make_netns):
@@ -68,12 +73,85 @@ def test_on_a_node_the_trace_chains_go_away_after_a_timeout_and_after_sigterm(ma
     proc = subprocess.Popen([NFTPOLICY, "trace", "--from", "10.244.1.10", "--to", "10.244.2.10", "--netns", ns, "--timeout", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 10
-    while not any(name in nft(ns, "list", "table", "inet", "nftpolicy") for name in TRACE_CHAINS):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.05)
+    wait_for_trace_chains(ns, proc, 3)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 143
     assert nft(ns, "list", "table", "inet", "nftpolicy") == before
+
+
+def trace_chains(ns: str) -> list[str]:
+    """The names of the trace chains in our table in ``ns``."""
+    return [line.split()[1] for line in nft(ns, "list", "table", "inet", "nftpolicy").splitlines()
+            if line.strip().startswith(f"chain {TRACE_PREFIX}")]
+
+
+def wait_for_trace_chains(ns: str, proc: subprocess.Popen, count: int) -> list[str]:
+    """Wait until ``count`` trace chains are in our table in ``ns`` (``proc`` must not end meanwhile)."""
+    deadline = time.monotonic() + 10
+    while len(chains := trace_chains(ns)) < count:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    return chains
+
+
+def node_trace(ns: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([NFTPOLICY, "trace", "--from", "10.244.1.10", "--to", "10.244.2.10", "--netns", ns, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_traces_at_once_have_their_own_chains_and_a_killed_ones_go_at_the_next(make_netns):
+    ns = make_netns()
+    rules = subprocess.run([NFTPOLICY, "render", "--node", "node1", SHOP], capture_output=True, text=True, check=True).stdout
+    nft(ns, "-f", "-", stdin=rules)
+    before = nft(ns, "list", "table", "inet", "nftpolicy")
+    first = node_trace(ns, "--timeout", "60")
+    try:
+        mine = wait_for_trace_chains(ns, first, 3)
+        second = node_trace(ns, "--timeout", "60")
+        both = wait_for_trace_chains(ns, second, 6)
+        assert set(mine) < set(both) and len(set(both)) == 6  # its own chains; the first trace's stay
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=15) == 143 and sorted(trace_chains(ns)) == sorted(mine)
+        first.kill()  # SIGKILL: no clean-up
+        first.wait(timeout=15)
+        assert sorted(trace_chains(ns)) == sorted(mine)
+        result = trace("--from", "10.244.1.10", "--to", "10.244.2.10", "--netns", ns, "--timeout", "0.3")
+        assert result.returncode == 1 and "removed 3 chains of a trace that ended without cleaning up: " in result.stderr
+        assert nft(ns, "list", "table", "inet", "nftpolicy") == before
+    finally:
+        for proc in [first] + ([second] if "second" in locals() else []):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_the_agent_removes_a_killed_traces_chains_at_its_start(make_netns, tmp_path):
+    ns = make_netns()
+    rules = subprocess.run([NFTPOLICY, "render", "--node", "node1", SHOP], capture_output=True, text=True, check=True).stdout
+    nft(ns, "-f", "-", stdin=rules)
+    killed = node_trace(ns, "--timeout", "60")
+    try:
+        wait_for_trace_chains(ns, killed, 3)
+    finally:
+        killed.kill()
+        killed.wait()
+    agent = subprocess.Popen([NFTPOLICY, "agent", "--node", "node1", "--manifests", SHOP, "--netns", ns,
+                              "--http-address", "127.0.0.1:0"], stdout=subprocess.DEVNULL, stderr=(tmp_path / "agent.log").open("w"))
+    try:
+        deadline = time.monotonic() + 20
+        while trace_chains(ns):
+            assert time.monotonic() < deadline and agent.poll() is None, "the agent left the trace chains"
+            time.sleep(0.1)
+        assert "chain KUBE-ROUTER-FORWARD" in nft(ns, "list", "table", "inet", "nftpolicy")
+    finally:
+        agent.terminate()
+        agent.wait(timeout=15)
+
+
+def test_a_priority_with_no_room_below_is_one_line():
+    result = trace("--from", "10.244.1.10", "--to", "10.244.2.10", "--priority", "-2147483648", "--netns", "none")
+    assert (result.returncode, result.stderr) == (2, "nftpolicy: --priority -2147483648: trace hooks its chains just below the "
+                                                     "base chains (priority - 1), and no priority is lower: give the table's priority\n")
 
 
 def test_the_monitor_listens_once_entered(make_netns):
@@ -104,7 +182,7 @@ def test_the_trace_ends_cleanly_when_the_agent_replaced_the_table_meanwhile(make
     nft(ns, "-f", "-", stdin=rules)
     before = nft(ns, "list", "table", "inet", "nftpolicy")
     with traced(NftDataplane("nftpolicy", ns), Config(), Connection("10.244.1.10", "10.244.2.10", "TCP", 5432)):
-        assert all(name in nft(ns, "list", "table", "inet", "nftpolicy") for name in TRACE_CHAINS)
+        assert len(trace_chains(ns)) == 3
         nft(ns, "-f", "-", stdin=rules)  # a full replace, as the agent's resync commits
     assert nft(ns, "list", "table", "inet", "nftpolicy") == before
 
@@ -143,8 +221,10 @@ def test_a_policy_rule_is_named_from_the_model_by_its_handle_whatever_its_commen
             handles[(chain.name, i)] = handle = len(listing) + 10
             listing.append({"rule": {"chain": chain.name, "handle": handle, "comment": rule.comment[:128]}})
     policy_chain, pod_chain = model.policy_chains[0].name, model.pod_chains[0].name
-    lines = [f"trace id 1 inet nftpolicy {pod_chain} rule ip daddr 10.0.0.2 jump {policy_chain} # handle {handles[(pod_chain, 3)]} (verdict jump {policy_chain})",
+    trace_chain = layout.trace_chains("c0ffee01", "10.0.0.1", "10.0.0.2", "TCP", 80)[1].name
+    lines = [f"trace id 1 inet nftpolicy {trace_chain} rule meta nftrace set 1 # handle 3 (verdict continue)",
+             f"trace id 1 inet nftpolicy {pod_chain} rule ip daddr 10.0.0.2 jump {policy_chain} # handle {handles[(pod_chain, 3)]} (verdict jump {policy_chain})",
              f"trace id 1 inet nftpolicy {policy_chain} unknown rule handle {handles[(policy_chain, 1)]} (verdict return)"]
-    steps = follow(lines, "nftpolicy", listed_rules(listing, model), {})
+    steps = follow(lines, "nftpolicy", "c0ffee01", listed_rules(listing, model), {})
     assert [s.what for s in steps][1] == f"policy x/{name} ingress rule 1 (allows)"
     assert steps[0].what.startswith("pod x/b")

@@ -22,7 +22,7 @@ NAMESPACE_NOTE = ("their labels are unknown, so a namespaceSelector sees only ku
 
 
 @pytest.mark.parametrize(("args", "stdin", "warning"), [
-    (["--node", "node7", str(SHOP)], None, "no pod runs on node node7 (--node); the pods' nodes: node1, node2"),
+    (["--node", "node7", str(SHOP)], None, "no pod runs on node node7 (--node) and no Node object has that name; the nodes named: node1, node2"),
     (["-"], POD_IN_OPS, f"pods in namespaces without a Namespace object: ops; {NAMESPACE_NOTE}"),
 ])
 def test_render_warns_and_strict_refuses(args, stdin, warning):
@@ -42,7 +42,7 @@ def test_compare_warns_about_a_node_without_pods():
     dumps = REPO / "tests" / "fixtures" / "kube-router-v2.1.0" / "shop"
     out = run("compare", "--strict", "--node", "node7", "--iptables-save", str(dumps / "node1.iptables-save"),
               "--ipset-save", str(dumps / "node1.ipset-save"), str(SHOP))
-    assert (out.returncode, out.stderr) == (2, "nftpolicy: warning: no pod runs on node node7 (--node); the pods' nodes: node1, node2\n")
+    assert (out.returncode, out.stderr) == (2, "nftpolicy: warning: no pod runs on node node7 (--node) and no Node object has that name; the nodes named: node1, node2\n")
 
 
 @pytest.mark.kernel
@@ -54,3 +54,17 @@ def test_sandbox_warns_and_strict_refuses(args, warning):
     assert out.returncode == 0 and out.stderr == f"nftpolicy: warning: {warning}\n", out.stderr
     strict = run("sandbox", "--strict", *args, str(SHOP))
     assert (strict.returncode, strict.stderr, strict.stdout) == (2, f"nftpolicy: warning: {warning}\n", "")
+
+
+def test_strict_renders_a_fresh_node_that_runs_no_pod_yet(tmp_path):
+    """A Node object that runs no pod is a fresh node, no mistake (issue 18 item 10: the
+    ClusterNetworkPolicy cases' empty second node); a node nothing names is still refused."""
+    fresh = tmp_path / "fresh.yaml"
+    fresh.write_text("apiVersion: v1\nkind: Node\nmetadata: {name: node3}\n")
+    out = run("render", "--strict", "--node", "node3", str(SHOP), str(fresh))
+    assert (out.returncode, out.stderr) == (0, "")
+    assert "table inet nftpolicy" in out.stdout and "chain KUBE-POD-FW-" not in out.stdout
+    unnamed = run("render", "--strict", "--node", "node4", str(SHOP), str(fresh))
+    assert (unnamed.returncode, unnamed.stderr) == (
+        2, "nftpolicy: warning: no pod runs on node node4 (--node) and no Node object has that name; "
+           "the nodes named: node1, node2, node3\n")

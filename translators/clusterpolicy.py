@@ -47,6 +47,10 @@ _FIELDS = {
 }
 
 
+class UnsupportedPeer(InvalidField):
+    """A peer the CRD accepts and nftpolicy does not enforce (``nodes``, ``domainNames``)."""
+
+
 def _one_of(value: Mapping[str, Any], path: str, what: str) -> str:
     """The one field set in ``value`` (MinProperties=1, MaxProperties=1)."""
     present = [k for k, v in value.items() if v is not None]
@@ -100,7 +104,7 @@ def _peer(value: Any, path: str, direction: Direction) -> ClusterPeer:
         return ClusterPeer(pods=_namespaced_pods(entry[kind], where))
     if kind == "networks":
         return ClusterPeer(networks=_networks(entry[kind], where))
-    raise InvalidField(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks)")
+    raise UnsupportedPeer(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks)")
 
 
 def _port_number(value: Any, path: str) -> int:

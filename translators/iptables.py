@@ -1,13 +1,14 @@
-"""Rule model -> the iptables variant: ``iptables-restore`` input for the filter table and
+"""Layout table -> the iptables variant: ``iptables-restore`` input for the filter table and
 ``ipset restore`` input for its sets, in kube-router's chain topology.
 
-The same :class:`~nftpolicy.translators.rules.RuleModel` as :mod:`nftpolicy.translators.nft`, so
-the same names and the same semantics (DESIGN.md sections 2 and 3); only the syntax and the
-dispatch differ. It exists so an operator can compare verdicts with kube-router's iptables network
+The same :class:`~nftpolicy.translators.layout.Table` as :mod:`nftpolicy.translators.nft`
+prints, so the same names and the same semantics (DESIGN.md sections 2 and 3); only the syntax
+and the dispatch differ. Of a typed transaction (:mod:`nftpolicy.translators.transaction`) only
+a whole-table replace prints here (:func:`replaced_table`): the variant has no incremental path. It exists so an operator can compare verdicts with kube-router's iptables network
 policy controller before switching a node (``nftpolicy sandbox --dataplane both`` and
 ``nftpolicy compare``).
 
-Shape of one family's filter table (``to_restore(model, "ipv4")``; ``"ipv6"`` is the same for
+Shape of one family's filter table (``to_restore(table, "ipv4")``; ``"ipv6"`` is the same for
 ``ip6tables-restore``)::
 
     *filter
@@ -47,7 +48,7 @@ return in one rule, and the rules after them give the same verdict.
 The file replaces the whole filter table: it is meant for a namespace (or a node) where nothing
 else owns it, as kube-router's controller assumes too.
 
-Sets (``to_ipset(model)``, ipset(8) ``restore`` syntax, both families in one file): pod addresses
+Sets (``to_ipset(table)``, ipset(8) ``restore`` syntax, both families in one file): pod addresses
 ``hash:ip``, ipBlocks ``hash:net`` (the CIDR, its excepts as ``nomatch`` entries: see
 :func:`lpm_entries`), named ports ``hash:ip,port`` (``10.0.0.1,tcp:8080``, matched ``dst,dst``).
 IPv6 sets are ``family inet6``. Each set is filled as a ``TMP-<name>`` copy and swapped in, so a
@@ -64,7 +65,8 @@ from typing import Iterable, Sequence
 from .errors import OneLineError
 from . import layout
 from .model import Family
-from .rules import AddressSet, RuleModel
+from .rules import AddressSet
+from .transaction import Replace, Transaction
 
 BUILTIN: dict[layout.Hook, str] = {"input": "INPUT", "forward": "FORWARD", "output": "OUTPUT"}
 IPSET_FAMILY: dict[Family, str] = {"ipv4": "inet", "ipv6": "inet6"}
@@ -237,19 +239,27 @@ class Unsupported(OneLineError, ValueError):
     """What the iptables variant does not do (kube-router has no equivalent)."""
 
 
-def _decline_cluster_policies(model: RuleModel) -> None:
-    if model.tier_chains:
-        names = sorted({c.policy for c in model.tier_chains})
+def replaced_table(tx: Transaction) -> layout.Table:
+    """The table that ``tx`` replaces ours by; raises :class:`Unsupported` for any other
+    transaction (the iptables variant loads whole tables only)."""
+    if len(tx.operations) == 1 and isinstance(tx.operations[0], Replace):
+        return tx.operations[0].table
+    raise Unsupported("the iptables variant loads whole tables only: no incremental transaction")
+
+
+def _decline_cluster_policies(table: layout.Table) -> None:
+    if table.cluster_policies:
+        names = table.cluster_policies
         raise Unsupported(f"the iptables variant does not enforce ClusterNetworkPolicy (kube-router has no equivalent); "
                           f"{', '.join(names)} select{'s' if len(names) == 1 else ''} pods of this node: use the nft ruleset")
 
 
-def filter_table(model: RuleModel, family: Family) -> tuple[list[str], list[Rule]]:
+def filter_table(table: layout.Table, family: Family) -> tuple[list[str], list[Rule]]:
     """The chains we declare (besides INPUT/FORWARD/OUTPUT) and every rule, in order, for one
-    family: :func:`layout.table` printed as iptables rules. Raises :class:`Unsupported` when a
+    family: ``table`` printed as iptables rules. Raises :class:`Unsupported` when a
     ClusterNetworkPolicy selects a pod of the node."""
-    _decline_cluster_policies(model)
-    printer = _Printer(layout.table(model), family).build()
+    _decline_cluster_policies(table)
+    printer = _Printer(table, family).build()
     return printer.chains, printer.rules
 
 
@@ -258,10 +268,10 @@ def rule_line(rule: Rule) -> str:
     return " ".join(("-A", rule.chain) + rule.args)
 
 
-def to_restore(model: RuleModel, family: Family = "ipv4") -> str:
+def to_restore(table: layout.Table, family: Family = "ipv4") -> str:
     """``iptables-restore`` (``ipv4``) or ``ip6tables-restore`` (``ipv6``) input that replaces the
     filter table with our chains. Load the sets (:func:`to_ipset`) first: rules name them."""
-    chains, rules = filter_table(model, family)
+    chains, rules = filter_table(table, family)
     tool = "iptables-restore" if family == "ipv4" else "ip6tables-restore"
     lines = [f"# nftpolicy iptables variant ({family}): {tool} input, replaces the filter table", "*filter"]
     lines += [f":{builtin} ACCEPT [0:0]" for builtin in BUILTIN.values()]
@@ -369,23 +379,23 @@ def ipset_elements(s: AddressSet) -> list[str]:
     return [f"{cidr} nomatch" if nomatch else cidr for cidr, nomatch in lpm_entries(s.elements, s.family)]
 
 
-def set_names(model: RuleModel, families: Sequence[Family] = ("ipv4", "ipv6")) -> list[str]:
+def set_names(table: layout.Table, families: Sequence[Family] = ("ipv4", "ipv6")) -> list[str]:
     """Names of the sets :func:`to_ipset` creates (without the temporary copies)."""
-    return [s.name for s in model.sets if s.family in families]
+    return [s.name for s in table.sets if s.family in families]
 
 
-def to_ipset(model: RuleModel, families: Sequence[Family] = ("ipv4", "ipv6")) -> str:
+def to_ipset(table: layout.Table, families: Sequence[Family] = ("ipv4", "ipv6")) -> str:
     """``ipset restore`` input that creates or atomically refills every set of ``families``.
 
     Per set: ``create TMP-<name> ... -exist``, ``flush``, ``add`` each element, ``create <name>
     ... -exist``, ``swap TMP-<name> <name>``, ``destroy TMP-<name>``. Rules that reference
-    ``<name>`` see the new content at once (ipset(8), ``swap``). Sets the model no longer has are
+    ``<name>`` see the new content at once (ipset(8), ``swap``). Sets the table no longer has are
     not named here: remove them after the rules stop referring to them. Raises
     :class:`Unsupported` as :func:`filter_table` does.
     """
-    _decline_cluster_policies(model)
+    _decline_cluster_policies(table)
     lines = ["# nftpolicy iptables variant: ipset restore input (each set refilled in a copy and swapped in)"]
-    for s in model.sets:
+    for s in table.sets:
         if s.family not in families:
             continue
         tmp = TMP_PREFIX + s.name

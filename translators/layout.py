@@ -270,13 +270,15 @@ class VerdictMap:
 class Table:
     """Our whole table for one node, objects in dependency order: sets, then chains (common,
     default, policy chains, ClusterNetworkPolicy tier chains, pod chains, base chains); the maps
-    name pod chains."""
+    name pod chains. ``cluster_policies``: the ClusterNetworkPolicies that have tier chains here
+    (by name, sorted; the iptables variant declines them)."""
 
     name: str
     priority: int
     sets: tuple[AddressSet, ...]
     chains: tuple[Chain, ...]
     maps: tuple[VerdictMap, ...]
+    cluster_policies: tuple[str, ...] = ()
 
 
 # ---- the decisions ------------------------------------------------------------------------------
@@ -481,15 +483,25 @@ def base_chains(config: Config) -> list[Chain]:
     return chains
 
 
-TRACE_CHAINS: dict[str, Hook] = {"NFTPOLICY-TRACE-INPUT": "input", "NFTPOLICY-TRACE-FORWARD": "forward",
-                                  "NFTPOLICY-TRACE-OUTPUT": "output"}
+TRACE_PREFIX = "NFTPOLICY-TRACE-"  # then the trace's token, "-" and the hook: NFTPOLICY-TRACE-3f9a0c12-INPUT
+TRACE_HOOKS: tuple[Hook, ...] = ("input", "forward", "output")
 
 
-def trace_chains(source: str, destination: str, protocol: str, port: int | None) -> list[Chain]:
+def trace_token(chain: str) -> str | None:
+    """The token of the trace that added ``chain`` (a name of :func:`trace_chains`), or None
+    for any other chain."""
+    if not chain.startswith(TRACE_PREFIX):
+        return None
+    token, _, hook = chain.removeprefix(TRACE_PREFIX).rpartition("-")
+    return token if token and hook.lower() in TRACE_HOOKS else None
+
+
+def trace_chains(token: str, source: str, destination: str, protocol: str, port: int | None) -> list[Chain]:
     """The chains ``nftpolicy trace`` adds to our table for one connection and deletes after it:
-    one per hook of our base chains, hooked just before them (our priority - 1), whose one rule
-    sets ``nftrace`` on the packets ``source`` -> ``destination`` of ``protocol`` (``ICMP``: echo
-    requests) and destination ``port``."""
+    one per hook of our base chains, hooked just before them (our priority - 1), named after the
+    trace's ``token`` (letters and digits: two traces at once have their own chains), whose one
+    rule sets ``nftrace`` on the packets ``source`` -> ``destination`` of ``protocol``
+    (``ICMP``: echo requests) and destination ``port``."""
     family = family_of(destination)
     matches: list[Statement] = [AddressIs(family, "saddr", (source,)), AddressIs(family, "daddr", (destination,))]
     if protocol == "ICMP":
@@ -499,8 +511,8 @@ def trace_chains(source: str, destination: str, protocol: str, port: int | None)
         if port is not None:
             matches.append(DestinationPorts(port, port))
     what = f"{protocol}/{port}" if protocol != "ICMP" else "ICMP echo"
-    return [Chain(name, (Rule((*matches, SetTrace()), f"trace {source} -> {destination} {what}"),), hook)
-            for name, hook in TRACE_CHAINS.items()]
+    return [Chain(f"{TRACE_PREFIX}{token}-{hook.upper()}", (Rule((*matches, SetTrace()), f"trace {source} -> {destination} {what}"),), hook)
+            for hook in TRACE_HOOKS]
 
 
 def table(model: RuleModel) -> Table:
@@ -511,4 +523,5 @@ def table(model: RuleModel) -> Table:
     chains += [tier_chain(c, chain) for chain in model.tier_chains]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
     chains += base_chains(c)
-    return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains))
+    return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains),
+                 tuple(sorted({chain.policy for chain in model.tier_chains})))

@@ -1,12 +1,11 @@
-"""Layout -> libnftables JSON (libnftables-json(5)): the objects of our table and the batches
-that commit them.
+"""Typed transaction -> libnftables JSON (libnftables-json(5)): the one place that writes it.
 
-:mod:`nftpolicy.translators.layout` decides every chain, rule and map; this module only prints
-them as JSON objects (:func:`table_objects`), and :func:`full_transaction` wraps them in the
-one-transaction replace that the agent and the sandbox run. The same objects print as ``nft -f``
-text (:mod:`nftpolicy.translators.nfttext`); the incremental batch is
-:mod:`nftpolicy.translators.nftchanges`. Only native nft expressions are used (no ``xt`` compat
-matches), so the ruleset loads on nft-only hosts.
+:mod:`nftpolicy.translators.layout` decides every chain, rule and map and
+:mod:`nftpolicy.translators.transaction` records what to do with them (the full replace and the
+delta alike); this module only prints a transaction as one JSON batch
+(:func:`transaction_json`), which the agent and the sandbox commit through libnftables. The
+same objects print as ``nft -f`` text (:mod:`nftpolicy.translators.nfttext`). Only native nft
+expressions are used (no ``xt`` compat matches), so the ruleset loads on nft-only hosts.
 """
 
 from __future__ import annotations
@@ -15,10 +14,11 @@ from typing import Any
 
 import orjson
 
-from . import layout
+from . import layout, transaction
 from .layout import Chain, Rule, Statement, Table
 from .model import Family
 from .rules import AddressSet, RuleModel, comment
+from .transaction import ChainRule, Elements, OurTable, Operation, Replace, SetName, Transaction
 
 IP: dict[Family, str] = {"ipv4": "ip", "ipv6": "ip6"}
 ICMP: dict[Family, str] = {"ipv4": "icmp", "ipv6": "icmpv6"}
@@ -103,13 +103,25 @@ def rule_json(table: str, chain: str, rule: Rule) -> Json:
     return {"rule": body}
 
 
-def chain_json(table: str, priority: int, chain: Chain) -> list[Json]:
-    """The ``chain`` object of one layout chain (a base chain: type filter, policy accept),
-    followed by its rules."""
+def chain_json(table: str, priority: int, chain: Chain) -> Json:
+    """The ``chain`` object of one layout chain, without its rules (libnftables-json(5) CHAIN;
+    a base chain: type filter, hook, ``priority``, policy accept)."""
     body: Json = {**_table_ref(table), "name": chain.name}
     if chain.hook:
         body.update(type="filter", hook=chain.hook, prio=priority, policy="accept")
-    return [{"chain": body}] + [rule_json(table, chain.name, r) for r in chain.rules]
+    return {"chain": body}
+
+
+def _chain_with_rules(table: str, priority: int, chain: Chain) -> list[Json]:
+    return [chain_json(table, priority, chain)] + [rule_json(table, chain.name, r) for r in chain.rules]
+
+
+def map_json(table: str, m: layout.VerdictMap) -> Json:
+    """The ``map`` object of a dispatch verdict map, with its elements (libnftables-json(5) MAP)."""
+    body: Json = {**_table_ref(table), "name": m.name, "type": ADDR_TYPE[m.family], "map": "verdict", "comment": m.comment}
+    if m.elements:
+        body["elem"] = [map_element_json(e) for e in m.elements]
+    return {"map": body}
 
 
 def table_objects(t: Table) -> list[Json]:
@@ -120,21 +132,12 @@ def table_objects(t: Table) -> list[Json]:
     objects += [{"set": set_json(t.name, s)} for s in t.sets]
     base = [c for c in t.chains if c.hook]
     for chain in (c for c in t.chains if not c.hook):
-        objects += chain_json(t.name, t.priority, chain)
-    for m in t.maps:
-        body: Json = {**_table_ref(t.name), "name": m.name, "type": ADDR_TYPE[m.family], "map": "verdict", "comment": m.comment}
-        if m.elements:
-            body["elem"] = [map_element_json(e) for e in m.elements]
-        objects.append({"map": body})
-    declared = [chain_json(t.name, t.priority, chain) for chain in base]
+        objects += _chain_with_rules(t.name, t.priority, chain)
+    objects += [map_json(t.name, m) for m in t.maps]
+    declared = [_chain_with_rules(t.name, t.priority, chain) for chain in base]
     objects += [objs[0] for objs in declared]  # the base chains, then their rules
     objects += [rule for objs in declared for rule in objs[1:]]
     return objects
-
-
-def ruleset_objects(model: RuleModel) -> list[Json]:
-    """:func:`table_objects` of the layout of ``model`` (:func:`layout.table`)."""
-    return table_objects(layout.table(model))
 
 
 def set_json(table: str, s: AddressSet) -> Json:
@@ -158,10 +161,13 @@ def map_element_json(element: layout.MapElement) -> list[Any]:
 
 def element_json(element: Any) -> Any:
     """A set element of the rule model as libnftables JSON: an address, a network (``prefix``)
-    or an ``address . protocol . port`` triple (``concat``)."""
+    or an ``address . protocol . port`` triple (``concat``); a verdict map's
+    :class:`~nftpolicy.translators.layout.MapElement` as :func:`map_element_json`."""
+    if isinstance(element, str):
+        return _prefix(element) if "/" in element else element
     if isinstance(element, tuple):
         return {"concat": list(element)}
-    return _prefix(element) if "/" in element else element
+    return map_element_json(element)
 
 
 def _prefix(cidr: str) -> Json:
@@ -169,19 +175,49 @@ def _prefix(cidr: str) -> Json:
     return {"prefix": {"addr": addr, "len": int(length)}}
 
 
-def replace_transaction(table_name: str, objects: list[Json]) -> Json:
-    """One libnftables JSON batch that atomically replaces table ``inet <table_name>`` with
-    ``objects``: ``add table`` (so a first load works), ``delete table``, then every object.
-    Other tables are never named."""
-    table = {"table": {"family": "inet", "name": table_name}}
-    return {"nftables": [{"add": table}, {"delete": table}] + [{"add": o} for o in objects]}
+def object_json(tx: Transaction, op: Operation) -> Json:
+    """The object of one operation as libnftables-json(5) COMMAND OBJECTS take it: the whole
+    object for ``add``, its name (and table) for ``flush`` and ``delete``; elements by their keys."""
+    obj, table = op.object, tx.table
+    if isinstance(obj, ChainRule):  # the most frequent first
+        return rule_json(table, obj.chain, obj.rule)
+    if isinstance(obj, Elements):
+        return {"element": {**_table_ref(table), "name": obj.name, "elem": [element_json(e) for e in obj.elements]}}
+    if isinstance(obj, Chain):
+        return chain_json(table, tx.priority, obj) if op.verb == "add" else {"chain": {**_table_ref(table), "name": obj.name}}
+    if isinstance(obj, OurTable):
+        return {"table": {"family": "inet", "name": table}}
+    if isinstance(obj, AddressSet):
+        return {"set": set_json(table, obj)}
+    if isinstance(obj, SetName):
+        return {"set": {**_table_ref(table), "name": obj.name}}
+    return map_json(table, obj)
 
 
-def full_transaction(model: RuleModel) -> Json:
-    """:func:`replace_transaction` of the whole ruleset of ``model``."""
-    return replace_transaction(model.config.table, ruleset_objects(model))
+def transaction_json(tx: Transaction) -> Json:
+    """``tx`` as one libnftables JSON batch (libnftables-json(5): ``{"nftables": [commands]}``,
+    each ``{"add"|"flush"|"delete": object}``). A :class:`Replace` is ``add table`` (so a first
+    load works), ``delete table``, then ``add`` of every object of the new table
+    (:func:`table_objects`); other tables are never named."""
+    commands: list[Json] = []
+    for op in tx.operations:
+        if isinstance(op, Replace):
+            table = {"table": {"family": "inet", "name": tx.table}}
+            commands += [{"add": table}, {"delete": table}]
+            commands += [{"add": o} for o in table_objects(op.table)]
+        else:
+            commands.append({op.verb: object_json(tx, op)})
+    return {"nftables": commands}
+
+
+def list_json(table: str, chain: str | None = None) -> Json:
+    """The libnftables JSON query that lists ``inet <table>`` (or only its chain ``chain``)."""
+    if chain is None:
+        return {"nftables": [{"list": {"table": {"family": "inet", "name": table}}}]}
+    return {"nftables": [{"list": {"chain": {**_table_ref(table), "name": chain}}}]}
 
 
 def to_json(model: RuleModel) -> str:
-    """:func:`full_transaction` as indented JSON text (input for ``nft -j -f``)."""
-    return orjson.dumps(full_transaction(model), option=orjson.OPT_INDENT_2).decode()
+    """The full replace of ``model``'s table (:func:`transaction.full`) as indented libnftables
+    JSON text (input for ``nft -j -f``)."""
+    return orjson.dumps(transaction_json(transaction.full(model)), option=orjson.OPT_INDENT_2).decode()

@@ -1,15 +1,18 @@
-"""libnftables JSON objects -> nft(8) input syntax: ``nft -f`` text of the same table.
+"""Typed transaction -> nft(8) input syntax: ``nft -f`` text of the same commands.
 
-Every object :func:`nftpolicy.translators.nft.ruleset_objects` builds prints here, so the text
-and the JSON batch load to the same kernel state (``tests/test_render_load.py``).
+Each object is printed from its libnftables JSON (:mod:`nftpolicy.translators.nft`, the one
+writer of it), so the text and the JSON batch load to the same kernel state
+(``tests/test_render_load.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .nft import Json, ruleset_objects
+from . import transaction
+from .nft import Json, object_json, table_objects
 from .rules import RuleModel
+from .transaction import Operation, Replace, Transaction
 
 
 def _value(v: Any, hex_ints: bool = False) -> str:
@@ -87,38 +90,79 @@ def element_text(element: Any) -> str:
     return _value(element)
 
 
-def _set_text(kind: str, body: Json) -> list[str]:
+def _set_fields(kind: str, body: Json) -> tuple[list[str], list[str]]:
+    """The declarations of a set or map body (type, flags, comment) and its elements' texts."""
     types = body["type"] if isinstance(body["type"], list) else [body["type"]]
-    lines = [f"\t{kind} {body['name']} {{", f"\t\ttype {' . '.join(types)}" + (" : verdict" if kind == "map" else "")]
+    fields = [f"type {' . '.join(types)}" + (" : verdict" if kind == "map" else "")]
     if body.get("flags"):
-        lines.append(f"\t\tflags {','.join(body['flags'])}")
-    lines.append(f"\t\tcomment {_quoted(body['comment'])}")
-    if body.get("elem"):
-        items = [element_text(e) for e in body["elem"]]
+        fields.append(f"flags {','.join(body['flags'])}")
+    fields.append(f"comment {_quoted(body['comment'])}")
+    return fields, [element_text(e) for e in body.get("elem", ())]
+
+
+def _set_text(kind: str, body: Json) -> list[str]:
+    fields, items = _set_fields(kind, body)
+    lines = [f"\t{kind} {body['name']} {{"] + [f"\t\t{f}" for f in fields]
+    if items:
         lines.append("\t\telements = { " + ",\n\t\t\t     ".join(items) + " }")
     return lines + ["\t}"]
 
 
-def to_text(model: RuleModel) -> str:
-    """The ruleset as ``nft -f`` input that atomically replaces our table and touches no other.
-
-    The file is one transaction: ``table`` (creates it on a first load), ``delete table``, then
-    the table's full definition.
-    """
-    name = model.config.table
-    lines = [f"table inet {name}", f"delete table inet {name}", f"table inet {name} {{"]
+def _replace_text(table: str, replace: Replace) -> list[str]:
+    """``table`` (creates it on a first load), ``delete table``, then the table's full definition
+    as one ``table inet <name> { ... }`` block."""
+    lines = [f"table inet {table}", f"delete table inet {table}", f"table inet {table} {{"]
     chains: dict[str, list[str]] = {}
-    for obj in ruleset_objects(model):
+    for obj in table_objects(replace.table):
         (kind, body), = obj.items()
         if kind in ("set", "map"):
             lines.extend(_set_text(kind, body))
         elif kind == "chain":
-            header = []
-            if "hook" in body:
-                header = [f"\t\ttype {body['type']} hook {body['hook']} priority {body['prio']}; policy {body['policy']};"]
-            chains[body["name"]] = header
+            chains[body["name"]] = [f"\t\t{_base_chain_text(body)}"] if "hook" in body else []
         elif kind == "rule":
             chains[body["chain"]].append("\t\t" + rule_text(body))
     for chain, body_lines in chains.items():
         lines.extend([f"\tchain {chain} {{", *body_lines, "\t}"])
-    return "\n".join(lines + ["}", ""])
+    return lines + ["}"]
+
+
+def _base_chain_text(body: Json) -> str:
+    return f"type {body['type']} hook {body['hook']} priority {body['prio']}; policy {body['policy']};"
+
+
+def _command_text(tx: Transaction, op: Operation) -> str:
+    """One operation as an nft(8) command line (``add rule inet <table> <chain> ...``, ...)."""
+    (kind, body), = object_json(tx, op).items()
+    where = f"{op.verb} {kind} inet {tx.table}"
+    if kind == "table":
+        return f"{op.verb} table inet {tx.table}"
+    if kind == "rule":
+        return f"{where} {body['chain']} {rule_text(body)}"
+    if kind == "element":
+        return f"{where} {body['name']} {{ {', '.join(element_text(e) for e in body['elem'])} }}"
+    if kind == "chain" and "hook" in body:
+        return f"{where} {body['name']} {{ {_base_chain_text(body)} }}"
+    if kind in ("set", "map") and op.verb == "add":
+        fields, items = _set_fields(kind, body)
+        if items:
+            fields.append("elements = { " + ", ".join(items) + " }")
+        return f"{where} {body['name']} {{ {'; '.join(fields)}; }}"
+    return f"{where} {body['name']}"
+
+
+def transaction_text(tx: Transaction) -> str:
+    """``tx`` as ``nft -f`` input, one transaction: a :class:`Replace` as :func:`_replace_text`,
+    every other operation as one nft(8) command line. Touches no other table."""
+    lines: list[str] = []
+    for op in tx.operations:
+        if isinstance(op, Replace):
+            lines += _replace_text(tx.table, op)
+        else:
+            lines.append(_command_text(tx, op))
+    return "\n".join(lines + [""])
+
+
+def to_text(model: RuleModel) -> str:
+    """The ruleset as ``nft -f`` input that atomically replaces our table and touches no other
+    (:func:`transaction_text` of :func:`transaction.full`)."""
+    return transaction_text(transaction.full(model))

@@ -32,7 +32,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from .manifests import ManifestError
 from .validation import InvalidField, generated_suffix
@@ -43,14 +43,15 @@ WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job",
 
 @dataclass(frozen=True)
 class StandIn:
-    """One workload read as Pods: ``kind``, ``ref`` (``namespace/name``) and how many ``pods``."""
+    """One workload read as Pods: ``kind``, ``ref`` (``namespace/name``) and the keys
+    (``namespace/name``) of the ``pods`` it stands in for."""
 
     kind: str
     ref: str
-    pods: int
+    pods: tuple[str, ...]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.ref} ({self.pods})"
+        return f"{self.kind} {self.ref} ({len(self.pods)})"
 
 
 def _count(spec: Mapping[str, Any], field: str, path: str) -> int:
@@ -142,7 +143,7 @@ def stand_in_pods(objects: Iterable[tuple[str, Any]], nodes: Sequence[str] = ())
             continue
         where = f"{origin}, {obj['kind']} {ref}" if origin else f"{obj['kind']} {ref}"
         out.extend((where, pod) for pod in pods)
-        stood.append(StandIn(obj["kind"], ref, len(pods)))
+        stood.append(StandIn(obj["kind"], ref, tuple(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods)))
     return out, stood, errors
 
 
@@ -182,16 +183,26 @@ def place_pods(pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
     return placed
 
 
+class ServicePort(NamedTuple):
+    """One of a Service's ``spec.ports``: ``protocol`` (default TCP), ``port``, ``target`` (its
+    targetPort: a number or a container port's name; default: the port) and ``name`` (``""``
+    when it has none)."""
+
+    protocol: str
+    port: int
+    target: int | str
+    name: str
+
+
 @dataclass(frozen=True)
 class Service:
     """A Service as ``explain --to`` reads it: ``ref`` (``namespace/name``), its ``selector``
     (``spec.selector``, a plain label map; empty: it selects no pod, as the endpoints controller
-    does) and its ``ports`` as ``(protocol, port, targetPort)``, targetPort a number or a
-    container port's name (default: the port). Source: the ``core/v1`` Service API reference."""
+    does) and its ``ports``. Source: the ``core/v1`` Service API reference."""
 
     ref: str
     selector: tuple[tuple[str, str], ...]
-    ports: tuple[tuple[str, int, int | str], ...]
+    ports: tuple[ServicePort, ...]
 
     def selects(self, pod: Pod) -> bool:
         """True when ``pod`` is in the Service's namespace and has every selector label."""
@@ -221,7 +232,7 @@ def services_from(objects: Iterable[tuple[str, Any]]) -> tuple[dict[str, Service
                     raise InvalidField(f"spec.ports[{i}].port", f"must be a number 1-65535, got {number!r}")
                 if not (type(target) is int and 1 <= target <= 65535 or isinstance(target, str) and target):
                     raise InvalidField(f"spec.ports[{i}].targetPort", f"must be a number 1-65535 or a port name, got {target!r}")
-                ports.append((str(port.get("protocol") or "TCP"), number, target))
+                ports.append(ServicePort(str(port.get("protocol") or "TCP"), number, target, str(port.get("name") or "")))
         except InvalidField as exc:
             errors.append(ManifestError("Service", ref, str(exc), origin))
             continue

@@ -1,28 +1,36 @@
-"""The ``nftpolicy`` command line: :func:`run` is the console script, :mod:`.main` runs one
-command, :mod:`.flags` parses, :mod:`.commands` holds one module per subcommand. This module
-imports only :mod:`nftpolicy.agent.interrupts`, so that the signal handlers are in place before
-any heavy import."""
+"""The ``nftpolicy`` command line: :func:`run` is the command (``nftpolicy`` beside this file is
+its launcher), :mod:`.main` runs one command, :mod:`.flags` parses, :mod:`.commands` holds one
+module per subcommand. This module imports only :mod:`nftpolicy.agent.interrupts`, so that the
+signal handlers are in place before any heavy import."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import sys
 
 from nftpolicy.agent import interrupts
 
 
 def run() -> None:
-    """The ``nftpolicy`` console script: install the guard before the command line's imports, run
-    :func:`nftpolicy.agent.cli.main.main`, remove any leftover that an interrupt cut short, exit with
-    the command's code (or the signal's)."""
-    guard = interrupts.install()
+    """The ``nftpolicy`` command (the Python part of its launcher, ``agent/cli/nftpolicy``):
+    install the guard and unblock the signals (one that came while Python started is raised once
+    the command line's imports are done), run :func:`nftpolicy.agent.cli.main.main`, remove any
+    leftover that an interrupt cut short, exit with the command's code (or the signal's)."""
+    guard = interrupts.guard()
     try:
-        with interrupts.deferred():  # after the handlers: a signal during the imports is handled too
+        with interrupts.deferred():  # a signal from the handlers on waits for the end of the imports
+            interrupts.install()
+            # The launcher started the interpreter with both signals blocked: one that came
+            # while Python started is delivered now, to the guard.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(interrupts.MESSAGES))
             from .main import main
         code = main()
-    except KeyboardInterrupt:  # the guard's, raised before main() could catch it
+    except KeyboardInterrupt:  # the guard's, raised before main() could catch it, or Python's own
         code = 130
+        if guard.signum is None:  # Python's: the command was started without the launcher
+            guard.signum = signal.SIGINT
     except SystemExit as exc:  # a command's own exit (SystemExit(2) for --strict): leftovers still go
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         if isinstance(exc.code, str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import ipaddress
+import itertools
 import math
 import os
 import re
@@ -164,13 +165,16 @@ def _whole_seconds(text: str) -> int:
     return int(value)
 
 
+LOWEST_PRIORITY = -2**31  # a base chain's priority is a signed 32-bit integer
+
+
 def _priority(text: str) -> int:
     """A base chain priority: a signed 32-bit integer (decimal or 0x...)."""
     try:
         value = int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid priority {text!r} (expected an integer)") from None
-    if not -2**31 <= value < 2**31:
+    if not LOWEST_PRIORITY <= value < 2**31:
         raise argparse.ArgumentTypeError(f"must be a signed 32-bit integer, got {text}")
     return value
 
@@ -264,6 +268,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) ->
         parser.add_argument("--priority", type=_priority, default=defaults.priority, help="base chain priority (default %(default)s, nft's 'filter')")
         parser.add_argument("--policy-mark", type=_mark, default=defaults.policy_mark, help="mark bit set by an allowing policy (default 0x10000)")
         parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
+        parser.add_argument("--pass-mark", type=_mark, default=defaults.pass_mark,
+                            help="mark bit a ClusterNetworkPolicy Pass rule sets, cleared before its pod chain ends (default 0x40000)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
@@ -271,17 +277,17 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) ->
 
 def config_from(args: argparse.Namespace) -> Config:
     """Build the :class:`Config` from parsed flags (the defaults for the flags a command lacks,
-    see :func:`add_config_arguments`). Raises UsageError when the marks collide."""
+    see :func:`add_config_arguments`). Raises UsageError when two marks are the same bit."""
     defaults = Config()
-    for name in ("table", "priority", "policy_mark", "passed_mark"):
+    for name in ("table", "priority", "policy_mark", "passed_mark", "pass_mark"):
         if not hasattr(args, name):
             setattr(args, name, getattr(defaults, name))
-    if args.policy_mark == args.passed_mark:
-        raise UsageError(f"--policy-mark and --passed-mark must differ (both {args.policy_mark:#x})")
-    if Config.pass_mark in (args.policy_mark, args.passed_mark):
-        raise UsageError(f"--policy-mark and --passed-mark must differ from the ClusterNetworkPolicy pass mark {Config.pass_mark:#x}")
+    marks = {"--policy-mark": args.policy_mark, "--passed-mark": args.passed_mark, "--pass-mark": args.pass_mark}
+    for (flag, mark), (other, other_mark) in itertools.combinations(marks.items(), 2):
+        if mark == other_mark:
+            raise UsageError(f"{flag} and {other} must differ (both {mark:#x})")
     return Config(
-        table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark,
+        table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark, pass_mark=args.pass_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
         node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr),
     )

@@ -12,6 +12,7 @@ from nftpolicy.translators.rules import Config
 
 from nftpolicy.agent import interrupts
 from .debughttp import start_debug
+from .events import EventRecorder, KubeEventWriter
 from .health import Health, serve_http
 from .logs import setup_logging
 from .metrics import Metrics
@@ -28,7 +29,7 @@ def settings(args: argparse.Namespace, config: Config) -> str:
     environment included; the ruleset flags as the :class:`Config` they built)."""
     values = {k: v for k, v in vars(args).items() if k != "command"}
     values.update(table=config.table, priority=config.priority, policy_mark=f"{config.policy_mark:#x}",
-                  passed_mark=f"{config.passed_mark:#x}", service_cidr=",".join(config.service_cidrs),
+                  passed_mark=f"{config.passed_mark:#x}", pass_mark=f"{config.pass_mark:#x}", service_cidr=",".join(config.service_cidrs),
                   node_port_range="-".join(map(str, config.node_port_range or ())), external_cidr=",".join(config.external_cidrs))
     return " ".join(f"--{k.replace('_', '-')}={'' if v is None else v}" for k, v in sorted(values.items()))
 
@@ -67,7 +68,11 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         ManifestsSource(store, args.manifests, stop).start()
         source = f"manifests {args.manifests}"
     else:
-        KubeSource(store, metrics, args.node, args.kubeconfig, args.api_timeout, args.watch_timeout, stop).start()
+        kube = KubeSource(store, metrics, args.node, args.kubeconfig, args.api_timeout, args.watch_timeout, stop)
+        events = EventRecorder(KubeEventWriter(kube.api, args.api_timeout), args.node, metrics)
+        store.failed_closed, kube.crd_missing = events.failed_closed, events.crd_missing
+        events.start(stop)
+        kube.start()
         source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
     log.info("nftpolicy %s agent for node %s: source %s, table inet %s, http %s:%d; settings: %s", version("nftpolicy"),
              args.node, source, config.table, *server.server_address[:2], settings(args, config))

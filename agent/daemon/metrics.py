@@ -6,7 +6,9 @@ counters); every metric lives in the agent's own registry.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from importlib.metadata import version
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000, 10000, 50000)
@@ -39,6 +41,12 @@ class Metrics:
         self.watched_objects = Gauge("nftpolicy_watched_objects", "Objects held in memory, by kind.", ["kind"], registry=r)
         self.invalid_objects = Gauge("nftpolicy_invalid_objects", "Objects that failed validation (skipped, or failing closed for policies).",
                                      ["kind"], registry=r)
+        self.events = Counter("nftpolicy_events", "Kubernetes Events on objects the agent fails closed on, by result (created, patched; "
+                              "failed: the write failed; rate_limited, queue_full: dropped).", ["result"], registry=r)
         self.table_objects = Gauge("nftpolicy_table_objects", "Objects in our nftables table, by type (chains, rules, sets, elements).",
                                    ["type"], registry=r)
         self.last_success = Gauge("nftpolicy_last_successful_sync_timestamp_seconds", "Unix time of the last committed sync.", registry=r)
+        self.table_generation = Gauge("nftpolicy_table_generation",
+                                      "Transactions committed to our table since the agent started: it grows by one per sync.", registry=r)
+        self.build_info = Info("nftpolicy_build", "The agent's version.", registry=r)
+        self.build_info.info({"version": version("nftpolicy")})

@@ -1,4 +1,4 @@
-"""The reconcile loop: cluster snapshot -> desired table -> one libnftables transaction (DESIGN.md section 4).
+"""The reconcile loop: cluster snapshot -> desired table -> one typed transaction (DESIGN.md section 4).
 
 * The first sync waits until every source has listed, and is a full replace (``add table``,
   ``delete table``, everything) in one transaction: the old ruleset stays in force until the
@@ -18,12 +18,12 @@ import gc
 import logging
 import threading
 import time
-from collections import Counter
-from typing import Any
 
-from nftpolicy.translators import nft, nftchanges
+from nftpolicy.translators import transaction
+from nftpolicy.translators.delta import delta_transaction
 from nftpolicy.translators.noderender import NodeRenderer
 from nftpolicy.translators.rules import ChainOwner, Config
+from nftpolicy.translators.transaction import Transaction
 
 from nftpolicy.agent.dataplane import Dataplane, DataplaneError
 from .health import Health
@@ -33,7 +33,6 @@ from nftpolicy.agent.dataplane.nftables import release_memory
 from .sources import Store
 
 log = logging.getLogger("nftpolicy.reconcile")
-Json = dict[str, Any]
 HEARTBEAT = 5.0
 MAX_RETRY_DELAY = 30.0
 
@@ -51,10 +50,10 @@ def empty_table_reason(renderer: NodeRenderer, pod_chains: int) -> str | None:
 
 class Reconciler:
     """Keeps our table in ``dataplane`` equal to what ``store`` describes, for node ``node``
-    (``dataplane`` takes libnftables JSON batches: the kernel's or the in-memory fake's)."""
+    (``dataplane``: the kernel's or the in-memory fake's)."""
 
     def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
-                 min_interval: float, resync_interval: float, dataplane: Dataplane[Json]) -> None:
+                 min_interval: float, resync_interval: float, dataplane: Dataplane) -> None:
         self.store, self.config, self.node = store, config, node
         self.metrics, self.health = metrics, health
         self.min_interval, self.resync_interval = min_interval, resync_interval
@@ -76,23 +75,23 @@ class Reconciler:
         chain is missing (a cheap look-up, done while idle)."""
         return self.renderer is not None and not self.dataplane.has_table()
 
-    def _full_batch(self) -> tuple[Json, float | None, NodeRenderer]:
-        """Render the whole snapshot from scratch: the batch replaces the table."""
+    def _full_transaction(self) -> tuple[Transaction, float | None, NodeRenderer]:
+        """Render the whole snapshot from scratch: the transaction replaces the table."""
         cluster, since = self.store.take()
         with gc_paused():
             renderer = NodeRenderer(self.node, self.config).load(cluster)
             renderer.take_changes()  # the full replace carries everything
-            return nft.replace_transaction(self.config.table, nft.ruleset_objects(renderer.model(ordered=False))), since, renderer
+            return transaction.full(renderer.model(ordered=False)), since, renderer
 
-    def _incremental_batch(self) -> tuple[Json | None, float | None]:
-        """Feed the objects that changed to the renderer; the batch of what that changed (None:
-        nothing in the table changes)."""
+    def _delta_transaction(self) -> tuple[Transaction | None, float | None]:
+        """Feed the objects that changed to the renderer; the transaction of what that changed
+        (None: nothing in the table changes)."""
         assert self.renderer is not None
         changes, since = self.store.take_changes()
         for kind, key, obj in changes:
             self.renderer.apply(kind, key, obj)
         delta = self.renderer.take_changes()
-        return (nftchanges.changes_transaction(self.config, delta) if delta else None), since
+        return (delta_transaction(self.config, delta) if delta else None), since
 
     def sync(self, full: bool) -> bool:
         """Commit the changes since the last sync (everything when ``full``); True when the
@@ -102,20 +101,22 @@ class Reconciler:
 
     def _sync(self, full: bool) -> bool:
         started = time.monotonic()
-        batch: Json | None
+        tx: Transaction | None
         if full or self.renderer is None:
             mode = "full"
-            batch, since, renderer = self._full_batch()
+            tx, since, renderer = self._full_transaction()
         else:
             mode, renderer = "incremental", self.renderer
-            batch, since = self._incremental_batch()
-        if batch is None:
+            tx, since = self._delta_transaction()
+        if tx is None:
             if since is not None:
                 self.metrics.event_to_kernel.observe(time.monotonic() - since)
             return True
-        commands = len(batch["nftables"])
+        changed = tx.summary()
+        commands = sum(changed.values())
         try:
-            self.dataplane.run(batch)
+            self.dataplane.run(tx)
+            del tx  # committed: its objects go before the collection and the trim below
         except (DataplaneError, OSError) as exc:
             self.failures += 1
             self.renderer = None  # the kernel's state is unknown: the next attempt is a full replace
@@ -133,6 +134,7 @@ class Reconciler:
         self.metrics.sync_duration.labels(mode).observe(took)
         self.metrics.transaction_commands.labels(mode).observe(commands)
         self.metrics.last_success.set(time.time())
+        self.metrics.table_generation.inc()
         counts = renderer.counts()
         for kind, value in counts.items():
             self.metrics.table_objects.labels(kind).set(value)
@@ -147,7 +149,6 @@ class Reconciler:
             gc.collect()
             gc.freeze()
             release_memory()
-        changed = Counter(f"{verb} {next(iter(body))}" for c in batch["nftables"] for verb, body in c.items())
         log.info("sync %s in %.1f ms: %s; table has %d pod chains, %d policy chains, %d sets, %d set elements", mode,
                  took * 1000, ", ".join(f"{n} {what}" for what, n in sorted(changed.items())), counts["pod chains"],
                  counts["policy chains"], counts["sets"], counts["elements"],

@@ -61,7 +61,7 @@ FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 # Kinds whose resource only exists when its CRD is installed: a 404 on the list means "none".
 OPTIONAL = {"ClusterNetworkPolicy": "clusternetworkpolicies.policy.networking.k8s.io"}
-MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that end at once, and after a 4xx
+MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that end at once, after a 4xx, and for a 429's Retry-After
 # Retries of a failing request (5xx, connection errors, timeouts): exponential from 0.2 s, capped at
 # RETRY_CAP, plus up to RETRY_JITTER of random delay, so that nodes do not retry in step. The cap keeps
 # the agent quick to notice an API server that is back (the first change after a 60 s outage lands
@@ -81,6 +81,9 @@ REFUSED = (401, 403)  # retried like 5xx (see _retryable)
 REFUSED_GRACE = 10.0  # seconds of refusals of one kind before they are reported as an error (once)
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
+# Told of each object the agent fails closed on: (kind, the API object, why, whether its
+# fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
+FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
 
 
 class Store:
@@ -101,6 +104,7 @@ class Store:
         self._changes: dict[tuple[str, str], Any] = {}
         self.changed = threading.Event()
         self.pending_since: float | None = None
+        self.failed_closed: FailedClosed | None = None
 
     def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
         """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
@@ -115,7 +119,12 @@ class Store:
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
             invalid[key] = message
-            return FAIL_CLOSED[kind](obj) if kind in FAIL_CLOSED else None
+            if kind not in FAIL_CLOSED:
+                return None
+            stand_in = FAIL_CLOSED[kind](obj)
+            if self.failed_closed is not None:
+                self.failed_closed(kind, obj, exc, stand_in is not None)
+            return stand_in
 
     def _touch(self) -> None:
         if self.pending_since is None:
@@ -260,10 +269,12 @@ def keepalive_options() -> list[tuple[int, int, int]]:
 
 
 def _retry_after(state: tenacity.RetryCallState) -> float | None:
+    """The seconds a 429's ``Retry-After`` asks for, at most :data:`MAX_BACKOFF` (a server that
+    asks for an hour would hold the kind's watch that long), or None."""
     exc = state.outcome.exception() if state.outcome else None
     if isinstance(exc, k8s.ApiException) and exc.status == 429 and exc.headers:
         try:
-            return float(exc.headers.get("Retry-After"))
+            return min(float(exc.headers.get("Retry-After")), MAX_BACKOFF)
         except (TypeError, ValueError):
             return None
     return None
@@ -318,6 +329,8 @@ class KubeSource:
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
+        self.api = api  # for the Events writer
+        self.crd_missing: Callable[[str], None] | None = None  # told the CRD's name when an optional kind is absent
         # Per kind: when a request last succeeded (monotonic; the start until the first), and
         # whether a watch stream is open now (it counts as succeeding while it lasts).
         self._succeeded = {kind: self.clock() for kind in self.calls}
@@ -377,7 +390,7 @@ class KubeSource:
     def _retrying(self, kind: str, verb: str) -> tenacity.Retrying:
         """The retry policy of one ``verb`` (list, watch) request on ``kind``: see
         :func:`_retryable`; exponential from 0.2 s to :data:`RETRY_CAP` plus up to
-        :data:`RETRY_JITTER` of random delay (``Retry-After`` of a 429 instead); a new one per
+        :data:`RETRY_JITTER` of random delay (``Retry-After`` of a 429 instead, at most :data:`MAX_BACKOFF`); a new one per
         request, so the delay starts again after a success. A stop ends it at once."""
         backoff = tenacity.wait_exponential(multiplier=0.2, max=RETRY_CAP) + tenacity.wait_random(0, RETRY_JITTER)
 
@@ -443,6 +456,8 @@ class KubeSource:
             log.warning("the API has no %s (its CRD is not installed): enforcing without any %s; checking again every %.0fs",
                         OPTIONAL[kind], kind, MAX_BACKOFF, extra={"kind": kind})
             self.store.replace(kind, [])  # none of them (and none left from before the CRD went)
+            if self.crd_missing is not None:
+                self.crd_missing(OPTIONAL[kind])
         self.stop.wait(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:

@@ -1,78 +1,71 @@
-"""An in-memory nftables dataplane for fast tests (knftables' ``Fake``, for our commands).
+"""An in-memory nftables dataplane for fast tests (knftables' ``Fake``, for our objects).
 
-:class:`FakeTable` applies libnftables JSON batches (libnftables-json(5)) the way the kernel
-does for the commands nftpolicy sends, and refuses what the kernel refuses: a reference to a set
-or chain that does not exist, deleting an element that is not there, deleting a set or chain that
-something still uses. A batch lands whole or not at all, as one transaction does.
-:class:`FakeNftDataplane` is a :class:`~nftpolicy.agent.dataplane.Dataplane` over one such table,
-with failure injection and a printer.
+:class:`FakeTable` applies typed transactions (:mod:`nftpolicy.translators.transaction`) the way
+the kernel applies the libnftables batch printed from them, and refuses what the kernel
+refuses: a reference to a set or chain that does not exist, deleting an element that is not
+there, deleting a set or chain that something still uses. A transaction lands whole or not at
+all, as in the kernel. :class:`FakeNftDataplane` is a
+:class:`~nftpolicy.agent.dataplane.Dataplane` over one such table, with failure injection and a
+printer.
 """
 
 from __future__ import annotations
 
-import copy
-import json
+import dataclasses
 from typing import Any
 
-from nftpolicy.translators import nft, nfttext
-from nftpolicy.translators.rules import RuleModel
+from nftpolicy.translators import layout, nft, nfttext
+from nftpolicy.translators.rules import AddressSet
+from nftpolicy.translators.transaction import ChainRule, Elements, Operation, OurTable, Replace, SetName, Transaction, removing
 
 from . import DataplaneError
 
+SetDefinition = AddressSet | layout.VerdictMap  # with its elements left out
+
 
 class FakeNftError(DataplaneError):
-    """A command the kernel would refuse; the table keeps its state from before the batch."""
+    """A command the kernel would refuse; the table keeps its state from before the transaction."""
 
 
 def _key(element: Any) -> Any:
-    if isinstance(element, list):  # a map element: [key, verdict]
-        return _key(element[0])
-    if isinstance(element, dict):
-        if "prefix" in element:
-            return f"{element['prefix']['addr']}/{element['prefix']['len']}"
-        if "concat" in element:
-            return tuple(element["concat"])
-    return element if not isinstance(element, dict) else json.dumps(element, sort_keys=True)
+    """What identifies a set or map element: its address, network or triple (a map element's
+    address)."""
+    return element.address if isinstance(element, layout.MapElement) else element
 
 
-def _references(expr: Any) -> tuple[set[str], set[str]]:
-    """(sets named with ``@``, chains jumped to) anywhere in an expression."""
+def _references(rule: layout.Rule) -> tuple[set[str], set[str]]:
+    """(sets and maps the rule looks up, chains it jumps to)."""
     sets: set[str] = set()
     chains: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, str) and node.startswith("@"):
-            sets.add(node[1:])
-        elif isinstance(node, dict):
-            for verb in ("jump", "goto"):
-                if verb in node and isinstance(node[verb], dict):
-                    chains.add(node[verb]["target"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-    walk(expr)
+    for s in rule.statements:
+        if isinstance(s, (layout.AddressInSet, layout.NamedPortInSet)):
+            sets.add(s.name)
+        elif isinstance(s, layout.Dispatch):
+            sets.add(s.map)
+        elif isinstance(s, layout.Jump):
+            chains.add(s.target)
     return sets, chains
 
 
 class FakeTable:
-    """One ``inet`` table: sets and maps (definition, {element key: element}), chains (definition,
+    """One ``inet`` table: sets and maps (definition, {element key: element}), chains (hook,
     rules in order)."""
 
     def __init__(self) -> None:
         self.exists = False
-        self.sets: dict[str, tuple[dict[str, Any], dict[Any, Any]]] = {}
-        self.chains: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        self.sets: dict[str, tuple[SetDefinition, dict[Any, Any]]] = {}
+        self.chains: dict[str, tuple[layout.Hook | None, list[layout.Rule]]] = {}
 
-    def apply(self, batch: dict[str, Any]) -> "FakeTable":
-        """Apply every command of ``batch`` or none (raises FakeNftError naming the command)."""
-        before = copy.deepcopy((self.exists, self.sets, self.chains))
+    def apply(self, tx: Transaction) -> "FakeTable":
+        """Apply every operation of ``tx`` or none (raises FakeNftError naming the operation)."""
+        before = (self.exists, {name: (d, dict(e)) for name, (d, e) in self.sets.items()},  # the objects are immutable
+                  {name: (hook, list(rules)) for name, (hook, rules) in self.chains.items()})
         try:
-            for command in batch["nftables"]:
-                ((verb, body),) = command.items()
-                ((kind, obj),) = body.items()
-                getattr(self, f"_{verb}_{kind}")(obj)
+            for op in tx.operations:
+                if isinstance(op, Replace):
+                    self._replace(op.table)
+                else:
+                    self._operation(op)
         except FakeNftError:
             self.exists, self.sets, self.chains = before
             raise
@@ -80,107 +73,137 @@ class FakeTable:
 
     def state(self) -> tuple[Any, ...]:
         """Everything in the table, comparable (element order does not count; rule order does)."""
-        sets = {name: (json.dumps(d, sort_keys=True), sorted(map(repr, e.items()))) for name, (d, e) in self.sets.items()}
-        chains = {name: (json.dumps(d, sort_keys=True), [json.dumps(r, sort_keys=True) for r in rules])
-                  for name, (d, rules) in self.chains.items()}
+        sets = {name: (d, frozenset(e.values())) for name, (d, e) in self.sets.items()}
+        chains = {name: (hook, tuple(rules)) for name, (hook, rules) in self.chains.items()}
         return self.exists, sets, chains
+
+    def _replace(self, table: layout.Table) -> None:
+        self.exists = True  # add table
+        self._delete_table()
+        self.exists = True
+        for s in table.sets:
+            self._add_set(s, s.elements)
+        base = [c for c in table.chains if c.hook]
+        for chain in (c for c in table.chains if not c.hook):
+            self._add_chain(chain)
+            for rule in chain.rules:
+                self._add_rule(chain.name, rule)
+        for m in table.maps:  # after the pod chains they name, before the base chains that look them up
+            self._add_set(m, m.elements)
+        for chain in base:
+            self._add_chain(chain)
+            for rule in chain.rules:
+                self._add_rule(chain.name, rule)
+
+    def _operation(self, op: Operation) -> None:
+        obj = op.object
+        if isinstance(obj, OurTable):
+            if op.verb == "add":
+                self.exists = True
+            else:
+                self._delete_table()
+        elif isinstance(obj, (AddressSet, layout.VerdictMap)):
+            self._add_set(obj, obj.elements)
+        elif isinstance(obj, SetName):
+            self._delete_set(obj.name)
+        elif isinstance(obj, layout.Chain):
+            {"add": self._add_chain, "flush": self._flush_chain, "delete": self._delete_chain}[op.verb](obj)
+        elif isinstance(obj, ChainRule):
+            self._add_rule(obj.chain, obj.rule)
+        elif op.verb == "add":
+            self._add_elements(obj)
+        else:
+            self._delete_elements(obj)
 
     def _users(self) -> tuple[set[str], set[str]]:
         sets: set[str] = set()
         chains: set[str] = set()
         for _, rules in self.chains.values():
             for rule in rules:
-                s, c = _references(rule["expr"])
+                s, c = _references(rule)
                 sets |= s
                 chains |= c
         for _, elements in self.sets.values():
-            _, c = _references(list(elements.values()))
-            chains |= c
+            chains |= {e.chain for e in elements.values() if isinstance(e, layout.MapElement)}
         return sets, chains
 
-    def _add_table(self, obj: dict[str, Any]) -> None:
-        self.exists = True
-
-    def _delete_table(self, obj: dict[str, Any]) -> None:
+    def _delete_table(self) -> None:
         if not self.exists:
-            raise FakeNftError(f"delete table {obj['name']}: no such table")
+            raise FakeNftError("delete table: no such table")
         self.exists, self.sets, self.chains = False, {}, {}
 
-    def _add_set(self, obj: dict[str, Any]) -> None:
-        definition = {k: v for k, v in obj.items() if k != "elem"}
-        if obj["name"] in self.sets and self.sets[obj["name"]][0] != definition:
-            raise FakeNftError(f"add set {obj['name']}: exists with another definition")
-        elements = self.sets.setdefault(obj["name"], (definition, {}))[1]
-        elements.update({_key(e): e for e in obj.get("elem", ())})
+    def _add_set(self, s: SetDefinition, elements: tuple[Any, ...]) -> None:
+        definition = dataclasses.replace(s, elements=())
+        if s.name in self.sets and self.sets[s.name][0] != definition:
+            raise FakeNftError(f"add set {s.name}: exists with another definition")
+        self.sets.setdefault(s.name, (definition, {}))
+        self._add_elements(Elements(s.name, elements))
 
-    _add_map = _add_set
+    def _delete_set(self, name: str) -> None:
+        if name not in self.sets:
+            raise FakeNftError(f"delete set {name}: no such set")
+        if name in self._users()[0]:
+            raise FakeNftError(f"delete set {name}: in use by a rule")
+        del self.sets[name]
 
-    def _delete_set(self, obj: dict[str, Any]) -> None:
-        if obj["name"] not in self.sets:
-            raise FakeNftError(f"delete set {obj['name']}: no such set")
-        if obj["name"] in self._users()[0]:
-            raise FakeNftError(f"delete set {obj['name']}: in use by a rule")
-        del self.sets[obj["name"]]
+    def _add_elements(self, obj: Elements) -> None:
+        if obj.name not in self.sets:
+            raise FakeNftError(f"add element to {obj.name}: no such set")
+        for element in obj.elements:
+            if isinstance(element, layout.MapElement) and element.chain not in self.chains:
+                raise FakeNftError(f"add element to {obj.name}: no chain {element.chain}")
+            self.sets[obj.name][1][_key(element)] = element
 
-    def _add_element(self, obj: dict[str, Any]) -> None:
-        if obj["name"] not in self.sets:
-            raise FakeNftError(f"add element to {obj['name']}: no such set")
-        for element in obj["elem"]:
-            _, chains = _references(element)
-            if chains - self.chains.keys():
-                raise FakeNftError(f"add element to {obj['name']}: no chain {sorted(chains - self.chains.keys())}")
-            self.sets[obj["name"]][1][_key(element)] = element
-
-    def _delete_element(self, obj: dict[str, Any]) -> None:
-        if obj["name"] not in self.sets:
-            raise FakeNftError(f"delete element from {obj['name']}: no such set")
-        elements = self.sets[obj["name"]][1]
-        for element in obj["elem"]:
+    def _delete_elements(self, obj: Elements) -> None:
+        if obj.name not in self.sets:
+            raise FakeNftError(f"delete element from {obj.name}: no such set")
+        elements = self.sets[obj.name][1]
+        for element in obj.elements:
             if _key(element) not in elements:
-                raise FakeNftError(f"delete element {element!r} from {obj['name']}: not there")
+                raise FakeNftError(f"delete element {element!r} from {obj.name}: not there")
             del elements[_key(element)]
 
-    def _add_chain(self, obj: dict[str, Any]) -> None:
-        self.chains.setdefault(obj["name"], (obj, []))
+    def _add_chain(self, chain: layout.Chain) -> None:
+        self.chains.setdefault(chain.name, (chain.hook, []))
 
-    def _flush_chain(self, obj: dict[str, Any]) -> None:
-        if obj["name"] not in self.chains:
-            raise FakeNftError(f"flush chain {obj['name']}: no such chain")
-        self.chains[obj["name"]][1].clear()
+    def _flush_chain(self, chain: layout.Chain) -> None:
+        if chain.name not in self.chains:
+            raise FakeNftError(f"flush chain {chain.name}: no such chain")
+        self.chains[chain.name][1].clear()
 
-    def _delete_chain(self, obj: dict[str, Any]) -> None:
-        if obj["name"] not in self.chains:
-            raise FakeNftError(f"delete chain {obj['name']}: no such chain")
-        if obj["name"] in self._users()[1]:
-            raise FakeNftError(f"delete chain {obj['name']}: still jumped to")
-        del self.chains[obj["name"]]
+    def _delete_chain(self, chain: layout.Chain) -> None:
+        if chain.name not in self.chains:
+            raise FakeNftError(f"delete chain {chain.name}: no such chain")
+        if chain.name in self._users()[1]:
+            raise FakeNftError(f"delete chain {chain.name}: still jumped to")
+        del self.chains[chain.name]
 
-    def _add_rule(self, obj: dict[str, Any]) -> None:
-        if obj["chain"] not in self.chains:
-            raise FakeNftError(f"add rule to {obj['chain']}: no such chain")
-        sets, chains = _references(obj["expr"])
+    def _add_rule(self, chain: str, rule: layout.Rule) -> None:
+        if chain not in self.chains:
+            raise FakeNftError(f"add rule to {chain}: no such chain")
+        sets, chains = _references(rule)
         if sets - self.sets.keys() or chains - self.chains.keys():
-            raise FakeNftError(f"add rule to {obj['chain']}: references {sorted((sets - self.sets.keys()) | (chains - self.chains.keys()))}")
-        self.chains[obj["chain"]][1].append(obj)
+            raise FakeNftError(f"add rule to {chain}: references {sorted((sets - self.sets.keys()) | (chains - self.chains.keys()))}")
+        self.chains[chain][1].append(rule)
 
 
 class FakeNftDataplane:
     """A :class:`~nftpolicy.agent.dataplane.Dataplane` that keeps our table in memory.
 
-    ``batches`` records every batch that landed; :meth:`refuse_next` makes the next ``count``
-    batches fail as the kernel would refuse them; :meth:`lose_table` is another tool flushing the
-    ruleset; ``missing`` is what :meth:`missing_features` reports.
+    ``transactions`` records every transaction that landed; :meth:`refuse_next` makes the next
+    ``count`` fail as the kernel would refuse them; :meth:`lose_table` is another tool flushing
+    the ruleset; ``missing`` is what :meth:`missing_features` reports.
     """
 
     def __init__(self, table: str = "nftpolicy", missing: list[str] | None = None) -> None:
         self.table = table
         self.state = FakeTable()
-        self.batches: list[dict[str, Any]] = []
+        self.transactions: list[Transaction] = []
         self.missing = list(missing or [])
         self._refusals: list[str] = []
 
     def refuse_next(self, reason: str = "Operation not permitted", count: int = 1) -> None:
-        """The next ``count`` batches fail with ``reason`` and change nothing."""
+        """The next ``count`` transactions fail with ``reason`` and change nothing."""
         self._refusals += [reason] * count
 
     def lose_table(self) -> None:
@@ -190,14 +213,11 @@ class FakeNftDataplane:
     def missing_features(self) -> list[str]:
         return list(self.missing)
 
-    def run(self, batch: dict[str, Any]) -> None:
+    def run(self, tx: Transaction) -> None:
         if self._refusals:
             raise FakeNftError(self._refusals.pop(0))
-        self.state.apply(batch)
-        self.batches.append(batch)
-
-    def replace(self, model: RuleModel) -> None:
-        self.run(nft.full_transaction(model))
+        self.state.apply(tx)
+        self.transactions.append(tx)
 
     def has_table(self) -> bool:
         return self.state.exists and "KUBE-ROUTER-FORWARD" in self.state.chains
@@ -205,7 +225,7 @@ class FakeNftDataplane:
     def remove(self) -> bool:
         if not self.state.exists:
             return False
-        self.run({"nftables": [{"delete": {"table": {"family": "inet", "name": self.table}}}]})
+        self.run(removing(self.table))
         return True
 
     def text(self) -> str:
@@ -215,10 +235,10 @@ class FakeNftDataplane:
             return ""
         lines = [f"table inet {self.table} {{"]
         for name, (_, elements) in sorted(self.state.sets.items()):
-            items = sorted(nfttext.element_text(e) for e in elements.values())
+            items = sorted(nfttext.element_text(nft.element_json(e)) for e in elements.values())
             lines.append(f"\tset {name} {{ " + ", ".join(items) + " }" if items else f"\tset {name} {{ }}")
         for name, (_, rules) in sorted(self.state.chains.items()):
             lines.append(f"\tchain {name} {{")
-            lines += [f"\t\t{nfttext.rule_text(rule)}" for rule in rules]
+            lines += [f"\t\t{nfttext.rule_text(nft.rule_json(self.table, name, rule)['rule'])}" for rule in rules]
             lines.append("\t}")
         return "\n".join(lines + ["}", ""])

@@ -21,7 +21,7 @@ from typing import Literal, Sequence
 
 from nftpolicy.translators import iptables as render
 from nftpolicy.translators.model import Family
-from nftpolicy.translators.rules import RuleModel
+from nftpolicy.translators.transaction import Transaction
 
 from . import netns, DataplaneError
 
@@ -98,22 +98,25 @@ class IptablesDataplane:
         commands = ["ipset"] + [restore_command(f, self.loader) for f in self.families]
         return [f"{c}: not installed" for c in commands if shutil.which(c) is None]
 
-    def batch(self, model: RuleModel) -> IptablesBatch:
-        """The load of ``model``: its sets and each family's filter table."""
-        return IptablesBatch(render.to_ipset(model, self.families), {f: render.to_restore(model, f) for f in self.families},
-                             frozenset(render.set_names(model, self.families)))
+    def batch(self, tx: Transaction) -> IptablesBatch:
+        """``tx`` printed for this dataplane: the sets and each family's filter table of the
+        table it replaces ours by (:func:`render.replaced_table`: raises
+        :class:`~nftpolicy.translators.iptables.Unsupported` for any other transaction)."""
+        table = render.replaced_table(tx)
+        return IptablesBatch(render.to_ipset(table, self.families), {f: render.to_restore(table, f) for f in self.families},
+                             frozenset(render.set_names(table, self.families)))
 
-    def run(self, batch: IptablesBatch) -> None:
+    def run(self, tx: Transaction) -> None:
+        """Commit ``tx``, a whole-table replace (:meth:`batch`, :meth:`load`)."""
+        self.load(self.batch(tx))
+
+    def load(self, batch: IptablesBatch) -> None:
         """Sets first (each swapped in atomically), then each family's filter table (one atomic
         table replace each), then destroy our sets that the new rules no longer name."""
         _load_text(self.netns, batch.ipset, batch.restore, self.loader)
         for name in set_list(self.netns):
             if name.startswith(OUR_SET_PREFIXES) and name not in batch.sets:
                 run(self.netns, ["ipset", "destroy", name])
-
-    def replace(self, model: RuleModel) -> None:
-        """Load ``model`` (:meth:`batch`, :meth:`run`)."""
-        self.run(self.batch(model))
 
     def has_table(self) -> bool:
         """True while ``KUBE-ROUTER-FORWARD`` is in every family's filter table."""

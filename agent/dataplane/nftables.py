@@ -1,6 +1,7 @@
 """libnftables: the one module that talks to the kernel's nftables (through Debian's python3-nftables).
 
-:class:`NftDataplane` commits libnftables JSON batches (libnftables-json(5)) inside one network
+:class:`NftDataplane` commits typed transactions, printed as libnftables JSON batches
+(:func:`nftpolicy.translators.nft.transaction_json`, libnftables-json(5)), inside one network
 namespace; the kernel takes each batch as one transaction: it lands whole or not at all.
 """
 
@@ -19,7 +20,7 @@ import nftables
 import orjson
 
 from nftpolicy.translators import nft
-from nftpolicy.translators.rules import RuleModel
+from nftpolicy.translators.transaction import Transaction, removing
 
 from . import netns, DataplaneError
 
@@ -75,9 +76,10 @@ class NftDataplane:
     def _entered(self) -> Any:
         return netns.entered(self.netns) if self.netns else nullcontext()
 
-    def run(self, batch: Json) -> None:
-        """Commit ``batch`` (``{"nftables": [...]}``); raises NftError with libnftables' reason."""
-        self._cmd(batch)
+    def run(self, tx: Transaction) -> None:
+        """Commit ``tx`` (printed by :func:`nft.transaction_json`); raises NftError with
+        libnftables' reason."""
+        self._cmd(nft.transaction_json(tx))
 
     def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False) -> Json:
         with self._entered():
@@ -90,10 +92,6 @@ class NftDataplane:
             raise NftError(str(error).strip() or f"libnftables returned {rc}")
         return orjson.loads(output) if output else {}
 
-    def replace(self, model: RuleModel) -> None:
-        """Replace our table with ``model``'s (:func:`nft.full_transaction`: one transaction)."""
-        self.run(nft.full_transaction(model))
-
     def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
         """Our table's objects as the kernel lists them (``list table``; empty when absent).
 
@@ -101,7 +99,7 @@ class NftDataplane:
         as we render them), so a listing compares with a render whatever traffic passed;
         ``terse`` leaves set elements out (the cost is then the rules', not the sets')."""
         try:
-            listed = self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]}, terse, stateless)
+            listed = self._cmd(nft.list_json(self.table), terse, stateless)
         except NftError:
             return []
         return [item for item in listed.get("nftables", []) if "metainfo" not in item]
@@ -115,9 +113,8 @@ class NftDataplane:
 
     def has_table(self) -> bool:
         """True while our table and its FORWARD base chain are there (a cheap look-up)."""
-        probe = {"nftables": [{"list": {"chain": {"family": "inet", "table": self.table, "name": "KUBE-ROUTER-FORWARD"}}}]}
         try:
-            self._cmd(probe)
+            self._cmd(nft.list_json(self.table, "KUBE-ROUTER-FORWARD"))
         except (NftError, OSError):
             return False
         return True
@@ -125,10 +122,10 @@ class NftDataplane:
     def remove(self) -> bool:
         """Delete ``inet <table>`` if it exists; True if it did. No other table is listed or changed."""
         try:
-            self._cmd({"nftables": [{"list": {"table": {"family": "inet", "name": self.table}}}]})
+            self._cmd(nft.list_json(self.table))
         except NftError:
             return False
-        self.run({"nftables": [{"delete": {"table": {"family": "inet", "name": self.table}}}]})
+        self.run(removing(self.table))
         return True
 
     def missing_features(self) -> list[str]:

@@ -22,7 +22,7 @@ from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, Pol
 from nftpolicy.translators.rules import FAMILIES, Config
 from nftpolicy.translators.verdict import Connection, DirectionVerdict, Enforcement, enforcement_of
 
-from nftpolicy.agent.dataplane.iptables import IptablesBatch
+from nftpolicy.agent.dataplane.iptables import IptablesBatch, IptablesDataplane
 from .probes import ProbeSpec
 from .replay import disagreements
 from .sandbox import Sandbox, SandboxError
@@ -219,7 +219,9 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
         theirs = stack.enter_context(Sandbox(pods, (node,), families, node_addresses, config, timeout, f"iptables-{loader}"))
         ours = stack.enter_context(Sandbox(pods, (node,), families, node_addresses, config, timeout, "nft"))
         restore = {family: dump.restore(family) for family in families}
-        theirs.node_dataplane(node).run(IptablesBatch(dump.ipset(), restore, frozenset()))  # kube-router's, as saved
+        their_dataplane = theirs.node_dataplane(node)
+        assert isinstance(their_dataplane, IptablesDataplane)
+        their_dataplane.load(IptablesBatch(dump.ipset(), restore, frozenset()))  # kube-router's, as saved
         ours.apply(cluster, nodes=[node])
         kube_router = theirs.probe(specs, families, pairs)
         nftpolicy = ours.probe(specs, families, pairs)

@@ -44,7 +44,7 @@ from nftpolicy.translators.errors import OneLineError
 from nftpolicy.agent import interrupts
 from nftpolicy.agent.dataplane.netns import run_tag
 
-REPO_TOOLS = Path(__file__).resolve().parent.parent / ".tools" / "bin"
+REPO_TOOLS = Path(__file__).resolve().parents[2] / ".tools" / "bin"
 SERVICE_CIDR = "10.96.0.0/12"
 ADMIN_GROUP = "system:masters"
 # The image of sandbox pods: no kubelet ever pulls it, but the API requires one.
@@ -63,7 +63,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ClusterNetworkPolicy": ("/apis/policy.networking.k8s.io/v1alpha2", "clusternetworkpolicies", False),
 }
 CRD_MODULE = "sigs.k8s.io/network-policy-api@v0.2.0"
-CRD_PATH = Path(__file__).resolve().parent.parent / ".tools" / "crd" / "clusternetworkpolicies.yaml"
+CRD_PATH = Path(__file__).resolve().parents[2] / ".tools" / "crd" / "clusternetworkpolicies.yaml"
 WITH_STATUS = ("Pod", "Node")
 
 

@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "Containerfile"
 CACHE = Path(os.environ.get("NFTPOLICY_CI_CACHE", "/var/cache/nftpolicy-ci"))
 ROOTFS = CACHE / "bookworm-minbase"

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nftpolicy.translators import transaction
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
@@ -159,7 +160,7 @@ class NftpolicyAgents(NodeDaemons):
     def expected(self, node: str, cluster: Any) -> str:
         """What node ``node`` must hold for ``cluster``: rendered, loaded into a scratch
         namespace of this sandbox and listed by the kernel, so both sides print the same way."""
-        NftDataplane(self.sandbox.config.table, self.scratch).replace(build_rule_model(cluster, node, self.sandbox.config))
+        NftDataplane(self.sandbox.config.table, self.scratch).run(transaction.full(build_rule_model(cluster, node, self.sandbox.config)))
         return self._listing(self.scratch)
 
     def actual(self, node: str) -> str:

@@ -26,6 +26,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from nftpolicy.translators import transaction
 from nftpolicy.translators.errors import OneLineError
 from nftpolicy.translators.cases import Matrix
 from nftpolicy.translators.manifests import ManifestError, object_ref
@@ -184,7 +185,7 @@ class Sandbox:
                 pods[key] = dataclasses.replace(pods[key], node=built.node, ips=built.ips, phase="Running")
         return dataclasses.replace(cluster, pods=pods)
 
-    def node_dataplane(self, name: str) -> Dataplane[Any]:
+    def node_dataplane(self, name: str) -> Dataplane:
         """The dataplane of node ``name``'s namespace that :meth:`apply` loads: libnftables, or
         the iptables variant with ``iptables-nft-restore`` / ``iptables-legacy-restore``."""
         if self.dataplane == "nft":
@@ -203,7 +204,7 @@ class Sandbox:
         dataplanes = {name: self.node_dataplane(name) for name in self.nodes if name in chosen}
         cluster = self.with_sandbox_pods(cluster)
         for name, dataplane in dataplanes.items():
-            dataplane.replace(build_rule_model(cluster, name, self.config))
+            dataplane.run(transaction.full(build_rule_model(cluster, name, self.config)))
 
     def publish(self, control_plane: ControlPlane, objects: Iterable[tuple[str, Any]]) -> list[ManifestError]:
         """Bring the control plane's cluster to ``objects`` (``(origin, manifest)`` pairs), as

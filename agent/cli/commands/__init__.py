@@ -59,14 +59,24 @@ def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_i
     read = Manifests(list(args.paths), cluster, objects, unreadable + bad + (invalid if report_invalid else []), stand_ins)
     report_skipped(read.skipped, args.strict)
     if stand_ins:
-        pods = sum(s.pods for s in stand_ins)
-        shown = ", ".join(map(str, stand_ins[:4])) + (f" and {len(stand_ins) - 4} more" if len(stand_ins) > 4 else "")
-        print(f"nftpolicy: {len(stand_ins)} workload{'s' if len(stand_ins) > 1 else ''} stand in "
-              f"{pods} pod{'s' if pods != 1 else ''}: {shown}", file=sys.stderr)
+        print(f"nftpolicy: {stand_in_line(stand_ins)}", file=sys.stderr)
     if read.empty and args.strict:
         print(f"nftpolicy: {_empty_line(read.paths)}", file=sys.stderr)
         raise SystemExit(2)
     return read
+
+
+def plural(count: int, one: str, many: str) -> str:
+    """``one`` when ``count`` is 1, else ``many`` (0 takes the plural: "0 pods")."""
+    return one if count == 1 else many
+
+
+def stand_in_line(stand_ins: Sequence[StandIn]) -> str:
+    """``3 workloads stand in 4 pods: Deployment demo/web (2), ...`` (the first four named)."""
+    pods = sum(len(s.pods) for s in stand_ins)
+    shown = ", ".join(map(str, stand_ins[:4])) + (f" and {len(stand_ins) - 4} more" if len(stand_ins) > 4 else "")
+    return (f"{len(stand_ins)} {plural(len(stand_ins), 'workload stands', 'workloads stand')} in "
+            f"{pods} {plural(pods, 'pod', 'pods')}: {shown}")
 
 
 def report_skipped(errors: list[ManifestError], strict: bool) -> None:
@@ -100,15 +110,17 @@ def finish(args: argparse.Namespace, code: int, skipped: Sequence[ManifestError]
 
 
 def cluster_warnings(cluster: Cluster, nodes: list[str]) -> list[str]:
-    """What a command given these manifests should be told: a node in ``nodes`` that no pod runs
-    on, pods in namespaces that have no Namespace object (their labels are unknown, so a
-    namespaceSelector sees only the automatic name label)."""
+    """What a command given these manifests should be told: a node in ``nodes`` that nothing
+    names (no Node object, no pod runs on it: a typo, most likely; a Node object that runs no pod
+    yet is a fresh node, no mistake), pods in namespaces that have no Namespace object (their
+    labels are unknown, so a namespaceSelector sees only the automatic name label)."""
     warnings = []
     on = {pod.node for pod in cluster.pods.values()}
     for node in nodes:
-        if node not in on:
-            known = sorted(n for n in on if n)
-            warnings.append(f"no pod runs on node {node} (--node); the pods' nodes: {', '.join(known) or 'none'}")
+        if node not in on and node not in cluster.nodes:
+            known = sorted({*(n for n in on if n), *cluster.nodes})
+            warnings.append(f"no pod runs on node {node} (--node) and no Node object has that name; "
+                            f"the nodes named: {', '.join(known) or 'none'}")
     missing = sorted({pod.namespace for pod in cluster.pods.values()} - cluster.namespaces.keys())
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")

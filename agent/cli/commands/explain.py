@@ -31,7 +31,7 @@ from nftpolicy.translators.workloads import Service, place_pods, services_from
 
 from nftpolicy.agent.cli.flags import UsageError, config_from
 from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
-from . import read_manifests, report_skipped
+from . import Manifests, plural, read_manifests, report_skipped
 
 AGENT_TIMEOUT = 5.0
 
@@ -118,20 +118,23 @@ def connections(enforcement: Enforcement, source: str, destination: str, ports: 
 
 def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) -> tuple[list[str], list[str]]:
     """``--to`` naming a Service: the pods it selects (keys, sorted) and the ports to ask about:
-    each ``--port`` that is one of the Service's ports as its targetPort (a number or a name),
-    or, without ``--port``, every targetPort. Says so in one line; raises UsageError."""
+    each ``--port`` that is one of the Service's ports, by number or by name (``[PROTO/]PORT``,
+    ``[PROTO/]NAME``), as its targetPort (a number or a container port's name), or, without
+    ``--port``, every targetPort. Says so in one line; raises UsageError."""
     selected = sorted(key for key, pod in cluster.pods.items() if pod.ips and service.selects(pod))
     if not selected:
         raise UsageError(f"--to {service.ref}: the Service selects no pod with an address")
-    by_port: dict[tuple[str, int | None], str] = {(protocol, number): f"{protocol}/{target}" for protocol, number, target in service.ports}
     targets = []
     for text in ports:
-        protocol, number = parse_port(text)
-        if (protocol, number) not in by_port:
-            known = ", ".join(f"{p}/{n}" for p, n in by_port) or "none"
+        protocol, _, port = text.rpartition("/")
+        protocol = protocol.upper() or ("TCP" if port.isdigit() else "")  # a number alone is TCP; a name is unique
+        found = [p for p in service.ports if (int(port) == p.port if port.isdigit() else port == p.name)
+                 and protocol in ("", p.protocol)]
+        if not found:
+            known = ", ".join(f"{p.name + ' ' if p.name else ''}{p.protocol}/{p.port}" for p in service.ports) or "none"
             raise UsageError(f"--port {text}: not a port of Service {service.ref} (its ports: {known})")
-        targets.append(by_port[(protocol, number)])
-    targets = targets or list(by_port.values())
+        targets.append(f"{found[0].protocol}/{found[0].target}")
+    targets = targets or [f"{p.protocol}/{p.target}" for p in service.ports]
     shown = ", ".join(selected[:3]) + (f" and {len(selected) - 3} more" if len(selected) > 3 else "")
     print(f"nftpolicy: --to {service.ref} is a Service: its pods {shown}; target ports {', '.join(targets) or '(none)'}",
           file=sys.stderr)
@@ -141,36 +144,44 @@ def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) ->
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print the verdicts; exit 0 when every connection is allowed, 1 otherwise, 2 on bad input
     (3: manifests left out, see :func:`~nftpolicy.agent.cli.commands.finish`)."""
-    read = None
     if args.agent:
         if args.paths:
             raise UsageError("give manifests or --agent, not both")
         enforcement = _agent(args.agent)
+        return _answer(args, enforcement, connections(enforcement, args.source, args.destination, args.port or ()))
+    if not args.paths:
+        raise UsageError("give manifest paths, or --agent http://ADDR")
+    return explain_objects(args, read_manifests(args))
+
+
+def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
+    """:func:`cmd_explain` on objects already read: from manifests, or listed from the API by
+    ``kubectl nftpolicy explain`` (:mod:`nftpolicy.agent.cli.kubectl`), so that both answer
+    alike. ``args``: explain's flags (``source``, ``destination``, ``port``, ``output``, the
+    exemptions of :func:`~nftpolicy.agent.cli.flags.add_config_arguments`, ``strict`` and
+    ``accept_skipped``). Prints the verdicts; returns the exit code. Raises UsageError."""
+    cluster = with_addresses(read.cluster)
+    enforcement = enforcement_of(cluster, config=config_from(args))
+    services, unread = services_from(read.objects)
+    report_skipped(unread, args.strict)
+    read.skipped += unread
+    service = services.get(args.destination) if args.destination not in cluster.pods else None
+    if service is None:
+        asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
     else:
-        if not args.paths:
-            raise UsageError("give manifest paths, or --agent http://ADDR")
-        read = read_manifests(args)
-        cluster = with_addresses(read.cluster)
-        enforcement = enforcement_of(cluster, config=config_from(args))
-    if read is None:
-        asked = connections(enforcement, args.source, args.destination, args.port or ())
-    else:
-        services, unread = services_from(read.objects)
-        report_skipped(unread, args.strict)
-        read.skipped += unread
-        service = services.get(args.destination) if args.destination not in cluster.pods else None
-        if service is None:
-            asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
-        else:
-            selected, targets = service_targets(service, cluster, args.port or ())
-            asked = [c for key in selected for c in connections(enforcement, args.source, key, targets, cluster.pods)]
+        selected, targets = service_targets(service, cluster, args.port or ())
+        asked = [c for key in selected for c in connections(enforcement, args.source, key, targets, cluster.pods)]
+    return read.finish(args, _answer(args, enforcement, asked))
+
+
+def _answer(args: argparse.Namespace, enforcement: Enforcement, asked: Sequence[Connection]) -> int:
+    """Print the verdicts on ``asked`` (``args.output``: text or json); 0 when all are allowed, else 1."""
     verdicts: list[Verdict] = [enforcement.verdict(c) for c in asked]
     if args.output == "json":
         print(json.dumps([v.as_json() for v in verdicts], indent=2))
     else:
         print("\n".join(line for v in verdicts for line in verdict_lines(v)))
-    code = 0 if all(v.allowed for v in verdicts) else 1
-    return read.finish(args, code) if read else code
+    return 0 if all(v.allowed for v in verdicts) else 1
 
 
 def with_addresses(cluster: Cluster) -> Cluster:
@@ -183,6 +194,6 @@ def with_addresses(cluster: Cluster) -> Cluster:
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     placed = place_pods(cluster.pods.values(), families=families)
     shown = ", ".join(f"{key} {' '.join(placed[key].ips)}" for key in bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
-    print(f"nftpolicy: {len(bare)} pod{'s' if len(bare) > 1 else ''} without status.podIP get the sandbox's addresses: {shown}",
-          file=sys.stderr)
+    print(f"nftpolicy: {len(bare)} {plural(len(bare), 'pod without status.podIP gets', 'pods without status.podIP get')} "
+          f"the sandbox's addresses: {shown}", file=sys.stderr)
     return dataclasses.replace(cluster, pods={**cluster.pods, **{key: placed[key] for key in bare}})

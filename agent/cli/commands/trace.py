@@ -10,6 +10,14 @@ chain, found by the rule handle the monitor reports), a pod chain's rule by its 
 its comment (a description only). The trace chains are deleted afterwards, also on an error,
 Ctrl-C or SIGTERM (:mod:`nftpolicy.agent.interrupts`).
 
+Each trace's chains carry a token of its own (two traces at once on one node never share a
+chain), which the trace holds as an abstract unix socket in the network namespace of the table
+(``@nftpolicy-trace-<token>``: the kernel releases it when the process ends, SIGKILL included,
+and the name is seen by every process in that namespace, whatever its pid namespace or
+filesystem). A trace starts by deleting the chains of every token no process holds: those of
+a trace killed before it could clean up. The agent's full sync at its start replaces the whole
+table, so it removes them too.
+
 * With manifests: the cluster is built as a sandbox (:class:`~nftpolicy.agent.testbed.sandbox.Sandbox`),
   and one connection is sent from the ``--from`` pod; each node it crosses is traced.
 * Without: on this node (``--netns``: in that namespace), wait up to ``--timeout`` seconds for one
@@ -21,19 +29,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import ipaddress
 import re
+import secrets
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from nftpolicy.translators import layout, nft
+from nftpolicy.translators import layout
 from nftpolicy.translators.model import family_of
 from nftpolicy.translators.rules import ChainOwner, Config, RuleModel, chain_owners
+from nftpolicy.translators.transaction import ChainRule, Transaction
 from nftpolicy.translators.verdict import Connection, enforcement_of
 
-from nftpolicy.agent.cli.flags import UsageError, check_exists, config_from
-from nftpolicy.agent.dataplane.nftables import NftDataplane, TraceMonitor
+from nftpolicy.agent.cli.flags import LOWEST_PRIORITY, UsageError, check_exists, config_from
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.dataplane.nftables import NftDataplane, NftError, TraceMonitor
 from nftpolicy.agent.testbed.probes import ProbeSpec, sctp_supported
 from nftpolicy.agent.testbed.sandbox import Sandbox
 from . import read_manifests
@@ -55,20 +68,88 @@ class Step:
     verdict: str
 
 
+GUARD = "nftpolicy-trace-"  # + token: the abstract unix socket a running trace holds
+
+
+def _guard_socket(netns_name: str | None, token: str) -> socket.socket | None:
+    """The guard of ``token`` bound in network namespace ``netns_name`` (None: this process's
+    own), or None when a live process holds it already."""
+    with netns.entered(netns_name) if netns_name else contextlib.nullcontext():
+        guard = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            guard.bind(f"\0{GUARD}{token}")
+        except OSError as exc:
+            guard.close()
+            if exc.errno == errno.EADDRINUSE:
+                return None
+            raise
+    return guard
+
+
+@contextlib.contextmanager
+def _token(netns_name: str | None) -> Any:
+    """A token that no live trace in ``netns_name`` holds, held while the body runs."""
+    while True:
+        token = secrets.token_hex(4)
+        guard = _guard_socket(netns_name, token)
+        if guard is not None:
+            break
+    try:
+        yield token
+    finally:
+        guard.close()
+
+
+def remove_stale(dataplane: NftDataplane) -> list[str]:
+    """Delete the trace chains in our table whose trace has ended (no process holds their
+    token: a trace killed with SIGKILL); returns the chains deleted. A chain that another trace
+    deleted meanwhile is no error."""
+    chains = [o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o]
+    tokens = {token for token in map(layout.trace_token, chains) if token is not None}
+    stale = []
+    for token in sorted(tokens):
+        guard = _guard_socket(dataplane.netns, token)
+        if guard is not None:  # free: its trace is gone
+            guard.close()
+            stale += [c for c in chains if layout.trace_token(c) == token]
+    for name in stale:
+        removing = Transaction(dataplane.table, 0)
+        removing.flush(layout.Chain(name, ()))
+        removing.delete(layout.Chain(name, ()))
+        with contextlib.suppress(NftError):
+            dataplane.run(removing)
+    return stale
+
+
 @contextlib.contextmanager
 def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
-    """Our table with the trace chains for ``conn`` while the body runs, then without them (those
-    still there: the agent's full resync replaces the table, trace chains included)."""
-    chains = layout.trace_chains(conn.source, conn.destination, conn.protocol, conn.port)
-    objects = [o for c in chains for o in nft.chain_json(config.table, config.priority - 1, c)]
-    dataplane.run({"nftables": [{"add": o} for o in objects]})
-    try:
-        yield
-    finally:
-        listed = {o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o}
-        refs = [{"family": "inet", "table": config.table, "name": c.name} for c in chains if c.name in listed]
-        if refs:
-            dataplane.run({"nftables": [{"flush": {"chain": r}} for r in refs] + [{"delete": {"chain": r}} for r in refs]})
+    """Our table with this trace's chains for ``conn`` while the body runs (the token of their
+    names is the context's value), then without them (those still there: the agent's full
+    resync replaces the table, trace chains included). Stale chains of ended traces are deleted
+    first (:func:`remove_stale`)."""
+    with _token(dataplane.netns) as token:
+        stale = remove_stale(dataplane)
+        if stale:
+            print(f"removed {len(stale)} chains of a trace that ended without cleaning up: {' '.join(stale)}", file=sys.stderr)
+        chains = layout.trace_chains(token, conn.source, conn.destination, conn.protocol, conn.port)
+        adding = Transaction(config.table, config.priority - 1)  # hooked just before our base chains
+        for chain in chains:
+            adding.add(chain)
+            for rule in chain.rules:
+                adding.add(ChainRule(chain.name, rule))
+        dataplane.run(adding)
+        try:
+            yield token
+        finally:
+            listed = {o["chain"]["name"] for o in dataplane.listing(terse=True) if "chain" in o}
+            left = [c for c in chains if c.name in listed]
+            if left:
+                removing = Transaction(config.table, config.priority - 1)
+                for chain in left:
+                    removing.flush(chain)
+                for chain in left:
+                    removing.delete(chain)
+                dataplane.run(removing)
 
 
 @dataclass(frozen=True)
@@ -120,11 +201,12 @@ def _unmatched(target: str, owners: Mapping[str, ChainOwner]) -> str:
     return f"policy {owner.policy} {owner.direction}: no rule matched"
 
 
-def follow(lines: Iterable[str], table: str, rules: Mapping[int, Listed], owners: Mapping[str, ChainOwner]) -> list[Step]:
-    """The steps of the first traced packet in ``table`` (our trace chains left out), up to the
-    base chain's end or a final verdict. ``rules``: rule handle -> the listed rule
+def follow(lines: Iterable[str], table: str, token: str, rules: Mapping[int, Listed], owners: Mapping[str, ChainOwner]) -> list[Step]:
+    """The steps of the first packet in ``table`` that the chains of trace ``token`` marked
+    (every trace chain left out: another trace's packets are not this one's), up to the base
+    chain's end or a final verdict. ``rules``: rule handle -> the listed rule
     (:func:`listed_rules`); ``owners``: chain -> what it enforces, to name a policy chain that
-    the packet left without a match."""
+    the packet left without a match (the kernel reports no event for that)."""
     steps: list[Step] = []
     first = None
     for line in lines:
@@ -132,11 +214,13 @@ def follow(lines: Iterable[str], table: str, rules: Mapping[int, Listed], owners
             target = steps[-1].verdict[5:]
             steps.append(Step(target, _unmatched(target, owners), "return"))
         event = _EVENT.match(line)
-        if not event or event.group(2) != table or event.group(3) in layout.TRACE_CHAINS:
+        if not event or event.group(2) != table:
             continue
         trace_id, chain, rest = event.group(1), event.group(3), event.group(4)
-        if first is None:
-            first = trace_id
+        if layout.trace_token(chain) is not None:
+            if first is None and layout.trace_token(chain) == token:
+                first = trace_id
+            continue
         if trace_id != first or rest.startswith("packet:"):
             continue
         rule = _RULE.match(rest)
@@ -156,14 +240,20 @@ def step_text(step: Step) -> str:
     return f"  {step.chain}: {step.what} -> {step.verdict}"
 
 
-def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, timeout: float, model: RuleModel | None) -> list[Step]:
+def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, token: str, timeout: float,
+           model: RuleModel | None) -> list[Step]:
     owners = chain_owners(model) if model is not None else {}
-    return follow(monitor.lines(timeout), table, listed_rules(dataplane.listing(), model), owners)
+    return follow(monitor.lines(timeout), table, token, listed_rules(dataplane.listing(), model), owners)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Print the path; exit 0 when the packet passed, 1 when it was refused or never seen, 2 on bad input."""
     config = config_from(args)
+    if args.paths and args.agent:
+        raise UsageError("--agent: only on a node; with manifests the sandbox knows its own model")
+    if config.priority == LOWEST_PRIORITY:
+        raise UsageError(f"--priority {config.priority}: trace hooks its chains just below the base chains (priority - 1), "
+                         "and no priority is lower: give the table's priority")
     if args.paths:
         return _trace_sandbox(args, config)
     return _trace_node(args, config)
@@ -195,16 +285,18 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
             monitors = {}
             for node in nodes:
                 dataplane = NftDataplane(config.table, sandbox.node_netns(node))
-                stack.enter_context(traced(dataplane, config, conn))
-                monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane)
+                token = stack.enter_context(traced(dataplane, config, conn))
+                monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane, token)
             # Every monitor listens once entered, so this one connection's first packet is the first traced.
             connected = sandbox.connect(source.key, conn.destination, spec)
-            first = _steps(*monitors[nodes[0]], config.table, 1.0, engine.models[nodes[0]])
+            monitor, dataplane, token = monitors[nodes[0]]
+            first = _steps(monitor, dataplane, config.table, token, 1.0, engine.models[nodes[0]])
             head = f"TRACE  {engine.name(conn.source)} -> {engine.name(conn.destination)} {conn.text()}: " \
                    f"{'connected' if connected else 'refused'}"
             _print(head, nodes[0], first)
             for node in nodes[1:]:
-                _print("", node, _steps(*monitors[node], config.table, 1.0, engine.models[node]))
+                monitor, dataplane, token = monitors[node]
+                _print("", node, _steps(monitor, dataplane, config.table, token, 1.0, engine.models[node]))
     return read.finish(args, 0 if connected else 1)
 
 
@@ -222,9 +314,9 @@ def _trace_node(args: argparse.Namespace, config: Config) -> int:
     if not dataplane.has_table():
         raise UsageError(f"no table inet {config.table}{' in ' + args.netns if args.netns else ''}: nothing to trace")
     model = next(iter(_agent(args.agent).models.values()), None) if args.agent else None
-    with traced(dataplane, config, conn), TraceMonitor(args.netns) as monitor:
+    with traced(dataplane, config, conn) as token, TraceMonitor(args.netns) as monitor:
         print(f"waiting up to {args.timeout:g} s for {conn.source} -> {conn.destination} {conn.text()}", file=sys.stderr)
-        steps = _steps(monitor, dataplane, config.table, args.timeout, model)
+        steps = _steps(monitor, dataplane, config.table, token, args.timeout, model)
     _print(f"TRACE  {conn.source} -> {conn.destination} {conn.text()}", args.netns or "(this node)", steps)
     passed = bool(steps) and steps[-1].verdict not in ("drop",)
     return 0 if passed else 1

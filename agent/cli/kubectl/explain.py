@@ -1,0 +1,94 @@
+"""``kubectl nftpolicy explain SRC DST[:PORT/PROTO]``: ``nftpolicy explain`` on the live cluster.
+
+The objects come from the API (one list each of pods, namespaces, nodes, NetworkPolicies and
+ClusterNetworkPolicies; a cluster without the ClusterNetworkPolicy CRD has none), and the
+answer is :func:`nftpolicy.agent.cli.commands.explain.explain_objects`'s, the code path of
+``nftpolicy explain`` on manifests: the same lines, JSON and exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from typing import Any
+
+from kubernetes import client as k8s
+
+from nftpolicy.translators.manifests import build_cluster
+
+from nftpolicy.agent.cli.commands import Manifests, report_skipped
+from nftpolicy.agent.cli.commands.explain import explain_objects
+from . import api as kube
+from .api import Api, PluginError
+
+SERVICE_PREFIX = "svc/"
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+
+
+def split_port(text: str) -> tuple[str, str | None]:
+    """``DST[:PORT[/PROTO]]`` -> (DST, the port part or None). An address or CIDR takes no port
+    unless bracketed (``[fd00::1]:80/TCP``)."""
+    try:
+        ipaddress.ip_network(text, strict=False)
+        return text, None
+    except ValueError:
+        pass
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise PluginError(f"{text}: expected [ADDRESS]:PORT/PROTO")
+        return host, rest[1:] or None
+    host, colon, port = text.rpartition(":")
+    return (host, port or None) if colon else (text, None)
+
+
+def explain_port(text: str) -> str:
+    """kubectl's ``PORT/PROTO`` (``5432/TCP``, ``53/udp``, ``http``) as ``nftpolicy explain
+    --port`` takes it (``TCP/5432``); anything else as it is, for explain to judge."""
+    first, slash, second = text.partition("/")
+    return f"{second.upper()}/{first}" if slash and second.upper() in PROTOCOLS and first.isdigit() else text
+
+
+def cluster_objects(api: Api, service: str | None) -> list[tuple[str, Any]]:
+    """Every Pod, Namespace, Node, NetworkPolicy and ClusterNetworkPolicy, and the Service
+    ``service`` (``ns/name``) when given, as ``(origin, object)`` pairs. Raises PluginError
+    (a Service that does not exist included)."""
+    core, networking = api.core, k8s.NetworkingV1Api(api.client)
+    objects = [
+        *api.list_all(kube.PODS, "Pod", "v1", core.list_pod_for_all_namespaces),
+        *api.list_all(kube.NAMESPACES, "Namespace", "v1", core.list_namespace),
+        *api.list_all(kube.NODES, "Node", "v1", core.list_node),
+        *api.list_all(kube.NETWORK_POLICIES, "NetworkPolicy", "networking.k8s.io/v1", networking.list_network_policy_for_all_namespaces),
+    ]
+    objects += api.list_all(kube.CLUSTER_NETWORK_POLICIES, "ClusterNetworkPolicy", f"policy.networking.k8s.io/{kube.CNP_VERSION}",
+                        k8s.CustomObjectsApi(api.client).list_cluster_custom_object, missing_ok=True,  # no CRD: none
+                        group=kube.CLUSTER_NETWORK_POLICIES.group, version=kube.CNP_VERSION, plural=kube.CLUSTER_NETWORK_POLICIES.plural)
+    if service is not None:
+        namespace, _, name = service.partition("/")
+        found = api.get(kube.in_namespace(kube.SERVICES, namespace), "Service", "v1", core.read_namespaced_service, name, namespace)
+        if found is None:
+            raise PluginError(f"no Service {service}")
+        objects.append(found)
+    origin = f"the API server {api.server}"
+    return [(origin, obj) for obj in objects]
+
+
+def cmd_explain(api: Api, args: argparse.Namespace) -> int:
+    """List the cluster, answer as ``nftpolicy explain`` (exit 0 allowed, 1 denied, 3 objects
+    left out unless ``--accept-skipped``). Raises PluginError, UsageError."""
+    destination, port = split_port(args.destination)
+    if args.source.startswith(SERVICE_PREFIX):
+        raise PluginError(f"{args.source}: a Service can only be the destination")
+    service = None
+    if destination.startswith(SERVICE_PREFIX):
+        service = destination.removeprefix(SERVICE_PREFIX)
+        if service.count("/") != 1 or not all(service.split("/")):
+            raise PluginError(f"{destination}: expected svc/NAMESPACE/NAME")
+        destination = service
+    objects = cluster_objects(api, service)
+    cluster, invalid = build_cluster(objects)
+    read = Manifests([api.server], cluster, objects, list(invalid))
+    report_skipped(read.skipped, args.strict)
+    ports = [explain_port(p) for p in ([port] if port else []) + (args.port or [])]
+    asked = argparse.Namespace(**{**vars(args), "destination": destination, "port": ports or None})
+    return explain_objects(asked, read)

@@ -1,0 +1,270 @@
+"""Kubernetes Events on what the agent fails closed on (agent/daemon/events.py): the recorder's
+rules with a writer in memory and a clock of the test's own; the agent against the in-repo fake
+API (Event writes that fail); and against the real kube-apiserver, where ``kubectl describe``
+shows the Event."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+
+import pytest
+
+from nftpolicy.agent.daemon.events import (CRD_MISSING, INVALID, UNSUPPORTED_PEER, EventGone, EventRecorder, Subject,
+                                           TokenBucket)
+from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.translators.clusterpolicy import UnsupportedPeer
+from nftpolicy.translators.validation import InvalidField
+
+from .agentenv import AgentEnv, RealApi
+from .conftest import clear_api
+from .fakeapi import FakeApiServer
+
+# ---- the recorder -------------------------------------------------------------------------------
+
+
+class MemoryWriter:
+    """Events in a dict; ``fail`` exceptions are raised by the coming writes, one each."""
+
+    def __init__(self) -> None:
+        self.events: dict[tuple[str, str], dict] = {}
+        self.writes: list[str] = []
+        self.fail: list[Exception] = []
+
+    def create(self, namespace: str, body: dict) -> None:
+        self.writes.append("create")
+        if self.fail:
+            raise self.fail.pop(0)
+        self.events[(namespace, body["metadata"]["name"])] = body
+
+    def patch(self, namespace: str, name: str, body: dict) -> None:
+        self.writes.append("patch")
+        if self.fail:
+            raise self.fail.pop(0)
+        if (namespace, name) not in self.events:
+            raise EventGone(name)
+        self.events[(namespace, name)].update(body)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recorder(**kwargs) -> tuple[EventRecorder, MemoryWriter, Metrics]:
+    writer, metrics = MemoryWriter(), Metrics()
+    return EventRecorder(writer, "node1", metrics, **kwargs), writer, metrics
+
+
+def drain(rec: EventRecorder) -> None:
+    """Write every queued Event (the writer thread's work, in the test's thread)."""
+    while not rec.queue.empty():
+        rec.write(rec.queue.get_nowait())
+
+
+def count(metrics: Metrics, result: str) -> float:
+    return metrics.registry.get_sample_value("nftpolicy_events_total", {"result": result}) or 0.0
+
+
+def policy(generation: int = 1, name: str = "bad", ns: str = "x") -> dict:
+    return {"metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}", "generation": generation, "resourceVersion": "7"},
+            "spec": {}}
+
+
+def test_one_event_per_object_reason_and_generation_then_the_count_goes_up():
+    rec, writer, metrics = recorder()
+    exc = InvalidField("spec.ingress[0].ports[0].port", "must be 1-65535")
+    for _ in range(3):  # a relist sees the same generation again
+        rec.failed_closed("NetworkPolicy", policy(1), exc, True)
+    drain(rec)
+    assert writer.writes == ["create"]
+    [(namespace, name)] = writer.events
+    event = writer.events[(namespace, name)]
+    assert namespace == "x" and name.startswith("bad.")
+    assert event["involvedObject"] == {"kind": "NetworkPolicy", "apiVersion": "networking.k8s.io/v1", "namespace": "x",
+                                       "name": "bad", "uid": "uid-bad"}
+    assert (event["type"], event["reason"], event["count"]) == ("Warning", INVALID, 1)
+    assert event["source"] == {"component": "nftpolicy", "host": "node1"}
+    assert event["message"].startswith("spec.ingress[0].ports[0].port: must be 1-65535; enforced fail-closed")
+    rec.failed_closed("NetworkPolicy", policy(2), exc, True)  # edited, still invalid the same way
+    drain(rec)
+    assert writer.writes == ["create", "patch"] and event["count"] == 2
+    assert (count(metrics, "created"), count(metrics, "patched")) == (1, 1)
+    rec.failed_closed("NetworkPolicy", policy(3), InvalidField("spec.podSelector", "other"), True)  # another problem
+    drain(rec)
+    assert writer.writes == ["create", "patch", "create"] and len(writer.events) == 2
+
+
+def test_an_expired_event_is_created_again():
+    rec, writer, _ = recorder()
+    exc = InvalidField("spec", "x")
+    rec.failed_closed("NetworkPolicy", policy(1), exc, True)
+    drain(rec)
+    writer.events.clear()  # the API server's event TTL
+    rec.failed_closed("NetworkPolicy", policy(2), exc, True)
+    drain(rec)
+    assert writer.writes == ["create", "patch", "create"]
+    assert [e["count"] for e in writer.events.values()] == [1]
+
+
+def test_reasons_and_cluster_scoped_objects():
+    rec, writer, _ = recorder()
+    cnp = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "metadata": {"name": "dns", "uid": "u1", "generation": 1}}
+    rec.failed_closed("ClusterNetworkPolicy", cnp, UnsupportedPeer("spec.egress[0].to[0].domainNames", "not supported"), True)
+    rec.crd_missing("clusternetworkpolicies.policy.networking.k8s.io")
+    drain(rec)
+    events = sorted(writer.events.items(), key=lambda item: item[1]["reason"])
+    assert [(ns, e["reason"], e["type"], e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for (ns, _), e in events] == [
+        ("default", CRD_MISSING, "Normal", "Node", "node1"), ("default", UNSUPPORTED_PEER, "Warning", "ClusterNetworkPolicy", "u1")]
+    assert "namespace" not in events[1][1]["involvedObject"]
+
+
+def test_the_token_bucket_refills_with_its_clock():
+    clock = Clock()
+    bucket = TokenBucket(2, 10.0, clock)
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+    clock.now = 9.9
+    assert not bucket.take()
+    clock.now = 10.0
+    assert bucket.take() and not bucket.take()
+    clock.now = 1000.0  # never more than the capacity
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+
+
+def test_writes_over_the_rate_are_dropped_and_counted_and_the_next_sighting_tries_again():
+    clock = Clock()
+    rec, writer, metrics = recorder(clock=clock, burst=2, refill_seconds=10.0)
+    for i in range(4):
+        rec.failed_closed("NetworkPolicy", policy(1, name=f"p{i}"), InvalidField("spec", "x"), True)
+    drain(rec)
+    assert (len(writer.events), count(metrics, "rate_limited")) == (2, 2)
+    clock.now = 10.0
+    rec.failed_closed("NetworkPolicy", policy(1, name="p2"), InvalidField("spec", "x"), True)  # seen again: tried again
+    drain(rec)
+    assert len(writer.events) == 3
+
+
+def test_record_never_blocks_a_full_queue_drops():
+    rec, writer, metrics = recorder(queue_size=2)  # no writer thread: the queue fills
+    done = threading.Event()
+
+    def flood() -> None:
+        for i in range(10):
+            rec.failed_closed("NetworkPolicy", policy(1, name=f"p{i}"), InvalidField("spec", "x"), True)
+        done.set()
+
+    threading.Thread(target=flood, daemon=True).start()
+    assert done.wait(2), "record blocked"
+    assert count(metrics, "queue_full") == 8
+    drain(rec)
+    assert len(writer.events) == 2
+
+
+def test_a_failed_write_is_counted_and_tried_at_the_next_sighting(caplog):
+    rec, writer, metrics = recorder()
+    writer.fail = [ConnectionError("connection refused")]
+    rec.failed_closed("NetworkPolicy", policy(1), InvalidField("spec", "x"), True)
+    drain(rec)
+    assert count(metrics, "failed") == 1 and not writer.events
+    assert "cannot write Event InvalidPolicy on NetworkPolicy x/bad: connection refused" in caplog.text
+    rec.failed_closed("NetworkPolicy", policy(1), InvalidField("spec", "x"), True)
+    drain(rec)
+    assert len(writer.events) == 1
+
+
+def test_subject_generation_falls_back_to_the_resource_version():
+    assert Subject.of({"metadata": {"name": "a", "resourceVersion": "12"}}).generation == "12"
+    assert Subject.of({"metadata": {"name": "a", "resourceVersion": "12", "generation": 3}}).generation == "3"
+
+
+# ---- the agent ----------------------------------------------------------------------------------
+
+B, C = "10.244.0.11", "10.244.0.12"
+SLOTS = {"x/b": B, "x/c": C}
+# Valid to the fake (which validates nothing), invalid to nftpolicy: it fails closed on x/b.
+INVALID_POLICY = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                  "metadata": {"namespace": "x", "name": "bad-port", "uid": "0d5c1e1e-1", "generation": 1},
+                  "spec": {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"],
+                           "ingress": [{"ports": [{"port": 70000}]}]}}
+
+
+def fake_events(api: FakeApiServer, reason: str) -> list[dict]:
+    with api.lock:
+        return [e for e in api.events.values() if e["reason"] == reason]
+
+
+@pytest.mark.kernel
+def test_the_agent_records_an_event_on_an_invalid_policy_and_the_crd_missing(tmp_path):
+    env = AgentEnv(tmp_path, SLOTS).put_slot_pods()  # the fake has no ClusterNetworkPolicy CRD
+    try:
+        env.api.put(INVALID_POLICY)
+        env.start_agent()
+        assert not env.connects("x/c", B), "the invalid policy fails closed"
+        env.eventually(lambda: len(fake_events(env.api, INVALID)), 1)
+        [event] = fake_events(env.api, INVALID)
+        assert event["involvedObject"]["name"] == "bad-port" and event["involvedObject"]["uid"] == "0d5c1e1e-1"
+        assert "spec.ingress[0].ports[0].port" in event["message"]
+        env.eventually(lambda: len(fake_events(env.api, CRD_MISSING)), 1)
+        env.api.put({**INVALID_POLICY, "metadata": {**INVALID_POLICY["metadata"], "generation": 2}})
+        env.eventually(lambda: fake_events(env.api, INVALID)[0]["count"], 2)
+        assert len(fake_events(env.api, INVALID)) == 1
+    finally:
+        env.close()
+
+
+@pytest.mark.kernel
+def test_failing_event_writes_never_stop_enforcement(tmp_path):
+    env = AgentEnv(tmp_path, SLOTS).put_slot_pods()
+    try:
+        env.api.fail_events(500, count=1000)
+        env.api.put(INVALID_POLICY)
+        env.start_agent()
+        assert not env.connects("x/c", B)
+        env.eventually(lambda: env.metric("nftpolicy_events_total", result="failed") >= 2, True)  # the policy and the CRD
+        env.api.delete("NetworkPolicy", "bad-port", "x")
+        env.eventually(lambda: env.connects("x/c", B), True)
+        said = [e["msg"] for e in map(json.loads, filter(lambda line: line.startswith("{"), env.log().splitlines()))
+                if e["msg"].startswith("cannot write Event")]
+        assert any("InvalidPolicy on NetworkPolicy x/bad-port: 500" in m for m in said), said
+        assert env.http("/healthz")[0] == 200
+    finally:
+        env.close()
+
+
+# ---- the real API server ------------------------------------------------------------------------
+
+# The CRD accepts a domainNames peer; nftpolicy does not enforce it: that rule becomes Deny all.
+DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "to-dns-names"},
+              "spec": {"tier": "Admin", "priority": 5, "subject": {"namespaces": {}},
+                       "egress": [{"name": "example", "action": "Accept", "to": [{"domainNames": ["example.com"]}]}]}}
+
+
+@pytest.mark.kernel
+def test_kubectl_describe_shows_the_event(control_plane, tmp_path):
+    env = AgentEnv(tmp_path, SLOTS, api=RealApi(control_plane)).put_slot_pods()
+    try:
+        stored = control_plane.apply(DNS_POLICY)
+        env.start_agent()
+
+        def events() -> list[dict]:
+            return [e for e in control_plane.request("GET", "/api/v1/events")["items"] if e["involvedObject"].get("uid") == stored["metadata"]["uid"]]
+
+        env.eventually(lambda: len(events()), 1)
+        [event] = events()
+        assert (event["reason"], event["type"], event["source"]) == (UNSUPPORTED_PEER, "Warning", {"component": "nftpolicy", "host": "node1"})
+        assert event["metadata"]["namespace"] == "default" and event["count"] == 1
+        assert event["message"].startswith("spec.egress[0].to[0].domainNames: not supported by nftpolicy")
+        kubectl = shutil.which("kubectl")
+        if kubectl:
+            described = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "describe", "clusternetworkpolicy",
+                                        "to-dns-names"], capture_output=True, text=True, timeout=30, check=True).stdout
+            assert UNSUPPORTED_PEER in described and "domainNames: not supported by nftpolicy" in described, described
+        assert env.metric("nftpolicy_events_total", result="failed") == 0
+    finally:
+        env.close()
+        clear_api(control_plane)

@@ -1,0 +1,76 @@
+"""The delta: what the node renderer changed -> one typed transaction of only that.
+
+The cost is the size of the change, not of the table (DESIGN.md section 4): new sets and chains,
+element adds and deletes, flushed and refilled chains, verdict-map moves, then removals, in an
+order the kernel takes in one transaction.
+"""
+
+from __future__ import annotations
+
+from . import layout
+from .layout import POD_MAPS
+from .model import Family, family_of
+from .rules import AnyChain, Changes, Config, PodChain, PolicyChain, TierChain
+from .transaction import ChainRule, Elements, OurTable, SetName, Transaction
+
+
+def decided_chain(config: Config, chain: AnyChain) -> layout.Chain:
+    """The layout chain of one policy, tier or pod chain (the one :func:`layout.table` has)."""
+    if isinstance(chain, PolicyChain):
+        return layout.policy_chain(config, chain)
+    if isinstance(chain, TierChain):
+        return layout.tier_chain(config, chain)
+    return layout.pod_chain(config, chain)
+
+
+def delta_transaction(config: Config, changes: Changes) -> Transaction:
+    """The transaction that applies ``changes`` (what the model gained and lost since the kernel
+    last took it) to our table: the cost is the size of the change, not of the table.
+
+    Order, so that each command only references what exists by then: add new sets and new
+    (empty) chains; delete stale elements, then add new ones; flush and refill every changed
+    chain and fill new ones; move the verdict-map dispatch of changed pod chains; flush, then
+    delete removed chains (pod chains, then the policy and tier chains they jumped to); delete
+    removed sets.
+    """
+    tx = Transaction(config.table, config.priority)
+    tx.add(OurTable())
+    for s in changes.sets_added:
+        tx.add(s)
+    for name, (before, _) in changes.chains.items():
+        if before is None:
+            tx.add(layout.Chain(name, ()))
+    for name, elements in changes.elements_removed.items():
+        tx.delete(Elements(name, tuple(elements)))
+    for name, elements in changes.elements_added.items():
+        tx.add(Elements(name, tuple(elements)))
+    for name, (before, after) in changes.chains.items():
+        if after is not None:
+            if before is not None:
+                tx.flush(layout.Chain(name, ()))
+            for rule in decided_chain(config, after).rules:
+                tx.add(ChainRule(name, rule))
+    stale: dict[Family, list[str]] = {"ipv4": [], "ipv6": []}
+    fresh: dict[Family, list[layout.MapElement]] = {"ipv4": [], "ipv6": []}
+    for name, (before, after) in changes.chains.items():
+        old = {ip: name for ip in before.ips} if isinstance(before, PodChain) else {}
+        new = {ip: after for ip in after.ips} if isinstance(after, PodChain) else {}
+        for ip in old:
+            if ip not in new:
+                stale[family_of(ip)].append(ip)
+        for ip in new.keys() - old.keys():
+            fresh[family_of(ip)].append(layout.MapElement(ip, name, new[ip].pod))
+    for family, ips in stale.items():  # deletions first: an address may move to another pod chain
+        if ips:
+            tx.delete(Elements(POD_MAPS[family], tuple(sorted(ips))))
+    for family, elements in fresh.items():
+        if elements:
+            tx.add(Elements(POD_MAPS[family], tuple(sorted(elements, key=lambda e: e.address))))
+    removed = sorted(changes.chains.items(), key=lambda kv: not isinstance(kv[1][0], PodChain))  # pod chains first: they jump to the others
+    for name, (before, after) in removed:
+        if after is None:
+            tx.flush(layout.Chain(name, ()))
+            tx.delete(layout.Chain(name, ()))
+    for name in changes.sets_removed:
+        tx.delete(SetName(name))
+    return tx
