@@ -53,9 +53,10 @@ from . import read_manifests
 from .explain import _agent, connections, parse_port
 
 # A monitor event (``trace id <id> inet <table> <chain> <rest>``), and a rule event's rest: the
-# monitor prints handles, so both a rule it knows and one it does not end in the rule's handle.
+# monitor prints handles, so both a rule it knows and one it does not end in the rule's handle (the
+# last one: a comment never decides it).
 _EVENT = re.compile(r"^trace id (\S+) inet (\S+) (\S+) (.*)$")
-_RULE = re.compile(r"^(?:rule .*? # handle |unknown rule handle )(?P<handle>\d+) \(verdict (?P<verdict>[^)]*)\)\s*$")
+_RULE = re.compile(r"^(?:rule .* # handle |unknown rule handle )(?P<handle>\d+) \(verdict (?P<verdict>[^)]*)\)\s*$")
 
 
 @dataclass(frozen=True)
