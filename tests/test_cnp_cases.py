@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from nftpolicy.translators.cases import evaluated_matrix, load_case
+from nftpolicy.translators.cases import load_case
+
+from .tiers import evaluated_matrix
 
 ROOT = Path(__file__).parent / "conformance"
 UPSTREAM = sorted((ROOT / "cnp-upstream").glob("*.yaml"))

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.agent.testbed.compare import compare, format_report
+from nftpolicy.agent.testbed.compare import compare, explain, format_report
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.translators.kuberouter import DumpError, parse_iptables_save, select
+from nftpolicy.translators.manifests import build_cluster
 
 from .conftest import REPO, example_cluster
+from .test_tiers import BASE, cnp, from_ns, tcp
 
 EXAMPLE = REPO / "examples" / "shop"
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
@@ -176,3 +178,14 @@ def test_a_dual_stack_dump_saved_from_a_node(make_netns):
     report = compare(cluster, "node1", dump)
     assert report.families == ["ipv4", "ipv6"] and report.cells == 2 * 9 * 24
     assert report.differences == [], format_report(report)
+
+
+def test_a_cell_a_cluster_policy_decides_names_its_rule():
+    """kube-router has no ClusterNetworkPolicy: the note names the rule that decides the cell in
+    nftpolicy, as the verdict engine reads it from the tables (pure: no sandbox)."""
+    cluster, errors = build_cluster(("t", o) for o in [*BASE, cnp("deny-y", "Admin", 1, ingress=[from_ns("Deny", "y", tcp(80))])])
+    assert not errors
+    note = explain(cluster, ProbeSpec(80, "TCP"), "y/a", "x/a", kube_router=True, ours=False)
+    assert note == "deliberate: kube-router has no ClusterNetworkPolicy; in nftpolicy ClusterNetworkPolicy deny-y ingress rule 0 (Deny) " \
+        "decides this cell"
+    assert explain(cluster, ProbeSpec(81, "TCP"), "y/a", "x/a", kube_router=True, ours=False) is None  # no rule of it matches

@@ -1,5 +1,5 @@
 """The pod chain's walk (translators/layout.py ``pod_chain``), packet by packet through the decided
-table (``tests/tablewalk.py``): the verdicts, and what a new connection costs. "The first allow
+table (the table walk, translators/tablewalk.py): the verdicts, and what a new connection costs. "The first allow
 ends the walk": once a direction's policies set the mark the packet leaves the pod chain, so it
 never walks another policy chain, the other direction's jumps, the node check or the rejects.
 """
@@ -10,9 +10,9 @@ import pytest
 
 from nftpolicy.translators import layout
 from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.tablewalk import Packet, TableWalker, Walk
 
 from .conftest import cluster_from_yaml
-from .tablewalk import Packet
 
 PODS = """
 apiVersion: v1
@@ -57,20 +57,20 @@ spec:
 """
 
 
-def walk(manifests: str, port: int = 80) -> tuple[bool, Packet]:
-    """client -> server TCP ``port`` through node1's table: (allowed, the packet after its walk)."""
+def walk(manifests: str, port: int = 80) -> tuple[bool, Walk]:
+    """client -> server TCP ``port`` through node1's table: (allowed, the walk)."""
     table = layout.table(build_rule_model(cluster_from_yaml(PODS + manifests), "node1"))
-    packet = Packet(table, "10.0.0.1", "10.0.0.2", "TCP", port)
-    return packet.allowed(), packet
+    walked = TableWalker(table).walk(Packet("10.0.0.1", "10.0.0.2", "tcp", port))
+    return walked.allowed, walked
 
 
-def pod_chain_walks(packet: Packet) -> list[tuple[list[str], int, set[str]]]:
+def pod_chain_walks(walked: Walk) -> list[tuple[list[str], int, set[str]]]:
     """Each pod chain the packet entered, in order, as (its rules walked other than the jumps to
     policy chains, by kind: the pod's name cut off the comment; how many jump rules it walked;
     the policies whose chains it walked a rule of). The jumps' order follows the chain names'
     hashes, so it is left out."""
     walks: list[tuple[list[str], int, set[str]]] = []
-    for chain, comment in packet.walked:
+    for chain, comment in ((step.chain, step.rule.comment) for step in walked.steps):
         if chain.startswith("KUBE-POD-FW-"):
             kind = comment.split(" ", 1)[1]
             if kind == "common":
@@ -100,13 +100,13 @@ CASES = {  # manifests -> (allowed, the server's pod chain walk, then the client
 @pytest.mark.parametrize("case", CASES)
 def test_walk(case):
     manifests, allowed, expected = CASES[case]
-    verdict, packet = walk(manifests)
-    assert (verdict, pod_chain_walks(packet)) == (allowed, expected)
+    verdict, walked = walk(manifests)
+    assert (verdict, pod_chain_walks(walked)) == (allowed, expected)
 
 
 def test_fifty_allowing_policies_cost_one_policy_chain():
     """50 policies that each allow the connection: the first one jumped sets the mark, the other
     49 jump rules are each one mark test, and the walk leaves at "ingress allowed"."""
-    verdict, packet = walk("".join(allow(f"p{i:02d}") for i in range(50)))
-    ((rules, jumps, policies),) = pod_chain_walks(packet)
+    verdict, walked = walk("".join(allow(f"p{i:02d}") for i in range(50)))
+    ((rules, jumps, policies),) = pod_chain_walks(walked)
     assert (verdict, rules, jumps, len(policies)) == (True, ["common", "start unmarked", "ingress allowed"], 50, 1)

@@ -1,12 +1,13 @@
-"""Random clusters with both kinds of policy: the tier evaluator (translators/tiers.py, straight
-from the API reference) and the table the node renderer and layout decide give the same verdict
-on every cell.
+"""Random clusters with both kinds of policy: the tier evaluator (tests/tiers.py, straight
+from the API reference, the spec oracle) and the table the node renderer and layout decide give
+the same verdict on every cell.
 
-The table is run by a small interpreter of the layout's statements (``tests/tablewalk.py``: what
-nft does with them: jumps and returns, marks under masks, set lookups, rejects), packet by packet through
+The table is run by the table walk (``translators/tablewalk.py``: what nft does with the layout's
+statements: jumps and returns, marks under masks, set lookups, rejects), packet by packet through
 ``KUBE-ROUTER-FORWARD``, so the check covers the tier chains, their place in the pod chain, the
-marks and the shared sets, without a kernel; a few random clusters also run in the sandbox with
-real packets.
+marks and the shared sets, without a kernel; the verdict engine behind ``nftpolicy explain``
+(translators/verdict.py, which walks each node's table) gives the evaluator's verdict and names
+the rule that decided; a few random clusters also run in the sandbox with real packets.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators import layout
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
-from nftpolicy.translators.tiers import connection_allowed
+from nftpolicy.translators.tablewalk import Packet, TableWalker
+from nftpolicy.translators.verdict import Connection, DirectionVerdict, enforcement_of
 
 from .fakeapi import namespace, pod
-from .tablewalk import Packet
+from .tiers import connection_allowed, direction_decision
 
 NAMESPACES = ("x", "y", "z")
 PODS = [(ns, name) for ns in NAMESPACES for name in ("a", "b")]
@@ -86,12 +88,14 @@ def network_policy(draw: Any, i: int) -> dict[str, Any]:
 
 
 @st.composite
-def clusters(draw: Any) -> list[dict[str, Any]]:
+def clusters(draw: Any, nodes: tuple[str, ...] = ("n1",)) -> list[dict[str, Any]]:
+    """Namespaces, pods on ``nodes`` (two each of x, y, z), up to two NetworkPolicies and one to
+    four ClusterNetworkPolicies."""
     objects: list[dict[str, Any]] = [namespace(ns, team=draw(st.sampled_from(["blue", "red"]))) for ns in NAMESPACES]
     for i, (ns, name) in enumerate(PODS):
         web = draw(st.sampled_from([80, 81]))  # "web" is 80 on some pods, 81 on others
-        objects.append(pod(ns, name, _ip(i), node="n1", ports=(("web", web, "TCP"), ("dns", 53, "UDP")),
-                           app=draw(st.sampled_from(["a", "b"]))))
+        app = draw(st.sampled_from(["a", "b"]))
+        objects.append(pod(ns, name, _ip(i), node=draw(st.sampled_from(nodes)), ports=(("web", web, "TCP"), ("dns", 53, "UDP")), app=app))
     objects += [draw(network_policy(i)) for i in range(draw(st.integers(0, 2)))]
     objects += [draw(cluster_policy(i)) for i in range(draw(st.integers(1, 4)))]
     return objects
@@ -102,7 +106,7 @@ def clusters(draw: Any) -> list[dict[str, Any]]:
 def test_the_table_gives_the_evaluators_verdict_on_every_cell(objects):
     cluster, errors = build_cluster(("random", o) for o in objects)
     assert not errors, [str(e) for e in errors]
-    table = layout.table(build_rule_model(cluster, None))
+    walker = TableWalker(layout.table(build_rule_model(cluster, None)))
     pods = list(cluster.pods.values())
     for protocol, port in PROBES:
         for src in pods:
@@ -110,8 +114,50 @@ def test_the_table_gives_the_evaluators_verdict_on_every_cell(objects):
                 if src is dst:
                     continue
                 want = connection_allowed(cluster, src, dst, protocol, port)  # type: ignore[arg-type]
-                got = Packet(table, src.ips[0], dst.ips[0], protocol, port).allowed()
+                got = walker.walk(Packet(src.ips[0], dst.ips[0], protocol.lower(), port)).allowed
                 assert got == want, f"{src.key} -> {dst.key} {protocol}/{port}: table {got}, evaluator {want}"
+
+
+def _reason(side: DirectionVerdict) -> str:
+    """What decided one direction, in the tier evaluator's words (tests/tiers.py
+    ``Decision.by``); a NetworkPolicy by the isolating policy's rule that allowed it."""
+    if side.cluster_rule is not None and side.cluster_action is not None:
+        rule = side.cluster_rule
+        return f"ClusterNetworkPolicy {rule.policy} {rule.direction} rule {rule.rule} ({side.cluster_action.split()[1]})"
+    if side.allowed_by is not None:
+        assert side.allowed_by.policy in side.policies
+        return "NetworkPolicy"
+    if side.isolated:
+        assert not side.allowed and side.exemption is None
+        return "no NetworkPolicy allows it"
+    return "default"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(objects=clusters(nodes=("n1", "n2")))
+def test_the_verdict_engine_gives_the_evaluators_verdict_and_reason(objects):
+    """The engine behind ``explain`` (each node's table walked for the directions it enforces)
+    against the tier evaluator, direction by direction: the same verdict, and the same
+    ClusterNetworkPolicy rule, NetworkPolicy tier or default deciding it. Of several
+    NetworkPolicies that allow a connection the evaluator names the first by key, the table the
+    first it jumps to: the reason is only "a NetworkPolicy" there."""
+    cluster, errors = build_cluster(("random", o) for o in objects)
+    assert not errors, [str(e) for e in errors]
+    engine = enforcement_of(cluster)
+    pods = list(cluster.pods.values())
+    for protocol, port in PROBES:
+        for src in pods:
+            for dst in pods:
+                if src is dst:
+                    continue
+                verdict = engine.verdict(Connection(src.ips[0], dst.ips[0], protocol, port))  # type: ignore[arg-type]
+                cell = f"{src.key} -> {dst.key} {protocol}/{port}"
+                for side, pod, other in ((verdict.egress, src, dst), (verdict.ingress, dst, src)):
+                    want = direction_decision(cluster, side.direction, pod, other, protocol, port)  # type: ignore[arg-type]
+                    got = (side.allowed, _reason(side))
+                    reason = "NetworkPolicy" if want.by.startswith("NetworkPolicy ") else want.by
+                    assert got == (want.allowed, reason), f"{cell} {side.direction}: engine {got}, evaluator {want}"
+                assert verdict.allowed == connection_allowed(cluster, src, dst, protocol, port), cell  # type: ignore[arg-type]
 
 
 @pytest.mark.kernel

@@ -1,4 +1,4 @@
-"""Unit tests of nftpolicy.translators.tiers: the tier order of ClusterNetworkPolicy.
+"""Unit tests of the tier evaluator (tests/tiers.py, the spec oracle): the tier order of ClusterNetworkPolicy.
 
 Pure. Each table row quotes the sentence of the API reference (network-policy-api v0.2.0,
 ``apis/v1alpha2/clusternetworkpolicy_types.go``) it checks. The NetworkPolicy tier is checked
@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nftpolicy.translators.cases import evaluated_matrix, load_case
+from nftpolicy.translators.cases import load_case
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster
-from nftpolicy.translators.tiers import connection_allowed, direction_decision, tier_order
+
+from .tiers import connection_allowed, direction_decision, evaluated_matrix, tier_order
 
 from . import fakeapi
 from .fakeapi import namespace

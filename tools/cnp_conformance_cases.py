@@ -2,15 +2,16 @@
 (``conformance/tests/*.go`` and the manifests under ``conformance/base``) into conformance cases
 (``tests/conformance/cnp-upstream/*.yaml``, the format of ``tests/conformance/README.md``).
 
-Usage (from the repository; the Go module proxy must be reachable, ``go`` on the PATH)::
+Usage (from the repository, as a module: it imports the tests' tier evaluator; the Go module
+proxy must be reachable, ``go`` on the PATH)::
 
-    .venv/bin/python tools/cnp_conformance_cases.py [--out tests/conformance/cnp-upstream]
+    .venv/bin/python -m tools.cnp_conformance_cases [--out tests/conformance/cnp-upstream]
 
 Each upstream test (a ``suite.ConformanceTest``) becomes one ``-stepN`` file per ``t.Run``: the
 policies as they stand when that sub-test probes (the sub-tests patch them in turn), and one
 probe per protocol and port it pokes. A probe's ``upstream`` table holds exactly the cells the
 sub-test asserts (its ``PokeServer`` calls); the ``expected`` matrix is the tier evaluator's
-(``nftpolicy.translators.tiers``) for every pair, and the script refuses to write a case whose
+(``tests/tiers.py``, the spec oracle) for every pair, and the script refuses to write a case whose
 matrix disagrees with an upstream cell. Upstream's namespaces lose their
 ``network-policy-conformance-`` prefix and the pods their surnames (``harry-potter-0`` is
 ``gryffindor/harry-0``), so that the matrices stay readable; labels and ports are upstream's.
@@ -37,6 +38,7 @@ from typing import Any
 import yaml
 
 from nftpolicy.translators.cases import CaseError, format_matrix, load_case
+from tests.tiers import evaluated_matrix
 
 MODULE = "sigs.k8s.io/network-policy-api@v0.2.0"
 PREFIX = "network-policy-conformance-"
@@ -184,8 +186,6 @@ def case_text(name: str, source: str, objects: list[dict[str, Any]], pokes: list
         placeholder = format_matrix(keys, {(a, b): True for a in keys for b in keys})  # replaced below
         document["probes"].append({"port": port, "protocol": protocol, "upstream": cells + "\n", "expected": placeholder})
     case = load_case(yaml.safe_dump(document))
-    from nftpolicy.translators.cases import evaluated_matrix
-
     for probe_doc, probe in zip(document["probes"], case.probes):
         matrix = evaluated_matrix(case, probe)
         wrong = {cell: want for cell, want in probe.upstream.items() if matrix[cell] != want}

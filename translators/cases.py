@@ -193,18 +193,3 @@ def differences(expected: Matrix, actual: Matrix) -> list[tuple[str, str, bool, 
     return [(src, dst, want, actual.get((src, dst)))
             for (src, dst), want in sorted(expected.items())
             if src != dst and actual.get((src, dst)) != want]
-
-
-def evaluated_matrix(case: Case, probe: CaseProbe) -> Matrix:
-    """Every (from, to) cell of ``probe`` as :mod:`nftpolicy.translators.tiers` decides it, with
-    pod i of the case at 10.0.<i // 250>.<i % 250 + 1> (one /4, as ``largeCIDR`` assumes).
-    Raises CaseError when an object of the case is invalid."""
-    from .manifests import build_cluster  # the case format itself does not need the validators
-    from .tiers import connection_allowed
-
-    ips = {p.key: [f"10.0.{i // 250}.{i % 250 + 1}"] for i, p in enumerate(case.pods)}
-    cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips))
-    if errors:
-        raise CaseError(f"{case.name}: {errors[0]}")
-    pods = [cluster.pods[p.key] for p in case.pods]
-    return {(a.key, b.key): connection_allowed(cluster, a, b, probe.protocol, probe.port) for a in pods for b in pods}

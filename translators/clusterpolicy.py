@@ -4,7 +4,7 @@
 Source: sigs.k8s.io/network-policy-api v0.2.0, ``apis/v1alpha2/clusternetworkpolicy_types.go``
 and the CRD it generates (``config/crd/{standard,experimental}``: the OpenAPI limits and the CEL
 rules). A ClusterNetworkPolicy sits in the Admin tier (before every NetworkPolicy) or the
-Baseline tier (after them, for pods no NetworkPolicy isolates); :mod:`nftpolicy.translators.tiers`
+Baseline tier (after them, for pods no NetworkPolicy isolates); ``tests/tiers.py``
 evaluates the order. Peers are namespaces, pods (a namespace selector AND a pod selector) and,
 for egress, networks (CIDRs); ports are TCP, UDP or SCTP destination ports (a number or a range)
 or a destination named port.

@@ -1,9 +1,12 @@
 """The verdict engine: what nftpolicy's rules do with one connection, and why.
 
 Pure: rule models in (:mod:`nftpolicy.translators.rules`, as
-:mod:`nftpolicy.translators.noderender` builds them), a :class:`Verdict` out. It walks what
-:mod:`nftpolicy.translators.layout` turns each model into, in the kernel's order (DESIGN.md
-section 2):
+:mod:`nftpolicy.translators.noderender` builds them), a :class:`Verdict` out. It does not
+re-derive the kernel's order: it walks the table :mod:`nftpolicy.translators.layout` decides for
+each node (the table walk, :mod:`nftpolicy.translators.tablewalk`: its chains and rules in the
+order the kernel evaluates them, its verdict maps and sets) and reads the walk back as reasons:
+the exemption, or the policy or tier rule (its origin: policy, direction, rule index, tier,
+action) that decided. What the table does (DESIGN.md section 2):
 
 * a packet leaves its source pod's node through that pod's chain (its **egress**) and enters
   its destination pod's node through that pod's chain (its **ingress**); the rule model of the
@@ -14,18 +17,21 @@ section 2):
   selecting the pod isolates it);
 * a connection from an address to itself never leaves the pod (its loopback), so no chain sees
   it: allowed in both directions, as upstream's conformance tests expect of a pod's own address;
-* exemptions, in the order the table applies them: an established (or related) connection is
-  accepted by the base chains; the common chain accepts essential ICMP errors
+* exemptions, in the order the table applies them: traffic to the node itself
+  (``KUBE-ROUTER-INPUT``) returns first for service cluster IPs, node ports on node addresses
+  and external ranges; an established (or related) connection is accepted by the base chains;
+  the common chain accepts essential ICMP errors
   (:data:`~nftpolicy.translators.layout.ESSENTIAL_ICMP`); traffic to a pod from an address of
-  its own node is accepted (kubelet probes; the pod chain tests it after the policies, which
-  never refuse it); traffic to the node itself (``KUBE-ROUTER-INPUT``)
-  returns for service cluster IPs, node ports on node addresses and external ranges;
+  its own node is accepted (kubelet probes; the pod chain tests it after the policies, so a
+  policy rule that allows it is named instead);
+* each direction is walked on its own node, from the base chain that sees it, with only that
+  pod's verdict-map look-up (the destination's for ingress, the source's for egress);
 * otherwise the pod chain jumps to the policy chains of the direction in order, and the first
   allow rule that matches (family, peer set, port, named-port set) allows; none: reject;
 * ClusterNetworkPolicies (:mod:`nftpolicy.translators.tierchains`): before the policy chains,
   the Admin tier chains, and where no policy isolates the direction the Baseline tier chains;
   the first matching rule of a tier decides (Accept allows, Deny denies), a Pass rule ends its
-  tier (:mod:`nftpolicy.translators.tiers` states the same order from the API reference).
+  tier (``tests/tiers.py``, the tests' spec oracle, states the same order from the API reference).
 
 :class:`Enforcement` holds the models (one per node, or one for node None: every pod local), the
 pods (key, node, addresses: to name both ends and to pick the node whose model decides) and the
@@ -36,22 +42,18 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from .layout import ESSENTIAL_ICMP, NODE_PORT_PROTOCOLS
+from . import layout
 from .model import Cluster, Direction, Family, Pod, family_of
 from .noderender import build_rule_model
 from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
+from .tablewalk import Packet, Step, TableWalker, Walk, canonical
 
 ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
                     "node port", "external IP"]
-
-
-def canonical(address: str) -> str:
-    """An address in canonical text (``fd00::1``, not ``fd00:0::01``). Raises ValueError."""
-    return str(ipaddress.ip_address(address))
 
 
 @dataclass(frozen=True)
@@ -149,39 +151,37 @@ class Verdict:
         return dataclasses.asdict(self)
 
 
-@dataclass
-class _NodeIndex:
-    """One node's rule model, indexed for look-ups."""
+class _Node:
+    """One node's rule model and the table :mod:`~nftpolicy.translators.layout` decides for it,
+    indexed: the table walker (``local``: the node's addresses), the model's chains and sets by
+    name, the pod of each dispatched address, and the model rule each layout rule of a policy or
+    tier chain was made from (for its words: its peer set, named-port set and port)."""
 
-    model: RuleModel
-    pod_chains: dict[str, PodChain] = field(default_factory=dict)
-    policy_chains: dict[str, PolicyChain] = field(default_factory=dict)
-    tier_chains: dict[str, TierChain] = field(default_factory=dict)
-    sets: dict[str, AddressSet] = field(default_factory=dict)
-    members: dict[str, Any] = field(default_factory=dict)  # set name -> frozenset, or networks
+    def __init__(self, model: RuleModel, local: Sequence[str]) -> None:
+        self.model = model
+        self.walker = TableWalker(layout.table(model), local)
+        self.policy_chains = {chain.name: chain for chain in model.policy_chains}
+        self.tier_chains = {chain.name: chain for chain in model.tier_chains}
+        self.sets = {s.name: s for s in model.sets}
+        self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
+        self._made_from: dict[str, list[MatchRule]] = {
+            **{c.name: list(c.rules) for c in model.policy_chains},  # layout.allow_rule: one rule each
+            **{c.name: [r for r in c.rules for _ in layout.tier_rule(model.config, c, r)] for c in model.tier_chains}}
 
-    def __post_init__(self) -> None:
-        self.pod_chains = {canonical(ip): chain for chain in self.model.pod_chains for ip in chain.ips}
-        self.policy_chains = {chain.name: chain for chain in self.model.policy_chains}
-        self.tier_chains = {chain.name: chain for chain in self.model.tier_chains}
-        self.sets = {s.name: s for s in self.model.sets}
+    def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, MatchRule]:
+        """The policy or tier chain of the model and the rule of it that the layout rule of
+        ``step`` (a rule of a policy or tier chain) was made from."""
+        chain = self.policy_chains.get(step.chain) or self.tier_chains[step.chain]
+        return chain, self._made_from[step.chain][step.position]
 
-    def contains(self, name: str, element: Any) -> bool:
-        """True when ``element`` (an address, or ``(address, protocol, port)``) is in set ``name``."""
-        members = self.members.get(name)
-        if members is None:
-            s = self.sets[name]
-            if s.kind == "interval":
-                members = [ipaddress.ip_network(e) for e in s.elements]
-            elif s.kind == "addr":
-                members = frozenset(canonical(e) for e in s.elements)
-            else:
-                members = frozenset((canonical(e[0]), e[1], e[2]) for e in s.elements)
-            self.members[name] = members
-        if isinstance(members, list):
-            address = ipaddress.ip_address(element)
-            return any(address.version == net.version and address in net for net in members)
-        return element in members
+    def jumps(self, pod_chain: str, direction: Direction) -> tuple[str, ...]:
+        """The chains that pod chain ``pod_chain`` jumps to for ``direction`` (its tier chains,
+        policy chains or ``KUBE-NWPLCY-DEFAULT``), in order."""
+        field = "daddr" if direction == "ingress" else "saddr"
+        targets = [s.target for rule in self.walker.chains[pod_chain].rules
+                   if any(isinstance(s, layout.AddressIs) and s.field == field for s in rule.statements)
+                   for s in rule.statements if isinstance(s, layout.Jump)]
+        return tuple(dict.fromkeys(targets))
 
     def describe(self, name: str) -> str:
         """What set ``name`` selects (its comment)."""
@@ -200,7 +200,7 @@ class Enforcement:
         self.models = dict(models)
         self.pods = tuple(pods)
         self.node_addresses = {name: tuple(canonical(a) for a in addresses) for name, addresses in (node_addresses or {}).items()}
-        self._nodes = {name: _NodeIndex(model) for name, model in self.models.items()}
+        self._nodes = {name: _Node(model, self.node_addresses.get(name or "", ())) for name, model in self.models.items()}
         self._pod_at: dict[str, Endpoint] = {}
         for pod in self.pods:
             for ip in pod.ips:
@@ -227,7 +227,7 @@ class Enforcement:
         allowed = False if False in sides else None if None in sides else True
         return Verdict(conn, allowed, egress, ingress)
 
-    def _node_of(self, address: str) -> tuple[str | None, _NodeIndex | None, bool]:
+    def _node_of(self, address: str) -> tuple[str | None, _Node | None, bool]:
         """(node name, its index, known) for the pod at ``address``."""
         pod = self.pod_at(address)
         if pod is not None:
@@ -236,114 +236,87 @@ class Enforcement:
                     return name, self._nodes[name], True
             return pod.node, None, False
         for name, index in self._nodes.items():
-            if address in index.pod_chains:
+            if address in index.pods:
                 return name, index, True
         return None, None, True
 
+    def _base_chain(self, node: str | None, direction: Direction, conn: Connection) -> str:
+        """The base chain that first sees the connection on ``node`` for ``direction``: egress
+        to an address of the node itself, a service cluster IP or an external range enters
+        ``KUBE-ROUTER-INPUT`` (kube-proxy's IPVS mode binds the latter two to the node);
+        ingress from the node itself ``KUBE-ROUTER-OUTPUT``; the rest ``KUBE-ROUTER-FORWARD``."""
+        local = self.node_addresses.get(node or "", ())
+        if direction == "ingress":
+            return "KUBE-ROUTER-OUTPUT" if conn.source in local else "KUBE-ROUTER-FORWARD"
+        config, destination = self._nodes[node].model.config, ipaddress.ip_address(conn.destination)
+        bound = [c for c in config.service_cidrs + config.external_cidrs if family_of(c) == conn.family]
+        if conn.destination in local or any(destination in ipaddress.ip_network(c) for c in bound):
+            return layout.INPUT_CHAIN
+        return "KUBE-ROUTER-FORWARD"
+
     def _direction(self, direction: Direction, address: str, peer: str, conn: Connection) -> DirectionVerdict:
+        """One direction: the walk of the node's table from the base chain that sees the packet,
+        dispatching only on ``address`` (the destination's pod chain for ingress, the source's for
+        egress), read back as reasons."""
         node, index, known = self._node_of(address)
         pod = self.pod_at(address)
-        chain = index.pod_chains.get(address) if index is not None else None
-        key = pod.key if pod is not None else chain.pod if chain is not None else None
+        key = pod.key if pod is not None else index.pods.get(address) if index is not None else None
         if not known or index is None:
             return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
-        targets = getattr(chain, direction) if chain is not None else None
-        admin, baseline = chain.tiers(direction) if chain is not None else ((), ())
-        tiers = (admin, baseline if targets is None else ())
-        policies = tuple(index.policy_chains[t].policy for t in targets or ())
-        side = DirectionVerdict(direction, address, key, node, True, targets is not None, True, policies)
+        pod_chain = index.walker.dispatch_target(conn.family, address)
+        jumps = index.jumps(pod_chain, direction) if pod_chain is not None else ()
+        targets = [index.policy_chains[t] for t in jumps if t in index.policy_chains]
+        isolated = pod_chain is not None and layout.DEFAULT_CHAIN not in jumps
+        side = DirectionVerdict(direction, address, key, node, True, isolated, True, tuple(c.policy for c in targets))
         if address == peer:
             return dataclasses.replace(side, exemption="own address")
-        exemption = self._input_exemption(node, conn) if direction == "egress" else None
-        if exemption is None and (targets is not None or any(tiers)):
-            exemption = self._chain_exemption(node, conn, direction)
-        if exemption is not None:
-            return dataclasses.replace(side, exemption=exemption)
-        decided = _tier_decision(index, tiers[0], direction, peer, conn)
-        if decided is None and targets is None:
-            decided = _tier_decision(index, tiers[1], direction, peer, conn)
+        packet = Packet(conn.source, conn.destination, conn.protocol.lower(), conn.port, conn.icmp_type, conn.established)
+        walk = index.walker.walk(packet, self._base_chain(node, direction, conn), ("daddr" if direction == "ingress" else "saddr",))
+        ended = walk.ended_by
+        if walk.allowed and ended is not None:
+            return dataclasses.replace(side, exemption=_exemption(ended.rule, index.model.config))
+        decided = _deciding_rule(index, walk)
         if decided is not None:
-            action, summary = decided
-            return dataclasses.replace(side, allowed=action.endswith("Accept"), cluster_rule=summary, cluster_action=action)
-        if targets is None:
+            chain, rule = decided
+            summary = _summaries(index, chain, [rule])[0]
+            if rule.origin.tier is not None:
+                action = rule.origin.action
+                return dataclasses.replace(side, allowed=action == "Accept", cluster_rule=summary,
+                                           cluster_action=f"{rule.origin.tier} {action}")
+            return dataclasses.replace(side, allowed_by=summary)
+        if walk.allowed:
             return side
-        for target in targets:
-            for rule in index.policy_chains[target].rules:
-                if _matches(index, rule, direction, peer, conn):
-                    return dataclasses.replace(side, allowed_by=_summaries(index, index.policy_chains[target], [rule])[0])
-        summaries = tuple(s for t in targets for s in _summaries(index, index.policy_chains[t], [
-            r for r in index.policy_chains[t].rules if r.family in (None, conn.family)]))
+        summaries = tuple(s for t in targets for s in _summaries(index, t, [r for r in t.rules if r.family in (None, conn.family)]))
         return dataclasses.replace(side, allowed=False, rules=summaries)
 
-    def _config(self, node: str | None) -> Config:
-        index = self._nodes.get(node)
-        return index.model.config if index is not None else Config()
 
-    def _input_exemption(self, node: str | None, conn: Connection) -> Exemption | None:
-        """``KUBE-ROUTER-INPUT``'s returns, for traffic from a pod to its own node: to a service
-        cluster IP or an external range (kube-proxy's IPVS mode binds those to the node, so they
-        reach INPUT), or to a node port of a node address."""
-        config, destination = self._config(node), ipaddress.ip_address(conn.destination)
-        local = conn.destination in self.node_addresses.get(node or "", ())
-
-        def inside(cidrs: tuple[str, ...]) -> bool:
-            return any(destination in ipaddress.ip_network(c) for c in cidrs if family_of(c) == conn.family)
-
-        if not local and not inside(config.service_cidrs + config.external_cidrs):
+def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, MatchRule] | None:
+    """The policy or tier rule that decided a walk: the last rule with an origin (a policy
+    rule) that fired, a ``Pass`` aside (it only ends its tier); None when none fired, or
+    ``KUBE-NWPLCY-DEFAULT`` after it."""
+    for step in reversed(walk.fired()):
+        if step.chain == layout.DEFAULT_CHAIN:
             return None
-        if conn.established:
-            return "established"
-        if inside(config.service_cidrs):
-            return "service cluster IP"
-        if local and config.node_port_range and conn.protocol.lower() in NODE_PORT_PROTOCOLS and conn.port is not None \
-                and config.node_port_range[0] <= conn.port <= config.node_port_range[1]:
-            return "node port"
-        if inside(config.external_cidrs):
-            return "external IP"
-        return None
-
-    def _chain_exemption(self, node: str | None, conn: Connection, direction: Direction) -> Exemption | None:
-        """What the base chains, the common chain and the pod chain accept whatever the policies say."""
-        if conn.established:
-            return "established"
-        if conn.protocol == "ICMP" and conn.icmp_type in ESSENTIAL_ICMP[conn.family]:
-            return "essential ICMP error"
-        if direction == "ingress" and conn.source in self.node_addresses.get(node or "", ()):
-            return "node-local source"
-        return None
-
-
-def _tier_decision(index: _NodeIndex, chains: Sequence[str], direction: Direction, peer: str,
-                   conn: Connection) -> tuple[str, RuleSummary] | None:
-    """The first matching rule of one tier's chains, in order: its tier and action
-    (``Admin Deny``) and the rule in words; None when no rule matches or a Pass rule does."""
-    for name in chains:
-        chain = index.tier_chains[name]
-        for rule in chain.rules:
-            if _matches(index, rule, direction, peer, conn):
-                if rule.origin.action == "Pass":
-                    return None
-                return f"{chain.tier} {rule.origin.action}", _summaries(index, chain, [rule])[0]
+        if step.rule.origin is not None and step.rule.origin.action != "Pass":
+            return index.made_from(step)
     return None
 
 
-def _matches(index: _NodeIndex, rule: MatchRule, direction: Direction, peer: str, conn: Connection) -> bool:
-    """What :func:`~nftpolicy.translators.layout.allow_rule` matches: family, the peer (source
-    for ingress, destination for egress) in the peer set, the named port
-    (``destination . protocol . port``) in its set, the protocol and port range."""
-    if rule.family is not None and rule.family != conn.family:
-        return False
-    if rule.peer_set is not None and not index.contains(rule.peer_set, peer):
-        return False
-    if rule.named_port_set is not None and (conn.protocol == "ICMP" or not index.contains(
-            rule.named_port_set, (conn.destination, conn.protocol.lower(), conn.port))):
-        return False
-    if rule.port is not None:
-        if rule.port.protocol != conn.protocol:
-            return False
-        if rule.port.first is not None and not (conn.port is not None and rule.port.first <= conn.port <= (rule.port.last or rule.port.first)):
-            return False
-    return True
+def _exemption(rule: layout.Rule, config: Config) -> Exemption:
+    """Which exemption ``rule`` (of a base chain, the common chain or a pod chain: a rule that
+    accepts, or a ``return`` of ``KUBE-ROUTER-INPUT``) is, by what it matches."""
+    statements = rule.statements
+    if any(isinstance(s, layout.ConntrackState) for s in statements):
+        return "established"
+    if any(isinstance(s, layout.IcmpTypes) for s in statements):
+        return "essential ICMP error"
+    if any(isinstance(s, layout.LocalAddress) and s.field == "saddr" for s in statements):
+        return "node-local source"
+    if any(isinstance(s, layout.LocalAddress) and s.field == "daddr" for s in statements):
+        return "node port"
+    if any(isinstance(s, layout.AddressIs) and set(s.addresses) <= set(config.service_cidrs) for s in statements):
+        return "service cluster IP"
+    return "external IP"
 
 
 def port_text(port: PortMatch) -> str:
@@ -353,7 +326,7 @@ def port_text(port: PortMatch) -> str:
     return f"{port.protocol}/{port.first}" + (f"-{port.last}" if port.last not in (None, port.first) else "")
 
 
-def _summaries(index: _NodeIndex, chain: PolicyChain | TierChain, rules: Sequence[MatchRule]) -> list[RuleSummary]:
+def _summaries(index: _Node, chain: PolicyChain | TierChain, rules: Sequence[MatchRule]) -> list[RuleSummary]:
     """The allow rules of ``chain`` grouped by policy rule index, in order, in words."""
     grouped: dict[int, tuple[list[str], list[str]]] = {}
     for rule in rules:

@@ -20,8 +20,7 @@ from typing import Sequence
 from nftpolicy.translators.kuberouter import Dump
 from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule
 from nftpolicy.translators.rules import FAMILIES, Config
-from nftpolicy.translators.tiers import direction_decision
-from nftpolicy.translators.verdict import Connection, Enforcement, enforcement_of
+from nftpolicy.translators.verdict import Connection, DirectionVerdict, Enforcement, enforcement_of
 
 from nftpolicy.agent.dataplane.iptables import IptablesBatch, IptablesDataplane
 from .probes import ProbeSpec
@@ -117,10 +116,21 @@ def _peerless_named_port(cluster: Cluster, policy: NetworkPolicy, spec: ProbeSpe
     return False
 
 
+def _cluster_rule(side: DirectionVerdict) -> str | None:
+    """``ClusterNetworkPolicy <name> <direction> rule <i> (<action>)`` when a ClusterNetworkPolicy
+    rule decided ``side``, else None."""
+    if side.cluster_rule is None or side.cluster_action is None:
+        return None
+    rule = side.cluster_rule
+    return f"ClusterNetworkPolicy {rule.policy} {rule.direction} rule {rule.rule} ({side.cluster_action.split()[1]})"
+
+
 def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: bool | None, ours: bool | None,
-            icmp_echo_accepted: bool = False) -> str | None:
-    """The documented deliberate difference that accounts for a cell, if one does (docs/migration.md,
-    "Deliberate differences"), else None.
+            icmp_echo_accepted: bool = False, family: Family = "ipv4") -> str | None:
+    """The documented deliberate difference that accounts for a cell of ``family``, if one does
+    (docs/migration.md, "Deliberate differences"), else None. Which ClusterNetworkPolicy rule
+    decides a cell is the verdict engine's answer (:mod:`nftpolicy.translators.verdict`) for every
+    node.
 
     ``icmp_echo_accepted``: kube-router's rules accept every ICMP echo request before the policies
     (:attr:`~nftpolicy.translators.kuberouter.Dump.accepts_icmp_echo`; the real kube-router v2.1.0
@@ -129,10 +139,11 @@ def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: 
     if spec.protocol == "ICMP" and kube_router and not ours and icmp_echo_accepted:
         return ICMP_NOTE
     a, b = cluster.pods.get(src), cluster.pods.get(dst)
-    if cluster.cluster_policies and a and b and spec.protocol != "ICMP" and kube_router != ours:
-        decisions = [direction_decision(cluster, "egress", a, b, spec.protocol, spec.port),  # type: ignore[arg-type]
-                     direction_decision(cluster, "ingress", b, a, spec.protocol, spec.port)]  # type: ignore[arg-type]
-        tiers = [d.by for d in decisions if d.by.startswith("ClusterNetworkPolicy")]
+    if cluster.cluster_policies and a and b and a.addresses(family) and b.addresses(family) and spec.protocol != "ICMP" \
+            and kube_router != ours:
+        cell = Connection(a.addresses(family)[0], b.addresses(family)[0], spec.protocol, spec.port)  # type: ignore[arg-type]
+        verdict = enforcement_of(cluster).verdict(cell)
+        tiers = [rule for rule in map(_cluster_rule, (verdict.egress, verdict.ingress)) if rule is not None]
         if tiers:
             return CLUSTER_POLICY_NOTE.format(" and ".join(tiers))
     if ours and kube_router is False:
@@ -221,7 +232,7 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
     for spec, family, src, dst, a, b in disagreements(kube_router, nftpolicy):
         policies = involved_policies(engine, node, cluster.pods[src], cluster.pods[dst], family)
         report.differences.append(Difference(spec, family, src, dst, a, b, policies,
-                                             explain(cluster, spec, src, dst, a, b, dump.accepts_icmp_echo)))
+                                             explain(cluster, spec, src, dst, a, b, dump.accepts_icmp_echo, family)))
     return report
 
 

@@ -145,6 +145,20 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     interrupts.forget(("process", proc.pid))
 
 
+def write_token_kubeconfig(path: str, server: str, ca_file: str, token: str, user: str) -> None:
+    """A kubeconfig (mode 0600) for the API server at ``server`` (its CA from ``ca_file``,
+    embedded) that authenticates with the bearer ``token`` as ``user``."""
+    ca = base64.b64encode(Path(ca_file).read_bytes()).decode()
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
+        "clusters": [{"name": "sandbox", "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": user}}],
+    }
+    Path(path).write_text(json.dumps(config, indent=1))
+    os.chmod(path, 0o600)
+
+
 class ControlPlane:
     """etcd + kube-apiserver on 127.0.0.1 (context manager).
 
@@ -228,7 +242,7 @@ class ControlPlane:
             *self.extra_args,
         ])
         self._wait("kube-apiserver", self._apiserver, self._apiserver_ready, 90)
-        self._write_kubeconfig(self.kubeconfig, self.admin_token, "nftpolicy-admin")
+        write_token_kubeconfig(self.kubeconfig, self.url, self.ca_file, self.admin_token, "nftpolicy-admin")
 
     def stop_apiserver(self) -> None:
         """Stop kube-apiserver (SIGTERM, then SIGKILL after 10 s); etcd and its data stay."""
@@ -293,21 +307,10 @@ class ControlPlane:
         except ApiError:
             return False
 
-    def _write_kubeconfig(self, path: str, token: str, user: str) -> None:
-        ca = base64.b64encode(Path(self.ca_file).read_bytes()).decode()
-        config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
-            "clusters": [{"name": "sandbox", "cluster": {"server": self.url, "certificate-authority-data": ca}}],
-            "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": user}}],
-        }
-        Path(path).write_text(json.dumps(config, indent=1))
-        os.chmod(path, 0o600)
-
     def kubeconfig_for(self, token: str, name: str) -> str:
         """Write a kubeconfig that authenticates with ``token`` as ``name``; returns its path."""
         path = str(self.dir / f"{name}.kubeconfig")
-        self._write_kubeconfig(path, token, name)
+        write_token_kubeconfig(path, self.url, self.ca_file, token, name)
         return path
 
     # ---- the API -------------------------------------------------------------------------

@@ -412,8 +412,6 @@ class RealCluster:
         # component name -> (argv, node, environment) it was started with, for restart()
         self._commands: dict[str, tuple[list[str], int, dict[str, str]]] = {}
 
-    # ---- lifecycle -----------------------------------------------------------------------
-
     def __enter__(self) -> "RealCluster":
         try:
             self.start()
@@ -433,10 +431,14 @@ class RealCluster:
         _claim_machine(self.state)
         self.state.sockets.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
-        self._network()
+        netns.create(self.state.netns)
+        _cluster_network(self.netns, self.lan)
         for index in range(1, self.node_count + 1):
             self._mount_namespace(index)
-        self._certificates()
+        make_certificates(self.pki, self.node_names)
+        write_kubeconfig(self.kubeconfig, self.pki, "admin")
+        for name in self.node_names:
+            write_kubeconfig(str(self.dir / f"kubelet-{name}.kubeconfig"), self.pki, f"kubelet-{name}")
         self._control_plane()
         for index in range(1, self.node_count + 1):
             self._node(index)
@@ -476,8 +478,6 @@ class RealCluster:
         self._holders.clear()
         if problems:
             raise RealNodeError("the real cluster left: " + "; ".join(problems))
-
-    # ---- running things inside -----------------------------------------------------------
 
     def enter(self, node: int = 1, mount: bool = False) -> list[str]:
         """The ``nsenter`` prefix that runs a command in node ``node``'s network namespace (and
@@ -537,30 +537,8 @@ class RealCluster:
         return self._procs[name].pid
 
     def _serves(self, name: str, node: int) -> bool:
-        if name.startswith("containerd-"):
-            socket = self.state.sockets / self.node_names[node - 1] / "containerd.sock"
-            probe = [self.binaries["ctr"], "--address", str(socket), "version"]
-        elif name.startswith("kubelet-"):
-            probe = ["curl", "-sf", "--max-time", "2", "http://127.0.0.1:10248/healthz"]
-        elif name == "kube-apiserver":
-            probe = [self.binaries["kubectl"], "get", "--raw", "/readyz"]
-        else:
-            return True
-        return self.run(probe, node=node, check=False, timeout=10).returncode == 0
-
-    # ---- building it ---------------------------------------------------------------------
-
-    def _network(self) -> None:
-        netns.create(self.state.netns)
-        netns.ip_batch(["link set lo up", "link add br0 type bridge", "link set br0 up"], self.lan)
-        for index, name in enumerate(self.netns, start=1):
-            netns.ip_batch([f"link add eth0 netns {name} type veth peer name p{index} netns {self.lan}"])
-            netns.ip_batch([f"link set p{index} master br0", f"link set p{index} up"], self.lan)
-            routes = [f"route add {pod_cidr(other)} via {node_ip(other)}"
-                      for other in range(1, self.node_count + 1) if other != index]
-            netns.ip_batch(["link set lo up", f"addr add {node_ip(index)}/24 dev eth0", "link set eth0 up",
-                            "route add default dev eth0", *routes], name)
-            netns.write_sysctl(name, "net.ipv4.ip_forward", "1")
+        probe = _serving_probe(name, self.binaries, self.state.sockets / self.node_names[node - 1])
+        return probe is None or self.run(probe, node=node, check=False, timeout=10).returncode == 0
 
     def _mount_namespace(self, index: int) -> None:
         """Node ``index``'s mount namespace: private, with :data:`NODE_PRIVATE_DIRS` bound to the
@@ -581,93 +559,19 @@ class RealCluster:
         self.state.mount_ns_inodes.append(_inode(f"/proc/{holder.pid}/ns/mnt"))
         self.state.save()
 
-    def _openssl(self, *args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=self.pki)
-
-    def _issue(self, name: str, subject: str, sans: Iterable[str] = (), usage: str = "clientAuth") -> None:
-        """An EC key and a certificate signed by the cluster's CA: ``pki/<name>.{key,crt}``."""
-        self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{name}.key")
-        extensions = [f"extendedKeyUsage={usage}", "keyUsage=critical,digitalSignature,keyEncipherment"]
-        if sans:
-            extensions.append("subjectAltName=" + ",".join(sans))
-        (self.pki / f"{name}.ext").write_text("\n".join(extensions) + "\n")
-        self._openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr")
-        self._openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                      "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
-
-    def _certificates(self) -> None:
-        self.pki.mkdir(parents=True)
-        self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
-        self._openssl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=nftpolicy-e2e-ca", "-days", "2", "-out", "ca.crt")
-        self._issue("apiserver", "/CN=kube-apiserver", [
-            f"IP:{node_ip(1)}", f"IP:{API_SERVICE_IP}", "IP:127.0.0.1", "DNS:kubernetes", "DNS:kubernetes.default",
-            "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"], usage="serverAuth")
-        self._issue("admin", "/O=system:masters/CN=nftpolicy-e2e-admin")
-        self._issue("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
-        for index, name in enumerate(self.node_names, start=1):
-            self._issue(f"kubelet-{name}", f"/O=system:nodes/CN=system:node:{name}")
-            self._issue(f"kubelet-serving-{name}", f"/CN={name}", [f"IP:{node_ip(index)}", f"DNS:{name}"],
-                        usage="serverAuth")
-        self._openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key")
-        self._openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub")
-        self._write_kubeconfig(self.kubeconfig, "admin")
-        for name in self.node_names:
-            self._write_kubeconfig(str(self.dir / f"kubelet-{name}.kubeconfig"), f"kubelet-{name}")
-
-    def _write_kubeconfig(self, path: str, cert: str) -> None:
-        config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
-            "clusters": [{"name": "e2e", "cluster": {"server": f"https://{node_ip(1)}:{API_PORT}",
-                                                      "certificate-authority": str(self.pki / "ca.crt")}}],
-            "users": [{"name": cert, "user": {"client-certificate": str(self.pki / f"{cert}.crt"),
-                                              "client-key": str(self.pki / f"{cert}.key")}}],
-            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": cert}}],
-        }
-        Path(path).write_text(json.dumps(config, indent=1))
-        os.chmod(path, 0o600)
-
     def _control_plane(self) -> None:
-        pki, b = self.pki, self.binaries
-        self._spawn("etcd", [
-            b["etcd"], "--name", "default", "--data-dir", str(self.dir / "etcd"),
-            "--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
-            "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-            "--initial-cluster", "default=http://127.0.0.1:2380", "--log-level", "warn", "--unsafe-no-fsync",
-        ])
-        self._spawn("kube-apiserver", [
-            b["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
-            f"--advertise-address={node_ip(1)}", "--bind-address=0.0.0.0", f"--secure-port={API_PORT}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-            "--kubelet-preferred-address-types=InternalIP",  # never a DNS lookup of the node name
-            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true", "--profiling=false", "-v=1",
-        ])
+        commands = _control_plane_commands(self.binaries, self.pki, self.dir, self.kubeconfig)
+        for name in ("etcd", "kube-apiserver"):
+            self._spawn(name, commands[name])
         self._wait("kube-apiserver", lambda: self.kubectl_ok("get", "--raw", "/readyz"), 90, "kube-apiserver")
-        for name, extra in (("kube-controller-manager", [
-                f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-                "--use-service-account-credentials=false", f"--cluster-cidr={CLUSTER_CIDR}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}", "--controllers=*,-nodeipam,-cloud-node-lifecycle"]),
-                ("kube-scheduler", [])):
-            self._spawn(name, [b[name], f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
-                               "--bind-address=127.0.0.1", "-v=1", *extra])
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            self._spawn(name, commands[name])
 
     def _node(self, index: int) -> None:
         name, b = self.node_names[index - 1], self.binaries
         files, sockets = self.dir / name, self.state.sockets / name
-        (files / "cni" / "net.d").mkdir(parents=True)
         sockets.mkdir(parents=True)
-        (files / "cni" / "net.d" / "10-ptp.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "nftpolicy-e2e",
-            "plugins": [{"type": "ptp", "ipMasq": False, "mtu": 1500, "ipam": {
-                "type": "host-local", "ranges": [[{"subnet": pod_cidr(index)}]], "routes": [{"dst": "0.0.0.0/0"}],
-                "dataDir": str(files / "cni" / "ipam")}}],
-        }))
+        _write_cni_config(files, index)
         containerd_config = files / "containerd.toml"
         containerd_config.write_text(_containerd_config(files, sockets))
         socket = sockets / "containerd.sock"
@@ -678,7 +582,7 @@ class RealCluster:
             self._run_in(index, [b["ctr"], "--address", str(socket), "-n", "k8s.io", "images", "import",
                                  str(image)])
         kubelet_config = files / "kubelet.yaml"
-        kubelet_config.write_text(yaml.safe_dump(self._kubelet_config(index, socket)))
+        kubelet_config.write_text(yaml.safe_dump(_kubelet_config(name, index, socket, self.pki)))
         proxy_config = files / "kube-proxy.yaml"
         proxy_config.write_text(yaml.safe_dump(_kube_proxy_config(name, self.kubeconfig)))
         self._spawn(f"kube-proxy-{name}", [b["kube-proxy"], f"--config={proxy_config}", "-v=1"], node=index)
@@ -686,28 +590,6 @@ class RealCluster:
             b["kubelet"], f"--config={kubelet_config}", f"--kubeconfig={self.dir / f'kubelet-{name}.kubeconfig'}",
             f"--hostname-override={name}", f"--node-ip={node_ip(index)}", "-v=1",
         ], node=index)
-
-    def _kubelet_config(self, index: int, socket: Path) -> dict[str, Any]:
-        name = self.node_names[index - 1]
-        return {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            # This machine has cgroup v1: kubelet 1.35+ refuses it unless told (KEP-5573).
-            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False,
-            "enforceNodeAllocatable": [],
-            "containerRuntimeEndpoint": f"unix://{socket}",
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(self.pki / "ca.crt")}},
-            "authorization": {"mode": "Webhook"},
-            "tlsCertFile": str(self.pki / f"kubelet-serving-{name}.crt"),
-            "tlsPrivateKeyFile": str(self.pki / f"kubelet-serving-{name}.key"),
-            "address": node_ip(index), "port": 10250, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
-            "clusterDomain": "cluster.local", "resolvConf": "",
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
-            "failSwapOn": False, "serializeImagePulls": False, "maxPods": 250,
-            "nodeStatusReportFrequency": "10s", "syncFrequency": "10s", "fileCheckFrequency": "10s",
-        }
 
     def _spawn(self, name: str, argv: Sequence[str], node: int = 1, env: dict[str, str] | None = None) -> None:
         self._commands[name] = (list(argv), node, env or {})
@@ -743,6 +625,155 @@ class RealCluster:
 
     def _tail(self, name: str) -> str:
         return "\n".join(self.log(name).splitlines()[-20:])
+
+
+def _openssl(pki: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=pki)
+
+
+def _issue(pki: Path, name: str, subject: str, sans: Iterable[str] = (), usage: str = "clientAuth") -> None:
+    """An EC key and a certificate signed by the cluster's CA: ``pki/<name>.{key,crt}``."""
+    _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{name}.key")
+    extensions = [f"extendedKeyUsage={usage}", "keyUsage=critical,digitalSignature,keyEncipherment"]
+    if sans:
+        extensions.append("subjectAltName=" + ",".join(sans))
+    (pki / f"{name}.ext").write_text("\n".join(extensions) + "\n")
+    _openssl(pki, "req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr")
+    _openssl(pki, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
+
+
+def make_certificates(pki: Path, node_names: Sequence[str]) -> None:
+    """The cluster's CA in ``pki`` (a new directory) and the certificates signed by it: the API
+    server's (serving), the admin's (``system:masters``), the API server's kubelet client, each
+    node's kubelet client and serving pair; the service-account key pair."""
+    pki.mkdir(parents=True)
+    _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
+    _openssl(pki, "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=nftpolicy-e2e-ca", "-days", "2", "-out", "ca.crt")
+    _issue(pki, "apiserver", "/CN=kube-apiserver", [
+        f"IP:{node_ip(1)}", f"IP:{API_SERVICE_IP}", "IP:127.0.0.1", "DNS:kubernetes", "DNS:kubernetes.default",
+        "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"], usage="serverAuth")
+    _issue(pki, "admin", "/O=system:masters/CN=nftpolicy-e2e-admin")
+    _issue(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+    for index, name in enumerate(node_names, start=1):
+        _issue(pki, f"kubelet-{name}", f"/O=system:nodes/CN=system:node:{name}")
+        _issue(pki, f"kubelet-serving-{name}", f"/CN={name}", [f"IP:{node_ip(index)}", f"DNS:{name}"], usage="serverAuth")
+    _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key")
+    _openssl(pki, "ec", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+
+
+def write_kubeconfig(path: str, pki: Path, cert: str) -> None:
+    """A kubeconfig (mode 0600) for the API server at the first node's address, as the user of
+    certificate ``pki/<cert>.crt``."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+        "clusters": [{"name": "e2e", "cluster": {"server": f"https://{node_ip(1)}:{API_PORT}",
+                                                  "certificate-authority": str(pki / "ca.crt")}}],
+        "users": [{"name": cert, "user": {"client-certificate": str(pki / f"{cert}.crt"),
+                                          "client-key": str(pki / f"{cert}.key")}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": cert}}],
+    }
+    Path(path).write_text(json.dumps(config, indent=1))
+    os.chmod(path, 0o600)
+
+
+def _cluster_network(nodes: Sequence[str], lan: str) -> None:
+    """Wire the node namespaces ``nodes`` (made already, with ``lan``): each one's ``eth0`` a
+    port of a bridge in ``lan`` at :func:`node_ip`, with a route to every other node's pods."""
+    netns.ip_batch(["link set lo up", "link add br0 type bridge", "link set br0 up"], lan)
+    for index, name in enumerate(nodes, start=1):
+        netns.ip_batch([f"link add eth0 netns {name} type veth peer name p{index} netns {lan}"])
+        netns.ip_batch([f"link set p{index} master br0", f"link set p{index} up"], lan)
+        routes = [f"route add {pod_cidr(other)} via {node_ip(other)}" for other in range(1, len(nodes) + 1) if other != index]
+        netns.ip_batch(["link set lo up", f"addr add {node_ip(index)}/24 dev eth0", "link set eth0 up",
+                        "route add default dev eth0", *routes], name)
+        netns.write_sysctl(name, "net.ipv4.ip_forward", "1")
+
+
+def _kubelet_config(name: str, index: int, socket: Path, pki: Path) -> dict[str, Any]:
+    """Kubelet's configuration on node ``index`` (``name``): cgroup v1 with cgroupfs, no QoS
+    cgroups, webhook authentication and authorization, no image GC or eviction in practice."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        # This machine has cgroup v1: kubelet 1.35+ refuses it unless told (KEP-5573).
+        "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "containerRuntimeEndpoint": f"unix://{socket}",
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(pki / "ca.crt")}},
+        "authorization": {"mode": "Webhook"},
+        "tlsCertFile": str(pki / f"kubelet-serving-{name}.crt"),
+        "tlsPrivateKeyFile": str(pki / f"kubelet-serving-{name}.key"),
+        "address": node_ip(index), "port": 10250, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
+        "clusterDomain": "cluster.local", "resolvConf": "",
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "failSwapOn": False, "serializeImagePulls": False, "maxPods": 250,
+        "nodeStatusReportFrequency": "10s", "syncFrequency": "10s", "fileCheckFrequency": "10s",
+    }
+
+
+def _serving_probe(name: str, binaries: dict[str, str], sockets: Path) -> list[str] | None:
+    """The command that succeeds once component ``name`` serves, run in its node (``sockets``:
+    the node's socket directory); None for a component that serves once it runs."""
+    if name.startswith("containerd-"):
+        return [binaries["ctr"], "--address", str(sockets / "containerd.sock"), "version"]
+    if name.startswith("kubelet-"):
+        return ["curl", "-sf", "--max-time", "2", "http://127.0.0.1:10248/healthz"]
+    if name == "kube-apiserver":
+        return [binaries["kubectl"], "get", "--raw", "/readyz"]
+    return None
+
+
+def _control_plane_commands(binaries: dict[str, str], pki: Path, files: Path, kubeconfig: str) -> dict[str, list[str]]:
+    """The command lines of etcd, kube-apiserver (at the first node's address, RBAC and Node
+    authorization), kube-controller-manager (no node IPAM: the pod ranges are fixed) and
+    kube-scheduler, by name."""
+    b = binaries
+    return {
+        "etcd": [
+            b["etcd"], "--name", "default", "--data-dir", str(files / "etcd"),
+            "--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+            "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+            "--initial-cluster", "default=http://127.0.0.1:2380", "--log-level", "warn", "--unsafe-no-fsync",
+        ],
+        "kube-apiserver": [
+            b["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
+            f"--advertise-address={node_ip(1)}", "--bind-address=0.0.0.0", f"--secure-port={API_PORT}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",  # never a DNS lookup of the node name
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true", "--profiling=false", "-v=1",
+        ],
+        "kube-controller-manager": [
+            b["kube-controller-manager"], f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+            "--bind-address=127.0.0.1", "-v=1",
+            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+            "--use-service-account-credentials=false", f"--cluster-cidr={CLUSTER_CIDR}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--controllers=*,-nodeipam,-cloud-node-lifecycle",
+        ],
+        "kube-scheduler": [b["kube-scheduler"], f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+                           "--bind-address=127.0.0.1", "-v=1"],
+    }
+
+
+def _write_cni_config(files: Path, index: int) -> None:
+    """Node ``index``'s CNI configuration under ``files/cni/net.d``: ptp with host-local
+    addresses from :func:`pod_cidr`, its state under ``files/cni/ipam``."""
+    (files / "cni" / "net.d").mkdir(parents=True)
+    (files / "cni" / "net.d" / "10-ptp.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "nftpolicy-e2e",
+        "plugins": [{"type": "ptp", "ipMasq": False, "mtu": 1500, "ipam": {
+            "type": "host-local", "ranges": [[{"subnet": pod_cidr(index)}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": str(files / "cni" / "ipam")}}],
+    }))
 
 
 def _has_capability(bit: int) -> bool:

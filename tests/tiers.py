@@ -1,4 +1,4 @@
-"""The verdict of one connection under every tier: Admin ClusterNetworkPolicies, NetworkPolicies,
+"""The spec oracle of the tiers: the verdict of one connection under every tier: Admin ClusterNetworkPolicies, NetworkPolicies,
 Baseline ClusterNetworkPolicies (a pure evaluator, straight from the cluster model).
 
 Source: sigs.k8s.io/network-policy-api v0.2.0, ``ClusterNetworkPolicySpec.Tier`` and
@@ -26,7 +26,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from .model import (
+from nftpolicy.translators.cases import Case, CaseError, CaseProbe, Matrix, case_manifests
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.model import (
     Cluster,
     ClusterNetworkPolicy,
     ClusterPeer,
@@ -174,3 +176,15 @@ def connection_allowed(cluster: Cluster, source: Endpoint, destination: Endpoint
     egress = direction_decision(cluster, "egress", source, destination, protocol, port, family) if isinstance(source, Pod) else None
     ingress = direction_decision(cluster, "ingress", destination, source, protocol, port, family) if isinstance(destination, Pod) else None
     return all(d.allowed for d in (egress, ingress) if d is not None)
+
+
+def evaluated_matrix(case: Case, probe: CaseProbe) -> Matrix:
+    """Every (from, to) cell of ``probe`` as :func:`connection_allowed` decides it, with
+    pod i of the case at 10.0.<i // 250>.<i % 250 + 1> (one /4, as ``largeCIDR`` assumes).
+    Raises CaseError when an object of the case is invalid."""
+    ips = {p.key: [f"10.0.{i // 250}.{i % 250 + 1}"] for i, p in enumerate(case.pods)}
+    cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips))
+    if errors:
+        raise CaseError(f"{case.name}: {errors[0]}")
+    pods = [cluster.pods[p.key] for p in case.pods]
+    return {(a.key, b.key): connection_allowed(cluster, a, b, probe.protocol, probe.port) for a in pods for b in pods}
