@@ -177,6 +177,12 @@ spec: {podSelecter: {}}
      "1 skipped: NetworkPolicy shop/deny"),
     ("syntax.yaml", "kind: NetworkPolicy\nmetadata: {name: [\n", "1 skipped: document #1"),
     ("binary.yaml", b"\xff\xfe\x00binary", "1 skipped: file "),
+    # the second trial: a one-letter typo in kind:, a kind of another apiVersion, documents that are no objects
+    ("kind.yaml", TYPO.replace("podSelecter", "podSelector").replace("kind: NetworkPolicy", "kind: NetworkPolcy"),
+     "1 skipped: NetworkPolcy deny"),
+    ("version.yaml", TYPO.replace("podSelecter", "podSelector").replace("networking.k8s.io/v1", "networking.k8s.io/v2"),
+     "1 skipped: NetworkPolicy shop/deny"),
+    ("list.yaml", "- a\n- b\n", "2 skipped: document #1 item #1, document #1 item #2"),
 ])
 def test_skipped_input_ends_in_a_summary_and_exit_3(tmp_path, name, content, line):
     path = tmp_path / name
@@ -197,6 +203,60 @@ def test_empty_input_ends_in_a_summary_and_exit_3(tmp_path, make):
     out = run("render", str(tmp_path))
     assert (out.returncode, out.stderr) == (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n")
     assert run("render", "--accept-skipped", str(tmp_path)).returncode == 0
+    for command in ("explain", "trace"):  # before they look for the pods
+        out = run(command, "--from", "a/b", "--to", "c/d", str(tmp_path))
+        assert (out.returncode, out.stderr, out.stdout) == \
+            (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n", "")
+    out = run("explain", "--accept-skipped", "--from", "a/b", "--to", "c/d", str(tmp_path))
+    assert (out.returncode, out.stderr) == (2, "nftpolicy: --from a/b: no running pod with an address of that name\n")
+
+
+def test_a_kind_typo_is_skipped_and_unrelated_kinds_are_not(tmp_path):
+    (tmp_path / "y.yaml").write_text(TYPO.replace("podSelecter", "podSelector").replace("kind: NetworkPolicy", "kind: NetworkPolcy"))
+    out = run("render", SHOP, str(tmp_path))
+    assert out.returncode == 3 and out.stderr.splitlines()[0] == \
+        f"nftpolicy: skipped NetworkPolcy deny: unknown kind 'NetworkPolcy', did you mean NetworkPolicy? ({tmp_path / 'y.yaml'})"
+    assert run("render", "--strict", SHOP, str(tmp_path)).returncode == 2
+    others = "\n---\n".join(f"apiVersion: v1\nkind: {kind}\nmetadata: {{name: o, namespace: shop}}"
+                            for kind in ("ConfigMap", "Secret", "ServiceAccount", "Ingress", "AdminNetworkPolicy"))
+    (tmp_path / "y.yaml").write_text(others)
+    out = run("render", "--strict", SHOP, str(tmp_path))
+    assert (out.returncode, out.stderr) == (0, ""), out.stderr
+
+
+HOST_NETWORK = """
+apiVersion: v1
+kind: Node
+metadata: {name: node1}
+status: {addresses: [{type: InternalIP, address: 192.168.1.10}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: kube-proxy-x7k2p, namespace: kube-system}
+spec: {nodeName: node1, hostNetwork: true, containers: [{name: c}]}
+status: {phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default}
+spec: {nodeName: node1, containers: [{name: c}]}
+status: {phase: Running, podIP: 10.244.0.5}
+"""
+
+
+def test_explain_says_a_host_network_pod_is_one(tmp_path):
+    (tmp_path / "h.yaml").write_text(HOST_NETWORK)
+    out = run("explain", "--from", "default/client", "--to", "kube-system/kube-proxy", str(tmp_path))
+    assert (out.returncode, out.stderr) == (2, "nftpolicy: --to kube-system/kube-proxy: kube-system/kube-proxy-x7k2p is a "
+                                               "hostNetwork pod: it uses node node1's address (192.168.1.10), and NetworkPolicies "
+                                               "do not apply to it; give that address\n")
+    out = run("explain", "--from", "default/client", "--to", "192.168.1.10", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+
+
+def test_explain_help_names_services_and_port_names():
+    out = run("explain", "--help").stdout
+    assert "a Service's NS/NAME" in " ".join(out.split()) and "a container port's name" in " ".join(out.split())
 
 
 @pytest.mark.kernel

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 import yaml
 from nftpolicy.translators.manifests import (
+    API_VERSIONS,
     ManifestError,
     build_cluster,
     parse_documents,
     pod_from,
     policy_from,
+    unread_object,
 )
 from nftpolicy.translators.validation import InvalidField, selector_from
 from nftpolicy.translators.model import (
@@ -505,7 +507,7 @@ def test_later_object_with_same_name_wins():
 
 def test_non_mapping_object_is_reported():
     cluster, errors = build_cluster([("a.yaml", ["not", "an", "object"]), ("a.yaml", namespace("x"))])
-    assert [str(e) for e in errors] == ["object ?: not a mapping (a.yaml)"]
+    assert [str(e) for e in errors] == ["object ?: not a mapping (a list) (a.yaml)"]
     assert list(cluster.namespaces) == ["x"]
 
 
@@ -513,6 +515,9 @@ def test_non_mapping_object_is_reported():
     {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "x"}, "spec": {"ports": [{"port": 0}]}},
     {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}},
     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": "not even a mapping"},
+    *({"apiVersion": "v1", "kind": kind, "metadata": {"name": "o"}} for kind in (
+        "Secret", "ServiceAccount", "Ingress", "Endpoints", "AdminNetworkPolicy", "CiliumNetworkPolicy",
+        "GlobalNetworkPolicy", "ClusterRole", "ServiceMonitor")),
 ])
 def test_unknown_kinds_are_ignored_silently(obj):
     cluster, errors = build(obj, namespace("x"))
@@ -525,11 +530,41 @@ def test_unknown_kinds_are_ignored_silently(obj):
     ({"metadata": {"name": "no-kind"}}, "object no-kind: kind: required"),
     ({"kind": "networkpolicy", "metadata": {"name": "lower"}, "spec": {}},
      "networkpolicy lower: unknown kind 'networkpolicy', did you mean NetworkPolicy?"),
+    ({"kind": "NetworkPolcy", "metadata": {"name": "typo"}, "spec": {}},
+     "NetworkPolcy typo: unknown kind 'NetworkPolcy', did you mean NetworkPolicy?"),
+    ({"kind": "Pods", "metadata": {"name": "p"}}, "Pods p: unknown kind 'Pods', did you mean Pod?"),
+    ({"kind": "Deploymnet", "metadata": {"name": "d"}}, "Deploymnet d: unknown kind 'Deploymnet', did you mean Deployment?"),
+    ({"kind": "Namespaces", "metadata": {"name": "n"}}, "Namespaces n: unknown kind 'Namespaces', did you mean Namespace?"),
 ])
 def test_missing_or_miscased_kind_is_reported(obj, text):
     cluster, errors = build(obj, namespace("x"))
     assert [str(e).split(" (")[0] for e in errors] == [text]
     assert list(cluster.namespaces) == ["x"]
+
+
+@pytest.mark.parametrize(("obj", "text"), [
+    ({"apiVersion": "networking.k8s.io/v2", "kind": "NetworkPolicy", "metadata": {"name": "np", "namespace": "x"}, "spec": {}},
+     "NetworkPolicy x/np: apiVersion 'networking.k8s.io/v2' is not one nftpolicy reads for a NetworkPolicy (expected networking.k8s.io/v1)"),
+    ({"apiVersion": "apps/v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "x"}},
+     "Pod x/p: apiVersion 'apps/v1' is not one nftpolicy reads for a Pod (expected v1)"),
+    ({"apiVersion": "v2", "kind": "Namespace", "metadata": {"name": "y"}},
+     "Namespace y: apiVersion 'v2' is not one nftpolicy reads for a Namespace (expected v1)"),
+    ({"apiVersion": "extensions/v1beta1", "kind": "Deployment", "metadata": {"name": "d"}},
+     "Deployment default/d: apiVersion 'extensions/v1beta1' is not one nftpolicy reads for a Deployment (expected apps/v1)"),
+    ({"apiVersion": "batch/v2", "kind": "CronJob", "metadata": {"name": "c"}},
+     "CronJob default/c: apiVersion 'batch/v2' is not one nftpolicy reads for a CronJob (expected batch/v1 or batch/v1beta1)"),
+])
+def test_a_known_kind_of_another_api_version_is_reported(obj, text):
+    cluster, errors = build(obj, namespace("x"))
+    assert [str(e) for e in errors] == [f"{text} ({ORIGIN})"]
+    assert list(cluster.namespaces) == ["x"] and not cluster.pods and not cluster.policies
+
+
+@pytest.mark.parametrize(("kind", "api_version"), [
+    (kind, version) for kind, versions in API_VERSIONS.items() for version in (*versions, None)])
+def test_the_api_versions_clusters_serve_are_read(kind, api_version):
+    obj = {"kind": kind, "metadata": {"name": "o"}} | ({"apiVersion": api_version} if api_version else {})
+    assert unread_object(obj, ORIGIN) is None
 
 
 # --------------------------------------------------------------------------- documents: YAML, JSON, List
@@ -665,11 +700,25 @@ def test_list_items_must_be_a_list():
     assert objects == [] and [str(e) for e in errors] == ["List -: items: must be a list, got int (l.yaml)"]
 
 
-def test_scalar_document_is_an_object_error():
-    objects = objects_of("just a string\n---\nkind: Namespace\nmetadata: {name: x}\n", "s.yaml")
+def test_scalar_document_is_named_by_its_number():
+    objects, errors = parse_documents("just a string\n---\nkind: Namespace\nmetadata: {name: x}\n", "s.yaml")
+    assert [str(e) for e in errors] == ["document #1: not a mapping (a str) (s.yaml)"]
     cluster, errors = build_cluster(objects)
-    assert [str(e) for e in errors] == ["object ?: not a mapping (s.yaml)"]
-    assert list(cluster.namespaces) == ["x"]
+    assert errors == [] and list(cluster.namespaces) == ["x"]
+
+
+def test_list_items_that_are_not_mappings_are_named_by_their_place():
+    objects, errors = parse_documents("- a\n- kind: Namespace\n  metadata: {name: x}\n- 5\n", "l.yaml")
+    assert [str(e) for e in errors] == ["document #1 item #1: not a mapping (a str) (l.yaml)",
+                                        "document #1 item #3: not a mapping (a int) (l.yaml)"]
+    assert [o["metadata"]["name"] for _, o in objects] == ["x"]
+    _, errors = parse_documents('{"kind": "List", "items": [{"kind": "Namespace"}, "x"]}', "l.json")
+    assert [str(e) for e in errors] == ["document #1 item #2: not a mapping (a str) (l.json)"]
+
+
+def test_a_non_mapping_after_a_broken_document_keeps_its_number():
+    _, errors = parse_documents("key: [unclosed\n---\nkind: Namespace\n---\n7\n", "b.yaml")
+    assert [(e.kind, e.ref) for e in errors] == [("document", "#1"), ("document", "#3")]
 
 
 def test_empty_text():

@@ -19,6 +19,7 @@ and are read as the API server reads them (host bits masked).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import ipaddress
 import re
@@ -30,7 +31,7 @@ from typing import Any
 import orjson
 import yaml
 
-from .clusterpolicy import cluster_policy_from
+from .clusterpolicy import API_VERSION as CLUSTER_POLICY_API_VERSION, cluster_policy_from
 from .model import (
     NAMESPACE_NAME_LABEL,
     PROTOCOLS,
@@ -61,6 +62,19 @@ from .validation import (
 )
 
 KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
+# Every kind nftpolicy reads (KINDS here; workloads and Services in translators.workloads) and
+# the apiVersions of it that API servers serve (the Kubernetes API reference; CronJob's
+# batch/v1beta1 up to v1.24, same shape): another apiVersion is a different object, left out.
+API_VERSIONS = {
+    "Namespace": ("v1",), "Pod": ("v1",), "Node": ("v1",), "Service": ("v1",),
+    "NetworkPolicy": ("networking.k8s.io/v1",), "ClusterNetworkPolicy": (CLUSTER_POLICY_API_VERSION,),
+    "Deployment": ("apps/v1",), "ReplicaSet": ("apps/v1",), "StatefulSet": ("apps/v1",), "DaemonSet": ("apps/v1",),
+    "Job": ("batch/v1",), "CronJob": ("batch/v1", "batch/v1beta1"),
+}
+# How close (difflib ratio, case ignored) a kind must be to one of API_VERSIONS' to be taken for
+# its typo: "NetworkPolcy" (0.96), "Pods" (0.86) are; other projects' kinds are not
+# (AdminNetworkPolicy 0.84, CiliumNetworkPolicy 0.82, ServiceAccount 0.67, Secret 0.62).
+_TYPO_CUTOFF = 0.85
 # IANA service name (RFC 6335, Kubernetes' IsValidPortName): 1-15 of [a-z0-9-], at least one
 # letter, no leading, trailing or doubled hyphen.
 # Object names and labels, as the API server validates them (k8s.io/apimachinery validation).
@@ -98,17 +112,19 @@ def load_yaml_documents(text: str) -> list[Any]:
     return [d for d in yaml.load_all(text, Loader=YAML_LOADER) if d is not None]
 
 
-def _load_yaml(text: str, origin: str) -> tuple[list[Any], list[ManifestError]]:
-    """All documents of ``text``; when one is broken, every other document is still returned."""
+def _load_yaml(text: str, origin: str) -> tuple[list[tuple[int, Any]], list[ManifestError]]:
+    """All documents of ``text``, each with its number (from 1); when one is broken, every other
+    document is still returned, numbered as the error numbers the broken one."""
     try:
-        return load_yaml_documents(text), []
+        return list(enumerate(load_yaml_documents(text), 1)), []
     except (yaml.YAMLError, RecursionError):
         pass
-    docs, errors = [], []
+    docs: list[tuple[int, Any]] = []
+    errors = []
     starts = [0] + [m.end() for m in re.finditer(r"(?m)^---[ \t]*(?:#.*)?$", text)]
     for i, chunk in enumerate(re.split(r"(?m)^---[ \t]*(?:#.*)?$", text)):
         try:
-            docs.extend(load_yaml_documents(chunk))
+            docs.extend((i + 1, doc) for doc in load_yaml_documents(chunk))
         except (yaml.YAMLError, RecursionError) as exc:
             first_line = text.count("\n", 0, starts[i])  # of the chunk in the file, from 0
             errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON{_yaml_error(exc, first_line)}", origin))
@@ -139,12 +155,12 @@ def parse_documents(text: str | bytes, origin: str = "<input>") -> tuple[list[tu
     dump is 95 MB); bytes that are not UTF-8 raise UnicodeDecodeError.
     Returns the objects and one error per document that cannot be parsed (the others are kept).
     """
-    docs: list[Any] | None = None
+    docs: list[tuple[int, Any]] | None = None  # each with its number, from 1
     errors: list[ManifestError] = []
     if isinstance(text, bytes):
         if text.lstrip()[:1] in (b"{", b"["):
             try:
-                docs, errors = [orjson.loads(text)], []
+                docs, errors = [(1, orjson.loads(text))], []
             except (ValueError, RecursionError):
                 pass
         if docs is None:
@@ -153,21 +169,25 @@ def parse_documents(text: str | bytes, origin: str = "<input>") -> tuple[list[tu
         assert isinstance(text, str)
         try:
             # JSON is read as JSON first: YAML refuses the tab indentation that JSON allows.
-            docs, errors = ([orjson.loads(text)], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
+            docs, errors = ([(1, orjson.loads(text))], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
         except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
             docs, errors = _load_yaml(text, origin)
     objects: list[tuple[str, Any]] = []
-    pending = docs[::-1]  # a stack, next document last: each document is handled once
+    # A stack, next document last (each document is handled once), with where each one is:
+    # "#2" (the file's second document), "#2 item #3" (an item of its list).
+    pending = [(doc, f"#{i}") for i, doc in reversed(docs)]
     while pending:
-        doc = pending.pop()
+        doc, where = pending.pop()
         if isinstance(doc, Mapping) and isinstance(doc.get("kind"), str) and doc["kind"].endswith("List"):
             items = doc.get("items") or []
             if not isinstance(items, list):
                 errors.append(ManifestError(doc["kind"], "-", f"items: must be a list, got {type(items).__name__}", origin))
                 continue
-            pending.extend(reversed(items))
+            pending.extend((item, f"{where} item #{i}") for i, item in reversed(list(enumerate(items, 1))))
         elif isinstance(doc, list):  # a top-level JSON array or YAML sequence of objects
-            pending.extend(reversed(doc))
+            pending.extend((item, f"{where} item #{i}") for i, item in reversed(list(enumerate(doc, 1))))
+        elif not isinstance(doc, Mapping):
+            errors.append(ManifestError("document", where, f"not a mapping (a {type(doc).__name__})", origin))
         else:
             objects.append((origin, doc))
     return objects, errors
@@ -185,16 +205,12 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
     cluster_policies: dict[str, ClusterNetworkPolicy] = {}
     errors: list[ManifestError] = []
     for origin, obj in objects:
-        if not isinstance(obj, Mapping):
-            errors.append(ManifestError("object", "?", "not a mapping", origin))
+        unread = unread_object(obj, origin)
+        if unread is not None:
+            errors.append(unread)
             continue
         kind = obj.get("kind")
-        if kind not in KINDS:
-            near = [k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower()]
-            if kind is None or near:
-                hint = f"unknown kind {kind!r}, did you mean {near[0]}?" if near else "kind: required"
-                name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
-                errors.append(ManifestError(str(kind or "object"), str(name), hint, origin))
+        if kind not in KINDS:  # another project's kind, a workload or a Service: not for the Cluster
             continue
         try:
             if kind == "Namespace":
@@ -218,6 +234,44 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
             ref = f"{meta.get('namespace') or 'default'}/{name}" if kind in ("Pod", "NetworkPolicy") else str(name)
             errors.append(ManifestError(kind, ref, str(exc), origin))
     return Cluster(namespaces=namespaces, pods=pods, policies=policies, nodes=nodes, cluster_policies=cluster_policies), errors
+
+
+def unread_object(obj: Any, origin: str) -> ManifestError | None:
+    """Why ``obj`` (one object of ``origin``) is left out before its kind is read, or None: not a
+    mapping, no ``kind``, a kind that is a near spelling of one nftpolicy reads (a typo that would
+    otherwise drop the object silently: ``unknown kind 'NetworkPolcy', did you mean
+    NetworkPolicy?``), or a kind of :data:`API_VERSIONS` with an apiVersion it does not list.
+    A kind far from all of them (ConfigMap, Secret, another project's policy) is no error: such
+    objects are ignored. No apiVersion at all is no error (hand-written fixtures leave it out)."""
+    if not isinstance(obj, Mapping):
+        return ManifestError("object", "?", f"not a mapping (a {type(obj).__name__})", origin)
+    kind = obj.get("kind")
+    if isinstance(kind, str) and kind in API_VERSIONS:  # the common case first: a kind of ours, of its apiVersion
+        api_version = obj.get("apiVersion")
+        if api_version is None or api_version in API_VERSIONS[kind]:
+            return None
+        return ManifestError(kind, _ref(kind, obj), f"apiVersion {api_version!r} is not one nftpolicy reads for a {kind} "
+                             f"(expected {' or '.join(API_VERSIONS[kind])})", origin)
+    if kind is None:
+        return ManifestError("object", _ref("object", obj), "kind: required", origin)
+    if not isinstance(kind, str):
+        return None  # no kind of ours
+    near = difflib.get_close_matches(kind.lower(), _KINDS_BY_LOWER, n=1, cutoff=_TYPO_CUTOFF)
+    if near:
+        return ManifestError(kind, _ref(kind, obj), f"unknown kind {kind!r}, did you mean {_KINDS_BY_LOWER[near[0]]}?", origin)
+    return None
+
+
+_KINDS_BY_LOWER = {kind.lower(): kind for kind in API_VERSIONS}
+_CLUSTER_SCOPED = ("Namespace", "Node", "ClusterNetworkPolicy")
+
+
+def _ref(kind: str, obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a namespaced kind of ours (name: ``metadata.name``, else
+    ``generateName``), the name alone otherwise; never raises."""
+    meta = _mapping_or_empty(obj.get("metadata"))
+    name = str(meta.get("name") or meta.get("generateName"))
+    return f"{meta.get('namespace') or 'default'}/{name}" if kind in API_VERSIONS and kind not in _CLUSTER_SCOPED else name
 
 
 def _mapping_or_empty(value: Any) -> Mapping[str, Any]:

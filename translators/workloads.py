@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
-from .manifests import ManifestError
+from .manifests import ManifestError, unread_object
 from .validation import InvalidField, generated_suffix
 from .model import Family, Pod
 
@@ -132,6 +132,10 @@ def stand_in_pods(objects: Iterable[tuple[str, Any]], nodes: Sequence[str] = ())
     for origin, obj in objects:
         if not (isinstance(obj, Mapping) and obj.get("kind") in WORKLOAD_KINDS):
             out.append((origin, obj))
+            continue
+        unread = unread_object(obj, origin)  # an apiVersion that is not the workload's
+        if unread is not None:
+            errors.append(unread)
             continue
         meta = obj.get("metadata")
         meta = meta if isinstance(meta, Mapping) else {}

@@ -390,9 +390,10 @@ def parser() -> argparse.ArgumentParser:
     explain = sub.add_parser("explain", help="why traffic from one pod (or address) to another is allowed or denied")
     explain.add_argument("paths", nargs="*", metavar="PATH", help="manifest files or directories, '-' for stdin (not with --agent)")
     explain.add_argument("--from", dest="source", required=True, metavar="NS/POD|CIDR", help="the source pod (a unique name prefix will do) or address")
-    explain.add_argument("--to", dest="destination", required=True, metavar="NS/POD|CIDR", help="the destination pod or address")
+    explain.add_argument("--to", dest="destination", required=True, metavar="NS/POD|CIDR", help="the destination pod (a unique name prefix will do), a Service's NS/NAME (every pod it selects) or address")
     explain.add_argument("--port", action="append", metavar="[PROTO/]PORT",
-                         help="TCP/5432, udp/53, 8080 (TCP) or icmp (echo); repeatable (default: the destination's container ports, else icmp)")
+                         help="TCP/5432, udp/53, 8080 (TCP), a container port's name (http) or icmp (echo); for a Service, "
+                              "one of its ports by number or name; repeatable (default: the destination's container ports, else icmp)")
     explain.add_argument("--agent", metavar="http://ADDR", help="ask a running agent's debug endpoint (its node's rules right now) instead of manifests")
     explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
     add_input_arguments(explain)

@@ -42,6 +42,12 @@ class Manifests:
         c = self.cluster
         return [] if c.pods or c.policies or c.namespaces or c.nodes or c.cluster_policies else self.paths
 
+    def stop_when_empty(self, args: argparse.Namespace) -> int | None:
+        """When the paths held no object that counts and ``--accept-skipped`` was not given,
+        :func:`finish`'s summary line and its exit code (:data:`INCOMPLETE`), for a command that
+        names pods (``explain``, ``trace``) to stop before it looks for them; else None."""
+        return self.finish(args, INCOMPLETE) if self.empty and not args.accept_skipped else None
+
     def finish(self, args: argparse.Namespace, code: int, skipped: Sequence[ManifestError] = ()) -> int:
         """:func:`finish` with what was skipped here and ``skipped`` (found later)."""
         return finish(args, code, [*self.skipped, *skipped], self.empty)

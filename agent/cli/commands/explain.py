@@ -48,10 +48,11 @@ def parse_port(text: str) -> tuple[ConnectionProtocol, int | None]:
     return protocol, int(port)  # type: ignore[return-value]
 
 
-def resolve(enforcement: Enforcement, text: str, flag: str) -> tuple[Endpoint | None, tuple[str, ...]]:
+def resolve(enforcement: Enforcement, text: str, flag: str,
+            pods: Mapping[str, Pod] | None = None) -> tuple[Endpoint | None, tuple[str, ...]]:
     """``--from``/``--to`` -> (the pod or None, its candidate addresses). An address or a CIDR
     (its first address), else ``NS/POD``: exactly, or the one pod of NS whose name starts with
-    POD. Raises UsageError."""
+    POD. Raises UsageError (``pods``, the manifests' pods: a hostNetwork pod is named as one)."""
     try:
         return None, (str(ipaddress.ip_network(text, strict=False).network_address),)
     except ValueError:
@@ -63,8 +64,23 @@ def resolve(enforcement: Enforcement, text: str, flag: str) -> tuple[Endpoint | 
     if len(found) == 1:
         return found[0], found[0].ips
     if not found:
-        raise UsageError(f"{flag} {text}: no running pod with an address of that name")
+        raise UsageError(f"{flag} {text}: {_host_network(enforcement, text, pods) or 'no running pod with an address of that name'}")
     raise UsageError(f"{flag} {text}: names {len(found)} pods ({', '.join(sorted(p.key for p in found)[:5])}): give more of the name")
+
+
+def _host_network(enforcement: Enforcement, text: str, pods: Mapping[str, Pod] | None) -> str | None:
+    """Why ``NS/POD`` ``text`` names no pod of ``enforcement`` when it names a hostNetwork pod of
+    ``pods`` (exactly, else by prefix): it uses its node's addresses, and no policy applies to
+    it; else None."""
+    host = [p for p in (pods or {}).values() if p.host_network and p.key == text] or \
+        [p for p in (pods or {}).values() if p.host_network and p.key.startswith(text)]
+    if len(host) != 1:
+        return None
+    pod = host[0]
+    addresses = pod.ips or enforcement.node_addresses.get(pod.node or "", ())
+    where = f"node {pod.node}'s" if pod.node else "its node's"
+    return (f"{pod.key} is a hostNetwork pod: it uses {where} address ({', '.join(addresses) or 'unknown'}), and "
+            f"NetworkPolicies do not apply to it; give that address")
 
 
 def _agent(url: str) -> Enforcement:
@@ -106,8 +122,8 @@ def connections(enforcement: Enforcement, source: str, destination: str, ports: 
     """The connections ``explain`` answers: one per port (see :func:`port_spec`; ``pods``: the
     manifests' pods, for port names), between the first addresses of the two ends in a family
     both have (IPv4 first). Raises UsageError."""
-    _, sources = resolve(enforcement, source, "--from")
-    target, destinations = resolve(enforcement, destination, "--to")
+    _, sources = resolve(enforcement, source, "--from", pods)
+    target, destinations = resolve(enforcement, destination, "--to", pods)
     pairs = [(s, d) for s in sources for d in destinations if family_of(s) == family_of(d)]
     if not pairs:
         raise UsageError(f"{source} and {destination} have no address family in common")
@@ -151,7 +167,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return _answer(args, enforcement, connections(enforcement, args.source, args.destination, args.port or ()))
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
-    return explain_objects(args, read_manifests(args))
+    read = read_manifests(args)
+    stop = read.stop_when_empty(args)
+    return stop if stop is not None else explain_objects(args, read)
 
 
 def explain_objects(args: argparse.Namespace, read: Manifests) -> int:

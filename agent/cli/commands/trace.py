@@ -267,6 +267,9 @@ def _print(head: str, node: str, steps: list[Step]) -> None:
 
 def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
     read = read_manifests(args, args.node or ["node1"])
+    stop = read.stop_when_empty(args)
+    if stop is not None:
+        return stop
     cluster = read.cluster
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
