@@ -61,7 +61,7 @@ def test_first_probe_after_the_sync_counts_from_zero(env):
 def test_a_missing_table_gives_no_samples(make_netns):
     collector = RuleCounters(NftDataplane("nftpolicy", make_netns()), dict)
     families = list(collector.collect())
-    assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets"]
+    assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets", "nftpolicy_cluster_denied_packets"]
     assert all(not f.samples for f in families)
 
 
@@ -76,7 +76,7 @@ def test_labels_come_from_the_chain_owners_and_the_address_match():
     assert len(long_policy) > 128
     owners = {"KUBE-POD-FW-X": ChainOwner(pod="shop/api-0"), "KUBE-NWPLCY-P": ChainOwner("shop/api-ingress", "ingress"),
               "KUBE-NWPLCY-Q": ChainOwner(long_policy, "egress")}
-    denied, allowed = tally([
+    sums = tally([
         rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 2),
         rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 3),  # the tcp reset and the other reject add up
         rule("KUBE-POD-FW-X", "shop/api-0 reject egress", "saddr", 1),
@@ -85,5 +85,5 @@ def test_labels_come_from_the_chain_owners_and_the_address_match():
         rule("KUBE-NWPLCY-Q", long_policy[:128], "daddr", 6, reject=False),  # the comment nft keeps: cut
         rule("KUBE-NWPLCY-R", "x/changed-by-hand ingress rule 0", "saddr", 7, reject=False),  # no chain of the model
     ], owners)
-    assert denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1}
-    assert allowed == {("shop", "api-ingress", "ingress"): 9, ("shop", long_policy[5:], "egress"): 6, ("", "KUBE-NWPLCY-R", "unknown"): 7}
+    assert sums.denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1}
+    assert sums.allowed == {("shop", "api-ingress", "ingress"): 9, ("shop", long_policy[5:], "egress"): 6, ("", "KUBE-NWPLCY-R", "unknown"): 7}

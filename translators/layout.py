@@ -43,7 +43,7 @@ ESSENTIAL_ICMP: dict[Family, tuple[str, ...]] = {
              "nd-router-solicit", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"),
 }
 NODE_PORT_PROTOCOLS = ("tcp", "udp", "sctp")
-LOG_RATE = (10, "minute", 10)  # NFLOG of rejected packets: rate, per, burst (as kube-router)
+LOG_RATE = (10, "minute", 10)  # NFLOG of rejected packets (a pod chain's, a Deny rule's): rate, per, burst (as kube-router)
 
 
 # ---- statements: matches ------------------------------------------------------------------------
@@ -346,6 +346,15 @@ def log_prefix(direction: str, pod: str) -> str:
     return f"nftpolicy reject {direction} {pod}: "
 
 
+def deny_log_prefix(origin: RuleOrigin) -> str:
+    """The NFLOG prefix of a packet a ClusterNetworkPolicy ``Deny`` rule refused:
+    ``nftpolicy deny Admin ingress rule 0 db-guard: `` (tier, direction, the rule's index in the
+    policy's list of that direction, policy name). The name comes last, so a printer's cut (nft:
+    127 bytes) only ever shortens it; the metrics name the rule from the rule model, never from
+    this text."""
+    return f"nftpolicy deny {origin.tier} {origin.direction} rule {origin.index} {origin.policy}: "
+
+
 def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     """One (peer, port) match of a ClusterNetworkPolicy rule (the peer is the source for
     ingress, the destination for egress) and its action: ``Accept`` sets the policy mark and
@@ -353,18 +362,30 @@ def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     ClusterNetworkPolicy or NetworkPolicy rules will be processed"); ``Deny`` rejects (a TCP
     reset for TCP); ``Pass`` sets the pass mark and returns (the pod chain skips the rest of the
     tier). The matches are :func:`peer_and_port`'s. Source: network-policy-api v0.2.0,
-    ClusterNetworkPolicyRuleAction."""
+    ClusterNetworkPolicyRuleAction.
+
+    A ``Deny`` is logged and counted as a pod chain's reject is: first NFLOG with
+    :func:`deny_log_prefix` (at most :data:`LOG_RATE`), then each reject behind a counter (the
+    agent's ``nftpolicy_cluster_denied_packets`` metric, by the rule's origin)."""
     matches, text, origin = peer_and_port(chain.direction, rule), rule.comment, rule.origin
     if origin.action == "Accept":
         return [Rule((*matches, SetMark(config.policy_mark), Verdict("return")), text, origin)]
     if origin.action == "Pass":
         return [Rule((*matches, SetMark(config.pass_mark), Verdict("return")), text, origin)]
+    log = Rule((*matches, Limit(*LOG_RATE), Log(deny_log_prefix(origin), config.nflog_group)), text, origin)
     protocol = rule.port.protocol if rule.port else None
     if protocol == "TCP":
-        return [Rule((*matches, Reject(tcp_reset=True)), text, origin)]
+        return [log, Rule((*matches, Counter(), Reject(tcp_reset=True)), text, origin)]
     if protocol is not None:
-        return [Rule((*matches, Reject()), text, origin)]
-    return [Rule((*matches, Protocols(("tcp",)), Reject(tcp_reset=True)), text, origin), Rule((*matches, Reject()), text, origin)]
+        return [log, Rule((*matches, Counter(), Reject()), text, origin)]
+    return [log, Rule((*matches, Protocols(("tcp",)), Counter(), Reject(tcp_reset=True)), text, origin),
+            Rule((*matches, Counter(), Reject()), text, origin)]
+
+
+def counted_origins(config: Config, chain: TierChain) -> tuple[RuleOrigin, ...]:
+    """The origins of the rules of ``chain``'s layout that hold a :class:`Counter`, in chain
+    order (its ``Deny`` rejects): the k-th counter the kernel lists in that chain is the k-th."""
+    return tuple(r.origin for r in tier_chain(config, chain).rules if r.origin is not None and Counter() in r.statements)
 
 
 def tier_chain(config: Config, chain: TierChain) -> Chain:
