@@ -71,7 +71,8 @@ from nftpolicy.agent.daemon.memory import gc_paused  # noqa: E402
 from nftpolicy.agent.daemon.metrics import Metrics  # noqa: E402
 from nftpolicy.agent.dataplane.nftables import NftDataplane  # noqa: E402
 from nftpolicy.agent.daemon.reconcile import Reconciler  # noqa: E402
-from nftpolicy.agent.daemon.sources import KubeSource, Store  # noqa: E402
+from nftpolicy.agent.daemon.sources import KubeSource  # noqa: E402
+from nftpolicy.agent.daemon.store import Store  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators import nft, transaction  # noqa: E402
 from nftpolicy.translators.delta import delta_transaction  # noqa: E402

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
 
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.testbed.controlplane import ControlPlane, free_port
@@ -18,7 +16,7 @@ from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators.model import Pod
 
-from .conftest import http_get
+from .conftest import eventually, http_get
 from .fakeapi import FakeApiServer, namespace, node, pod
 
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
@@ -86,7 +84,7 @@ class AgentEnv:
                 "--watch-timeout", "20", "--log-format", "json", *self.extra_args]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"))
         if wait_ready:
-            self.eventually(lambda: self.http("/readyz")[0], 200, timeout=15)
+            eventually(lambda: self.http("/readyz")[0], 200, timeout=15)
 
     def stop_agent(self) -> int:
         assert self.proc
@@ -122,13 +120,3 @@ class AgentEnv:
     def connects(self, src: str, dst_ip: str, port: int = 80, protocol: str = "TCP") -> bool:
         """One real connection from sandbox pod ``src`` to ``dst_ip``."""
         return self.sandbox.connect(src, dst_ip, ProbeSpec(port, protocol))  # type: ignore[arg-type]
-
-    @staticmethod
-    def eventually(check: Callable[[], object], expected: object, timeout: float = 10.0) -> None:
-        """Poll ``check`` until it returns ``expected``; fail with the last value after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        value = check()
-        while value != expected and time.monotonic() < deadline:
-            time.sleep(0.05)
-            value = check()
-        assert value == expected, f"still {value!r} after {timeout}s (expected {expected!r})"

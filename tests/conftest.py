@@ -7,15 +7,20 @@ import os
 import secrets
 import socket
 import subprocess
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.netns import RUN_TAG_ENV
 from nftpolicy.agent.daemon.manifestfiles import load_cluster
+from nftpolicy.agent.testbed.controlplane import REPO_TOOLS, ControlPlaneError, find_binary
 from nftpolicy.translators.manifests import build_cluster, parse_documents
 from nftpolicy.translators.model import family_of
+
+from .fakeclock import FakeClock
 
 REPO = Path(__file__).resolve().parent.parent
 # Every network namespace this test run makes (sandboxes, also in subprocesses, and make_netns)
@@ -27,16 +32,27 @@ CONFORMANCE = REPO / "tests" / "conformance" / "upstream"
 OWN_CASES = REPO / "tests" / "conformance" / "own"  # our cases, in the same format
 
 
-def pytest_collection_modifyitems(config, items):
-    if os.geteuid() != 0:
-        skip = pytest.mark.skip(reason="needs root (network namespaces and nftables)")
-        for item in items:
-            if "kernel" in item.keywords:
-                item.add_marker(skip)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test marked ``kernel`` or ``root`` without root, or ``tools(...)`` without one of those
+    tools, fails at once with one line saying what is missing and how to get it, before any of
+    its fixtures starts (the markers are in pyproject.toml). Never a skip: a tool missing in CI
+    must turn the run red."""
+    if os.geteuid() != 0 and (item.get_closest_marker("kernel") or item.get_closest_marker("root")):
+        pytest.fail("needs root (network namespaces, nftables, buildah): run the tests as root", pytrace=False)
+    missing = [name for marker in item.iter_markers("tools") for name in marker.args if not _found(name)]
+    if missing:
+        pytest.fail(f"needs {', '.join(dict.fromkeys(missing))} (not in {REPO_TOOLS} or $PATH): run `bash .ci/install --test`",
+                    pytrace=False)
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "kernel: uses network namespaces and the kernel's nftables (root)")
+def _found(tool: str) -> bool:
+    """True when ``tool`` is where the test bed looks for it (``.tools/bin``, then ``$PATH``)."""
+    try:
+        find_binary(tool)
+    except ControlPlaneError:
+        return False
+    return True
 
 
 @pytest.fixture
@@ -109,6 +125,21 @@ def http_get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
     except OSError:
         return 0, ""
+
+
+def eventually(check: Callable[[], object], expected: object = True, timeout: float = 10.0, *,
+               clock: FakeClock | None = None, step: float = 0.1) -> None:
+    """Poll ``check`` every 10 ms until it returns ``expected`` (``==``); fail with the last value
+    after ``timeout`` seconds of real time. With ``clock``, each poll also moves it ``step``
+    seconds on, so the code under test lives through its delays at that pace."""
+    deadline = time.monotonic() + timeout
+    value = check()
+    while value != expected and time.monotonic() < deadline:
+        if clock is not None:
+            clock.advance(step)
+        time.sleep(0.01)
+        value = check()
+    assert value == expected, f"still {value!r} after {timeout}s (expected {expected!r})"
 
 
 def cluster_from_yaml(text: str):

@@ -75,10 +75,11 @@ class FakeApiServer:
 
     def start(self) -> str:
         """Listen on 127.0.0.1 (a free port the first time, the same port after an outage)."""
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), type("Handler", (_ApiHandler,), {"fake": self}))
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # stop() waits up to one poll interval (0.5 s by default) for the loop to notice
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         return self.url
 
     @property
@@ -183,163 +184,161 @@ class FakeApiServer:
             self._released.clear()
             self.start()
 
-    # ---- HTTP ---------------------------------------------------------------------------------
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # TCP_NODELAY, as Go's net/http (kube-apiserver) sets: else a watch event written
-            # while the previous one is unacknowledged waits for the client's delayed ACK (40 ms).
-            disable_nagle_algorithm = True
+class _ApiHandler(BaseHTTPRequestHandler):
+    """The fake's HTTP side: lists, watches and Event writes, with the faults it was told to inject."""
 
-            def log_message(self, *args: object) -> None:
-                pass
+    fake: "FakeApiServer"  # set by FakeApiServer.start, on a subclass of its own
+    protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as Go's net/http (kube-apiserver) sets: else a watch event written
+    # while the previous one is unacknowledged waits for the client's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
-            def do_GET(self) -> None:  # noqa: N802
-                url = urlsplit(self.path)
-                query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                with fake.lock:
-                    fault = fake._faults.pop(0) if fake._faults else None
-                    hang = fake._hangs > 0
-                    fake._hangs -= 1 if hang else 0
-                if hang:
-                    fake.requests.append((time.monotonic(), self.path, 0))
-                    fake._released.wait()
-                    self.close_connection = True
-                    return
-                if fault:
-                    return self._status(fault[0], fault[1])
-                kind = PATHS.get(url.path)
-                if kind is None or (kind == "ClusterNetworkPolicy" and not fake.cluster_network_policies):
-                    return self._status(404)
-                if query.get("watch") in ("true", "1"):
-                    return self._watch(kind, query)
-                with fake.lock:
-                    listing = (kind, query.get("fieldSelector"), fake.version)
-                    if fake._listing[0] != listing:  # the pages of one list share the sorted keys
-                        fake._listing = (listing, sorted(k for k in fake.objects if k[0] == kind and _selected(fake.objects[k], query)))
-                    keys = fake._listing[1]
-                    start = bisect.bisect_right(keys, tuple(json.loads(query["continue"]))) if query.get("continue") else 0
-                    limit = int(query["limit"]) if query.get("limit", "").isdigit() and int(query["limit"]) > 0 else len(keys)
-                    page = keys[start:start + limit]
-                    meta = {"resourceVersion": str(fake.version)}
-                    if start + limit < len(keys):  # more to come: continue after this page's last key
-                        meta["continue"] = json.dumps(page[-1])
-                    body = {"kind": f"{kind}List", "apiVersion": API_VERSION[kind], "metadata": meta,
-                            "items": [fake.objects[k] for k in page]}
-                self._json(200, body)
+    def log_message(self, *args: object) -> None:
+        pass
 
-            def _event_write(self) -> tuple[list[str], dict] | None:
-                """The path's parts and the body of an Event write, or None when it has
-                answered (an injected fault, a path that is not an Event)."""
-                parts = urlsplit(self.path).path.strip("/").split("/")
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                with fake.lock:
-                    fault = fake._event_faults.pop(0) if fake._event_faults else None
-                if fault:
-                    self._status(fault)
-                    return None
-                if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5 or parts[4] != "events":
-                    self._status(404)
-                    return None
-                return parts, body
+    def do_GET(self) -> None:  # noqa: N802
+        url = urlsplit(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        with self.fake.lock:
+            fault = self.fake._faults.pop(0) if self.fake._faults else None
+            hang = self.fake._hangs > 0
+            self.fake._hangs -= 1 if hang else 0
+        if hang:
+            self.fake.requests.append((time.monotonic(), self.path, 0))
+            self.fake._released.wait()
+            self.close_connection = True
+            return
+        if fault:
+            return self._status(fault[0], fault[1])
+        kind = PATHS.get(url.path)
+        if kind is None or (kind == "ClusterNetworkPolicy" and not self.fake.cluster_network_policies):
+            return self._status(404)
+        if query.get("watch") in ("true", "1"):
+            return self._watch(kind, query)
+        with self.fake.lock:
+            listing = (kind, query.get("fieldSelector"), self.fake.version)
+            if self.fake._listing[0] != listing:  # the pages of one list share the sorted keys
+                self.fake._listing = (listing, sorted(k for k in self.fake.objects if k[0] == kind and _selected(self.fake.objects[k], query)))
+            keys = self.fake._listing[1]
+            start = bisect.bisect_right(keys, tuple(json.loads(query["continue"]))) if query.get("continue") else 0
+            limit = int(query["limit"]) if query.get("limit", "").isdigit() and int(query["limit"]) > 0 else len(keys)
+            page = keys[start:start + limit]
+            meta = {"resourceVersion": str(self.fake.version)}
+            if start + limit < len(keys):  # more to come: continue after this page's last key
+                meta["continue"] = json.dumps(page[-1])
+            body = {"kind": f"{kind}List", "apiVersion": API_VERSION[kind], "metadata": meta,
+                    "items": [self.fake.objects[k] for k in page]}
+        self._json(200, body)
 
-            def do_POST(self) -> None:  # noqa: N802
-                answer = self._event_write()
-                if answer is None:
-                    return
-                parts, body = answer
-                key = (parts[3], body["metadata"]["name"])
-                with fake.lock:
-                    if key in fake.events:
-                        return self._status(409)
-                    fake.events[key] = body
-                self._json(201, body)
+    def _event_write(self) -> tuple[list[str], dict] | None:
+        """The path's parts and the body of an Event write, or None when it has
+        answered (an injected fault, a path that is not an Event)."""
+        parts = urlsplit(self.path).path.strip("/").split("/")
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        with self.fake.lock:
+            fault = self.fake._event_faults.pop(0) if self.fake._event_faults else None
+        if fault:
+            self._status(fault)
+            return None
+        if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5 or parts[4] != "events":
+            self._status(404)
+            return None
+        return parts, body
 
-            def do_PATCH(self) -> None:  # noqa: N802
-                answer = self._event_write()
-                if answer is None:
-                    return
-                parts, patch = answer
-                with fake.lock:
-                    event = fake.events.get((parts[3], parts[5])) if len(parts) == 6 else None
-                    if event is None:
-                        return self._status(404)
-                    event.update(patch)
-                self._json(200, event)
+    def do_POST(self) -> None:  # noqa: N802
+        answer = self._event_write()
+        if answer is None:
+            return
+        parts, body = answer
+        key = (parts[3], body["metadata"]["name"])
+        with self.fake.lock:
+            if key in self.fake.events:
+                return self._status(409)
+            self.fake.events[key] = body
+        self._json(201, body)
 
-            def _status(self, code: int, headers: dict | None = None) -> None:
-                body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "message": f"injected {code}"}
-                self._json(code, body, headers)
+    def do_PATCH(self) -> None:  # noqa: N802
+        answer = self._event_write()
+        if answer is None:
+            return
+        parts, patch = answer
+        with self.fake.lock:
+            event = self.fake.events.get((parts[3], parts[5])) if len(parts) == 6 else None
+            if event is None:
+                return self._status(404)
+            event.update(patch)
+        self._json(200, event)
 
-            def _json(self, code: int, body: dict, headers: dict | None = None) -> None:
-                data = json.dumps(body).encode()
-                fake.requests.append((time.monotonic(), self.path, code))
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
+    def _status(self, code: int, headers: dict | None = None) -> None:
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "message": f"injected {code}"}
+        self._json(code, body, headers)
 
-            def _chunk(self, event: dict) -> None:
-                data = json.dumps(event).encode() + b"\n"
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
+    def _json(self, code: int, body: dict, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.fake.requests.append((time.monotonic(), self.path, code))
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
 
-            def _watch(self, kind: str, query: dict[str, str]) -> None:
-                fake.requests.append((time.monotonic(), self.path, 200))
-                since = int(query.get("resourceVersion") or 0)
-                deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
-                bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                with fake.lock:
-                    cuts = fake._cuts
-                    injected = fake._watch_errors > 0
-                    fake._watch_errors -= 1 if injected else 0
-                    if injected or since < fake.oldest:
-                        code = fake._watch_error_code if injected else 410
-                        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired" if code == 410 else "InternalError",
-                                "code": code, "message": f"too old resource version: {since} ({fake.oldest})" if code == 410 else f"injected {code}"}
-                        self._chunk({"type": "ERROR", "object": gone})
-                        self.wfile.write(b"0\r\n\r\n")
-                        return
-                next_bookmark = time.monotonic() + fake.bookmark_interval
-                try:
-                    while time.monotonic() < deadline:
-                        with fake.lock:
-                            if fake._cuts != cuts:
-                                break
-                            events = [(v, t, o) for v, t, k, o in fake.history if k == kind and v > since and _selected(o, query)]
-                            if not events:
-                                fake.lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
-                                events = [(v, t, o) for v, t, k, o in fake.history if k == kind and v > since and _selected(o, query)]
-                            if fake._cuts != cuts:
-                                break
-                            current = fake.version
-                        for version, event_type, obj in events:
-                            self._chunk({"type": event_type, "object": obj})
-                            since = version
-                        if bookmarks and time.monotonic() >= next_bookmark:
-                            since = max(since, current) if not events else since
-                            self._chunk({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": API_VERSION[kind],
-                                                                         "metadata": {"resourceVersion": str(since)}}})
-                            next_bookmark = time.monotonic() + fake.bookmark_interval
-                    else:
-                        self.wfile.write(b"0\r\n\r\n")  # timeoutSeconds reached: a clean end
-                        return
-                    self.connection.shutdown(socket.SHUT_RDWR)  # cut mid-stream
-                except (BrokenPipeError, ConnectionResetError, OSError):
-                    pass
-                self.close_connection = True
+    def _chunk(self, event: dict) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
 
-        return Handler
+    def _watch(self, kind: str, query: dict[str, str]) -> None:
+        self.fake.requests.append((time.monotonic(), self.path, 200))
+        since = int(query.get("resourceVersion") or 0)
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with self.fake.lock:
+            cuts = self.fake._cuts
+            injected = self.fake._watch_errors > 0
+            self.fake._watch_errors -= 1 if injected else 0
+            if injected or since < self.fake.oldest:
+                code = self.fake._watch_error_code if injected else 410
+                gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired" if code == 410 else "InternalError",
+                        "code": code, "message": f"too old resource version: {since} ({self.fake.oldest})" if code == 410 else f"injected {code}"}
+                self._chunk({"type": "ERROR", "object": gone})
+                self.wfile.write(b"0\r\n\r\n")
+                return
+        next_bookmark = time.monotonic() + self.fake.bookmark_interval
+        try:
+            while time.monotonic() < deadline:
+                with self.fake.lock:
+                    if self.fake._cuts != cuts:
+                        break
+                    events = [(v, t, o) for v, t, k, o in self.fake.history if k == kind and v > since and _selected(o, query)]
+                    if not events:
+                        self.fake.lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                        events = [(v, t, o) for v, t, k, o in self.fake.history if k == kind and v > since and _selected(o, query)]
+                    if self.fake._cuts != cuts:
+                        break
+                    current = self.fake.version
+                for version, event_type, obj in events:
+                    self._chunk({"type": event_type, "object": obj})
+                    since = version
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    since = max(since, current) if not events else since
+                    self._chunk({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": API_VERSION[kind],
+                                                                 "metadata": {"resourceVersion": str(since)}}})
+                    next_bookmark = time.monotonic() + self.fake.bookmark_interval
+            else:
+                self.wfile.write(b"0\r\n\r\n")  # timeoutSeconds reached: a clean end
+                return
+            self.connection.shutdown(socket.SHUT_RDWR)  # cut mid-stream
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+        self.close_connection = True
 
 
 def _selected(obj: dict, query: dict[str, str]) -> bool:
@@ -356,14 +355,22 @@ def namespace(name: str, **labels: str) -> dict[str, Any]:
 
 
 def pod(namespace: str, name: str, ip: str | None, node: str = "node1", phase: str = "Running",
-        ports: tuple[int, ...] = (80,), **labels: str) -> dict[str, Any]:
-    """A Pod object with ``status.podIPs`` (None: no IP yet, phase Pending unless given)."""
+        ports: tuple[int | tuple[str, int, str], ...] = (80,), **labels: str) -> dict[str, Any]:
+    """A Pod object with ``status.podIPs`` (None: no IP yet, phase Pending unless given);
+    ``ports``: container port numbers, or ``(name, number, protocol)`` for a named port."""
     status: dict[str, Any] = {"phase": phase if ip else ("Pending" if phase == "Running" else phase)}
     if ip:
         status.update(podIP=ip, podIPs=[{"ip": ip}])
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name, "labels": labels},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [{"containerPort": p} for p in ports]}]},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [_container_port(p) for p in ports]}]},
             "status": status}
+
+
+def _container_port(port: int | tuple[str, int, str]) -> dict[str, Any]:
+    if isinstance(port, int):
+        return {"containerPort": port}
+    name, number, protocol = port
+    return {"name": name, "containerPort": number, "protocol": protocol}
 
 
 def node(name: str) -> dict[str, Any]:

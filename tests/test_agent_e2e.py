@@ -12,7 +12,7 @@ import pytest
 from nftpolicy.agent.testbed.probes import ProbeSpec
 
 from .agentenv import AgentEnv, RealApi
-from .conftest import clear_api, nft
+from .conftest import clear_api, eventually, nft
 from .fakeapi import namespace, pod
 
 pytestmark = pytest.mark.kernel
@@ -46,7 +46,7 @@ def env(tmp_path):
         env.close()
 
 
-@pytest.fixture(params=["fake API server", "kube-apiserver"])
+@pytest.fixture(params=["fake API server", pytest.param("kube-apiserver", marks=pytest.mark.tools("etcd", "kube-apiserver"))])
 def either_env(request, tmp_path):
     """The same scenario against the in-repo fake and against the real kube-apiserver."""
     real = request.param == "kube-apiserver"
@@ -65,14 +65,14 @@ def test_policy_create_update_delete(either_env):
     env.start_agent()
     assert env.connects("x/c", B)
     env.api.put(policy("deny-b", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}))
-    env.eventually(lambda: env.connects("x/c", B), False)
+    eventually(lambda: env.connects("x/c", B), False)
     env.api.put(policy("deny-b", only_from({"app": "a"})))
-    env.eventually(lambda: env.connects("x/a", B), True)
+    eventually(lambda: env.connects("x/a", B), True)
     assert not env.connects("x/c", B)
     env.api.delete("NetworkPolicy", "deny-b", "x")
-    env.eventually(lambda: env.connects("x/c", B), True)
-    env.eventually(lambda: env.metric("nftpolicy_sync_duration_seconds_count", mode="incremental") >= 3, True)
-    env.eventually(lambda: env.metric("nftpolicy_event_to_kernel_seconds_count") >= 3, True)
+    eventually(lambda: env.connects("x/c", B), True)
+    eventually(lambda: env.metric("nftpolicy_sync_duration_seconds_count", mode="incremental") >= 3, True)
+    eventually(lambda: env.metric("nftpolicy_event_to_kernel_seconds_count") >= 3, True)
 
 
 def test_pod_and_namespace_label_changes(either_env):
@@ -84,9 +84,9 @@ def test_pod_and_namespace_label_changes(either_env):
     time.sleep(0.3)
     assert not env.connects("y/d", B)
     env.api.put(namespace("y", team="blue"))
-    env.eventually(lambda: env.connects("y/d", B), True)
+    eventually(lambda: env.connects("y/d", B), True)
     env.api.put(pod("y", "d", D, app="d"))  # label removed again
-    env.eventually(lambda: env.connects("y/d", B), False)
+    eventually(lambda: env.connects("y/d", B), False)
 
 
 def test_pod_that_gets_its_ip_late(either_env):
@@ -101,8 +101,8 @@ def test_pod_that_gets_its_ip_late(either_env):
     assert not env.connects("x/c", A)      # no pod with IP C is a peer yet
     env.api.put(pod("x", "b", B, app="b"))
     env.api.put(pod("x", "late", C, app="late"))
-    env.eventually(lambda: env.connects("x/c", B), False)
-    env.eventually(lambda: env.connects("x/c", A), True)
+    eventually(lambda: env.connects("x/c", B), False)
+    eventually(lambda: env.connects("x/c", A), True)
 
 
 def test_finished_pod_releases_its_ip_to_a_new_pod(either_env):
@@ -113,7 +113,7 @@ def test_finished_pod_releases_its_ip_to_a_new_pod(either_env):
     assert env.connects("x/c", B)
     env.api.put(pod("x", "c", C, app="c", role="client", phase="Succeeded"))
     env.api.put(pod("x", "c-new", C, app="c-new"))  # same IP, not a client
-    env.eventually(lambda: env.connects("x/c", B), False)
+    eventually(lambda: env.connects("x/c", B), False)
 
 
 def test_api_outage_keeps_rules_and_catches_up_deletes(env):
@@ -127,8 +127,8 @@ def test_api_outage_keeps_rules_and_catches_up_deletes(env):
         time.sleep(1.0)
         assert not env.connects("x/c", B)                # the last ruleset stays in force
         assert env.http("/healthz")[0] == 200
-    env.eventually(lambda: env.connects("x/c", B), True, timeout=20)
-    env.eventually(lambda: env.connects("x/c", A), True)
+    eventually(lambda: env.connects("x/c", B), True, timeout=20)
+    eventually(lambda: env.connects("x/c", A), True)
     assert not env.connects("x/b", A)
     assert env.metric("nftpolicy_api_retries_total", kind="NetworkPolicy", reason="connection") >= 1
     assert "relisting NetworkPolicy" in env.log()
@@ -176,10 +176,10 @@ def test_nft_failure_in_one_sync_keeps_old_rules_and_recovers(env):
     peer_set = next(o["set"]["name"] for o in listing if "set" in o and C in json.dumps(o["set"].get("elem", [])))
     nft(env.netns, "delete", "element", "inet", "nftpolicy", peer_set, "{", C, "}")
     env.api.put(pod("x", "c", C, app="c"))  # c is no longer a client: the sync deletes its element
-    env.eventually(lambda: env.metric("nftpolicy_sync_failures_total", mode="incremental"), 1.0)
+    eventually(lambda: env.metric("nftpolicy_sync_failures_total", mode="incremental"), 1.0)
     assert "sync failed, the kernel keeps the previous ruleset" in env.log()
     # The failed transaction changed nothing; the full retry then lands and a is still allowed.
-    env.eventually(lambda: env.metric("nftpolicy_sync_duration_seconds_count", mode="full"), 2.0)
+    eventually(lambda: env.metric("nftpolicy_sync_duration_seconds_count", mode="full"), 2.0)
     assert env.connects("x/a", B) and not env.connects("x/c", B)
 
 
@@ -201,7 +201,7 @@ def test_a_flushed_ruleset_is_restored(env):
     assert not env.connects("x/c", B)
     nft(env.netns, "flush", "ruleset")  # what a distribution's nftables service reload does
     assert env.connects("x/c", B)
-    env.eventually(lambda: env.connects("x/c", B), False, timeout=15)
+    eventually(lambda: env.connects("x/c", B), False, timeout=15)
     assert "our table is gone or incomplete" in env.log()
 
 
@@ -210,11 +210,11 @@ def test_health_and_readiness(tmp_path):
     try:
         env.api.fail(503, count=1000)  # the API is down before the agent starts
         env.start_agent(wait_ready=False)
-        env.eventually(lambda: env.http("/healthz")[0], 200)
-        env.eventually(lambda: sum(1 for _, path, code in env.api.requests if code == 503 and "/pods" in path) >= 2, True)
+        eventually(lambda: env.http("/healthz")[0], 200)
+        eventually(lambda: sum(1 for _, path, code in env.api.requests if code == 503 and "/pods" in path) >= 2, True)
         assert env.http("/readyz")[0] == 503
         env.api.heal()
-        env.eventually(lambda: env.http("/readyz")[0], 200, timeout=40)
+        eventually(lambda: env.http("/readyz")[0], 200, timeout=40)
         assert env.metric("nftpolicy_api_errors_total", kind="Pod", reason="5xx") >= 2
         assert env.metric("nftpolicy_api_retries_total", kind="Pod", reason="5xx") >= 2
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 from nftpolicy.agent.daemon.health import Health, serve_http
 from nftpolicy.agent.daemon.metrics import Metrics
-from nftpolicy.agent.daemon.sources import Store
+from nftpolicy.agent.daemon.store import Store
 
 from .conftest import REPO, http_get
 from .test_cli import NFTPOLICY

@@ -36,15 +36,18 @@ from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
 from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.dataplane.nftables import NftDataplane
-from nftpolicy.agent.daemon.sources import KINDS, Store
+from nftpolicy.agent.daemon.store import KINDS, Store
+from nftpolicy.translators import transaction
 from nftpolicy.translators.noderender import build_rule_model
 
 from .agentenv import AgentEnv, RealApi
-from .conftest import clear_api, nft
+from .conftest import clear_api, eventually, nft
 from .fakeapi import FakeApiServer, namespace, pod
 from .test_chart import NAMESPACE, one, render
 
 pytestmark = pytest.mark.kernel
+# every test but the silent watch's (on the fake API server) uses `plane`: the chart's RBAC through helm
+REAL_PLANE = pytest.mark.tools("etcd", "kube-apiserver", "helm")
 
 CATCH_UP = 5.0  # seconds from the API's return (and its acceptance of the change) to the table equal to the render
 TABLE = "nftpolicy"
@@ -161,7 +164,7 @@ class Kernel:
         store = Store(Metrics())
         for kind in KINDS:
             store.replace(kind, objects.get(kind, []))
-        self.reference.replace(build_rule_model(store.take()[0], "node1"))
+        self.reference.run(transaction.full(build_rule_model(store.take()[0], "node1")))
         return normalized(self.reference.listing())
 
     def converged(self, expected: object, since: float, timeout: float = 60.0) -> float:
@@ -274,6 +277,7 @@ def through_fault(cp: ControlPlane, env: AgentEnv, kernel: Kernel, fault: Callab
     assert took - accepted <= CATCH_UP, f"caught up {took:.1f}s after the API's return, {took - accepted:.1f}s after it accepted the change"
 
 
+@REAL_PLANE
 def test_api_server_sigkill(real, record_property):
     """kube-apiserver killed outright, restarted on the same etcd: the restarted server refuses
     the agent's token (403) until its RBAC authorizer has loaded; the agent retries that as
@@ -287,6 +291,7 @@ def test_api_server_sigkill(real, record_property):
     through_fault(cp, env, kernel, fault, record_property)
 
 
+@REAL_PLANE
 def test_api_server_sigterm(real, record_property):
     """kube-apiserver stopped gracefully (it ends every watch first), restarted on the same etcd."""
     cp, env, kernel = real
@@ -298,6 +303,7 @@ def test_api_server_sigterm(real, record_property):
     through_fault(cp, env, kernel, fault, record_property)
 
 
+@REAL_PLANE
 def test_etcd_stopped_and_started(real, record_property):
     """etcd stopped for 15 s under a running kube-apiserver, then started on its data: the API's
     return is kube-apiserver's /readyz ok again."""
@@ -312,6 +318,7 @@ def test_etcd_stopped_and_started(real, record_property):
     through_fault(cp, env, kernel, fault, record_property)
 
 
+@REAL_PLANE
 def test_compaction_past_every_resource_version(real, record_property):
     """While kube-apiserver is down, etcd's revision moves past every resourceVersion the agent
     holds and its history is compacted there: the restarted server answers each of the agent's
@@ -325,9 +332,10 @@ def test_compaction_past_every_resource_version(real, record_property):
 
     through_fault(cp, env, kernel, fault, record_property)
     for kind in ("Namespace", "Pod", "NetworkPolicy", "Node"):
-        env.eventually(lambda: env.metric("nftpolicy_api_errors_total", kind=kind, reason="410") >= 1, True)
+        eventually(lambda: env.metric("nftpolicy_api_errors_total", kind=kind, reason="410") >= 1, True)
 
 
+@REAL_PLANE
 def test_role_binding_removed_then_restored(real, record_property):
     """The agent's ClusterRoleBinding is deleted: each watch, once it ends (``--watch-timeout 2``
     here), is refused with 403, which is retried with backoff, reported once per kind with the
@@ -344,12 +352,12 @@ def test_role_binding_removed_then_restored(real, record_property):
     def fault() -> None:
         cp.delete("ClusterRoleBinding", cp.binding["metadata"]["name"])
         # refused for 10 s or more: each kind says so once, as an error
-        env.eventually(lambda: {m.split()[1] for m in errors() if m.startswith("API ")} >= set(kinds), True, timeout=40)
+        eventually(lambda: {m.split()[1] for m in errors() if m.startswith("API ")} >= set(kinds), True, timeout=40)
         assert all(max(env.metric("nftpolicy_api_access_denied", kind=k, verb=v) for v in ("list", "watch")) == 1 for k in kinds)
         cp.apply(cp.binding)
 
     through_fault(cp, env, kernel, fault, record_property)
-    env.eventually(lambda: all(env.metric("nftpolicy_api_access_denied", kind=k, verb=v) == 0 for k in kinds for v in ("list", "watch")), True)
+    eventually(lambda: all(env.metric("nftpolicy_api_access_denied", kind=k, verb=v) == 0 for k in kinds for v in ("list", "watch")), True)
     for kind, resource in (("Pod", "pods"), ("Namespace", "namespaces"), ("NetworkPolicy", "networkpolicies"), ("Node", "nodes")):
         said = [m for m in errors() if m.startswith(f"API {kind} requests refused")]
         assert len(said) == 1 and "403" in said[0], said

@@ -28,26 +28,26 @@ from nftpolicy.agent.cli import flags
 
 
 from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.controlplane import find_binary
 
 from .conftest import REPO, nft
 from .conftest import http_get as conftest_http_get
 
 CHART = REPO / "charts" / "nftpolicy"
-HELM = REPO / ".tools" / "bin" / "helm"
 KUBERNETES_VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
 # The oldest version Chart.yaml's kubeVersion admits and the newest kubernetes-validate knows.
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
 RELEASE, NAMESPACE = "nftpolicy", "kube-system"
+pytestmark = pytest.mark.tools("helm")
 VALUES = {"default": None, "full": CHART / "ci" / "full-values.yaml", "manifests": CHART / "ci" / "manifests-values.yaml"}
 
 
 # --- helpers ---------------------------------------------------------------------------------
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    if not HELM.exists():
-        pytest.fail(f"{HELM} is missing: run `bash .ci/install --test`")
-    result = subprocess.run([str(HELM), *args], check=False, capture_output=True, text=True, timeout=120)
+    """Run helm (the callers' tests are marked ``tools("helm")``)."""
+    result = subprocess.run([find_binary("helm"), *args], check=False, capture_output=True, text=True, timeout=120)
     if check:
         assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}{result.stderr}"
     return result

@@ -28,6 +28,7 @@ from nftpolicy.translators.model import Cluster
 from .conftest import REPO, example_cluster, http_get
 from .test_chart import KUBE_VERSIONS, KUBERNETES_VALIDATE, NFTPOLICY, one, render, render_text
 
+pytestmark = pytest.mark.tools("helm")
 ENABLED = ("--set", "ulogd.enabled=true,grafanaDashboard.enabled=true,prometheusRule.enabled=true")
 
 
@@ -118,6 +119,7 @@ def _ulogd_events(tmp_path, cluster: Cluster, source: str, destination: str, por
 
 
 @pytest.mark.kernel
+@pytest.mark.tools("ulogd")
 def test_ulogd_as_the_chart_configures_it_writes_a_json_line_per_rejected_packet(tmp_path):
     # frontend's egress allows the api; the api's ingress refuses 5432
     lines, frontend_ip, api_ip = _ulogd_events(tmp_path, example_cluster(), "shop/frontend-7d9c8b6f5-x2k4p", "shop/api-5f6b7c9d4-q8w2n", 5432)
@@ -128,6 +130,7 @@ def test_ulogd_as_the_chart_configures_it_writes_a_json_line_per_rejected_packet
 
 
 @pytest.mark.kernel
+@pytest.mark.tools("ulogd")
 def test_ulogd_writes_a_json_line_naming_the_clusternetworkpolicy_rule_that_denied(tmp_path):
     """An Admin Deny rule of a policy with a 253-character name: the prefix holds tier,
     direction and rule index whole, the name cut at the kernel's 127 bytes."""
@@ -168,6 +171,7 @@ def test_alerts_cover_what_the_issue_asks():
     assert "> 900" in rules["NftpolicySyncStale"]["expr"] and "> 120" in rules["NftpolicyWatchStale"]["expr"]
 
 
+@pytest.mark.tools("promtool")
 def test_promtool_accepts_the_rendered_rules(tmp_path):
     docs = render("default", *ENABLED)
     rules_file = tmp_path / "rules.yaml"

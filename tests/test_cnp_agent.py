@@ -11,11 +11,13 @@ import pytest
 
 from nftpolicy.agent.daemon import sources
 from nftpolicy.agent.daemon.metrics import Metrics
-from nftpolicy.agent.daemon.sources import KubeSource, Store
+from nftpolicy.agent.daemon.sources import KubeSource
+from nftpolicy.agent.daemon.store import Store
 
 from .agentenv import AgentEnv
+from .conftest import eventually
 from .fakeapi import FakeApiServer, namespace, node, pod
-from .test_sources import eventually
+
 
 A, B, C, D = "10.244.0.10", "10.244.0.11", "10.244.0.12", "10.244.0.13"
 SLOTS = {"x/a": A, "x/b": B, "x/c": C, "y/d": D}
@@ -98,26 +100,26 @@ def test_the_agent_enforces_the_tiers_and_follows_changes(tmp_path):
         env.start_agent()
         assert env.connects("y/d", A) and env.connects("x/c", A)
         env.api.put(cnp("deny-y", "Deny"))  # Admin: y may not reach x
-        env.eventually(lambda: env.connects("y/d", A), False)
+        eventually(lambda: env.connects("y/d", A), False)
         assert env.connects("x/c", A)
         deny_x = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "deny-all"},
                   "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
         env.api.put(deny_x)  # NetworkPolicy isolates x: x/c -> x/a refused too
-        env.eventually(lambda: env.connects("x/c", A), False)
+        eventually(lambda: env.connects("x/c", A), False)
         env.api.put(cnp("deny-y", "Accept"))  # Admin Accept wins over the NetworkPolicy
-        env.eventually(lambda: env.connects("y/d", A), True)
+        eventually(lambda: env.connects("y/d", A), True)
         assert not env.connects("x/c", A)
         env.api.put(cnp("deny-y", "Pass"))  # Pass: the NetworkPolicy decides
-        env.eventually(lambda: env.connects("y/d", A), False)
+        eventually(lambda: env.connects("y/d", A), False)
         env.api.delete("NetworkPolicy", "deny-all", "x")  # passed by the Admin tier, no NetworkPolicy: allowed
-        env.eventually(lambda: env.connects("y/d", A), True)
+        eventually(lambda: env.connects("y/d", A), True)
         env.api.put(cnp("baseline", "Deny", tier="Baseline", from_ns="x"))  # no NetworkPolicy: Baseline denies x -> x
-        env.eventually(lambda: env.connects("x/c", A), False)
+        eventually(lambda: env.connects("x/c", A), False)
         assert env.connects("y/d", A)  # no Baseline rule for y
         env.api.delete("ClusterNetworkPolicy", "baseline")
         env.api.delete("ClusterNetworkPolicy", "deny-y")
-        env.eventually(lambda: env.connects("x/c", A), True)
-        env.eventually(lambda: env.metric("nftpolicy_watched_objects", kind="ClusterNetworkPolicy"), 0.0)
+        eventually(lambda: env.connects("x/c", A), True)
+        eventually(lambda: env.metric("nftpolicy_watched_objects", kind="ClusterNetworkPolicy"), 0.0)
     finally:
         env.close()
 
@@ -129,7 +131,7 @@ def test_the_agent_without_the_crd_is_ready_and_enforces_networkpolicies(tmp_pat
         env.start_agent()
         env.api.put({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "deny-all"},
                      "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})
-        env.eventually(lambda: env.connects("x/c", A), False)
+        eventually(lambda: env.connects("x/c", A), False)
         assert env.log().count("its CRD is not installed") == 1
     finally:
         env.close()

@@ -64,6 +64,7 @@ def through_agents():
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+@pytest.mark.tools("etcd", "kube-apiserver")
 def test_through_the_agent(through_agents, path):
     step = through_agents[load_case(path.read_text()).name]
     assert not step.errors, [str(e) for e in step.errors]
@@ -72,6 +73,7 @@ def test_through_the_agent(through_agents, path):
         for s, fam, a, b, w, _ in step.differences)
 
 
+@pytest.mark.tools("etcd", "kube-apiserver", "kube-router")
 def test_beside_the_real_kube_router_every_difference_is_a_cluster_policy():
     """kube-router has no ClusterNetworkPolicy: beside it (one API server, twin sandboxes), the
     cells where it differs from nftpolicy are exactly those a ClusterNetworkPolicy decides, each

@@ -23,7 +23,7 @@ from nftpolicy.translators.cases import load_case
 
 from .conftest import CONFORMANCE, OWN_CASES
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver", "kube-router")]
 
 FILES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(OWN_CASES.glob("*.yaml"))
 

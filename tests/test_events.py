@@ -19,7 +19,7 @@ from nftpolicy.translators.clusterpolicy import UnsupportedPeer
 from nftpolicy.translators.validation import InvalidField
 
 from .agentenv import AgentEnv, RealApi
-from .conftest import clear_api
+from .conftest import clear_api, eventually
 from .fakeapi import FakeApiServer
 
 # ---- the recorder -------------------------------------------------------------------------------
@@ -205,13 +205,13 @@ def test_the_agent_records_an_event_on_an_invalid_policy_and_the_crd_missing(tmp
         env.api.put(INVALID_POLICY)
         env.start_agent()
         assert not env.connects("x/c", B), "the invalid policy fails closed"
-        env.eventually(lambda: len(fake_events(env.api, INVALID)), 1)
+        eventually(lambda: len(fake_events(env.api, INVALID)), 1)
         [event] = fake_events(env.api, INVALID)
         assert event["involvedObject"]["name"] == "bad-port" and event["involvedObject"]["uid"] == "0d5c1e1e-1"
         assert "spec.ingress[0].ports[0].port" in event["message"]
-        env.eventually(lambda: len(fake_events(env.api, CRD_MISSING)), 1)
+        eventually(lambda: len(fake_events(env.api, CRD_MISSING)), 1)
         env.api.put({**INVALID_POLICY, "metadata": {**INVALID_POLICY["metadata"], "generation": 2}})
-        env.eventually(lambda: fake_events(env.api, INVALID)[0]["count"], 2)
+        eventually(lambda: fake_events(env.api, INVALID)[0]["count"], 2)
         assert len(fake_events(env.api, INVALID)) == 1
     finally:
         env.close()
@@ -225,9 +225,9 @@ def test_failing_event_writes_never_stop_enforcement(tmp_path):
         env.api.put(INVALID_POLICY)
         env.start_agent()
         assert not env.connects("x/c", B)
-        env.eventually(lambda: env.metric("nftpolicy_events_total", result="failed") >= 2, True)  # the policy and the CRD
+        eventually(lambda: env.metric("nftpolicy_events_total", result="failed") >= 2, True)  # the policy and the CRD
         env.api.delete("NetworkPolicy", "bad-port", "x")
-        env.eventually(lambda: env.connects("x/c", B), True)
+        eventually(lambda: env.connects("x/c", B), True)
         said = [e["msg"] for e in map(json.loads, filter(lambda line: line.startswith("{"), env.log().splitlines()))
                 if e["msg"].startswith("cannot write Event")]
         assert any("InvalidPolicy on NetworkPolicy x/bad-port: 500" in m for m in said), said
@@ -245,6 +245,7 @@ DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "Cluste
 
 
 @pytest.mark.kernel
+@pytest.mark.tools("etcd", "kube-apiserver")
 def test_kubectl_describe_shows_the_event(control_plane, tmp_path):
     env = AgentEnv(tmp_path, SLOTS, api=RealApi(control_plane)).put_slot_pods()
     try:
@@ -254,7 +255,7 @@ def test_kubectl_describe_shows_the_event(control_plane, tmp_path):
         def events() -> list[dict]:
             return [e for e in control_plane.request("GET", "/api/v1/events")["items"] if e["involvedObject"].get("uid") == stored["metadata"]["uid"]]
 
-        env.eventually(lambda: len(events()), 1)
+        eventually(lambda: len(events()), 1)
         [event] = events()
         assert (event["reason"], event["type"], event["source"]) == (UNSUPPORTED_PEER, "Warning", {"component": "nftpolicy", "host": "node1"})
         assert event["metadata"]["namespace"] == "default" and event["count"] == 1

@@ -268,6 +268,7 @@ def test_explain_accepts_a_pod_without_an_address(tmp_path):
 
 # ---- item 5: the chart's complete example can work; a bad CIDR value is a short line -----------------
 
+@pytest.mark.tools("helm")
 def test_the_netns_example_gets_the_capability_setns_needs():
     example = helm("template", "x", str(CHART), "-f", str(CHART / "ci" / "manifests-values.yaml")).stdout
     default = helm("template", "x", str(CHART)).stdout
@@ -276,6 +277,7 @@ def test_the_netns_example_gets_the_capability_setns_needs():
     assert caps == [["NET_ADMIN", "SYS_ADMIN"], ["NET_ADMIN"]]
 
 
+@pytest.mark.tools("helm")
 def test_a_cidr_value_without_a_prefix_is_a_short_message():
     out = helm("template", "x", str(CHART), "--set-json", 'agent.serviceCidrs=["10.96.0.0"]', check=False)
     assert out.returncode != 0 and "agent.serviceCidrs.0: Does not match pattern '^[0-9A-Fa-f:.]+/[0-9]{1,3}$'" in out.stderr

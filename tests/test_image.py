@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,13 +40,12 @@ IMAGE = f"localhost/nftpolicy:test-{RUN}"
 BUILD_STAGE = f"localhost/nftpolicy-build:test-{RUN}"
 
 
+# What a test of the built image needs (the `image` fixture): root, buildah and debootstrap.
+BUILDS_THE_IMAGE = pytest.mark.tools("buildah", "debootstrap")
+
+
 @pytest.fixture(scope="module")
 def image():
-    if os.geteuid() != 0:
-        pytest.skip("needs root (buildah, debootstrap)")
-    for tool in ("buildah", "debootstrap"):
-        if not shutil.which(tool):
-            pytest.fail(f"{tool} is missing: run `bash .ci/install --test`")
     with images.storage_lock():
         started = time.monotonic()
         images.project_image(IMAGE, BUILD_STAGE)
@@ -159,21 +157,29 @@ def test_the_wheel_holds_every_package_and_the_launcher(tmp_path):
 
 # --- the built image -------------------------------------------------------------------------
 
+@pytest.mark.root
+@BUILDS_THE_IMAGE
 def test_version(image):
     assert image.run("nftpolicy", "--version").stdout.strip() == f"nftpolicy {version('nftpolicy')}"
 
 
+@pytest.mark.root
+@BUILDS_THE_IMAGE
 def test_render_in_the_image_is_the_golden_ruleset(image):
     out = image.run("nftpolicy", "render", "/examples/shop", "--node", "node1", volumes={str(REPO / "examples"): "/examples:ro"})
     assert out.stdout == (REPO / "tests" / "golden" / "shop-node1.nft").read_text()
 
 
+@pytest.mark.root
+@BUILDS_THE_IMAGE
 def test_entrypoint_is_the_agent_as_root(image):
     assert image.config("Entrypoint") == "[/opt/nftpolicy/bin/nftpolicy agent]"
     assert image.config("User") == "0:0"
     assert "PATH=/opt/nftpolicy/bin:" in image.config("Env")
 
 
+@pytest.mark.root
+@BUILDS_THE_IMAGE
 def test_the_venv_sees_the_distribution_nftables(image):
     out = image.run("python3", "-c", "import sys, nftables; print(sys.prefix, nftables.__file__)").stdout.split()
     assert out == ["/opt/nftpolicy", "/usr/lib/python3/dist-packages/nftables/__init__.py"]
@@ -181,6 +187,8 @@ def test_the_venv_sees_the_distribution_nftables(image):
     assert len({line.split()[1] for line in versions.splitlines()}) == 1, versions  # one nftables release
 
 
+@pytest.mark.root
+@BUILDS_THE_IMAGE
 def test_no_build_tools_in_the_image(image):
     assert image.run("sh", "-c", "command -v gcc cc make pip pip3 dpkg-dev; true").stdout == ""
     assert image.run("/opt/nftpolicy/bin/python", "-c", "import pip", check=False).returncode != 0
@@ -190,6 +198,8 @@ def test_no_build_tools_in_the_image(image):
     assert not packages & {"python3-pip", "python3-venv", "python3-setuptools", "build-essential", "gcc", "make", "dpkg-dev"}
 
 
+@pytest.mark.root
+@BUILDS_THE_IMAGE
 def test_build_time(image):
     # A cold build (no cached layers) takes about a minute here; keep the suite well under ten.
     assert image.build_seconds < 300, image.build_seconds
@@ -205,6 +215,8 @@ def pod_capabilities() -> list[str]:
 
 
 @pytest.mark.kernel
+@BUILDS_THE_IMAGE
+@pytest.mark.tools("helm")  # the chart's capabilities and environment
 def test_image_loads_the_ruleset_and_cleanup_removes_it(image, make_netns):
     """With the chart's capabilities only, the image's nft loads the image's render, and the
     image's ``nftpolicy cleanup`` removes the table (what the uninstall step of docs/operations.md runs)."""
@@ -256,6 +268,8 @@ def _written(root: Path, since: float) -> list[str]:
 
 
 @pytest.mark.kernel
+@BUILDS_THE_IMAGE
+@pytest.mark.tools("helm")  # the chart's capabilities and environment
 def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_path):
     """The image's agent, with the default chart's environment and capabilities and the example
     as manifests, inside a test namespace: passes its nft feature check, loads the ruleset,

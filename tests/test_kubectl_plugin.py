@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROOT = Path(__file__).parent / "conformance"
 CASES = sorted((ROOT / "upstream").glob("*.yaml")) + sorted((ROOT / "cnp-upstream").glob("*.yaml"))
 ORDER = {"Namespace": 0, "Node": 1, "Pod": 2, "NetworkPolicy": 3, "ClusterNetworkPolicy": 4}
+CONTROL_PLANE = pytest.mark.tools("etcd", "kube-apiserver")  # what the control_plane fixture starts
 
 
 def run(capsys, command, argv: list[str]) -> tuple[int, str, str]:
@@ -60,6 +61,7 @@ def test_port_syntax():
     assert [explain_port(p) for p in ("5432/TCP", "53/udp", "8080", "http", "TCP/80")] == ["TCP/5432", "UDP/53", "8080", "http", "TCP/80"]
 
 
+@CONTROL_PLANE
 def test_explain_equals_the_manifest_explain_on_every_conformance_case(control_plane, tmp_path, capsys):
     """Each case loaded into the API; every pod asks, on every probe's port at once, the next pod
     (even positions: mostly within its namespace) or the fourth next (odd: across namespaces),
@@ -92,6 +94,7 @@ def test_explain_equals_the_manifest_explain_on_every_conformance_case(control_p
     clear_api(cp)
 
 
+@CONTROL_PLANE
 def test_explain_a_service_and_an_address(control_plane, capsys):
     cp = control_plane
     case = load_case((ROOT / "upstream" / "001-default-deny-ingress.yaml").read_text())
@@ -125,6 +128,7 @@ READ_CLUSTER = [{"apiGroups": [""], "resources": ["pods", "namespaces", "nodes"]
                 {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list"]}]
 
 
+@CONTROL_PLANE
 def test_a_missing_verb_is_one_line_naming_it(control_plane, capsys):
     cp = control_plane
     without_cnp = restricted_user(cp, "no-cnp", READ_CLUSTER)
@@ -146,6 +150,7 @@ def test_a_missing_verb_is_one_line_naming_it(control_plane, capsys):
         cp.delete("Node", "node1")
 
 
+@CONTROL_PLANE
 def test_an_unreachable_api_server_is_one_line(control_plane, tmp_path, capsys):
     config = yaml.safe_load(Path(control_plane.kubeconfig).read_text())
     port = free_port()
@@ -184,6 +189,7 @@ def put_agent(cp, node: str, ip: str, port: int) -> None:
     cp.apply(agent_pod("nftpolicy-system", node, ip, port))
 
 
+@CONTROL_PLANE
 def test_status_reads_every_agent_through_the_pod_proxy(control_plane, capsys):
     """Two real agent HTTP servers (one ready with synced metrics, one not listed yet) behind the
     API server's pod proxy, and a node without an agent pod."""

@@ -13,11 +13,12 @@ import pytest
 from nftpolicy.agent.testbed.controlplane import ControlPlane
 
 from .agentenv import AgentEnv, RealApi
+from .conftest import eventually
 from .fakeapi import pod
 from .test_chart import NAMESPACE, one, render
 from .test_events import DNS_POLICY
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver", "helm")]
 
 B, C = "10.244.0.11", "10.244.0.12"
 DENY_B = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "deny-b"},
@@ -63,7 +64,7 @@ def test_the_charts_clusterrole_is_enough(rbac_env):
     env.start_agent()
     assert env.connects("x/c", B)
     cp.apply(DENY_B)
-    env.eventually(lambda: env.connects("x/c", B), False)
+    eventually(lambda: env.connects("x/c", B), False)
     for kind in ("Pod", "Namespace", "NetworkPolicy", "Node"):
         assert env.metric("nftpolicy_api_errors_total", kind=kind, reason="403") == 0
 
@@ -79,7 +80,7 @@ def test_a_missing_verb_is_named(rbac_env, resource, verb):
     cp.apply(narrowed)
     env.start_agent(wait_ready=False)
     kind = {"pods": "Pod", "networkpolicies": "NetworkPolicy", "namespaces": "Namespace"}[resource]
-    env.eventually(lambda: env.metric("nftpolicy_api_access_denied", kind=kind, verb=verb), 1, timeout=20)
+    eventually(lambda: env.metric("nftpolicy_api_access_denied", kind=kind, verb=verb), 1, timeout=20)
     # retried (a starting API server refuses for a moment), said at the first refusal; one that
     # lasts 10 s is said once more as an error (tests/test_api_recovery.py)
     said = [event["msg"] for event in map(json.loads, filter(lambda line: line.startswith("{"), env.log().splitlines()))
@@ -100,9 +101,9 @@ def test_the_charts_clusterrole_lets_the_agent_write_and_count_events(rbac_env):
             return [e["count"] for e in cp.request("GET", "/api/v1/events")["items"]
                     if e["involvedObject"].get("uid") == stored["metadata"]["uid"]]
 
-        env.eventually(counts, [1], timeout=15)
+        eventually(counts, [1], timeout=15)
         cp.apply({**DNS_POLICY, "spec": {**DNS_POLICY["spec"], "priority": 6}})
-        env.eventually(counts, [2], timeout=15)
+        eventually(counts, [2], timeout=15)
         assert env.metric("nftpolicy_events_total", result="failed") == 0
     finally:
         cp.delete("ClusterNetworkPolicy", DNS_POLICY["metadata"]["name"])

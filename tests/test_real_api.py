@@ -16,12 +16,13 @@ import pytest
 from nftpolicy.agent.daemon import sources
 from nftpolicy.agent.testbed.controlplane import ControlPlane
 from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.store import Store
 
 from .agentenv import AgentEnv, RealApi
-from .conftest import clear_api
+from .conftest import clear_api, eventually
 from .fakeapi import namespace, pod
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver")]
 
 A, B, C, D = "10.244.0.10", "10.244.0.11", "10.244.0.12", "10.244.0.13"
 SLOTS = {"x/a": A, "x/b": B, "x/c": C, "y/d": D}
@@ -56,7 +57,7 @@ def test_lists_come_in_pages(control_plane, monkeypatch):
         control_plane.apply(pod("y", f"paged-{i}", f"10.244.0.{100 + i}", app="paged"))
     monkeypatch.setattr(sources, "LIST_PAGE", 2)
     metrics, stop = Metrics(), threading.Event()
-    store = sources.Store(metrics)
+    store = Store(metrics)
     source = sources.KubeSource(store, metrics, "node1", control_plane.kubeconfig, 5.0, 30, stop)
     try:
         source._list("Pod")
@@ -79,8 +80,8 @@ def test_pod_deletion_and_ip_reuse(env):
     env.api.delete("Pod", "a", "x")
     env.api.put(pod("x", "b2", B, app="other"))
     env.api.put(pod("x", "a2", A, app="not-a"))  # A now belongs to a pod c does not allow
-    env.eventually(lambda: env.connects("x/c", B), True)
-    env.eventually(lambda: env.connects("x/a", C), False)
+    eventually(lambda: env.connects("x/c", B), True)
+    eventually(lambda: env.connects("x/a", C), False)
 
 
 def test_watch_that_the_api_server_ends(control_plane, tmp_path):
@@ -91,10 +92,10 @@ def test_watch_that_the_api_server_ends(control_plane, tmp_path):
         env.start_agent()
         time.sleep(3.5)  # several watches end
         env.api.put(policy("deny-b", DENY_B))
-        env.eventually(lambda: env.connects("x/c", B), False)
+        eventually(lambda: env.connects("x/c", B), False)
         time.sleep(2.2)
         env.api.delete("NetworkPolicy", "deny-b", "x")
-        env.eventually(lambda: env.connects("x/c", B), True)
+        eventually(lambda: env.connects("x/c", B), True)
         events = [json.loads(line) for line in env.log().splitlines() if line.startswith("{")]
         assert not [e for e in events if "relisting" in e.get("msg", "")], "a watch end must not cause a relist"
         assert env.metric("nftpolicy_api_errors_total", kind="NetworkPolicy", reason="410") == 0
@@ -118,8 +119,8 @@ def test_api_server_restart_keeps_rules_and_resumes(tmp_path):
             assert env.http("/healthz")[0] == 200
             cp.start_apiserver()
             cp.delete("NetworkPolicy", "deny-b", "x")
-            env.eventually(lambda: env.connects("x/c", B), True, timeout=40)
+            eventually(lambda: env.connects("x/c", B), True, timeout=40)
             env.api.put(policy("deny-b", DENY_B))
-            env.eventually(lambda: env.connects("x/c", B), False, timeout=40)
+            eventually(lambda: env.connects("x/c", B), False, timeout=40)
         finally:
             env.close()

@@ -22,7 +22,7 @@ from nftpolicy.agent.testbed.realnode import KERNEL_TUNABLES, RealCluster, RealN
 
 from .conftest import REPO
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools(*realnode.TOOLS)]
 
 
 def tunables() -> dict[str, str]:

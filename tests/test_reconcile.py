@@ -7,24 +7,25 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from typing import Any
 
 import pytest
 import yaml
 
 from nftpolicy.agent.dataplane.fake import FakeNftDataplane, FakeTable
+from nftpolicy.agent.daemon.clock import REAL_TIME, Clock
 from nftpolicy.agent.daemon.health import Health
 from nftpolicy.agent.daemon.metrics import Metrics
-from nftpolicy.agent.daemon.reconcile import Reconciler
-from nftpolicy.agent.daemon.sources import KINDS, Store
+from nftpolicy.agent.daemon.reconcile import HEARTBEAT, Reconciler
+from nftpolicy.agent.daemon.store import KINDS, Store
 from nftpolicy.translators import nft, transaction
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
-from .conftest import REPO
+from .conftest import REPO, eventually
+from .fakeclock import FakeClock
 
 NODE = "node1"
 
@@ -52,8 +53,8 @@ def _fresh_state(objects: dict[str, list[dict[str, Any]]]) -> Any:
     return FakeTable().apply(transaction.full(build_rule_model(_cluster(objects), NODE))).state()
 
 
-def _reconciler(store: Store, dataplane: FakeNftDataplane, resync: float = 3600.0) -> Reconciler:
-    return Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), 0.0, resync, dataplane)
+def _reconciler(store: Store, dataplane: FakeNftDataplane, clock: Clock = REAL_TIME, min_interval: float = 0.0) -> Reconciler:
+    return Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), min_interval, 3600.0, dataplane, clock)
 
 
 def _verbs(tx: transaction.Transaction) -> list[str]:
@@ -142,27 +143,20 @@ def _run(reconciler: Reconciler) -> tuple[threading.Event, threading.Thread]:
     return stop, thread
 
 
-def _until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_the_loop_waits_for_every_kind_then_syncs_and_follows_changes():
-    objects = _objects()
+    objects, clock = _objects(), FakeClock()
     store, dataplane = Store(Metrics()), FakeNftDataplane()
-    reconciler = _reconciler(store, dataplane)
+    reconciler = _reconciler(store, dataplane, clock=clock)
     stop, thread = _run(reconciler)
     try:
         for kind in KINDS[:-1]:
             store.replace(kind, objects[kind])
-        time.sleep(0.2)
+        eventually(lambda: len(clock.waited) >= 5, clock=clock)  # the loop looked again and again
         assert dataplane.transactions == [] and not reconciler.health.ready  # Node not listed yet
         store.replace(KINDS[-1], objects[KINDS[-1]])
-        _until(lambda: reconciler.health.ready)
+        eventually(lambda: reconciler.health.ready, clock=clock)
         _relabel(store, objects, "prometheus-0", app="other")
-        _until(lambda: dataplane.state.state() == _fresh_state(objects))
+        eventually(lambda: dataplane.state.state() == _fresh_state(objects), clock=clock)
     finally:
         stop.set()
         store.changed.set()
@@ -172,34 +166,37 @@ def test_the_loop_waits_for_every_kind_then_syncs_and_follows_changes():
 
 
 def test_the_loop_restores_a_lost_table_and_retries_a_refused_sync():
-    objects = _objects()
+    objects, clock = _objects(), FakeClock()
     store, dataplane = _store(objects), FakeNftDataplane()
-    reconciler = _reconciler(store, dataplane)
+    reconciler = _reconciler(store, dataplane, clock=clock)
     dataplane.refuse_next(count=2)
+    started = clock.now()
     stop, thread = _run(reconciler)
     try:
-        _until(lambda: reconciler.health.ready)  # after two refusals (backoff 0.5 s, then 1 s)
+        eventually(lambda: reconciler.health.ready, clock=clock)
         assert reconciler.metrics.sync_failures.labels("full")._value.get() == 2
+        assert clock.now() - started >= 1.5  # after two refusals: the backoff waits 0.5 s, then 1 s
         dataplane.lose_table()
-        _until(lambda: dataplane.has_table(), timeout=15.0)  # the idle check runs every 5 s
+        eventually(lambda: dataplane.has_table(), clock=clock)
+        assert max(clock.waited) <= HEARTBEAT  # the idle loop looks for the table at least every 5 s
         assert dataplane.state.state() == _fresh_state(objects)
     finally:
         stop.set()
         store.changed.set()
-        thread.join(10)
+        thread.join(5)
     assert not thread.is_alive()
 
 
 def test_a_burst_of_changes_is_coalesced_into_one_transaction():
-    objects = _objects()
+    objects, clock = _objects(), FakeClock()
     store, dataplane = _store(objects), FakeNftDataplane()
-    reconciler = Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), 1.0, 3600.0, dataplane)
+    reconciler = _reconciler(store, dataplane, clock=clock, min_interval=1.0)
     stop, thread = _run(reconciler)
     try:
-        _until(lambda: reconciler.health.ready)
-        for value in ("a", "b", "c", "other"):  # within the 1 s minimum interval
+        eventually(lambda: reconciler.health.ready, clock=clock)
+        for value in ("a", "b", "c", "other"):  # the clock stands still: within the 1 s minimum interval
             _relabel(store, objects, "prometheus-0", app=value)
-        _until(lambda: dataplane.state.state() == _fresh_state(objects))
+        eventually(lambda: dataplane.state.state() == _fresh_state(objects), clock=clock)
     finally:
         stop.set()
         store.changed.set()

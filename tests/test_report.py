@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 
 import pytest
 
 from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed.controlplane import find_binary
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.report import (
     SandboxOutput, Section, cluster_denials, compact_text, html_page, section_json, selecting_policies,
@@ -82,16 +82,14 @@ def test_the_policies_of_each_end_come_from_the_rule_model():
 
 
 def _browser_dom(page, tmp_path) -> tuple[str, str]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.fail("chromium is missing: run `bash .ci/install --test`")
-    out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+    out = subprocess.run([find_binary("chromium"), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
                           "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout, out.stderr
 
 
+@pytest.mark.tools("chromium")
 def test_the_page_loads_in_a_real_browser_with_every_cell(tmp_path):
     section = _section(7, expected=True)
     section.results[(TCP80, "ipv4")] = {k: v for k, v in section.results[(TCP80, "ipv4")].items() if k != (section.pods[0], section.pods[1])}
@@ -111,7 +109,6 @@ def test_the_page_loads_in_a_real_browser_with_every_cell(tmp_path):
     assert "<link" not in dom and "src=" not in dom  # self-contained
 
 
-@pytest.mark.kernel
 def test_a_cell_a_clusternetworkpolicy_deny_refused_names_its_tier_policy_and_rule(tmp_path, capsys):
     """x/db's Admin policy accepts TCP/80 from anywhere (rule 0) and denies y (rule 1); x/web is
     refused by a NetworkPolicy: only y -> db names the Deny rule, in the JSON and the page."""
@@ -142,6 +139,8 @@ def test_a_cell_a_clusternetworkpolicy_deny_refused_names_its_tier_policy_and_ru
     assert page.read_text().count("denied by Admin Deny guard ingress rule 1") == 1
 
 
+@pytest.mark.kernel
+@pytest.mark.tools("chromium")
 def test_sandbox_json_report_and_html_on_the_example(tmp_path):
     page = tmp_path / "shop.html"
     out = subprocess.run([NFTPOLICY, "sandbox", EXAMPLE, "--timeout", "0.5", "--output", "json", "--report", str(page)],

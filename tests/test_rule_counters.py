@@ -11,7 +11,7 @@ from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.translators.rules import ChainOwner, RuleOrigin
 
 from .agentenv import AgentEnv
-from .conftest import nft
+from .conftest import eventually, nft
 from .fakeapi import FakeApiServer
 from .test_agent_e2e import SLOTS, A, B, policy
 
@@ -35,7 +35,7 @@ def test_denied_and_allowed_metrics_count_each_probe(env):
     env.api.put(policy("b-from-c", {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [
         {"from": [{"podSelector": {"matchLabels": {"app": "c"}}}], "ports": [{"port": 80}]}]}))
     env.start_agent()
-    env.eventually(lambda: env.connects("x/a", B), False)
+    eventually(lambda: env.connects("x/a", B), False)
     denied = {"namespace": "x", "pod": "b", "direction": "ingress"}
     allowed = {"namespace": "x", "policy": "b-from-c", "direction": "ingress"}
     before = env.metric("nftpolicy_denied_packets_total", **denied), env.metric("nftpolicy_allowed_packets_total", **allowed)
@@ -55,7 +55,7 @@ def test_first_probe_after_the_sync_counts_from_zero(env):
     """The very first denied probe gives exactly 1 (nothing else walked the chain)."""
     env.api.put(policy("deny-b", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}))
     env.start_agent()
-    env.eventually(lambda: env.metric("nftpolicy_table_objects", type="pod chains"), 1.0)
+    eventually(lambda: env.metric("nftpolicy_table_objects", type="pod chains"), 1.0)
     assert env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress") == 0
     assert not env.connects("x/a", B)
     assert env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress") == 1

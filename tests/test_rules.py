@@ -38,11 +38,9 @@ from nftpolicy.translators.rules import (
     hashed_name,
 )
 
+from .fakeapi import namespace
+
 # --------------------------------------------------------------------------- manifest helpers
-
-
-def ns(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}}
 
 
 def pod(key: str, *ips: str, node: str | None = "n1", phase: str | None = None, host_network: bool = False,
@@ -189,7 +187,7 @@ def test_empty_pod_selector_selects_every_pod_of_the_policy_namespace_only():
 # --------------------------------------------------------------------------- ClusterIndex
 
 INDEX_OBJECTS = (
-    ns("x", team="red"), ns("y", team="blue"), ns("z", team="red"), ns("empty", team="red"),
+    namespace("x", team="red"), namespace("y", team="blue"), namespace("z", team="red"), namespace("empty", team="red"),
     pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
     pod("y/a", "10.0.1.1", app="a"), pod("y/b", "10.0.1.2", app="b"),
     pod("z/a", "10.0.2.1", app="a"),
@@ -250,14 +248,14 @@ def test_peer_scopes(peer, expected):
 
 def test_namespace_label_change_moves_its_pods_in_and_out():
     peer = {"namespaceSelector": labels(team="blue")}
-    assert peer_pods(peer, ns("z", team="blue")) == ["y/a", "y/b", "z/a"]
-    assert peer_pods(peer, ns("y", team="red")) == []
+    assert peer_pods(peer, namespace("z", team="blue")) == ["y/a", "y/b", "z/a"]
+    assert peer_pods(peer, namespace("y", team="red")) == []
 
 
 # --------------------------------------------------------------------------- peers, end to end
 
 PEER_PODS = (
-    ns("x", team="red"), ns("y", team="blue"), ns("z", team="red"),
+    namespace("x", team="red"), namespace("y", team="blue"), namespace("z", team="red"),
     pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"), pod("x/c", "10.0.0.3", app="c"),
     pod("y/a", "10.0.1.1", app="a"), pod("y/b", "10.0.1.2", app="b"),
     pod("z/a", "10.0.2.1", app="a"), pod("z/b", "10.0.2.2", app="b"),
@@ -619,7 +617,7 @@ def test_port_verdicts(entry, probes):
 # --------------------------------------------------------------------------- named ports
 
 NAMED = (
-    ns("x"), ns("y", team="blue"),
+    namespace("x"), namespace("y", team="blue"),
     pod("x/a", "10.0.0.1", app="web", ports=(("http", 80, "TCP"), ("dns", 53, "UDP"))),
     pod("x/b", "10.0.0.2", "fd00::2", app="web", ports=(("http", 8080, "TCP"), ("dns", 53, "TCP"))),
     pod("x/c", "10.0.0.3", app="web", ports=(("metrics", 9090, "TCP"),)),
@@ -743,7 +741,7 @@ def test_pod_chain_carries_every_address():
 # --------------------------------------------------------------------------- names and comments
 
 STABLE_OBJECTS = [
-    ns("x", team="red"), ns("y", team="blue"),
+    namespace("x", team="red"), namespace("y", team="blue"),
     pod("x/a", "10.0.0.1", "fd00::1", app="a", tier="fe", ports=(("http", 80, "TCP"),)),
     pod("x/b", "10.0.0.2", app="b", ports=(("http", 8080, "TCP"),)),
     pod("y/c", "10.0.1.3", app="c", node="n2"),
@@ -878,7 +876,7 @@ def test_comment_text_format():
 
 def sized_cluster(remote: int) -> RuleModel:
     objects = [
-        ns("x"), ns("y", team="blue"),
+        namespace("x"), namespace("y", team="blue"),
         pod("x/a", "10.0.0.1", node="n1", app="a", ports=(("http", 80, "TCP"),)),
         pod("x/b", "10.0.0.2", node="n1", app="b"),
         netpol("x/pa", labels(app="a"), ingress=[{"from": [{"podSelector": {}}, {"namespaceSelector": {}}], "ports": [{"port": "http"}]}],
@@ -889,8 +887,8 @@ def sized_cluster(remote: int) -> RuleModel:
         pod("y/sr", "10.1.255.1", node="n2", app="selected-remote"),
     ]
     for i in range(remote):
-        namespace = "x" if i % 2 else "y"
-        objects.append(pod(f"{namespace}/r{i}", f"10.1.{i // 250}.{i % 250 + 1}", node=f"n{2 + i % 3}", app="other",
+        ns = "x" if i % 2 else "y"
+        objects.append(pod(f"{ns}/r{i}", f"10.1.{i // 250}.{i % 250 + 1}", node=f"n{2 + i % 3}", app="other",
                            ports=(("http", 8080, "TCP"),)))
     return model_of(*objects, node="n1")
 
@@ -1056,7 +1054,7 @@ def rules_lists(draw, peers_key: str):
 
 @st.composite
 def clusters(draw):
-    objects: list[dict] = [ns("x", team=draw(st.sampled_from(["red", "blue"]))), ns("y", team=draw(st.sampled_from(["red", "blue"])))]
+    objects: list[dict] = [namespace("x", team=draw(st.sampled_from(["red", "blue"]))), namespace("y", team=draw(st.sampled_from(["red", "blue"])))]
     for i in range(draw(st.integers(1, 6))):
         kind = draw(st.sampled_from(["v4", "v4", "v4", "dual", "pending", "done", "host"]))
         # a finished pod may hold an address that a running pod (index 0) reuses

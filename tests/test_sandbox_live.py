@@ -23,6 +23,8 @@ from .conftest import CONFORMANCE, OURS, OWN_CASES, REPO, RUN_TAG
 
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
 EXAMPLE = str(REPO / "examples" / "shop")
+# --dataplane kube-router|both runs kube-router against a control plane
+KUBE_ROUTER = pytest.mark.tools("etcd", "kube-apiserver", "kube-router")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -30,6 +32,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.kernel
+@pytest.mark.tools("etcd", "kube-apiserver")
 def test_control_plane_gives_the_direct_sandbox_output():
     direct, live = run("sandbox", EXAMPLE), run("sandbox", "--control-plane", EXAMPLE)
     assert direct.returncode == live.returncode == 0, live.stderr
@@ -37,6 +40,7 @@ def test_control_plane_gives_the_direct_sandbox_output():
 
 
 @pytest.mark.kernel
+@KUBE_ROUTER
 def test_both_prints_each_kube_router_difference_with_its_reason():
     out = run("sandbox", "--dataplane", "both", str(OWN_CASES / "102-ipblock-except-cancels-other-peer.yaml"))
     assert out.returncode == 1, out.stdout + out.stderr
@@ -78,6 +82,7 @@ def _processes_under(directory: str) -> list[int]:
 
 
 @pytest.mark.kernel
+@KUBE_ROUTER
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_leaves_nothing(sig):
     dirs_before, netns_before = _ours()
@@ -105,6 +110,7 @@ def test_interrupted_run_leaves_nothing(sig):
 
 
 @pytest.mark.kernel
+@KUBE_ROUTER
 def test_a_killed_sandbox_takes_its_daemons_along():
     """SIGKILL leaves no time to clean up, but no daemon outlives the sandbox process (the test
     removes the files and namespaces that are left)."""

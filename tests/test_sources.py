@@ -11,17 +11,14 @@ import time
 import pytest
 from kubernetes.client import ApiException
 
+from nftpolicy.agent.daemon.clock import REAL_TIME, Clock
 from nftpolicy.agent.daemon.metrics import Metrics
-from nftpolicy.agent.daemon.sources import KubeSource, ManifestsSource, Store
+from nftpolicy.agent.daemon.sources import KubeSource, ManifestsSource
+from nftpolicy.agent.daemon.store import Store
 
+from .conftest import eventually
 from .fakeapi import FakeApiServer, namespace, node, pod
-
-
-def eventually(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert check()
+from .fakeclock import FakeClock, InstantClock
 
 
 @pytest.fixture
@@ -38,13 +35,14 @@ def api(tmp_path):
 
 @pytest.fixture
 def source(api, tmp_path):
-    """Start a KubeSource on the fake server; returns (store, metrics, start)."""
+    """Start a KubeSource on the fake server; returns (store, metrics, start). Tests about delays
+    give ``start`` a :class:`FakeClock` and move it on with :func:`eventually`."""
     stop = threading.Event()
     metrics = Metrics()
     store = Store(metrics)
 
-    def start(watch_timeout: int = 30, api_timeout: float = 2.0) -> KubeSource:
-        src = KubeSource(store, metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), api_timeout, watch_timeout, stop)
+    def start(watch_timeout: int = 30, api_timeout: float = 2.0, clock: Clock = REAL_TIME) -> KubeSource:
+        src = KubeSource(store, metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), api_timeout, watch_timeout, stop, clock)
         src.start()
         eventually(store.listed)
         return src
@@ -80,11 +78,14 @@ def test_list_then_watch_and_only_this_node(api, source):
 def test_watch_timeout_reconnects_from_the_last_version(api, source):
     store, _, start = source
     start(watch_timeout=1)
-    time.sleep(2.5)
+
+    def pod_watches() -> list[str]:
+        return [p for _, p, _ in api.requests if "/pods" in p and "watch=true" in p]
+
+    eventually(lambda: len(pod_watches()) >= 3)  # the server ended two watches after their 1 s
     api.put(pod("x", "late", "10.0.0.9"))
     eventually(lambda: "x/late" in pods(store))
-    pod_watches = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" in p]
-    assert len(pod_watches) >= 3 and all("timeoutSeconds=1" in p for p in pod_watches)
+    assert all("timeoutSeconds=1" in p for p in pod_watches())
     lists = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" not in p]
     assert len(lists) == 1  # reconnecting a watch never relists
 
@@ -99,46 +100,46 @@ def test_bookmarks_advance_the_resource_version(api, source):
 
 def test_cut_watch_is_retried_without_losing_events(api, source):
     store, metrics, start = source
-    start()
+    clock = FakeClock()
+    start(clock=clock)
     api.cut_watches()
     api.put(pod("x", "b", "10.0.0.2"))
-    eventually(lambda: "x/b" in pods(store))
+    eventually(lambda: "x/b" in pods(store), clock=clock)
     assert sample(metrics, "nftpolicy_api_retries_total", kind="Pod", reason="connection") >= 1
 
 
 def test_410_gone_relists_and_catches_up_deletes(api, source):
     store, _, start = source
-    start()
+    clock = FakeClock()
+    start(clock=clock)
     with api.outage():
         api.delete("Pod", "a", "x")
         api.put(pod("x", "b", "10.0.0.2"))
-    eventually(lambda: set(pods(store)) == {"x/b"}, timeout=20)
+    eventually(lambda: set(pods(store)) == {"x/b"}, clock=clock)
     pod_lists = [p for _, p, code in api.requests if "/pods" in p and "watch=true" not in p and code == 200]
     assert len(pod_lists) >= 2
 
 
 def test_429_honours_retry_after(api, source):
     store, metrics, start = source
-    start()
+    clock = FakeClock()
+    start(clock=clock)
     api.cut_watches()
     api.fail(429, count=1, retry_after=2)
-    eventually(lambda: sample(metrics, "nftpolicy_api_retries_total", kind=_first_429_kind(api), reason="429") >= 1, timeout=5)
-    failed_at = next(t for t, _, code in api.requests if code == 429)
-    path = next(p for _, p, code in api.requests if code == 429)
-    kind_path = path.split("?")[0]
-    eventually(lambda: any(t > failed_at and p.split("?")[0] == kind_path for t, p, _ in api.requests), timeout=6)
-    retried_at = next(t for t, p, _ in api.requests if t > failed_at and p.split("?")[0] == kind_path)
-    assert retried_at - failed_at >= 1.9
+    eventually(lambda: 2.0 in clock.waited, clock=clock)  # the retry waits what Retry-After says
+    (failed,) = [i for i, (_, _, code) in enumerate(api.requests) if code == 429]
+    kind_path = api.requests[failed][1].split("?")[0]
+    eventually(lambda: any(p.split("?")[0] == kind_path for _, p, _ in api.requests[failed + 1:]), clock=clock)
+    assert sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="429")
+               for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) == 1
 
 
 @pytest.mark.parametrize("asked, waited", [("2", 2.0), ("3600", 30.0), ("1e9", 30.0)])
 def test_a_large_retry_after_is_capped(api, tmp_path, asked, waited):
     """A 429 whose Retry-After asks for an hour waits MAX_BACKOFF (30 s), like every other
-    long pause of the source (the source's sleep is the test's: the delay is read)."""
-    metrics = Metrics()
-    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
-    slept: list[float] = []
-    src.sleep = slept.append
+    long pause of the source (the source's clock is the test's: the delay is read)."""
+    metrics, clock = Metrics(), InstantClock()
+    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
     answers = [ApiException(status=429, reason="Too Many Requests")]
     answers[0].headers = {"Retry-After": asked}
 
@@ -148,14 +149,7 @@ def test_a_large_retry_after_is_capped(api, tmp_path, asked, waited):
         return "listed"
 
     assert src._retrying("Pod", "list")(request) == "listed"
-    assert slept == [waited]
-
-
-def _first_429_kind(api) -> str:
-    paths = [p for _, p, code in api.requests if code == 429]
-    if not paths:
-        return "none"
-    return {"namespaces": "Namespace", "pods": "Pod", "nodes": "Node", "networkpolicies": "NetworkPolicy"}[paths[0].split("?")[0].rsplit("/", 1)[1]]
+    assert clock.waited == [waited]
 
 
 def test_hanging_request_times_out_and_is_retried(api, source):
@@ -177,12 +171,14 @@ def test_hanging_request_times_out_and_is_retried(api, source):
 
 def test_other_4xx_is_reported_not_retried(api, source):
     store, metrics, start = source
-    start()
+    clock = FakeClock()
+    start(clock=clock)
     api.cut_watches()
     api.fail(400, count=4)
     eventually(lambda: sum(sample(metrics, "nftpolicy_api_errors_total", kind=k, reason="400")
-                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) >= 1, timeout=5)
-    time.sleep(1.0)
+                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) >= 1, clock=clock)
+    failed = clock.now()
+    eventually(lambda: clock.now() - failed >= 5.0, clock=clock)  # longer than any retry's delay
     assert sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="400")
                for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) == 0
 
@@ -202,17 +198,12 @@ def test_401_and_403_are_retried_with_the_common_backoff_reported_once(api, tmp_
     refusal is retried like a 5xx (0.2 s doubling, plus up to 1 s of jitter, capped at 3 s); its
     first is a warning, and once the refusals of a kind have lasted 10 s one error says the
     API's message (the verb and the resource), nothing more until a request of that kind
-    succeeds; nftpolicy_api_access_denied{kind,verb} is 1 meanwhile. The source's sleep and
-    clock are the test's: the delays are read, not waited out."""
+    succeeds; nftpolicy_api_access_denied{kind,verb} is 1 meanwhile. The source's clock is
+    the test's, and every wait lasts its whole time at once: the delays are read, not waited out."""
     metrics = Metrics()
-    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
-    now, slept = [100.0], []
-
-    def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        now[0] += seconds
-
-    src.sleep, src.clock = sleep, lambda: now[0]
+    clock = InstantClock()
+    slept = clock.waited
+    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
     answers = [refused(403)] * 7 + [refused(401)]
     denied_meanwhile = []
 
@@ -255,17 +246,18 @@ def test_a_403_from_the_api_is_retried_not_held_for_30s(api, source):
     """Through the client and HTTP: watches refused with 403 come back at the next retry, not
     after the 30 s of a non-retryable error."""
     store, metrics, start = source
-    start()
+    clock = FakeClock()
+    start(clock=clock)
     api.fail(403, count=4)
     api.cut_watches()
-    cut = time.monotonic()
+    cut = clock.now()
     api.put(pod("x", "b", "10.0.0.2"))
-    eventually(lambda: "x/b" in pods(store), timeout=10)
-    assert time.monotonic() - cut < 5.0
+    eventually(lambda: "x/b" in pods(store), clock=clock)
+    assert clock.now() - cut < 5.0
     eventually(lambda: sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="403")
-                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node")) == 4, timeout=2)
+                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node")), 4, clock=clock)
     eventually(lambda: all(sample(metrics, "nftpolicy_api_access_denied", kind=k, verb=v) == 0
-                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node") for v in ("list", "watch")), timeout=5)
+                           for k in ("Pod", "Namespace", "NetworkPolicy", "Node") for v in ("list", "watch")), clock=clock)
 
 
 def test_invalid_objects_are_counted_and_policies_fail_closed(api, source):
@@ -282,16 +274,18 @@ def test_invalid_objects_are_counted_and_policies_fail_closed(api, source):
 
 def test_failing_watches_back_off_instead_of_relisting_in_a_loop(api, source):
     store, metrics, start = source
-    start()
+    clock = FakeClock()
+    start(clock=clock)
     api.fail_watches(1000)
     api.cut_watches()
-    time.sleep(3.0)
+    cut = clock.now()
+    eventually(lambda: clock.now() - cut >= 3.0, clock=clock)
     pod_lists = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" not in p]
     assert 2 <= len(pod_lists) <= 8, len(pod_lists)  # 0.2 + 0.4 + 0.8 + 1.6 s of backoff, not ~60 lists
     assert sample(metrics, "nftpolicy_api_errors_total", kind="Pod", reason="5xx") >= 2
     api._watch_errors = 0
     api.put(pod("x", "b", "10.0.0.2"))
-    eventually(lambda: "x/b" in pods(store), timeout=40)
+    eventually(lambda: "x/b" in pods(store), clock=clock, step=0.5)  # after a pause of up to 30 s
 
 
 def test_lists_are_paginated_and_consistent(api, source):
@@ -303,17 +297,24 @@ def test_lists_are_paginated_and_consistent(api, source):
     assert lists and all("limit=500" in p and "resourceVersion" not in p for p in lists)
 
 
+def polled(clock: FakeClock, times: int = 3) -> None:
+    """Move ``clock`` on until a manifests poll has waited ``times`` more times: it has looked
+    at the directory since the last write."""
+    seen = len(clock.waited)
+    eventually(lambda: len(clock.waited) >= seen + times, clock=clock, step=0.05)
+
+
 def test_a_manifest_that_does_not_parse_keeps_the_last_good_state(tmp_path):
     (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
-    stop = threading.Event()
+    stop, clock = threading.Event(), FakeClock()
     store = Store(Metrics())
-    ManifestsSource(store, str(tmp_path), stop, interval=0.05).start()
+    ManifestsSource(store, str(tmp_path), stop, interval=0.05, clock=clock).start()
     try:
         (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: [unclosed\n")
-        time.sleep(0.3)
+        polled(clock)
         assert set(store.take()[0].namespaces) == {"x"}
         (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n")
-        eventually(lambda: set(store.take()[0].namespaces) == {"y"})
+        eventually(lambda: set(store.take()[0].namespaces) == {"y"}, clock=clock)
     finally:
         stop.set()
 
@@ -360,15 +361,15 @@ def test_health_server_on_ipv4_and_ipv6(address):
 
 def test_a_file_that_is_not_utf8_keeps_the_directory_polled(tmp_path):
     (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
-    stop = threading.Event()
+    stop, clock = threading.Event(), FakeClock()
     store = Store(Metrics())
-    ManifestsSource(store, str(tmp_path), stop, interval=0.05).start()
+    ManifestsSource(store, str(tmp_path), stop, interval=0.05, clock=clock).start()
     try:
         (tmp_path / "b.yaml").write_bytes(b"kind: Namespace\nmetadata: {name: caf\xe9}\n")
-        time.sleep(0.3)
+        polled(clock)
         assert set(store.take()[0].namespaces) == {"x"}  # the last readable state is kept
         (tmp_path / "b.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n")
-        eventually(lambda: set(store.take()[0].namespaces) == {"x", "y"})  # and polling goes on
+        eventually(lambda: set(store.take()[0].namespaces) == {"x", "y"}, clock=clock)  # and polling goes on
     finally:
         stop.set()
 
@@ -444,19 +445,22 @@ def test_the_api_back_after_an_outage_is_noticed_within_the_retry_cap(api, sourc
     from nftpolicy.agent.daemon.sources import RETRY_CAP, RETRY_JITTER
 
     store, metrics, start = source
-    start()
-    eventually(lambda: sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod") == 0.0)
+    clock = FakeClock()
+    start(clock=clock)
+    eventually(lambda: sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod"), 0.0)
     with api.outage():
-        time.sleep(20.0)
+        began = clock.now()
+        eventually(lambda: clock.now() - began >= 20.0, clock=clock)
         failing = sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod")
         assert 19.0 <= failing <= 21.0, failing
         assert sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Namespace") >= 19.0
-    back = time.monotonic()
+    back = clock.now()
     api.put(pod("x", "after", "10.0.0.9"))
-    eventually(lambda: "x/after" in pods(store), timeout=10)
-    took = time.monotonic() - back
+    # a slow step: the clock moves on while the relist runs in real time too
+    eventually(lambda: "x/after" in pods(store), clock=clock, step=0.02)
+    took = clock.now() - back
     assert took <= RETRY_CAP + RETRY_JITTER + 1.0 <= 5.0, f"the change after the outage took {took:.1f} s"
-    eventually(lambda: sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod") == 0.0)
+    eventually(lambda: sample(metrics, "nftpolicy_watch_seconds_since_success", kind="Pod"), 0.0)
     # the server still gets no tight loop: at most one request per kind per 0.2 s early on, and
     # one per RETRY_CAP..RETRY_CAP + RETRY_JITTER once the delay has grown
     retries = sample(metrics, "nftpolicy_api_retries_total", kind="Pod", reason="connection")
@@ -468,14 +472,14 @@ def test_an_unreadable_manifest_at_start_holds_the_first_sync_until_it_parses(tm
     would drop the isolation of every pod the unreadable file's policies select)."""
     (tmp_path / "ns.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
     (tmp_path / "policy.yaml").write_bytes(b"\xff\xfe not text")
-    stop = threading.Event()
+    stop, clock = threading.Event(), FakeClock()
     store = Store(Metrics())
-    ManifestsSource(store, str(tmp_path), stop, interval=0.05).start()
+    ManifestsSource(store, str(tmp_path), stop, interval=0.05, clock=clock).start()
     try:
-        time.sleep(0.3)
+        polled(clock)
         assert not store.listed()
         (tmp_path / "policy.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: y}\n")
-        eventually(lambda: store.listed())
+        eventually(store.listed, clock=clock)
         assert set(store.take()[0].namespaces) == {"x", "y"}
     finally:
         stop.set()

@@ -17,15 +17,16 @@ from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
 from nftpolicy.translators.rules import Config
 
+from . import fakeapi
+
 CONFIG = Config()
 OURS = CONFIG.policy_mark | CONFIG.passed_mark | CONFIG.pass_mark
 
 
 def pod(key: str, ip: str, node: str = "n1") -> dict[str, Any]:
+    """Pod ``key`` (``ns/name``) labelled ``pod: name``, with port web (80)."""
     namespace, name = key.split("/")
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name, "labels": {"pod": name}},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [{"name": "web", "containerPort": 80}]}]},
-            "status": {"phase": "Running", "podIPs": [{"ip": ip}]}}
+    return fakeapi.pod(namespace, name, ip, node=node, ports=(("web", 80, "TCP"),), pod=name)
 
 
 def cnp(name: str, tier: str, priority: int, namespace: str = "x", **rules: Any) -> dict[str, Any]:

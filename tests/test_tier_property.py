@@ -26,6 +26,7 @@ from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.tablewalk import Packet, TableWalker
 from nftpolicy.translators.verdict import Connection, DirectionVerdict, enforcement_of
 
+from .fakeapi import namespace, pod
 from .tiers import connection_allowed, direction_decision
 
 NAMESPACES = ("x", "y", "z")
@@ -90,16 +91,11 @@ def network_policy(draw: Any, i: int) -> dict[str, Any]:
 def clusters(draw: Any, nodes: tuple[str, ...] = ("n1",)) -> list[dict[str, Any]]:
     """Namespaces, pods on ``nodes`` (two each of x, y, z), up to two NetworkPolicies and one to
     four ClusterNetworkPolicies."""
-    objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {"team": draw(st.sampled_from(["blue", "red"]))}}}
-        for ns in NAMESPACES]
+    objects: list[dict[str, Any]] = [namespace(ns, team=draw(st.sampled_from(["blue", "red"]))) for ns in NAMESPACES]
     for i, (ns, name) in enumerate(PODS):
         web = draw(st.sampled_from([80, 81]))  # "web" is 80 on some pods, 81 on others
-        objects.append({"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"namespace": ns, "name": name, "labels": {"app": draw(st.sampled_from(["a", "b"]))}},
-                        "spec": {"nodeName": draw(st.sampled_from(nodes)), "containers": [{"name": "c", "ports": [
-                            {"name": "web", "containerPort": web}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
-                        "status": {"phase": "Running", "podIPs": [{"ip": _ip(i)}]}})
+        app = draw(st.sampled_from(["a", "b"]))
+        objects.append(pod(ns, name, _ip(i), node=draw(st.sampled_from(nodes)), ports=(("web", web, "TCP"), ("dns", 53, "UDP")), app=app))
     objects += [draw(network_policy(i)) for i in range(draw(st.integers(0, 2)))]
     objects += [draw(cluster_policy(i)) for i in range(draw(st.integers(1, 4)))]
     return objects

@@ -17,19 +17,16 @@ from nftpolicy.translators.model import Cluster
 
 from .tiers import connection_allowed, direction_decision, evaluated_matrix, tier_order
 
+from . import fakeapi
+from .fakeapi import namespace
+
 CASES = Path(__file__).parent / "conformance"
 
 
-def ns(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
-
-
 def pod(key: str, ip: str, **labels: str) -> dict[str, Any]:
+    """Pod ``key`` (``ns/name``) on n1, labelled ``pod: name``, with ports web (80) and dns (53/UDP)."""
     namespace, name = key.split("/")
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name, "labels": {"pod": name, **labels}},
-            "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [
-                {"name": "web", "containerPort": 80}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]}]},
-            "status": {"phase": "Running", "podIPs": [{"ip": ip}]}}
+    return fakeapi.pod(namespace, name, ip, node="n1", ports=(("web", 80, "TCP"), ("dns", 53, "UDP")), **{"pod": name, **labels})
 
 
 def cnp(name: str, tier: str, priority: int, *, subject: dict | None = None, ingress: list | None = None,
@@ -71,7 +68,7 @@ def netpol(key: str, types: list[str], ingress: list | None = None, egress: list
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": namespace, "name": name}, "spec": spec}
 
 
-BASE = [ns("x"), ns("y"), ns("z"), pod("x/a", "10.0.0.1"), pod("y/a", "10.0.1.1"), pod("z/a", "10.0.2.1")]
+BASE = [namespace("x"), namespace("y"), namespace("z"), pod("x/a", "10.0.0.1"), pod("y/a", "10.0.1.1"), pod("z/a", "10.0.2.1")]
 NP_ALLOW_FROM_Z = netpol("x/allow-z", ["Ingress"], ingress=[{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "z"}}}]}])
 NP_DENY_ALL = netpol("x/deny-all", ["Ingress"])
 

@@ -208,10 +208,11 @@ def test_a_policy_rule_is_named_from_the_model_by_its_handle_whatever_its_commen
     from nftpolicy.translators.noderender import build_rule_model
     from nftpolicy.agent.cli.commands.trace import follow, listed_rules
 
-    from .test_rules import cluster_of, labels, netpol, ns, pod
+    from .fakeapi import namespace
+    from .test_rules import cluster_of, labels, netpol, pod
 
     name = "a-very-long-policy-name-" + "x" * 229
-    cluster = cluster_of(ns("x"), pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
+    cluster = cluster_of(namespace("x"), pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
                          netpol(f"x/{name}", labels(app="b"), ingress=[
                              {"from": [{"podSelector": labels(app="nobody")}]}, {"from": [{"podSelector": labels(app="a")}]}]))
     model = build_rule_model(cluster, None)

@@ -23,12 +23,12 @@ import secrets
 
 import pytest
 
-from nftpolicy.agent.daemon.sources import CONVERT
+from nftpolicy.agent.daemon.store import CONVERT
 from nftpolicy.agent.testbed.controlplane import ApiError, ControlPlane
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.validation import InvalidField
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver")]
 
 NS = "parity"
 NETPOL = f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"

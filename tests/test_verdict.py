@@ -35,7 +35,8 @@ from nftpolicy.translators.verdict import (
 )
 
 from .conftest import CONFORMANCE, OWN_CASES, REPO
-from .test_rules import cluster_of, labels, netpol, ns, peers, pod, port_entries, selectors
+from .fakeapi import namespace
+from .test_rules import cluster_of, labels, netpol, peers, pod, port_entries, selectors
 
 FILES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(OWN_CASES.glob("*.yaml"))
 LAYOUTS = {"one-node-ipv4": (("node1",), "ipv4"), "two-nodes-ipv4": (("node1", "node2"), "ipv4"),
@@ -133,7 +134,7 @@ def test_lines_read_as_the_issue_shows(shop):
 
 
 def test_exemptions():
-    m = cluster_of(ns("x"), pod("x/a", "10.0.0.1", node="n1", app="a"), pod("x/b", "10.0.0.2", node="n1", app="b"),
+    m = cluster_of(namespace("x"), pod("x/a", "10.0.0.1", node="n1", app="a"), pod("x/b", "10.0.0.2", node="n1", app="b"),
                    netpol("x/deny", {}, types=["Ingress", "Egress"]),
                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
                     "status": {"addresses": [{"type": "InternalIP", "address": "172.18.0.2"}]}})
@@ -157,7 +158,7 @@ def test_exemptions():
 def test_a_pod_to_its_own_address_is_allowed(shop):
     """The packet stays on the pod's loopback: no chain of any node sees it (the sandbox's
     diagonal is connected), even when the pod is isolated in both directions."""
-    m = cluster_of(ns("x"), pod("x/a", "10.0.0.1", "fd00::1", node="n1", app="a"), netpol("x/deny", {}, types=["Ingress", "Egress"]))
+    m = cluster_of(namespace("x"), pod("x/a", "10.0.0.1", "fd00::1", node="n1", app="a"), netpol("x/deny", {}, types=["Ingress", "Egress"]))
     for address in ("10.0.0.1", "fd00::1"):
         v = enforcement_of(m).verdict(Connection(address, address, "TCP", 80))
         assert v.allowed is True and v.egress.exemption == v.ingress.exemption == "own address"
@@ -185,7 +186,7 @@ def test_a_policy_name_longer_than_a_comment_loses_nothing():
     # nft keeps 128 bytes of a comment: the rule's policy and index are fields of the model, so a
     # name of 253 characters (the longest a NetworkPolicy may have) still names its second rule.
     name = "a-very-long-policy-name-" + "x" * 229
-    cluster = cluster_of(ns("x"), pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
+    cluster = cluster_of(namespace("x"), pod("x/a", "10.0.0.1", app="a"), pod("x/b", "10.0.0.2", app="b"),
                          netpol(f"x/{name}", labels(app="b"), ingress=[
                              {"from": [{"podSelector": labels(app="nobody")}], "ports": [{"port": 80}]},
                              {"from": [{"podSelector": labels(app="a")}], "ports": [{"port": 8080}]}]))
@@ -220,7 +221,7 @@ def some_rules(draw, peers_key: str) -> list[dict]:
 
 @st.composite
 def small_clusters(draw):
-    objects: list[dict] = [ns("x", team=draw(st.sampled_from(["red", "blue"]))), ns("y", team="blue")]
+    objects: list[dict] = [namespace("x", team=draw(st.sampled_from(["red", "blue"]))), namespace("y", team="blue")]
     for i in range(draw(st.integers(3, 4))):
         ports = (("http", 80, "TCP"),) if draw(st.booleans()) else (("dns", 53, "UDP"),)
         objects.append(pod(f"{draw(st.sampled_from(['x', 'y']))}/p{i}", V4[i], node=draw(st.sampled_from(["n1", "n2"])),

@@ -46,7 +46,7 @@ from nftpolicy.translators.model import (
     peer_selects,
 )
 
-Endpoint = Pod | str  # a pod of the model, or an address outside every pod
+PodOrAddress = Pod | str  # a pod of the model, or an address outside every pod
 
 
 @dataclass(frozen=True)
@@ -64,19 +64,19 @@ def tier_order(cluster: Cluster, tier: Tier) -> list[ClusterNetworkPolicy]:
     return sorted((p for p in cluster.cluster_policies.values() if p.tier == tier), key=lambda p: (p.priority, p.name))
 
 
-def _address(end: Endpoint, family: Family) -> str | None:
+def _address(end: PodOrAddress, family: Family) -> str | None:
     if isinstance(end, str):
         return end if family_of(end) == family else None
     addresses = end.addresses(family)
     return addresses[0] if addresses else None
 
 
-def _pod_peer(end: Endpoint) -> Pod | None:
+def _pod_peer(end: PodOrAddress) -> Pod | None:
     """The end as a pod that selectors can select (host-networked and finished pods never are)."""
     return end if isinstance(end, Pod) and end.enforceable else None
 
 
-def _cluster_peer_matches(cluster: Cluster, peer: ClusterPeer, other: Endpoint, family: Family) -> bool:
+def _cluster_peer_matches(cluster: Cluster, peer: ClusterPeer, other: PodOrAddress, family: Family) -> bool:
     if peer.networks:
         address = _address(other, family)
         return address is not None and network_contains(peer, address)
@@ -84,14 +84,14 @@ def _cluster_peer_matches(cluster: Cluster, peer: ClusterPeer, other: Endpoint, 
     return pod is not None and peer_selects(peer, cluster.namespace_labels(pod.namespace), pod.labels)
 
 
-def _cluster_port_matches(port: ClusterPort, destination: Endpoint, protocol: Protocol, number: int) -> bool:
+def _cluster_port_matches(port: ClusterPort, destination: PodOrAddress, protocol: Protocol, number: int) -> bool:
     if port.name is None:
         return port.protocol == protocol and port.first <= number <= port.last
     pod = _pod_peer(destination)  # a named port is resolved on the destination pod
     return pod is not None and pod.resolve_port(port.name, protocol) == number
 
 
-def _tier(cluster: Cluster, tier: Tier, direction: Direction, pod: Pod, other: Endpoint, destination: Endpoint,
+def _tier(cluster: Cluster, tier: Tier, direction: Direction, pod: Pod, other: PodOrAddress, destination: PodOrAddress,
           protocol: Protocol, port: int, family: Family) -> Decision | None:
     """The first matching rule of ``tier`` for ``pod``'s ``direction``: a decision, or None when
     no rule matched or a ``Pass`` rule did."""
@@ -110,7 +110,7 @@ def _tier(cluster: Cluster, tier: Tier, direction: Direction, pod: Pod, other: E
     return None
 
 
-def _netpol_peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: Peer, other: Endpoint, family: Family) -> bool:
+def _netpol_peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: Peer, other: PodOrAddress, family: Family) -> bool:
     if peer.ip_block is not None:
         address = _address(other, family)
         return address is not None and ipaddress.ip_address(address).version == peer.ip_block.cidr.version \
@@ -125,7 +125,7 @@ def _netpol_peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: Peer, ot
     return in_namespace and (peer.pod_selector is None or peer.pod_selector.matches(pod.labels))
 
 
-def _netpol_port_matches(port: PolicyPort, destination: Endpoint, protocol: Protocol, number: int) -> bool:
+def _netpol_port_matches(port: PolicyPort, destination: PodOrAddress, protocol: Protocol, number: int) -> bool:
     if port.protocol != protocol:
         return False
     if port.port is None:
@@ -136,7 +136,7 @@ def _netpol_port_matches(port: PolicyPort, destination: Endpoint, protocol: Prot
     return port.port <= number <= (port.end_port or port.port)
 
 
-def _network_policies(cluster: Cluster, direction: Direction, pod: Pod, other: Endpoint, destination: Endpoint,
+def _network_policies(cluster: Cluster, direction: Direction, pod: Pod, other: PodOrAddress, destination: PodOrAddress,
                       protocol: Protocol, port: int, family: Family) -> Decision | None:
     """The NetworkPolicy tier: None when no policy of ``direction`` selects ``pod``."""
     isolating = sorted((p for p in cluster.policies.values()
@@ -154,7 +154,7 @@ def _network_policies(cluster: Cluster, direction: Direction, pod: Pod, other: E
     return Decision(False, "no NetworkPolicy allows it")
 
 
-def direction_decision(cluster: Cluster, direction: Direction, pod: Pod, other: Endpoint, protocol: Protocol, port: int,
+def direction_decision(cluster: Cluster, direction: Direction, pod: Pod, other: PodOrAddress, protocol: Protocol, port: int,
                        family: Family = "ipv4") -> Decision:
     """The decision of ``pod``'s ``direction`` on a connection with ``other`` (the source for
     ingress, the destination for egress) to ``protocol``/``port``, over ``family``; see the
@@ -168,7 +168,7 @@ def direction_decision(cluster: Cluster, direction: Direction, pod: Pod, other: 
             or _tier(cluster, "Baseline", *args) or Decision(True, "default"))
 
 
-def connection_allowed(cluster: Cluster, source: Endpoint, destination: Endpoint, protocol: Protocol, port: int,
+def connection_allowed(cluster: Cluster, source: PodOrAddress, destination: PodOrAddress, protocol: Protocol, port: int,
                        family: Family = "ipv4") -> bool:
     """True when a new connection from ``source`` to ``destination`` (pods of the model, or
     addresses outside them) on ``protocol``/``port`` over ``family`` is allowed: the source

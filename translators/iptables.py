@@ -87,7 +87,7 @@ NFLOG_PREFIX_MAX = 63
 
 
 @dataclass(frozen=True)
-class Rule:
+class IptablesRule:
     """One ``-A <chain> <args...>`` line; ``args`` are the arguments after the chain name."""
 
     chain: str
@@ -118,7 +118,7 @@ class _Printer:
         self.table, self.family = table, family
         self.maps = {m.name: m for m in table.maps if m.family == family}
         self.chains: list[str] = []
-        self.rules: list[Rule] = []
+        self.rules: list[IptablesRule] = []
 
     def build(self) -> "_Printer":
         chains = self.table.chains
@@ -133,7 +133,7 @@ class _Printer:
         for chain in kept:
             if chain.hook is None:
                 continue
-            self.rules.append(Rule(BUILTIN[chain.hook], ("-m", "comment", "--comment", _quote("nftpolicy: kube-router network policy"),
+            self.rules.append(IptablesRule(BUILTIN[chain.hook], ("-m", "comment", "--comment", _quote("nftpolicy: kube-router network policy"),
                                                          "-j", chain.name)))
         for chain in kept:
             for rule in chain.rules:
@@ -155,16 +155,16 @@ class _Printer:
                 flag = "-d" if dispatch.field == "daddr" else "-s"
                 what = "to" if dispatch.field == "daddr" else "from"
                 for e in self.maps[dispatch.map].elements:
-                    self.rules.append(Rule(chain, (flag, _address(e.address), "-m", "comment", "--comment",
+                    self.rules.append(IptablesRule(chain, (flag, _address(e.address), "-m", "comment", "--comment",
                                                    _quote(f"{e.pod} traffic {what} the pod"), "-j", e.chain)))
                 continue
             matches, target = self._words(variant, rule.comment)
             if target[-1] == "RETURN" and any(isinstance(s, layout.SetMark) for s in variant):
                 (mark,) = (s for s in variant if isinstance(s, layout.SetMark))
-                self.rules.append(Rule(chain, (*matches, "-j", "MARK", "--set-xmark", _mark(mark.bits))))
-                self.rules.append(Rule(chain, (*matches, "-m", "mark", "--mark", _mark(mark.bits), "-j", "RETURN")))
+                self.rules.append(IptablesRule(chain, (*matches, "-j", "MARK", "--set-xmark", _mark(mark.bits))))
+                self.rules.append(IptablesRule(chain, (*matches, "-m", "mark", "--mark", _mark(mark.bits), "-j", "RETURN")))
             else:
-                self.rules.append(Rule(chain, (*matches, *target)))
+                self.rules.append(IptablesRule(chain, (*matches, *target)))
 
     def _expanded(self, statements: tuple[layout.Statement, ...]) -> list[tuple[layout.Statement, ...]]:
         """``statements`` once per address, protocol and ICMP type (iptables matches one of each)."""
@@ -254,7 +254,7 @@ def _decline_cluster_policies(table: layout.Table) -> None:
                           f"{', '.join(names)} select{'s' if len(names) == 1 else ''} pods of this node: use the nft ruleset")
 
 
-def filter_table(table: layout.Table, family: Family) -> tuple[list[str], list[Rule]]:
+def filter_table(table: layout.Table, family: Family) -> tuple[list[str], list[IptablesRule]]:
     """The chains we declare (besides INPUT/FORWARD/OUTPUT) and every rule, in order, for one
     family: ``table`` printed as iptables rules. Raises :class:`Unsupported` when a
     ClusterNetworkPolicy selects a pod of the node."""
@@ -263,7 +263,7 @@ def filter_table(table: layout.Table, family: Family) -> tuple[list[str], list[R
     return printer.chains, printer.rules
 
 
-def rule_line(rule: Rule) -> str:
+def rule_line(rule: IptablesRule) -> str:
     """``-A <chain> <args>`` as iptables-restore reads it."""
     return " ".join(("-A", rule.chain) + rule.args)
 

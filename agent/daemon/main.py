@@ -19,7 +19,8 @@ from .metrics import Metrics
 from nftpolicy.agent.dataplane.nftables import NftDataplane
 from .reconcile import HEARTBEAT, Reconciler
 from .rulecounters import RuleCounters
-from .sources import KubeSource, ManifestsSource, Store
+from .sources import KubeSource, ManifestsSource
+from .store import Store
 
 log = logging.getLogger("nftpolicy.agent")
 

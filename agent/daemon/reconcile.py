@@ -26,11 +26,12 @@ from nftpolicy.translators.rules import ChainOwner, Config
 from nftpolicy.translators.transaction import Transaction
 
 from nftpolicy.agent.dataplane import Dataplane, DataplaneError
+from .clock import REAL_TIME, Clock
 from .health import Health
 from .memory import gc_paused
 from .metrics import Metrics
 from nftpolicy.agent.dataplane.nftables import release_memory
-from .sources import Store
+from .store import Store
 
 log = logging.getLogger("nftpolicy.reconcile")
 HEARTBEAT = 5.0
@@ -53,10 +54,12 @@ class Reconciler:
     (``dataplane``: the kernel's or the in-memory fake's)."""
 
     def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
-                 min_interval: float, resync_interval: float, dataplane: Dataplane) -> None:
+                 min_interval: float, resync_interval: float, dataplane: Dataplane,
+                 clock: Clock = REAL_TIME) -> None:
         self.store, self.config, self.node = store, config, node
         self.metrics, self.health = metrics, health
         self.min_interval, self.resync_interval = min_interval, resync_interval
+        self.clock = clock  # when the loop syncs, resyncs and retries (tests give their own)
         self.dataplane = dataplane
         # The model the kernel holds (None: unknown, the next sync replaces the table).
         self.renderer: NodeRenderer | None = None
@@ -158,33 +161,33 @@ class Reconciler:
 
     def run(self, stop: threading.Event) -> None:
         """Loop until ``stop`` is set; rules are left in place when it ends."""
-        while not self.store.listed() and not stop.wait(0.05):
+        while not self.store.listed() and not self.clock.wait(stop, 0.05):
             self.health.beat()
         last_sync, last_full = float("-inf"), float("-inf")  # a full sync is due at once
         retry_at: float | None = None
         while not stop.is_set():
             self.health.beat()
-            now = time.monotonic()
+            now = self.clock.now()
             if retry_at is not None:
                 if now < retry_at:
-                    stop.wait(min(HEARTBEAT, retry_at - now))
+                    self.clock.wait(stop, min(HEARTBEAT, retry_at - now))
                     continue
             else:
                 resync_at = last_full + self.resync_interval
                 if not self.store.changed.is_set() and now < resync_at:
-                    if not self.store.changed.wait(min(HEARTBEAT, resync_at - now)) and self._table_lost():
+                    if not self.clock.wait(self.store.changed, min(HEARTBEAT, resync_at - now)) and self._table_lost():
                         log.warning("our table is gone or incomplete (another tool flushed the ruleset?): restoring it")
-                        self.renderer, retry_at = None, time.monotonic()
+                        self.renderer, retry_at = None, self.clock.now()
                     continue
                 if now - last_sync < self.min_interval:  # coalesce a burst of changes
-                    stop.wait(min(HEARTBEAT, self.min_interval - (now - last_sync)))
+                    self.clock.wait(stop, min(HEARTBEAT, self.min_interval - (now - last_sync)))
                     continue
             full = self.renderer is None or now - last_full >= self.resync_interval
-            last_sync = time.monotonic()
+            last_sync = self.clock.now()
             if self.sync(full):
                 retry_at = None
                 self.health.ready = True
                 if full:
                     last_full = last_sync
             else:
-                retry_at = time.monotonic() + min(MAX_RETRY_DELAY, 0.5 * 2 ** (self.failures - 1))
+                retry_at = self.clock.now() + min(MAX_RETRY_DELAY, 0.5 * 2 ** (self.failures - 1))

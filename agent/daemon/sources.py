@@ -1,7 +1,6 @@
 """Sources of the cluster model: the Kubernetes API (list + watch) and a manifests directory.
 
-Both feed a :class:`Store`, which keeps only model objects (the fields the translator needs),
-built by the same validation as ``nftpolicy render`` (:mod:`nftpolicy.translators.manifests`).
+Both feed a :class:`~.store.Store` (the in-memory cluster of model objects).
 
 The API source follows the list/watch protocol of the Kubernetes API concepts page: list, then
 watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; ``410 Gone`` (or an
@@ -21,9 +20,8 @@ import json
 import logging
 import socket
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import orjson
 import tenacity
@@ -33,32 +31,13 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
 
-from nftpolicy.translators.clusterpolicy import cluster_policy_from, fail_closed_cluster_policy
-from nftpolicy.translators.manifests import (
-    fail_closed_policy,
-    namespace_from,
-    node_from,
-    object_ref,
-    pod_from,
-    policy_from,
-)
-from nftpolicy.translators.model import Cluster
-from nftpolicy.translators.validation import InvalidField
-
+from .clock import REAL_TIME, Clock
 from .manifestfiles import manifest_files, read_objects
-from .memory import gc_paused
 from .metrics import Metrics
+from .store import KINDS, Store
 
 log = logging.getLogger("nftpolicy.sources")
 
-KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
-CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
-    "ClusterNetworkPolicy": cluster_policy_from,
-}
-FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "NetworkPolicy": fail_closed_policy, "ClusterNetworkPolicy": fail_closed_cluster_policy,
-}
 # Kinds whose resource only exists when its CRD is installed: a 404 on the list means "none".
 OPTIONAL = {"ClusterNetworkPolicy": "clusternetworkpolicies.policy.networking.k8s.io"}
 MAX_BACKOFF = 30.0  # seconds: the longest pause between lists or watches that end at once, after a 4xx, and for a 429's Retry-After
@@ -81,132 +60,6 @@ REFUSED = (401, 403)  # retried like 5xx (see _retryable)
 REFUSED_GRACE = 10.0  # seconds of refusals of one kind before they are reported as an error (once)
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
-# Told of each object the agent fails closed on: (kind, the API object, why, whether its
-# fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
-FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
-
-
-class Store:
-    """The in-memory cluster: model objects per kind, thread-safe, with change notification.
-
-    ``changed`` is set on every change; ``pending_since`` is the monotonic time of the oldest
-    change not yet taken by :meth:`take` (for the event-to-kernel latency).
-    """
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-        self._lock = threading.Lock()
-        self._objects: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
-        self._invalid: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
-        self._listed: set[str] = set()
-        # (kind, key) -> the model object now (None: gone), for every object that changed since
-        # the last take: what an incremental sync feeds the renderer
-        self._changes: dict[tuple[str, str], Any] = {}
-        self.changed = threading.Event()
-        self.pending_since: float | None = None
-        self.failed_closed: FailedClosed | None = None
-
-    def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
-        """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
-        validation: its fail-closed stand-in); ``invalid`` (key -> message) records each invalid
-        object."""
-        try:
-            model = CONVERT[kind](obj)
-            invalid.pop(key, None)
-            return model
-        except InvalidField as exc:
-            message = f"{kind} {key}: {exc}"
-            if self._invalid[kind].get(key) != message:
-                log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
-            invalid[key] = message
-            if kind not in FAIL_CLOSED:
-                return None
-            stand_in = FAIL_CLOSED[kind](obj)
-            if self.failed_closed is not None:
-                self.failed_closed(kind, obj, exc, stand_in is not None)
-            return stand_in
-
-    def _touch(self) -> None:
-        if self.pending_since is None:
-            self.pending_since = time.monotonic()
-        for kind in KINDS:
-            self.metrics.watched_objects.labels(kind).set(len(self._objects[kind]))
-            self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
-        self.changed.set()
-
-    def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> int:
-        """A full list of ``kind`` (any iterable: pages are converted as they come): replaces
-        every object of that kind and marks it listed. Returns how many objects were listed."""
-        converted = {}
-        count = 0
-        invalid: dict[str, str] = {}
-        with gc_paused():
-            for obj in objects:  # outside the lock: fetching pages takes a while
-                count += 1
-                key = object_ref(kind, obj)
-                model = self._convert(kind, key, obj, invalid)
-                if model is not None:
-                    converted[key] = model
-        with self._lock:
-            self._invalid[kind] = invalid
-            old = self._objects[kind]
-            for key in old.keys() | converted.keys():
-                if old.get(key) != converted.get(key):
-                    self._changes[(kind, key)] = converted.get(key)
-            self._objects[kind] = converted
-            self._listed.add(kind)
-            self._touch()
-        return count
-
-    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
-        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``."""
-        key = object_ref(kind, obj)
-        with self._lock:
-            model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind])
-            if event == "DELETED":
-                self._invalid[kind].pop(key, None)
-            if model is None:
-                self._objects[kind].pop(key, None)
-            else:
-                self._objects[kind][key] = model
-            self._changes[(kind, key)] = model
-            self._touch()
-
-    def get(self, kind: str, key: str) -> Any:
-        """The model object of ``kind`` called ``key`` (``ns/name`` or ``name``), or None."""
-        with self._lock:
-            return self._objects[kind].get(key)
-
-    def unlisted(self) -> list[str]:
-        """The kinds not listed yet, in :data:`KINDS` order."""
-        with self._lock:
-            return [kind for kind in KINDS if kind not in self._listed]
-
-    def listed(self, kinds: tuple[str, ...] = KINDS) -> bool:
-        """True once every kind in ``kinds`` has been listed."""
-        with self._lock:
-            return set(kinds) <= self._listed
-
-    def take_changes(self) -> tuple[list[tuple[str, str, Any]], float | None]:
-        """Every object that changed since the last take, as ``(kind, key, model or None)``
-        (the latest state of each), and the time of the oldest change among them."""
-        with self._lock:
-            self.changed.clear()
-            since, self.pending_since = self.pending_since, None
-            changes, self._changes = self._changes, {}
-            return [(kind, key, model) for (kind, key), model in changes.items()], since
-
-    def take(self) -> tuple[Cluster, float | None]:
-        """A consistent snapshot of the cluster and the time of the oldest change it includes
-        (it includes every change so far: the change list starts again)."""
-        with self._lock:
-            self.changed.clear()
-            since, self.pending_since = self.pending_since, None
-            self._changes = {}
-            objects = self._objects
-            return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
-                           policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"]),
-                           cluster_policies=dict(objects["ClusterNetworkPolicy"])), since
 
 
 # ---- the Kubernetes API -------------------------------------------------------------------------
@@ -291,10 +144,11 @@ class KubeSource:
 
     One thread per kind. ``api_timeout`` bounds every request (seconds, client side; a watch's
     read timeout is ``watch_timeout`` + ``api_timeout``, so a dead connection cannot hang).
+    Retry delays, backoff and the seconds since a kind's last success are on ``clock``.
     """
 
     def __init__(self, store: Store, metrics: Metrics, node: str, kubeconfig: str | None,
-                 api_timeout: float, watch_timeout: int, stop: threading.Event) -> None:
+                 api_timeout: float, watch_timeout: int, stop: threading.Event, clock: Clock = REAL_TIME) -> None:
         configuration = k8s.Configuration()
         try:
             if kubeconfig:
@@ -318,14 +172,7 @@ class KubeSource:
                                      {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"}),
         }
         self.store, self.metrics, self.stop = store, metrics, stop
-        # The pause between two tries of a request (seconds) and the monotonic clock (seconds):
-        # tests give their own, to read delays without waiting them out.
-
-        def sleep(seconds: float) -> None:
-            stop.wait(seconds)  # a stop ends the pause at once
-
-        self.sleep: Callable[[float], None] = sleep
-        self.clock: Callable[[], float] = time.monotonic
+        self.clock = clock  # every pause and every "how long since" (tests give their own)
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
@@ -333,7 +180,7 @@ class KubeSource:
         self.crd_missing: Callable[[str], None] | None = None  # told the CRD's name when an optional kind is absent
         # Per kind: when a request last succeeded (monotonic; the start until the first), and
         # whether a watch stream is open now (it counts as succeeding while it lasts).
-        self._succeeded = {kind: self.clock() for kind in self.calls}
+        self._succeeded = {kind: self.clock.now() for kind in self.calls}
         self._streaming: set[str] = set()
         # Per kind refused (401, 403) since its last success: when the first refusal came, and
         # whether the refusal has been reported as an error.
@@ -346,10 +193,10 @@ class KubeSource:
 
     def seconds_failing(self, kind: str) -> float:
         """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
-        return 0.0 if kind in self._streaming else self.clock() - self._succeeded[kind]
+        return 0.0 if kind in self._streaming else self.clock.now() - self._succeeded[kind]
 
     def _success(self, kind: str) -> None:
-        self._succeeded[kind] = self.clock()
+        self._succeeded[kind] = self.clock.now()
         refused = self._refused.pop(kind, None)
         if refused is not None:
             self._reported.discard(kind)
@@ -367,7 +214,7 @@ class KubeSource:
         and the resource); nothing more until ``kind`` succeeds again. nftpolicy_api_access_denied
         is 1 for the refused verb meanwhile."""
         self.metrics.api_access_denied.labels(kind, verb).set(1)
-        now = self.clock()
+        now = self.clock.now()
         extra = {"kind": kind, "reason": _reason(exc), "verb": verb}
         if kind not in self._refused:
             self._refused[kind] = now
@@ -415,26 +262,30 @@ class KubeSource:
 
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: _retryable(e) and not self.stop.is_set()),
-            wait=wait, sleep=self.sleep, before_sleep=before_sleep, reraise=True, after=after,
+            wait=wait, sleep=self._pause, before_sleep=before_sleep, reraise=True, after=after,
         )
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` on the clock; a stop ends the pause at once."""
+        self.clock.wait(self.stop, seconds)
 
     def _run(self, kind: str) -> None:
         pause = 0.0  # grows while lists or watches end as soon as they start, so a faulty
         # server never gets a tight loop of cluster-wide lists from every node
         while not self.stop.is_set():
-            started = self.clock()
+            started = self.clock.now()
             try:
                 self._retrying(kind, "list")(self._list, kind)
                 while not self.stop.is_set():
-                    started = self.clock()
+                    started = self.clock.now()
                     self._retrying(kind, "watch")(self._watch, kind)
-                    pause = _next_pause(pause, self.clock() - started)
-                    self.stop.wait(pause)
+                    pause = _next_pause(pause, self.clock.now() - started)
+                    self._pause(pause)
             except RelistNeeded as exc:
                 self.metrics.api_errors.labels(kind, _reason(exc)).inc()
-                pause = _next_pause(pause, self.clock() - started)
+                pause = _next_pause(pause, self.clock.now() - started)
                 log.info("relisting %s in %.1fs: %s", kind, pause, exc, extra={"kind": kind})
-                self.stop.wait(pause)
+                self._pause(pause)
             except Exception as exc:  # a non-retryable API error (400, 404, ...): report, relist later
                 if self.stop.is_set():
                     return
@@ -444,7 +295,7 @@ class KubeSource:
                 self.metrics.api_errors.labels(kind, _reason(exc)).inc()
                 log.error("API %s request failed, not retryable: %s; relisting in %.0fs", kind, describe(exc), MAX_BACKOFF,
                           extra={"kind": kind, "reason": _reason(exc)})
-                self.stop.wait(MAX_BACKOFF)
+                self._pause(MAX_BACKOFF)
 
     def _absent(self, kind: str) -> None:
         """The API has no resource for ``kind`` (its CRD is not installed): none of them, said
@@ -458,7 +309,7 @@ class KubeSource:
             self.store.replace(kind, [])  # none of them (and none left from before the CRD went)
             if self.crd_missing is not None:
                 self.crd_missing(OPTIONAL[kind])
-        self.stop.wait(MAX_BACKOFF)
+        self._pause(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
         """List ``kind`` in pages of :data:`LIST_PAGE` objects; each page is converted to model
@@ -531,10 +382,11 @@ class KubeSource:
 
 class ManifestsSource:
     """Reads every manifest under ``directory`` and re-reads them all when a file changes
-    (polled every ``interval`` seconds: names, sizes and modification times)."""
+    (polled every ``interval`` seconds of ``clock``: names, sizes and modification times)."""
 
-    def __init__(self, store: Store, directory: str, stop: threading.Event, interval: float = 1.0) -> None:
-        self.store, self.directory, self.stop, self.interval = store, directory, stop, interval
+    def __init__(self, store: Store, directory: str, stop: threading.Event, interval: float = 1.0,
+                 clock: Clock = REAL_TIME) -> None:
+        self.store, self.directory, self.stop, self.interval, self.clock = store, directory, stop, interval, clock
 
     def _signature(self) -> list[tuple[str, int, int]]:
         signature = []
@@ -570,7 +422,7 @@ class ManifestsSource:
 
         def poll() -> None:
             nonlocal seen
-            while not self.stop.wait(self.interval):
+            while not self.clock.wait(self.stop, self.interval):
                 try:
                     current = self._signature()
                     if current != seen:

@@ -20,11 +20,10 @@ import nftables
 import orjson
 
 from nftpolicy.translators import nft
+from nftpolicy.translators.nft import Json
 from nftpolicy.translators.transaction import Transaction, removing
 
-from . import netns, DataplaneError
-
-Json = dict[str, Any]
+from . import DataplaneError, netns
 
 
 class NftError(DataplaneError):

@@ -67,7 +67,7 @@ def cluster_from_api(control_plane: ControlPlane) -> Any:
     """The cluster as the API holds it now, converted as the agent converts it (a
     :class:`~nftpolicy.translators.model.Cluster`)."""
     from nftpolicy.agent.daemon.metrics import Metrics  # with the Kubernetes client: only when a control plane runs
-    from nftpolicy.agent.daemon.sources import KINDS, Store
+    from nftpolicy.agent.daemon.store import KINDS, Store
 
     store = Store(Metrics())
     for kind in KINDS:

@@ -1,0 +1,168 @@
+"""The in-memory cluster the sources feed and the reconciler reads: model objects per kind.
+
+A :class:`Store` keeps only model objects (the fields the translator needs), built by the same
+validation as ``nftpolicy render`` (:mod:`nftpolicy.translators.manifests`); an invalid
+NetworkPolicy or ClusterNetworkPolicy stands as its fail-closed model. It knows nothing of where
+objects come from (:mod:`.sources`: the Kubernetes API or a manifests directory).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from nftpolicy.translators.clusterpolicy import cluster_policy_from, fail_closed_cluster_policy
+from nftpolicy.translators.manifests import (
+    fail_closed_policy,
+    namespace_from,
+    node_from,
+    object_ref,
+    pod_from,
+    policy_from,
+)
+from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.validation import InvalidField
+
+from .memory import gc_paused
+from .metrics import Metrics
+
+# The invalid-object errors keep the logger they always had (operators filter logs by it).
+log = logging.getLogger("nftpolicy.sources")
+
+KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
+CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
+    "ClusterNetworkPolicy": cluster_policy_from,
+}
+FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "NetworkPolicy": fail_closed_policy, "ClusterNetworkPolicy": fail_closed_cluster_policy,
+}
+
+# Told of each object the agent fails closed on: (kind, the API object, why, whether its
+# fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
+FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
+
+
+class Store:
+    """The in-memory cluster: model objects per kind, thread-safe, with change notification.
+
+    ``changed`` is set on every change; ``pending_since`` is the monotonic time of the oldest
+    change not yet taken by :meth:`take` (for the event-to-kernel latency).
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+        self._invalid: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
+        self._listed: set[str] = set()
+        # (kind, key) -> the model object now (None: gone), for every object that changed since
+        # the last take: what an incremental sync feeds the renderer
+        self._changes: dict[tuple[str, str], Any] = {}
+        self.changed = threading.Event()
+        self.pending_since: float | None = None
+        self.failed_closed: FailedClosed | None = None
+
+    def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
+        """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
+        validation: its fail-closed stand-in); ``invalid`` (key -> message) records each invalid
+        object."""
+        try:
+            model = CONVERT[kind](obj)
+            invalid.pop(key, None)
+            return model
+        except InvalidField as exc:
+            message = f"{kind} {key}: {exc}"
+            if self._invalid[kind].get(key) != message:
+                log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
+            invalid[key] = message
+            if kind not in FAIL_CLOSED:
+                return None
+            stand_in = FAIL_CLOSED[kind](obj)
+            if self.failed_closed is not None:
+                self.failed_closed(kind, obj, exc, stand_in is not None)
+            return stand_in
+
+    def _touch(self) -> None:
+        if self.pending_since is None:
+            self.pending_since = time.monotonic()
+        for kind in KINDS:
+            self.metrics.watched_objects.labels(kind).set(len(self._objects[kind]))
+            self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
+        self.changed.set()
+
+    def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> int:
+        """A full list of ``kind`` (any iterable: pages are converted as they come): replaces
+        every object of that kind and marks it listed. Returns how many objects were listed."""
+        converted = {}
+        count = 0
+        invalid: dict[str, str] = {}
+        with gc_paused():
+            for obj in objects:  # outside the lock: fetching pages takes a while
+                count += 1
+                key = object_ref(kind, obj)
+                model = self._convert(kind, key, obj, invalid)
+                if model is not None:
+                    converted[key] = model
+        with self._lock:
+            self._invalid[kind] = invalid
+            old = self._objects[kind]
+            for key in old.keys() | converted.keys():
+                if old.get(key) != converted.get(key):
+                    self._changes[(kind, key)] = converted.get(key)
+            self._objects[kind] = converted
+            self._listed.add(kind)
+            self._touch()
+        return count
+
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``."""
+        key = object_ref(kind, obj)
+        with self._lock:
+            model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind])
+            if event == "DELETED":
+                self._invalid[kind].pop(key, None)
+            if model is None:
+                self._objects[kind].pop(key, None)
+            else:
+                self._objects[kind][key] = model
+            self._changes[(kind, key)] = model
+            self._touch()
+
+    def get(self, kind: str, key: str) -> Any:
+        """The model object of ``kind`` called ``key`` (``ns/name`` or ``name``), or None."""
+        with self._lock:
+            return self._objects[kind].get(key)
+
+    def unlisted(self) -> list[str]:
+        """The kinds not listed yet, in :data:`KINDS` order."""
+        with self._lock:
+            return [kind for kind in KINDS if kind not in self._listed]
+
+    def listed(self, kinds: tuple[str, ...] = KINDS) -> bool:
+        """True once every kind in ``kinds`` has been listed."""
+        with self._lock:
+            return set(kinds) <= self._listed
+
+    def take_changes(self) -> tuple[list[tuple[str, str, Any]], float | None]:
+        """Every object that changed since the last take, as ``(kind, key, model or None)``
+        (the latest state of each), and the time of the oldest change among them."""
+        with self._lock:
+            self.changed.clear()
+            since, self.pending_since = self.pending_since, None
+            changes, self._changes = self._changes, {}
+            return [(kind, key, model) for (kind, key), model in changes.items()], since
+
+    def take(self) -> tuple[Cluster, float | None]:
+        """A consistent snapshot of the cluster and the time of the oldest change it includes
+        (it includes every change so far: the change list starts again)."""
+        with self._lock:
+            self.changed.clear()
+            since, self.pending_since = self.pending_since, None
+            self._changes = {}
+            objects = self._objects
+            return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
+                           policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"]),
+                           cluster_policies=dict(objects["ClusterNetworkPolicy"])), since
