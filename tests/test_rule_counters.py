@@ -81,7 +81,7 @@ def test_a_deny_rule_of_the_admin_tier_counts_under_its_tier_policy_and_rule(tmp
                               "ingress": [{"action": "Deny", "from": [_namespace("x")], "protocols": [{"tcp": {"destinationPort": {"number": 81}}}]},
                                           {"action": "Deny", "name": "no-y", "from": [_namespace("y")]}]}})
         env.start_agent()
-        env.eventually(lambda: env.connects("y/d", A), False)
+        eventually(lambda: env.connects("y/d", A), False)
         rule = {"tier": "Admin", "policy": name, "direction": "ingress"}
         before = env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="1")
         for _ in range(DENIED_PROBES):
