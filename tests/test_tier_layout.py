@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from nftpolicy.translators import iptables, layout, nft
 from nftpolicy.translators.layout import (
-    AddressInSet, ClearAndSetMark, ClearMark, Counter, DestinationPorts, Jump, Limit, Log, Protocols, Reject, SetMark, Unmarked,
-    Verdict,
+    AddressInSet, ClearAndSetMark, ClearMark, CounterStatement, DestinationPorts, Jump, Limit, Log, Protocols, Reject, SetMark, Unmarked,
+    VerdictStatement,
 )
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
@@ -60,8 +60,8 @@ def test_each_action_becomes_its_verdict_in_written_order():
     (tier,) = chain(t, "KUBE-ANP-")
     actions = [r.statements[-2:] for r in tier.rules]
     deny_log = Log("nftpolicy deny Admin ingress rule 2 p: ", CONFIG.nflog_group)
-    assert actions == [(SetMark(CONFIG.policy_mark), Verdict("return")), (SetMark(CONFIG.pass_mark), Verdict("return")),
-                       (Limit(*layout.LOG_RATE), deny_log), (Counter(), Reject(tcp_reset=True)), (Counter(), Reject())]
+    assert actions == [(SetMark(CONFIG.policy_mark), VerdictStatement("return")), (SetMark(CONFIG.pass_mark), VerdictStatement("return")),
+                       (Limit(*layout.LOG_RATE), deny_log), (CounterStatement(), Reject(tcp_reset=True)), (CounterStatement(), Reject())]
     assert tier.rules[0].statements[1:3] == (Protocols(("tcp",)), DestinationPorts(80, 80))
     assert tier.rules[1].statements[1:3] == (Protocols(("udp",)), DestinationPorts(53, 60))
     assert tier.rules[3].statements[1] == Protocols(("tcp",))

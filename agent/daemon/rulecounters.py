@@ -2,7 +2,7 @@
 
 Every reject rule of a pod chain, every allow rule of a policy chain and every reject of a
 ClusterNetworkPolicy ``Deny`` rule in a tier chain carries a counter
-(:class:`nftpolicy.translators.layout.Counter`). :class:`RuleCounters` is a prometheus_client
+(:class:`nftpolicy.translators.layout.CounterStatement`). :class:`RuleCounters` is a prometheus_client
 custom collector: on each scrape it lists our table through the dataplane (a terse list: rules
 and their counters, no set element) and sums the counters into
 
