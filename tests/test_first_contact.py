@@ -148,6 +148,24 @@ def test_explain_answers_for_a_service_and_a_named_port(tmp_path):
     assert (wrong.returncode, wrong.stderr.splitlines()[-1]) == (2, "nftpolicy: --port 81: not a port of Service demo/web (its ports: TCP/80)")
 
 
+def test_explain_to_a_service_cluster_ip_answers_for_the_services_pods(tmp_path):
+    """kube-proxy (iptables or nftables mode) sends a connection to a cluster IP on to one of the
+    Service's pods before any policy chain sees it: the answer is the pods', never an exemption
+    of the cluster IP (a pod under a deny-all egress policy would otherwise be ALLOWED)."""
+    (tmp_path / "w.yaml").write_text(WORKLOADS.replace("spec: {selector: {app: web}, ports:",
+                                                      "spec: {clusterIP: 10.96.0.20, selector: {app: web}, ports:"))
+    allowed = run("explain", "--from", "demo/db-0", "--to", "10.96.0.20", "--port", "80", str(tmp_path))
+    assert allowed.returncode == 0, allowed.stderr
+    assert allowed.stderr.splitlines()[-1].startswith("nftpolicy: --to demo/web is a Service: its pods demo/web-")
+    assert [v.split()[0] for v in allowed.stdout.splitlines() if not v.startswith(" ")] == ["ALLOWED", "ALLOWED"]
+    denied = run("explain", "--from", "demo/agent", "--to", "10.96.0.20", "--port", "80", str(tmp_path))
+    assert denied.returncode == 1 and denied.stdout.count("DENIED ") == 2 and "service cluster IP" not in denied.stdout
+    unknown = run("explain", "--from", "demo/db-0", "--to", "10.96.0.1", "--port", "443", str(tmp_path))
+    assert (unknown.returncode, unknown.stderr.splitlines()[-1]) == (2, (
+        "nftpolicy: --to 10.96.0.1: a service cluster IP (--service-cidr 10.96.0.0/12) of no Service in the input: the connection "
+        "goes to one of the Service's pods before policy applies; give the Service as NS/NAME, or one of its pods"))
+
+
 @pytest.mark.kernel
 def test_the_sandbox_probes_workload_pods(tmp_path):
     (tmp_path / "w.yaml").write_text(WORKLOADS)

@@ -198,11 +198,13 @@ class ServicePort(NamedTuple):
 class Service:
     """A Service as ``explain --to`` reads it: ``ref`` (``namespace/name``), its ``selector``
     (``spec.selector``, a plain label map; empty: it selects no pod, as the endpoints controller
-    does) and its ``ports``. Source: the ``core/v1`` Service API reference."""
+    does), its ``ports`` and its ``cluster_ips`` (``spec.clusterIPs``, else ``spec.clusterIP``;
+    none for a headless Service's ``None``). Source: the ``core/v1`` Service API reference."""
 
     ref: str
     selector: tuple[tuple[str, str], ...]
     ports: tuple[ServicePort, ...]
+    cluster_ips: tuple[str, ...] = ()
 
     def selects(self, pod: Pod) -> bool:
         """True when ``pod`` is in the Service's namespace and has every selector label."""
@@ -236,5 +238,7 @@ def services_from(objects: Iterable[tuple[str, Any]]) -> tuple[dict[str, Service
         except InvalidField as exc:
             errors.append(ManifestError("Service", ref, str(exc), origin))
             continue
-        services[ref] = Service(ref, tuple(sorted((str(k), str(v)) for k, v in selector.items())), tuple(ports))
+        ips = spec.get("clusterIPs") or [spec.get("clusterIP")]
+        cluster_ips = tuple(str(ip) for ip in ips if isinstance(ip, str) and ip not in ("", "None"))
+        services[ref] = Service(ref, tuple(sorted((str(k), str(v)) for k, v in selector.items())), tuple(ports), cluster_ips)
     return services, errors

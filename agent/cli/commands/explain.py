@@ -14,9 +14,10 @@ import json
 import sys
 import urllib.error
 import urllib.request
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from nftpolicy.translators.model import Cluster, Pod, family_of
+from nftpolicy.translators.rules import Config
 from nftpolicy.translators.verdict import (
     Connection,
     ConnectionProtocol,
@@ -141,6 +142,26 @@ def service_targets(service: Service, cluster: Cluster, ports: Sequence[str]) ->
     return selected, targets
 
 
+def service_at(destination: str, services: Iterable[Service], config: Config) -> Service | None:
+    """``--to`` given as a service cluster IP (an address in ``config.service_cidrs``): the
+    Service that has it, or UsageError when none in the input does. kube-proxy (iptables or
+    nftables mode) sends such a connection to one of the Service's pods before any policy chain
+    sees it, so the verdict is the pods' (NetworkPolicy applies to the pod, not the Service IP);
+    None when ``destination`` is not an address in those ranges."""
+    try:
+        address = ipaddress.ip_address(destination)
+    except ValueError:
+        return None
+    if not any(address in ipaddress.ip_network(cidr) for cidr in config.service_cidrs if family_of(cidr) == family_of(destination)):
+        return None
+    found = next((s for s in services if any(ipaddress.ip_address(ip) == address for ip in s.cluster_ips)), None)
+    if found is None:
+        raise UsageError(f"--to {destination}: a service cluster IP (--service-cidr {', '.join(config.service_cidrs)}) of no Service "
+                         "in the input: the connection goes to one of the Service's pods before policy applies; give the Service "
+                         "as NS/NAME, or one of its pods")
+    return found
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print the verdicts; exit 0 when every connection is allowed, 1 otherwise, 2 on bad input
     (3: manifests left out, see :func:`~nftpolicy.agent.cli.commands.finish`)."""
@@ -148,6 +169,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if args.paths:
             raise UsageError("give manifests or --agent, not both")
         enforcement = _agent(args.agent)
+        service_at(args.destination, (), config_from(args))
         return _answer(args, enforcement, connections(enforcement, args.source, args.destination, args.port or ()))
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
@@ -166,6 +188,7 @@ def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
     report_skipped(unread, args.strict)
     read.skipped += unread
     service = services.get(args.destination) if args.destination not in cluster.pods else None
+    service = service or service_at(args.destination, services.values(), config_from(args))
     if service is None:
         asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
     else:

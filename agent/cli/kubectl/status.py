@@ -89,7 +89,7 @@ def read_metrics(text: str, status: AgentStatus, now: float) -> None:
                     status.sets = int(value)
                 elif kind == "elements":
                     status.elements = int(value)
-            elif name == "nftpolicy_denied_packets_total":
+            elif name in ("nftpolicy_denied_packets_total", "nftpolicy_cluster_denied_packets_total"):
                 drops += value
             elif name == "nftpolicy_build_info":
                 status.version = labels.get("version")
