@@ -2,8 +2,9 @@
 one line on stderr, no traceback, exit 130 (SIGINT) or 143 (SIGTERM) (128 + the signal number, as
 a shell reports a process a signal ended), and what it made removed.
 
-* The ``nftpolicy`` command is a launcher (``agent/cli/nftpolicy``) that starts the interpreter
-  with both signals blocked; :func:`nftpolicy.agent.cli.run` installs the guard, then unblocks
+* The ``nftpolicy`` command and the ``kubectl-nftpolicy`` plugin are one launcher
+  (``agent/cli/nftpolicy``, ``agent/cli/kubectl-nftpolicy`` a symlink to it) that starts the
+  interpreter with both signals blocked; :func:`nftpolicy.agent.cli.run` installs the guard, then unblocks
   them, so a signal that came while Python started (site-packages, the imports: tens of
   milliseconds) is handled as any later one. Only one in the launcher's first millisecond,
   before it blocks them, ends the process the default way (no line; a shell shows 130 or 143
@@ -111,6 +112,7 @@ class Guard:
         self._lock = threading.RLock()
         self.finished = False  # set once the command has returned (see run())
         self.deferring = 0  # depth of deferred() blocks
+        self.prog = "nftpolicy"
 
     @property
     def code(self) -> int:
@@ -191,12 +193,13 @@ class Guard:
             raise Interrupted(self.signum)
 
     def announce(self) -> None:
-        """Print ``nftpolicy: interrupted`` (SIGINT) or ``nftpolicy: terminated`` (SIGTERM), once."""
+        """Print ``nftpolicy: interrupted`` (SIGINT) or ``nftpolicy: terminated`` (SIGTERM), once
+        (``kubectl nftpolicy: ...`` in the plugin: :attr:`prog`)."""
         with self._lock:
             if self._announced or self.signum is None:
                 return
             self._announced = True
-        os.write(self._stderr_fd, f"nftpolicy: {MESSAGES[signal.Signals(self.signum)]}\n".encode())
+        os.write(self._stderr_fd, f"{self.prog}: {MESSAGES[signal.Signals(self.signum)]}\n".encode())
 
     def force(self) -> None:
         """End the process now: remove the leftovers, print the line, exit with the code."""

@@ -13,7 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-LINKED = [*DOCS, REPO / "DESIGN.md"]  # DESIGN.md's links are checked too
+# DESIGN.md's links are checked too, and the examples' READMEs'
+LINKED = [*DOCS, REPO / "DESIGN.md", *sorted((REPO / "examples").glob("*/README.md"))]
 README_MAX_LINES = 300
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)

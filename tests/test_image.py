@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,11 +139,15 @@ def test_base_is_an_argument_of_both_stages():
 
 def test_the_wheel_holds_every_package_and_the_launcher(tmp_path):
     """What the Containerfile installs (a wheel, not the editable install of .ci/install): every
-    package under agent/ and translators/, and the command as the launcher script (agent/cli/nftpolicy)."""
+    package under agent/ and translators/, and the command and the kubectl plugin as the launcher
+    script (agent/cli/nftpolicy, and its symlink agent/cli/kubectl-nftpolicy as a copy of it)."""
     src = tmp_path / "src"  # what the Containerfile copies, so that the build leaves nothing in the repository
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "agent", "translators"):
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, src / name)
+    for name in ("pyproject.toml", "README.md", "agent", "translators"):  # COPY keeps symlinks: so does this
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, symlinks=True)
+        else:
+            shutil.copy(REPO / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "--disable-pip-version-check", "-w", str(tmp_path), str(src)],
                    check=True, capture_output=True, timeout=300, cwd=tmp_path)
@@ -150,9 +155,11 @@ def test_the_wheel_holds_every_package_and_the_launcher(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = sorted(str(p.parent.relative_to(REPO)) for top in ("agent", "translators") for p in (REPO / top).rglob("__init__.py"))
     assert [p for p in packages if f"nftpolicy/{p}/__init__.py" not in names] == []
-    scripts = [n for n in names if ".data/scripts/" in n or n.endswith("/cli/nftpolicy")]
-    assert scripts == [f"nftpolicy-{version('nftpolicy')}.data/scripts/nftpolicy"]
-    assert zipfile.ZipFile(wheel).read(scripts[0]) == (REPO / "agent" / "cli" / "nftpolicy").read_bytes()
+    scripts = sorted(n for n in names if ".data/scripts/" in n or n.endswith(("/cli/nftpolicy", "/cli/kubectl-nftpolicy")))
+    assert scripts == [f"nftpolicy-{version('nftpolicy')}.data/scripts/{name}" for name in ("kubectl-nftpolicy", "nftpolicy")]
+    assert not [n for n in names if n.endswith("entry_points.txt") and b"console_scripts" in zipfile.ZipFile(wheel).read(n)]
+    for script in scripts:
+        assert zipfile.ZipFile(wheel).read(script) == (REPO / "agent" / "cli" / "nftpolicy").read_bytes()
 
 
 # --- the built image -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import os
 import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nftpolicy.agent import interrupts
 
@@ -31,6 +33,7 @@ from nftpolicy.agent.dataplane import netns
 from .conftest import CONFORMANCE, OURS, REPO
 
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
+KUBECTL_NFTPOLICY = str(Path(sys.executable).parent / "kubectl-nftpolicy")  # the same launcher, by its other name
 SHOP = str(REPO / "examples" / "shop")
 SEED = int(os.environ.get("NFTPOLICY_CI_INTERRUPT_SEED", secrets.randbits(32)))
 COMMANDS = {
@@ -300,10 +303,10 @@ STARTING = {  # commands that need no root: the start-up is the same for every c
 }
 
 
-def _signalled_from_the_start(argv: list[str], sig: int, delay: float) -> tuple[int, str]:
-    """The command signalled ``delay`` seconds after it was started (not after its handlers):
+def _signalled_from_the_start(argv: list[str], sig: int, delay: float, command: str = NFTPOLICY) -> tuple[int, str]:
+    """``command`` signalled ``delay`` seconds after it was started (not after its handlers):
     (exit code, stderr)."""
-    proc = subprocess.Popen([NFTPOLICY, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([command, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(delay)
         proc.send_signal(sig)
@@ -336,6 +339,41 @@ def test_an_interrupt_while_the_command_starts_is_one_line(capsys):
         print(f"\ninterrupts from the start (seed {SEED}): exit codes {sorted(codes)}")
     assert not problems, f"seed {SEED}:\n" + "\n".join(problems)
     assert codes.count(130) + codes.count(143) >= 20, "most runs must be cut short, or the delays test nothing"
+
+
+def test_an_interrupt_while_the_plugin_starts_or_waits_is_one_line(tmp_path, capsys):
+    """kubectl-nftpolicy is the same launcher: 24 runs of its explain against an API server that
+    never answers (a socket that listens and never accepts), each signalled 0-300 ms after it was
+    started (Python's start-up, the Kubernetes client's imports, the request), end in the
+    guard's ``kubectl nftpolicy: ...`` line and 130/143; or, a signal in the launcher's first
+    millisecond, ended by the signal with nothing said."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    kubeconfig = tmp_path / "kc.yaml"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.getsockname()[1]}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    argv = ["explain", "shop/frontend", "shop/db:5432/TCP", "--kubeconfig", str(kubeconfig), "--request-timeout", "20"]
+    rng = random.Random(SEED)
+    problems, codes = [], []
+    try:
+        for i in range(24):
+            sig = signal.SIGINT if i % 2 else signal.SIGTERM
+            delay = rng.uniform(0, 0.3)
+            code, stderr = _signalled_from_the_start(argv, sig, delay, KUBECTL_NFTPOLICY)
+            codes.append(code)
+            line = f"kubectl nftpolicy: {interrupts.MESSAGES[signal.Signals(sig)]}\n"
+            if not (code == 128 + sig and stderr == line or code == -sig and stderr == ""):
+                problems.append(f"{signal.Signals(sig).name} after {delay * 1000:.0f} ms: exit {code}, stderr {stderr[-800:]!r}")
+    finally:
+        server.close()
+    with capsys.disabled():
+        print(f"\nplugin interrupts from the start (seed {SEED}): exit codes {sorted(codes)}")
+    assert not problems, f"seed {SEED}:\n" + "\n".join(problems)
+    assert codes.count(130) + codes.count(143) >= 12, "most runs must end in the guard, or the test tests nothing"
 
 
 @pytest.mark.kernel

@@ -271,13 +271,14 @@ def test_trace_runs_nftpolicy_trace_with_the_agents_table_settings():
 def test_the_krew_manifest_follows_krews_rules():
     """plugins/krew/nftpolicy.yaml against the rules krew checks before it installs a manifest
     (sigs.k8s.io/krew internal/index/validation/validate.go, ValidatePlugin), and against the
-    package: the version and the console script that the archive holds."""
+    package: the version and the script that the archive holds."""
     import re
     import tomllib
 
     path = REPO / "plugins" / "krew" / "nftpolicy.yaml"
     manifest = yaml.safe_load(path.read_text())
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project, script_files = pyproject["project"], pyproject["tool"]["setuptools"]["script-files"]
     assert manifest["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2" and manifest["kind"] == "Plugin"
     assert manifest["metadata"]["name"] == path.stem and re.fullmatch(r"[\w-]+", path.stem)
     spec = manifest["spec"]
@@ -287,7 +288,7 @@ def test_the_krew_manifest_follows_krews_rules():
     assert spec["platforms"]
     for platform in spec["platforms"]:
         assert platform["uri"] and re.fullmatch(r"[a-f0-9]{64}", platform["sha256"])
-        assert platform["bin"] == "kubectl-nftpolicy" and platform["bin"] in project["scripts"]
+        assert platform["bin"] == "kubectl-nftpolicy" and f"agent/cli/{platform['bin']}" in script_files
         assert platform.get("files") is None or all(f["from"] and f["to"] for f in platform["files"])
         selector = platform["selector"]
         keys = [*selector.get("matchLabels", {}), *(e["key"] for e in selector.get("matchExpressions", []))]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.testbed import controlplane
 
 from .conftest import CONFORMANCE, OURS, OWN_CASES, REPO, RUN_TAG
 
@@ -61,6 +62,16 @@ def test_bad_flags_get_one_line(args, message):
     assert out.returncode == 2
     assert out.stderr.strip() == f"nftpolicy: {message}", out.stderr
     assert out.stdout == ""
+
+
+def test_a_missing_tool_names_the_install_that_builds_it(tmp_path, monkeypatch):
+    """etcd, kube-apiserver and kube-router come only from `bash .ci/install --test`."""
+    monkeypatch.setattr(controlplane, "REPO_TOOLS", tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for tool in ("etcd", "kube-router"):
+        with pytest.raises(controlplane.ControlPlaneError) as error:
+            controlplane.find_binary(tool)
+        assert str(error.value) == f"{tool} not found in {tmp_path} or $PATH (bash .ci/install --test installs it)"
 
 
 def _ours() -> tuple[set[str], set[str]]:

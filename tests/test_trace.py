@@ -50,6 +50,15 @@ def test_a_denied_packet_shows_the_reject():
     assert lines[reject + 1:] == ["node node2:", "  (no packet of it in our table here)"]  # refused before it left node1
 
 
+def test_a_packet_our_table_never_saw_is_never_seen_not_refused():
+    """frontend's egress allows UDP/53 anywhere, but the sandbox has no route out: the packet
+    never reaches a table, and the trace says so (exit 1, as docs/commands.md says)."""
+    result = trace("--from", "shop/frontend", "--to", "8.8.8.8", "--port", "udp/53", SHOP)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == ["TRACE  shop/frontend-7d9c8b6f5-x2k4p -> 8.8.8.8 UDP/53: never seen",
+                                          "node node1:", "  (no packet of it in our table here)"]
+
+
 def test_bad_input_gets_one_line_and_exit_2():
     result = trace("--from", "shop/nothing", "--to", "shop/db", SHOP)
     assert result.returncode == 2 and result.stderr.splitlines() == [

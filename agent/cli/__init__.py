@@ -1,5 +1,6 @@
-"""The ``nftpolicy`` command line: :func:`run` is the command (``nftpolicy`` beside this file is
-its launcher), :mod:`.main` runs one command, :mod:`.flags` parses, :mod:`.commands` holds one
+"""The ``nftpolicy`` command line: :func:`run` is the command and the ``kubectl-nftpolicy``
+plugin (``nftpolicy`` beside this file is their launcher, ``kubectl-nftpolicy`` a symlink to
+it), :mod:`.main` runs one command, :mod:`.kubectl` is the plugin, :mod:`.flags` parses, :mod:`.commands` holds one
 module per subcommand. This module imports only :mod:`nftpolicy.agent.interrupts`, so that the
 signal handlers are in place before any heavy import."""
 
@@ -13,19 +14,25 @@ import sys
 from nftpolicy.agent import interrupts
 
 
-def run() -> None:
-    """The ``nftpolicy`` command (the Python part of its launcher, ``agent/cli/nftpolicy``):
-    install the guard and unblock the signals (one that came while Python started is raised once
-    the command line's imports are done), run :func:`nftpolicy.agent.cli.main.main`, remove any
-    leftover that an interrupt cut short, exit with the command's code (or the signal's)."""
+def run(plugin: bool = False) -> None:
+    """The ``nftpolicy`` command, or with ``plugin`` the ``kubectl nftpolicy`` plugin (the Python
+    part of their launcher, ``agent/cli/nftpolicy``, which passes ``plugin`` when it was started
+    as ``kubectl-nftpolicy``): install the guard and unblock the signals (one that came while
+    Python started is raised once the command line's imports are done), run
+    :func:`nftpolicy.agent.cli.main.main` (or :func:`nftpolicy.agent.cli.kubectl.main`), remove
+    any leftover that an interrupt cut short, exit with the command's code (or the signal's)."""
     guard = interrupts.guard()
     try:
         with interrupts.deferred():  # a signal from the handlers on waits for the end of the imports
+            guard.prog = "kubectl nftpolicy" if plugin else "nftpolicy"
             interrupts.install()
             # The launcher started the interpreter with both signals blocked: one that came
             # while Python started is delivered now, to the guard.
             signal.pthread_sigmask(signal.SIG_UNBLOCK, set(interrupts.MESSAGES))
-            from .main import main
+            if plugin:
+                from .kubectl import main
+            else:
+                from .main import main
         code = main()
     except KeyboardInterrupt:  # the guard's, raised before main() could catch it, or Python's own
         code = 130

@@ -361,7 +361,10 @@ def parser() -> argparse.ArgumentParser:
     cmp.add_argument("--loader", choices=("nft", "legacy"), help="iptables-restore flavour for the dump (default: as its header says, else nft)")
     cmp.add_argument("--port", action="append", type=_probe_spec, metavar="[PROTO/]PORT",
                      help="also probe this port (repeatable; container ports and policy ports are always probed)")
-    cmp.add_argument("--icmp", action="store_true", help="also probe ICMP echo (kube-router always allows it: a deliberate difference)")
+    cmp.add_argument("--icmp", action="store_true",
+                     help="also probe ICMP echo (kube-router v2.1.0 has no ICMP rule: its policies decide, as ours do; "
+                          "where a dump accepts every echo request before its policies, as later kube-router sources do, "
+                          "the cells are noted as deliberate)")
     cmp.add_argument("--timeout", type=_seconds(0, inclusive=False), default=1.0, help="seconds per probe (default %(default)s)")
     add_input_arguments(cmp)
     add_config_arguments(cmp)

@@ -94,7 +94,7 @@ def find_binary(name: str, given: str | None = None) -> str:
         return str(built)
     found = shutil.which(name)
     if not found:
-        raise ControlPlaneError(f"{name} not found in {REPO_TOOLS} or $PATH (bash .ci/install builds it)")
+        raise ControlPlaneError(f"{name} not found in {REPO_TOOLS} or $PATH (bash .ci/install --test installs it)")
     return found
 
 

@@ -293,14 +293,14 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
                 monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane, token)
             # Every monitor listens once entered, so this one connection's first packet is the first traced.
             connected = sandbox.connect(source.key, conn.destination, spec)
-            monitor, dataplane, token = monitors[nodes[0]]
-            first = _steps(monitor, dataplane, config.table, token, 1.0, engine.models[nodes[0]])
-            head = f"TRACE  {engine.name(conn.source)} -> {engine.name(conn.destination)} {conn.text()}: " \
-                   f"{'connected' if connected else 'refused'}"
-            _print(head, nodes[0], first)
-            for node in nodes[1:]:
-                monitor, dataplane, token = monitors[node]
-                _print("", node, _steps(monitor, dataplane, config.table, token, 1.0, engine.models[node]))
+            walks = {node: _steps(monitor, dataplane, config.table, token, 1.0, engine.models[node])
+                     for node, (monitor, dataplane, token) in monitors.items()}
+        # A packet that no node's table saw was not refused by it (an address outside the
+        # sandbox, which has no route out): "never seen", as docs/commands.md says.
+        outcome = "connected" if connected else "refused" if any(walks.values()) else "never seen"
+        head = f"TRACE  {engine.name(conn.source)} -> {engine.name(conn.destination)} {conn.text()}: {outcome}"
+        for node, steps in walks.items():
+            _print(head if node == nodes[0] else "", node, steps)
     return read.finish(args, 0 if connected else 1)
 
 

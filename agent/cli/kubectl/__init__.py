@@ -1,4 +1,5 @@
-"""``kubectl nftpolicy``, the kubectl plugin (console script ``kubectl-nftpolicy``; krew manifest
+"""``kubectl nftpolicy``, the kubectl plugin (the script ``kubectl-nftpolicy``: ``nftpolicy``'s
+launcher under that name, see :func:`nftpolicy.agent.cli.run`; krew manifest
 ``plugins/krew/nftpolicy.yaml``): ``explain``, ``status`` and ``trace`` against the live cluster
 of the current kubeconfig context (``--kubeconfig``, ``--context`` as kubectl's own), with the
 user's own RBAC.
@@ -21,6 +22,7 @@ from typing import Any, NoReturn
 
 from nftpolicy.translators.errors import OneLineError
 
+from nftpolicy.agent import interrupts
 from nftpolicy.agent.cli.flags import Parser, _seconds, add_config_arguments, add_input_arguments
 
 PROG = "kubectl nftpolicy"
@@ -51,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
     """The plugin's flags: kubectl's connection flags, then one subcommand each."""
     top = PluginParser(prog=PROG, description="nftpolicy on the live cluster: explain a connection, the agents' status, trace a packet.",
                        epilog="exit codes: 0 allowed / every agent ready / trace done; 1 denied / an agent not ready; "
-                              "2 a flag, a refusal (RBAC) or no API server; 3 explain left objects out (--accept-skipped)")
+                              "2 a flag, a refusal (RBAC) or no API server; 3 explain left objects out (--accept-skipped); "
+                              "130 interrupted (SIGINT), 143 terminated (SIGTERM)")
     top.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     connection = PluginParser(add_help=False)
     connection.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
@@ -87,26 +90,31 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one plugin command; returns its exit code. Every failure is one line (exit 2)."""
+    """Run one plugin command; returns its exit code. Every failure is one line (exit 2); a SIGINT
+    or SIGTERM that :mod:`nftpolicy.agent.interrupts` handled ends it with that signal's line and
+    code (130, 143)."""
     try:
         args = parser().parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
-    from .api import Api  # after the flags: --help needs no Kubernetes client
+    guard = interrupts.guard()
     try:
+        with interrupts.deferred():  # see interrupts.Guard.deferred
+            from .api import Api  # after the flags: --help needs no Kubernetes client
+            command = importlib.import_module(f"{__name__}.{args.command}")
         api = Api(args.kubeconfig, args.context, args.request_timeout)
-        command = importlib.import_module(f"{__name__}.{args.command}")
-        return int(getattr(command, f"cmd_{args.command}")(api, args))
+        code = int(getattr(command, f"cmd_{args.command}")(api, args))
     except OneLineError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        if guard.signum is None:  # else an effect of the interrupt: its line says it all
+            print(f"{PROG}: {exc}", file=sys.stderr)
+        code = 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+        if guard.signum is None:  # Ctrl-C without the guard (main() called in-process)
+            print(f"{PROG}: interrupted", file=sys.stderr)
     except BrokenPipeError:
-        return 141
-
-
-def run() -> None:
-    """The ``kubectl-nftpolicy`` console script."""
-    sys.exit(main())
+        code = 141
+    if guard.signum is not None:
+        guard.announce()
+        return guard.code
+    return code
