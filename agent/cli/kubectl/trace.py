@@ -4,8 +4,9 @@ nodes that decide, through the API (``pods/exec``, kubernetes.stream), printed h
 The nodes that decide are the source pod's (egress) and the destination pod's (ingress), or
 those given with ``--node``. In each, the agent pod runs ``nftpolicy trace --from ADDR --to ADDR``
 with the table, priority, marks and exemptions of its own environment (the chart's
-``NFTPOLICY_*`` settings), and waits up to ``--timeout`` seconds for one packet of the
-connection: send it (``kubectl exec SRC -- curl ...``) while the trace waits. Each node's answer
+``NFTPOLICY_*`` settings) and ``--agent`` at its debug endpoint (to name the policy rules), and
+waits up to ``--timeout`` seconds for one packet of the connection: send it (``kubectl exec SRC
+-- curl ...``) while the trace waits. Each node's answer
 is printed under its name; the exit code is the first non-zero one of the traces.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Mapping
 
 from kubernetes import stream
 
-from nftpolicy.agent.cli.flags import add_config_arguments, env_name
+from nftpolicy.agent.cli.flags import DEFAULT_DEBUG_ADDRESS, add_config_arguments, env_name
 from . import api as kube
 from .api import Api, PluginError
 from .explain import SERVICE_PREFIX, explain_port, split_port
@@ -52,18 +53,34 @@ def table_flags() -> list[tuple[str, bool]]:
     return [(action.option_strings[0], isinstance(action, argparse._AppendAction)) for action in flags._actions]
 
 
+def debug_url(address: str) -> str | None:
+    """The URL at which a process in the agent's network namespace reaches the agent's debug
+    endpoint served on ``address`` (``--debug-address``: ``HOST:PORT``, an empty HOST or
+    ``0.0.0.0``/``[::]`` every address, so loopback; ``''`` no endpoint: None)."""
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
+    return f"http://{host}:{port}"
+
+
 def trace_argv(agent: Mapping[str, Any], source: str, destination: str, port: str | None, timeout: float) -> list[str]:
     """The ``nftpolicy trace`` command line to run in ``agent`` (its pod): the connection, the
-    timeout, and each table setting (:func:`table_flags`) its container's environment sets
+    timeout, ``--agent`` at the agent's debug endpoint (``NFTPOLICY_DEBUG_ADDRESS``, else the
+    agent's default, :func:`debug_url`; so policy rules are named from the model it committed),
+    and each table setting (:func:`table_flags`) its container's environment sets
     (``NFTPOLICY_TABLE=ours`` -> ``--table ours``; a repeatable one's comma-separated list, one
-    flag each)."""
+    flag each). A variable without a value (the API leaves out an empty one) is empty."""
     env: dict[str, str] = {}
     for container in (agent.get("spec") or {}).get("containers") or ():
         if container.get("name") == AGENT_CONTAINER:
-            env = {e["name"]: str(e["value"]) for e in container.get("env") or () if "value" in e}
+            env = {e["name"]: str(e.get("value", "")) for e in container.get("env") or () if "valueFrom" not in e}
     argv = ["nftpolicy", "trace", "--from", source, "--to", destination, "--timeout", f"{timeout:g}"]
     if port:
         argv += ["--port", port]
+    url = debug_url(env.get(env_name("--debug-address"), DEFAULT_DEBUG_ADDRESS))
+    if url:
+        argv += ["--agent", url]
     for flag, repeatable in table_flags():
         value = env.get(env_name(flag), "")
         values = [v.strip() for v in value.split(",") if v.strip()] if repeatable else [value] if value else []
