@@ -13,11 +13,13 @@ is printed under its name; the exit code is the first non-zero one of the traces
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 from kubernetes import stream
+from kubernetes.stream import ws_client
 
 from nftpolicy.agent.cli.flags import DEFAULT_DEBUG_ADDRESS, add_config_arguments, env_name
 from . import api as kube
@@ -99,7 +101,8 @@ def agent_on(api: Api, node: str, namespace: str | None, selector: str) -> dict[
 
 
 def run_in(api: Api, agent: Mapping[str, Any], argv: list[str], timeout: float) -> tuple[int, str, str]:
-    """Run ``argv`` in ``agent``'s agent container (``pods/exec``): (exit code, stdout, stderr).
+    """Run ``argv`` in ``agent``'s agent container (``pods/exec``): (exit code, stdout, stderr);
+    an exec without an exit code (:func:`exec_status`) is 2, with a line on stderr saying why.
     Raises Forbidden (create on pods/exec), PluginError."""
     meta = agent.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
@@ -111,10 +114,33 @@ def run_in(api: Api, agent: Mapping[str, Any], argv: list[str], timeout: float) 
             raise
         raise PluginError(f"cannot exec in {namespace}/{name}: {' '.join(str(exc).split())}") from None
     response.run_forever(timeout=timeout + EXEC_MARGIN)
+    ended = not response.is_open()
     out, err = response.read_stdout(), response.read_stderr()
     response.close()
-    code = response.returncode
-    return (code if isinstance(code, int) else 1), out, err
+    code, problem = exec_status(response.read_channel(ws_client.ERROR_CHANNEL))
+    if problem:
+        late = "" if ended else f" (still running after {timeout + EXEC_MARGIN:g} s)"
+        err += f"kubectl nftpolicy: exec in {namespace}/{name}: {problem}{late}\n"
+    return code, out, err
+
+
+def exec_status(text: str) -> tuple[int, str | None]:
+    """The exit code of an exec from the Status its error channel carries (``text``, JSON;
+    k8s.io/apimachinery's metav1.Status): 0 on ``Success``, the number of the ``ExitCode`` cause
+    of a ``NonZeroExitCode`` failure; else 2 and why (the Status's message: the command could
+    not start, or no Status at all: the exec ended early or is still running)."""
+    try:
+        status = json.loads(text) if text else None
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        return 2, "no exit status"
+    if status.get("status") == "Success":
+        return 0, None
+    for cause in (status.get("details") or {}).get("causes") or ():
+        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            return int(cause["message"]), None
+    return 2, str(status.get("message") or "no exit code")
 
 
 def _exec(client: Api, name: str, namespace: str, argv: list[str], _request_timeout: float) -> Any:
