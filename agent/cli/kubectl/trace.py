@@ -70,7 +70,8 @@ def trace_argv(agent: Mapping[str, Any], source: str, destination: str, port: st
     """The ``nftpolicy trace`` command line to run in ``agent`` (its pod): the connection, the
     timeout, ``--agent`` at the agent's debug endpoint (``NFTPOLICY_DEBUG_ADDRESS``, else the
     agent's default, :func:`debug_url`; so policy rules are named from the model it committed),
-    and each table setting (:func:`table_flags`) its container's environment sets
+    ``--netns`` when the agent's ruleset is in a named namespace (``NFTPOLICY_NETNS``), and each
+    table setting (:func:`table_flags`) its container's environment sets
     (``NFTPOLICY_TABLE=ours`` -> ``--table ours``; a repeatable one's comma-separated list, one
     flag each). A variable without a value (the API leaves out an empty one) is empty."""
     env: dict[str, str] = {}
@@ -83,6 +84,8 @@ def trace_argv(agent: Mapping[str, Any], source: str, destination: str, port: st
     url = debug_url(env.get(env_name("--debug-address"), DEFAULT_DEBUG_ADDRESS))
     if url:
         argv += ["--agent", url]
+    if env.get(env_name("--netns")):  # the agent's ruleset in a named namespace (the chart's agent.netns, for tests)
+        argv += ["--netns", env[env_name("--netns")]]
     for flag, repeatable in table_flags():
         value = env.get(env_name(flag), "")
         values = [v.strip() for v in value.split(",") if v.strip()] if repeatable else [value] if value else []
