@@ -123,7 +123,7 @@ def conntrack_only() -> Transaction:
     tx = Transaction(BENCH_TABLE, 0)
     tx.add(OurTable())
     tx.add(layout.Chain("forward", (), "forward"))
-    tx.add(ChainRule("forward", layout.Rule((layout.ConntrackState(("established", "related")), layout.Verdict("accept")), "")))
+    tx.add(ChainRule("forward", layout.Rule((layout.ConntrackState(("established", "related")), layout.VerdictStatement("accept")), "")))
     return tx
 
 

@@ -2,7 +2,8 @@
 Grafana dashboard and the PrometheusRule.
 
 The ulogd sidecar's configuration, exactly as the chart renders it, runs Debian's ulogd2 in a
-sandbox node namespace and writes a JSON line for a packet our table rejected; every metric the
+sandbox node namespace and writes a JSON line for a packet our table rejected (a pod chain's
+reject, a ClusterNetworkPolicy Deny rule); every metric the
 dashboard and the alerts name is one the real agent exports; ``promtool check rules`` (Debian's
 ``prometheus``) passes on the rendered rules. ulogd2, ulogd2-json and prometheus come from
 ``.ci/install``.
@@ -21,6 +22,8 @@ import yaml
 from nftpolicy.agent.testbed.controlplane import free_port
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.sandbox import Sandbox
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.model import Cluster
 
 from .conftest import REPO, example_cluster, http_get
 from .test_chart import KUBE_VERSIONS, KUBERNETES_VALIDATE, NFTPOLICY, one, render, render_text
@@ -81,30 +84,29 @@ def test_ulogd_sidecar_reads_the_config_map():
     assert sidecar["command"] == ["ulogd", "-c", f"{mount['mountPath']}/ulogd.conf"]
 
 
-@pytest.mark.kernel
-@pytest.mark.tools("ulogd")
-def test_ulogd_as_the_chart_configures_it_writes_a_json_line_per_rejected_packet(tmp_path):
+def _ulogd_events(tmp_path, cluster: Cluster, source: str, destination: str, port: int) -> tuple[list[dict], str, str]:
+    """Run ulogd as the chart configures it in the sandbox node of ``destination`` (a pod key of
+    ``cluster``, on the node of ``source``), send one refused TCP connection ``source`` ->
+    ``destination``:``port``: the JSON lines ulogd wrote, and the two pods' addresses."""
     docs = render("default", *ENABLED)
     sidecar = _containers(docs)["ulogd"]
     mount_path = sidecar["volumeMounts"][0]["mountPath"]
     for name, text in _config_map(docs, "-ulogd")["data"].items():
         (tmp_path / name).write_text(text)
     command = [str(tmp_path) + arg[len(mount_path):] if arg.startswith(mount_path) else arg for arg in sidecar["command"]]
-    cluster = example_cluster()
-    frontend, api = cluster.pods["shop/frontend-7d9c8b6f5-x2k4p"], cluster.pods["shop/api-5f6b7c9d4-q8w2n"]
     with Sandbox(list(cluster.pods.values()), timeout=0.5) as sandbox:
         placed = sandbox.with_sandbox_pods(cluster)
         sandbox.apply(placed)
-        node = placed.pods[api.key].node
-        assert node == placed.pods[frontend.key].node  # frontend's egress allows the api; the api's ingress refuses 5432
+        node = placed.pods[destination].node
+        assert node == placed.pods[source].node
         events = tmp_path / "events.jsonl"
         with events.open("w") as out, (tmp_path / "ulogd.log").open("w") as err:
             ulogd = subprocess.Popen(["ip", "netns", "exec", sandbox.node_netns(node), *command], stdout=out, stderr=err)
         try:
             time.sleep(1.0)  # ulogd binds its NFLOG group
             assert ulogd.poll() is None, (tmp_path / "ulogd.log").read_text()
-            api_ip = placed.pods[api.key].ips[0]
-            assert not sandbox.connect(frontend.key, api_ip, ProbeSpec(5432, "TCP"))
+            destination_ip = placed.pods[destination].ips[0]
+            assert not sandbox.connect(source, destination_ip, ProbeSpec(port, "TCP"))
             deadline = time.monotonic() + 10
             while not events.read_text().strip() and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -113,11 +115,39 @@ def test_ulogd_as_the_chart_configures_it_writes_a_json_line_per_rejected_packet
             ulogd.wait(timeout=10)
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert lines, (tmp_path / "ulogd.log").read_text()
+    return lines, placed.pods[source].ips[0], destination_ip
+
+
+@pytest.mark.kernel
+@pytest.mark.tools("ulogd")
+def test_ulogd_as_the_chart_configures_it_writes_a_json_line_per_rejected_packet(tmp_path):
+    # frontend's egress allows the api; the api's ingress refuses 5432
+    lines, frontend_ip, api_ip = _ulogd_events(tmp_path, example_cluster(), "shop/frontend-7d9c8b6f5-x2k4p", "shop/api-5f6b7c9d4-q8w2n", 5432)
     event = lines[0]
     assert event["oob.prefix"] == "nftpolicy reject ingress shop/api-5f6b7c9d4-q8w2n: "
-    assert (event["src_ip"], event["dest_ip"], event["ip.protocol"], event["dest_port"]) == \
-        (placed.pods[frontend.key].ips[0], api_ip, 6, 5432)
+    assert (event["src_ip"], event["dest_ip"], event["ip.protocol"], event["dest_port"]) == (frontend_ip, api_ip, 6, 5432)
     assert isinstance(event["src_port"], int) and event["tcp.syn"] == 1
+
+
+@pytest.mark.kernel
+@pytest.mark.tools("ulogd")
+def test_ulogd_writes_a_json_line_naming_the_clusternetworkpolicy_rule_that_denied(tmp_path):
+    """An Admin Deny rule of a policy with a 253-character name: the prefix holds tier,
+    direction and rule index whole, the name cut at the kernel's 127 bytes."""
+    name = ("g" * 62 + ".") * 4 + "d"
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": ns, "name": pod, "labels": {"app": pod}},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c"}]}, "status": {"phase": "Running", "podIPs": [{"ip": ip}]}}
+            for ns, pod, ip in (("x", "db", "10.0.0.1"), ("y", "client", "10.0.1.1"))]
+    guard = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": name},
+             "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "x"}}},
+                      "ingress": [{"action": "Accept", "from": [{"namespaces": {}}], "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]},
+                                  {"action": "Deny", "from": [{"namespaces": {}}]}]}}
+    cluster, errors = build_cluster(("t", o) for o in [*pods, guard])
+    assert not errors, [str(e) for e in errors]
+    lines, client_ip, db_ip = _ulogd_events(tmp_path, cluster, "y/client", "x/db", 5432)
+    event = lines[0]
+    assert event["oob.prefix"] == f"nftpolicy deny Admin ingress rule 1 {name}".encode()[:127].decode()
+    assert (event["src_ip"], event["dest_ip"], event["dest_port"]) == (client_ip, db_ip, 5432)
 
 
 def test_dashboard_config_map_for_the_grafana_sidecar():

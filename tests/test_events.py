@@ -6,6 +6,7 @@ shows the Event."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -98,6 +99,18 @@ def test_one_event_per_object_reason_and_generation_then_the_count_goes_up():
     rec.failed_closed("NetworkPolicy", policy(3), InvalidField("spec.podSelector", "other"), True)  # another problem
     drain(rec)
     assert writer.writes == ["create", "patch", "create"] and len(writer.events) == 2
+
+
+def test_the_event_of_a_long_named_object_has_a_valid_name():
+    """Event names are DNS subdomains (at most 253 characters): the object's name is cut, not
+    the stamp that makes it unique."""
+    rec, writer, _ = recorder()
+    long = "a" * 200 + "-" + "b" * 52  # 253 characters, a valid policy name
+    rec.failed_closed("NetworkPolicy", policy(name=long), InvalidField("spec", "x"), True)
+    drain(rec)
+    [(_, name)] = writer.events
+    assert len(name) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", name)
+    assert name.startswith("a" * 200)
 
 
 def test_an_expired_event_is_created_again():

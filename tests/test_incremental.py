@@ -185,3 +185,21 @@ def test_a_shared_set_goes_with_its_last_user():
     renderer.apply(*users[-1], None)
     assert shared not in {s.name for s in renderer.model().sets}
     assert shared in renderer.take_changes().sets_removed
+
+
+def test_the_fake_refuses_an_address_mapped_to_another_pod_chain_as_the_kernel_does():
+    """``nft add element`` of a verdict-map key that maps to another chain fails ("File
+    exists"): a delta that re-maps an address without deleting it first must fail here too."""
+    from nftpolicy.agent.dataplane.fake import FakeNftError
+    from nftpolicy.translators.layout import POD_MAPS, MapElement
+    from nftpolicy.translators.transaction import Elements, Transaction
+    model = build_rule_model(example_cluster(), "node1")
+    table = FakeTable().apply(transaction.full(model))
+    first, second = model.pod_chains[0], model.pod_chains[1]
+    same = Transaction(model.config.table, model.config.priority)
+    same.add(Elements(POD_MAPS["ipv4"], (MapElement(first.ips[0], first.name, first.pod),)))
+    table.apply(same)  # the same mapping again: nft accepts it
+    other = Transaction(model.config.table, model.config.priority)
+    other.add(Elements(POD_MAPS["ipv4"], (MapElement(first.ips[0], second.name, second.pod),)))
+    with pytest.raises(FakeNftError, match=f"{first.ips[0]} is mapped to {first.name} already"):
+        table.apply(other)

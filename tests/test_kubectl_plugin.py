@@ -17,6 +17,7 @@ import yaml
 
 from nftpolicy.agent.cli.kubectl import main as plugin
 from nftpolicy.agent.cli.kubectl.explain import explain_port, split_port
+from nftpolicy.agent.cli.kubectl.status import agent_status
 from nftpolicy.agent.cli.kubectl.trace import debug_url, exec_status, trace_argv
 from nftpolicy.agent.cli.main import main as nftpolicy
 from nftpolicy.agent.daemon.health import Health, serve_http
@@ -235,6 +236,28 @@ def test_status_reads_every_agent_through_the_pod_proxy(control_plane, capsys):
             cp.delete("Pod", f"nftpolicy-agent-{node}", "nftpolicy-system")
         for node in ("node1", "node2", "node3"):
             cp.delete("Node", node)
+
+
+class _Proxy:
+    """An API whose pod proxy answers /readyz with ok and /metrics with ``metrics``."""
+
+    def __init__(self, metrics: str) -> None:
+        self.metrics = metrics
+
+    def proxy_get(self, namespace: str, name: str, port: int, path: str) -> tuple[int, str]:
+        return (200, "ok") if path == "readyz" else (200, self.metrics)
+
+
+@pytest.mark.parametrize("metrics", ["<html>a proxy's page</html>", "nftpolicy_table_generation NaN\n"])
+def test_an_agent_whose_metrics_cannot_be_read_is_one_row_with_the_reason(metrics):
+    """One bad /metrics answer (not Prometheus text, NaN where a count belongs) is a reason on
+    that node's row, never a traceback that loses every other node's."""
+    pod = {"metadata": {"namespace": "nftpolicy", "name": "agent-x"}, "status": {"phase": "Running", "podIP": "10.240.0.1",
+           "conditions": [{"type": "Ready", "status": "True"}]},
+           "spec": {"containers": [{"name": "agent", "ports": [{"name": "http", "containerPort": 9476}]}]}}
+    status = agent_status(_Proxy(metrics), "node1", pod, "app=nftpolicy")  # type: ignore[arg-type]
+    assert status.ready is True and status.generation is None
+    assert len(status.reasons) == 1 and status.reasons[0].startswith("/metrics unreadable: ")
 
 
 def test_trace_runs_nftpolicy_trace_with_the_agents_table_settings():

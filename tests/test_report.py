@@ -14,7 +14,10 @@ import pytest
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.testbed.controlplane import find_binary
 from nftpolicy.agent.testbed.probes import ProbeSpec
-from nftpolicy.agent.testbed.report import Section, compact_text, html_page, section_json, selecting_policies
+from nftpolicy.agent.testbed.report import (
+    SandboxOutput, Section, cluster_denials, compact_text, html_page, section_json, selecting_policies,
+)
+from nftpolicy.translators.manifests import build_cluster
 
 from .conftest import OURS, REPO, example_cluster
 from .test_chart import NFTPOLICY
@@ -104,6 +107,36 @@ def test_the_page_loads_in_a_real_browser_with_every_cell(tmp_path):
     assert any("ingress of ns2/pod-with-a-rather-long-name-2: isolated by ns2/only-from-ns1" in t for _, t in cells)
     assert not re.search(r"CONSOLE|Uncaught|SyntaxError", log), log[-2000:]
     assert "<link" not in dom and "src=" not in dom  # self-contained
+
+
+def test_a_cell_a_clusternetworkpolicy_deny_refused_names_its_tier_policy_and_rule(tmp_path, capsys):
+    """x/db's Admin policy accepts TCP/80 from anywhere (rule 0) and denies y (rule 1); x/web is
+    refused by a NetworkPolicy: only y -> db names the Deny rule, in the JSON and the page."""
+    def pod(ns, name, ip):
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": ns, "name": name, "labels": {"app": name}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c"}]}, "status": {"phase": "Running", "podIPs": [{"ip": ip}]}}
+
+    guard = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "guard"},
+             "spec": {"tier": "Admin", "priority": 1, "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}},
+                      "ingress": [{"action": "Accept", "from": [{"namespaces": {}}], "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]},
+                                  {"action": "Deny", "from": [{"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]}]}}
+    web_closed = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "closed"},
+                  "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"]}}
+    cluster, errors = build_cluster(("t", o) for o in [pod("x", "db", "10.0.0.1"), pod("x", "web", "10.0.0.2"), pod("y", "c", "10.0.1.1"),
+                                                       guard, web_closed])
+    assert not errors, [str(e) for e in errors]
+    pods = cluster.pods
+    matrix = {("y/c", "x/db"): False, ("y/c", "x/web"): False, ("x/web", "x/db"): True, ("x/db", "x/web"): False}
+    tcp81 = ProbeSpec(81, "TCP")
+    results = {(TCP80, "ipv4"): {**matrix, ("y/c", "x/db"): True}, (tcp81, "ipv4"): matrix}
+    assert cluster_denials(cluster, pods, results) == {(tcp81, "ipv4", "y/c", "x/db"): "Admin Deny guard ingress rule 1"}
+    page = tmp_path / "report.html"
+    with SandboxOutput("json", str(page)) as out:
+        out.matrices(pods, results, cluster)
+    (section,) = json.loads(capsys.readouterr().out)["sections"]
+    denied = [(m["port"], c["from"], c["to"], c["denied_by"]) for m in section["matrices"] for c in m["cells"] if "denied_by" in c]
+    assert denied == [(81, "y/c", "x/db", "Admin Deny guard ingress rule 1")]
+    assert page.read_text().count("denied by Admin Deny guard ingress rule 1") == 1
 
 
 @pytest.mark.kernel

@@ -1,5 +1,6 @@
-"""Drops that name the pod, allows that name the policy: the real agent's rule counters as
-Prometheus metrics, after real packets between sandbox pods in a namespace this test made."""
+"""Drops that name the pod, allows that name the policy, ClusterNetworkPolicy denies that name
+the tier, policy and rule: the real agent's rule counters as Prometheus metrics, after real
+packets between sandbox pods in a namespace this test made."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import pytest
 
 from nftpolicy.agent.daemon.rulecounters import RuleCounters, tally
 from nftpolicy.agent.dataplane.nftables import NftDataplane
-from nftpolicy.translators.rules import ChainOwner
+from nftpolicy.translators.rules import ChainOwner, RuleOrigin
 
 from .agentenv import AgentEnv
-from .conftest import eventually
-from .test_agent_e2e import SLOTS, B, policy
+from .conftest import eventually, nft
+from .fakeapi import FakeApiServer
+from .test_agent_e2e import SLOTS, A, B, policy
 
 pytestmark = pytest.mark.kernel
 
@@ -59,10 +61,48 @@ def test_first_probe_after_the_sync_counts_from_zero(env):
     assert env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress") == 1
 
 
+def _namespace(name: str) -> dict:
+    return {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+
+def test_a_deny_rule_of_the_admin_tier_counts_under_its_tier_policy_and_rule(tmp_path):
+    """x/a's Admin policy (a 253-character name) denies x on port 81 (rule 0) and all of y
+    (rule 1): each refused probe from y/d adds one to rule 1 only, and the kernel holds the
+    NFLOG prefix cut to 127 bytes after tier, direction and rule index."""
+    name = ("d" * 62 + ".") * 4 + "y"
+    assert len(name) == 253
+    api = FakeApiServer(bookmark_interval=0.5, cluster_network_policies=True)
+    api.start()
+    env = AgentEnv(tmp_path, SLOTS, api=api).put_slot_pods()
+    try:
+        env.api.put({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": name},
+                     "spec": {"tier": "Admin", "priority": 1, "subject": {"pods": {"namespaceSelector": {},
+                                                                                   "podSelector": {"matchLabels": {"app": "a"}}}},
+                              "ingress": [{"action": "Deny", "from": [_namespace("x")], "protocols": [{"tcp": {"destinationPort": {"number": 81}}}]},
+                                          {"action": "Deny", "name": "no-y", "from": [_namespace("y")]}]}})
+        env.start_agent()
+        eventually(lambda: env.connects("y/d", A), False)
+        rule = {"tier": "Admin", "policy": name, "direction": "ingress"}
+        before = env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="1")
+        for _ in range(DENIED_PROBES):
+            assert not env.connects("y/d", A)
+        assert env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="1") - before == DENIED_PROBES
+        assert env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="0") == 0
+        assert env.connects("x/c", A)  # rule 0 is port 81 only
+        _, text = env.http("/metrics")
+        assert f'nftpolicy_cluster_denied_packets_total{{direction="ingress",policy="{name}",rule="0",tier="Admin"}} 0.0' in text
+        assert "nftpolicy_denied_packets_total{" not in text  # no NetworkPolicy isolates x/a: no pod chain reject
+        prefixes = [line.split('log prefix "')[1].split('"')[0] for line in nft(env.netns, "list", "table", "inet", "nftpolicy").splitlines()
+                    if "log prefix" in line and "nftpolicy deny" in line]
+        assert prefixes == [f"nftpolicy deny Admin ingress rule {i} {name}"[:127] for i in (0, 1)]
+    finally:
+        env.close()
+
+
 def test_a_missing_table_gives_no_samples(make_netns):
     collector = RuleCounters(NftDataplane("nftpolicy", make_netns()), dict)
     families = list(collector.collect())
-    assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets"]
+    assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets", "nftpolicy_cluster_denied_packets"]
     assert all(not f.samples for f in families)
 
 
@@ -77,7 +117,7 @@ def test_labels_come_from_the_chain_owners_and_the_address_match():
     assert len(long_policy) > 128
     owners = {"KUBE-POD-FW-X": ChainOwner(pod="shop/api-0"), "KUBE-NWPLCY-P": ChainOwner("shop/api-ingress", "ingress"),
               "KUBE-NWPLCY-Q": ChainOwner(long_policy, "egress")}
-    denied, allowed = tally([
+    sums = tally([
         rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 2),
         rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 3),  # the tcp reset and the other reject add up
         rule("KUBE-POD-FW-X", "shop/api-0 reject egress", "saddr", 1),
@@ -86,5 +126,24 @@ def test_labels_come_from_the_chain_owners_and_the_address_match():
         rule("KUBE-NWPLCY-Q", long_policy[:128], "daddr", 6, reject=False),  # the comment nft keeps: cut
         rule("KUBE-NWPLCY-R", "x/changed-by-hand ingress rule 0", "saddr", 7, reject=False),  # no chain of the model
     ], owners)
-    assert denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1}
-    assert allowed == {("shop", "api-ingress", "ingress"): 9, ("shop", long_policy[5:], "egress"): 6, ("", "KUBE-NWPLCY-R", "unknown"): 7}
+    assert sums.denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1}
+    assert sums.allowed == {("shop", "api-ingress", "ingress"): 9, ("shop", long_policy[5:], "egress"): 6, ("", "KUBE-NWPLCY-R", "unknown"): 7}
+
+
+def test_tier_denies_are_named_by_the_counted_origins_in_chain_order():
+    """A tier chain's k-th counted rule is its owner's k-th counted origin (the tcp reset and the
+    other reject of one rule add up); a chain the model does not know, or whose counted rules
+    differ from the model's, counts under its own name."""
+    def rule(chain, packets):
+        return {"chain": chain, "comment": "cut or changed: never read", "expr": [{"counter": {"packets": packets, "bytes": 0}}, {"reject": None}]}
+
+    deny_0 = RuleOrigin("guard", "egress", 0, "Admin", "Deny")
+    deny_2 = RuleOrigin("guard", "egress", 2, "Admin", "Deny", "rest")
+    owners = {"KUBE-ANP-G": ChainOwner("guard", "egress", "Admin", counted=(deny_0, deny_2, deny_2)),
+              "KUBE-BANP-H": ChainOwner("base", "ingress", "Baseline", counted=(RuleOrigin("base", "ingress", 0, "Baseline", "Deny"),))}
+    sums = tally([rule("KUBE-ANP-G", 1), rule("KUBE-ANP-G", 2), rule("KUBE-ANP-G", 3),
+                  rule("KUBE-BANP-H", 4), rule("KUBE-BANP-H", 5),  # two counters, one counted origin: not the model's
+                  rule("KUBE-ANP-Z", 6)], owners)
+    assert sums.cluster_denied == {("Admin", "guard", "egress", "0"): 1, ("Admin", "guard", "egress", "2"): 5,
+                                   ("Baseline", "KUBE-BANP-H", "unknown", "unknown"): 9, ("Admin", "KUBE-ANP-Z", "unknown", "unknown"): 6}
+    assert not sums.denied and not sums.allowed

@@ -152,6 +152,24 @@ def test_a_large_retry_after_is_capped(api, tmp_path, asked, waited):
     assert clock.waited == [waited]
 
 
+@pytest.mark.parametrize("asked", ["-5", "nan", "inf", "soon"])
+def test_a_negative_or_unreadable_retry_after_waits_the_backoff(api, tmp_path, asked):
+    """A Retry-After that is negative, not finite or not a number is no wait at all for
+    Event.wait: the backoff's pause is taken instead, so that no node retries in a tight loop."""
+    metrics, clock = Metrics(), InstantClock()
+    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
+    answers = [ApiException(status=429, reason="Too Many Requests")]
+    answers[0].headers = {"Retry-After": asked}
+
+    def request() -> str:
+        if answers:
+            raise answers.pop(0)
+        return "listed"
+
+    assert src._retrying("Pod", "list")(request) == "listed"
+    assert len(clock.waited) == 1 and 0 < clock.waited[0] <= 30
+
+
 def test_hanging_request_times_out_and_is_retried(api, source):
     """A request that is never answered ends after the client-side timeout (a watch's read
     timeout is watch_timeout + api_timeout) and is retried."""

@@ -8,9 +8,10 @@ import re
 from typing import Any
 
 import pytest
-from nftpolicy.translators import iptables, layout
+from nftpolicy.translators import iptables, layout, nft
 from nftpolicy.translators.layout import (
-    AddressInSet, ClearAndSetMark, ClearMark, DestinationPorts, Jump, Protocols, Reject, SetMark, Unmarked, Verdict,
+    AddressInSet, ClearAndSetMark, ClearMark, CounterStatement, DestinationPorts, Jump, Limit, Log, Protocols, Reject, SetMark, Unmarked,
+    VerdictStatement,
 )
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
@@ -57,15 +58,51 @@ def test_each_action_becomes_its_verdict_in_written_order():
         {"action": "Pass", "from": FROM_Y, "protocols": [{"udp": {"destinationPort": {"range": {"start": 53, "end": 60}}}}]},
         {"action": "Deny", "from": FROM_Y}]))
     (tier,) = chain(t, "KUBE-ANP-")
-    actions = [r.statements[-2:] if isinstance(r.statements[-1], Verdict) else r.statements[-1:] for r in tier.rules]
-    assert actions == [(SetMark(CONFIG.policy_mark), Verdict("return")), (SetMark(CONFIG.pass_mark), Verdict("return")),
-                       (Reject(tcp_reset=True),), (Reject(),)]
+    actions = [r.statements[-2:] for r in tier.rules]
+    deny_log = Log("nftpolicy deny Admin ingress rule 2 p: ", CONFIG.nflog_group)
+    assert actions == [(SetMark(CONFIG.policy_mark), VerdictStatement("return")), (SetMark(CONFIG.pass_mark), VerdictStatement("return")),
+                       (Limit(*layout.LOG_RATE), deny_log), (CounterStatement(), Reject(tcp_reset=True)), (CounterStatement(), Reject())]
     assert tier.rules[0].statements[1:3] == (Protocols(("tcp",)), DestinationPorts(80, 80))
     assert tier.rules[1].statements[1:3] == (Protocols(("udp",)), DestinationPorts(53, 60))
-    assert tier.rules[2].statements[1] == Protocols(("tcp",))
+    assert tier.rules[3].statements[1] == Protocols(("tcp",))
     assert all(isinstance(r.statements[0], AddressInSet) and r.statements[0].field == "saddr" for r in tier.rules)
     assert [r.comment for r in tier.rules] == ["p Admin ingress rule 0 (Accept)", "p Admin ingress rule 1 (Pass)",
-                                               "p Admin ingress rule 2 (Deny)", "p Admin ingress rule 2 (Deny)"]
+                                               *["p Admin ingress rule 2 (Deny)"] * 3]
+
+
+def test_a_deny_is_logged_once_then_counted_on_each_reject_and_named_from_its_origin():
+    """The NFLOG rule comes first (the pod chains' rate), then a counter before each reject; the
+    renderer's chain owners name each counted rule by its origin, in chain order."""
+    objects = [cnp("p", "Admin", 1, ingress=[
+        {"action": "Accept", "from": FROM_Y, "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]},
+        {"action": "Deny", "from": FROM_Y, "protocols": [{"udp": {"destinationPort": {"number": 53}}}]},
+        {"action": "Deny", "from": FROM_Y, "name": "rest"}])]
+    cluster, errors = build_cluster(("t", o) for o in [*PODS, *objects])
+    assert not errors
+    renderer = NodeRenderer("n1", CONFIG)
+    renderer.load(cluster)
+    model = renderer.model()
+    (tier,) = model.tier_chains
+    (laid_out,) = chain(layout.table(model), "KUBE-ANP-")
+    logs = [r for r in laid_out.rules if any(isinstance(s, Log) for s in r.statements)]
+    assert [[s for s in r.statements if isinstance(s, (Limit, Log))] for r in logs] == [
+        [Limit(*layout.LOG_RATE), Log(f"nftpolicy deny Admin ingress rule {i} p: ", CONFIG.nflog_group)] for i in (1, 2)]
+    counted = renderer.chain_owners()[tier.name].counted
+    assert [(o.tier, o.policy, o.direction, o.index, o.name) for o in counted] == [
+        ("Admin", "p", "ingress", 1, ""), ("Admin", "p", "ingress", 2, "rest"), ("Admin", "p", "ingress", 2, "rest")]
+    assert counted == layout.counted_origins(CONFIG, tier)
+
+
+def test_a_deny_prefix_keeps_within_the_kernel_limit_for_the_longest_name():
+    """A 253-character policy name: the printed prefix is cut to 127 bytes (NF_LOG_PREFIXLEN
+    less the NUL) after tier, direction and rule index, which come first."""
+    name = ("a" * 62 + ".") * 4 + "b"
+    assert len(name) == 253
+    t = table(cnp(name, "Baseline", 1, ingress=[{"action": "Accept", "from": FROM_Y}, {"action": "Deny", "from": FROM_Y}]))
+    (tier,) = chain(t, "KUBE-BANP-")
+    printed = [nft.statement_json(s)["log"]["prefix"] for r in tier.rules for s in r.statements if isinstance(s, Log)]
+    assert printed == [f"nftpolicy deny Baseline ingress rule 1 {name}"[:127]]
+    assert len(printed[0].encode()) == nft.LOG_PREFIX_MAX_BYTES == 127
 
 
 def _jumps(c: layout.Chain) -> list[tuple[str, Any]]:

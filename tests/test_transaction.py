@@ -73,7 +73,7 @@ def test_summary_counts_the_printed_commands():
 def test_every_operation_prints_as_nft_text():
     tx = Transaction("t", 0)
     chain = layout.Chain("c", (), "forward")
-    rule = layout.Rule((layout.AddressInSet("ipv4", "saddr", "s"), layout.Verdict("accept")), "why")
+    rule = layout.Rule((layout.AddressInSet("ipv4", "saddr", "s"), layout.VerdictStatement("accept")), "why")
     s = transaction.AddressSet("s", "ipv4", "interval", ("10.0.0.0/8",), "nets")
     for op in (OurTable(), s, chain, ChainRule("c", rule), Elements("s", ("10.1.0.0/16",))):
         tx.add(op)

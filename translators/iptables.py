@@ -221,11 +221,11 @@ class _Printer:
             elif isinstance(s, layout.Log):
                 prefix = s.prefix.encode()[:NFLOG_PREFIX_MAX].decode(errors="ignore")
                 target = ["-j", "NFLOG", "--nflog-group", str(s.group), "--nflog-prefix", _quote(prefix)]
-            elif isinstance(s, layout.Counter):
+            elif isinstance(s, layout.CounterStatement):
                 pass  # iptables counts every rule
             elif isinstance(s, layout.Reject):
                 target = ["-j", "REJECT", "--reject-with", "tcp-reset" if s.tcp_reset else PORT_UNREACHABLE[self.family]]
-            elif isinstance(s, layout.Verdict):
+            elif isinstance(s, layout.VerdictStatement):
                 target = ["-j", s.kind.upper()]
             elif isinstance(s, layout.Jump):
                 target = ["-j", s.target]

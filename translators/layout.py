@@ -43,7 +43,7 @@ ESSENTIAL_ICMP: dict[Family, tuple[str, ...]] = {
              "nd-router-solicit", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"),
 }
 NODE_PORT_PROTOCOLS = ("tcp", "udp", "sctp")
-LOG_RATE = (10, "minute", 10)  # NFLOG of rejected packets: rate, per, burst (as kube-router)
+LOG_RATE = (10, "minute", 10)  # NFLOG of rejected packets (a pod chain's, a Deny rule's): rate, per, burst (as kube-router)
 
 
 # ---- statements: matches ------------------------------------------------------------------------
@@ -170,7 +170,7 @@ class Log:
 
 
 @dataclass(frozen=True)
-class Counter:
+class CounterStatement:
     """Count the packets and bytes that reach this statement (nft ``counter``, read back by the
     agent's metrics; iptables counts every rule, so its printer prints nothing for it)."""
 
@@ -184,7 +184,7 @@ class Reject:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class VerdictStatement:
     """``accept``, ``drop`` or ``return``."""
 
     kind: Literal["accept", "drop", "return"]
@@ -214,7 +214,7 @@ class SetTrace:
 
 
 Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
-                  LocalAddress, Unmarked, Marked, Limit, Counter, SetMark, ClearMark, ClearAndSetMark, Log, Reject, Verdict,
+                  LocalAddress, Unmarked, Marked, Limit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log, Reject, VerdictStatement,
                   Jump, Dispatch, SetTrace]
 
 
@@ -289,9 +289,9 @@ def common_chain() -> Chain:
     Established and related connections never get here: every base chain accepts them before it
     dispatches to a pod chain."""
     return Chain(COMMON_CHAIN, (
-        Rule((ConntrackState(("invalid",)), Verdict("drop")), "drop invalid conntrack state"),
-        Rule((IcmpTypes("ipv4", ESSENTIAL_ICMP["ipv4"]), Verdict("accept")), "allow essential ICMP errors"),
-        Rule((IcmpTypes("ipv6", ESSENTIAL_ICMP["ipv6"]), Verdict("accept")), "allow essential ICMPv6 errors and neighbour discovery"),
+        Rule((ConntrackState(("invalid",)), VerdictStatement("drop")), "drop invalid conntrack state"),
+        Rule((IcmpTypes("ipv4", ESSENTIAL_ICMP["ipv4"]), VerdictStatement("accept")), "allow essential ICMP errors"),
+        Rule((IcmpTypes("ipv6", ESSENTIAL_ICMP["ipv6"]), VerdictStatement("accept")), "allow essential ICMPv6 errors and neighbour discovery"),
     ))
 
 
@@ -325,7 +325,7 @@ def allow_rule(config: Config, chain: PolicyChain, allow: MatchRule) -> Rule:
     policy mark and return (rules of a policy are OR'ed, peers and ports within a rule AND'ed: the
     API reference). A counter before the mark counts the packets this rule allowed (the agent's
     allowed metric)."""
-    return Rule((*peer_and_port(chain.direction, allow), Counter(), SetMark(config.policy_mark), Verdict("return")), allow.comment,
+    return Rule((*peer_and_port(chain.direction, allow), CounterStatement(), SetMark(config.policy_mark), VerdictStatement("return")), allow.comment,
                 allow.origin)
 
 
@@ -346,6 +346,15 @@ def log_prefix(direction: str, pod: str) -> str:
     return f"nftpolicy reject {direction} {pod}: "
 
 
+def deny_log_prefix(origin: RuleOrigin) -> str:
+    """The NFLOG prefix of a packet a ClusterNetworkPolicy ``Deny`` rule refused:
+    ``nftpolicy deny Admin ingress rule 0 db-guard: `` (tier, direction, the rule's index in the
+    policy's list of that direction, policy name). The name comes last, so a printer's cut (nft:
+    127 bytes) only ever shortens it; the metrics name the rule from the rule model, never from
+    this text."""
+    return f"nftpolicy deny {origin.tier} {origin.direction} rule {origin.index} {origin.policy}: "
+
+
 def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     """One (peer, port) match of a ClusterNetworkPolicy rule (the peer is the source for
     ingress, the destination for egress) and its action: ``Accept`` sets the policy mark and
@@ -353,18 +362,30 @@ def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     ClusterNetworkPolicy or NetworkPolicy rules will be processed"); ``Deny`` rejects (a TCP
     reset for TCP); ``Pass`` sets the pass mark and returns (the pod chain skips the rest of the
     tier). The matches are :func:`peer_and_port`'s. Source: network-policy-api v0.2.0,
-    ClusterNetworkPolicyRuleAction."""
+    ClusterNetworkPolicyRuleAction.
+
+    A ``Deny`` is logged and counted as a pod chain's reject is: first NFLOG with
+    :func:`deny_log_prefix` (at most :data:`LOG_RATE`), then each reject behind a counter (the
+    agent's ``nftpolicy_cluster_denied_packets`` metric, by the rule's origin)."""
     matches, text, origin = peer_and_port(chain.direction, rule), rule.comment, rule.origin
     if origin.action == "Accept":
-        return [Rule((*matches, SetMark(config.policy_mark), Verdict("return")), text, origin)]
+        return [Rule((*matches, SetMark(config.policy_mark), VerdictStatement("return")), text, origin)]
     if origin.action == "Pass":
-        return [Rule((*matches, SetMark(config.pass_mark), Verdict("return")), text, origin)]
+        return [Rule((*matches, SetMark(config.pass_mark), VerdictStatement("return")), text, origin)]
+    log = Rule((*matches, Limit(*LOG_RATE), Log(deny_log_prefix(origin), config.nflog_group)), text, origin)
     protocol = rule.port.protocol if rule.port else None
     if protocol == "TCP":
-        return [Rule((*matches, Reject(tcp_reset=True)), text, origin)]
+        return [log, Rule((*matches, CounterStatement(), Reject(tcp_reset=True)), text, origin)]
     if protocol is not None:
-        return [Rule((*matches, Reject()), text, origin)]
-    return [Rule((*matches, Protocols(("tcp",)), Reject(tcp_reset=True)), text, origin), Rule((*matches, Reject()), text, origin)]
+        return [log, Rule((*matches, CounterStatement(), Reject()), text, origin)]
+    return [log, Rule((*matches, Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), text, origin),
+            Rule((*matches, CounterStatement(), Reject()), text, origin)]
+
+
+def counted_origins(config: Config, chain: TierChain) -> tuple[RuleOrigin, ...]:
+    """The origins of the rules of ``chain``'s layout that hold a :class:`CounterStatement`, in chain
+    order (its ``Deny`` rejects): the k-th counter the kernel lists in that chain is the k-th."""
+    return tuple(r.origin for r in tier_chain(config, chain).rules if r.origin is not None and CounterStatement() in r.statements)
 
 
 def tier_chain(config: Config, chain: TierChain) -> Chain:
@@ -422,8 +443,8 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
         for target in chains if chains is not None else (DEFAULT_CHAIN,):
             rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
                       for family, ips in addresses.items()]
-        rules.append(Rule((Marked(config.policy_mark), passed, Verdict("return")), f"{pod.pod} {direction} allowed"))
-    rules += [Rule((AddressIs(family, "daddr", ips), unmarked, LocalAddress("saddr"), Verdict("accept")), f"{pod.pod} from the local node")
+        rules.append(Rule((Marked(config.policy_mark), passed, VerdictStatement("return")), f"{pod.pod} {direction} allowed"))
+    rules += [Rule((AddressIs(family, "daddr", ips), unmarked, LocalAddress("saddr"), VerdictStatement("accept")), f"{pod.pod} from the local node")
               for family, ips in addresses.items()]
     for direction, chains, field in directions:
         if chains is None:
@@ -433,8 +454,8 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
             rules += [
                 Rule((this_pod, unmarked, Limit(*LOG_RATE), Log(log_prefix(direction, pod.pod), config.nflog_group)),
                      f"{pod.pod} log rejected {direction}"),
-                Rule((this_pod, unmarked, Protocols(("tcp",)), Counter(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
-                Rule((this_pod, unmarked, Counter(), Reject()), f"{pod.pod} reject {direction}"),
+                Rule((this_pod, unmarked, Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
+                Rule((this_pod, unmarked, CounterStatement(), Reject()), f"{pod.pod} reject {direction}"),
             ]
     rules.append(Rule((passed,), f"{pod.pod} passed"))
     return Chain(pod.name, tuple(rules))
@@ -455,13 +476,13 @@ def map_elements(pods: tuple[PodChain, ...] | list[PodChain], family: Family) ->
 def input_exemptions(config: Config) -> list[Rule]:
     """What ``KUBE-ROUTER-INPUT`` returns before any dispatch: traffic to service cluster IPs,
     to node ports on local addresses (tcp, udp, sctp) and to external ranges (DESIGN.md 2)."""
-    rules = [Rule((AddressIs(family_of(cidr), "daddr", (cidr,)), Verdict("return")), "allow traffic to service cluster IPs")
+    rules = [Rule((AddressIs(family_of(cidr), "daddr", (cidr,)), VerdictStatement("return")), "allow traffic to service cluster IPs")
              for cidr in config.service_cidrs]
     if config.node_port_range:
         low, high = config.node_port_range
-        rules.append(Rule((LocalAddress("daddr"), Protocols(NODE_PORT_PROTOCOLS), DestinationPorts(low, high), Verdict("return")),
+        rules.append(Rule((LocalAddress("daddr"), Protocols(NODE_PORT_PROTOCOLS), DestinationPorts(low, high), VerdictStatement("return")),
                           "allow node ports on local addresses"))
-    rules += [Rule((AddressIs(family_of(cidr), "daddr", (cidr,)), Verdict("return")), "allow traffic to external and load-balancer IPs")
+    rules += [Rule((AddressIs(family_of(cidr), "daddr", (cidr,)), VerdictStatement("return")), "allow traffic to external and load-balancer IPs")
               for cidr in config.external_cidrs]
     return rules
 
@@ -474,7 +495,7 @@ def base_chains(config: Config) -> list[Chain]:
     chains = []
     for name, hook in BASE_CHAINS.items():
         rules = input_exemptions(config) if name == INPUT_CHAIN else []
-        rules.append(Rule((ConntrackState(("established", "related")), Verdict("accept")), "allow established and related connections"))
+        rules.append(Rule((ConntrackState(("established", "related")), VerdictStatement("accept")), "allow established and related connections"))
         for field in DISPATCH[name]:
             what = "to" if field == "daddr" else "from"
             rules += [Rule((Dispatch(family, field, pod_map),), f"traffic {what} local isolated pods ({family})")

@@ -68,7 +68,7 @@ def statement_json(s: Statement) -> Json:
         return _match({"&": [MARK, s.bits]}, s.bits)
     if isinstance(s, layout.Limit):
         return {"limit": {"rate": s.rate, "per": s.per, "burst": s.burst}}
-    if isinstance(s, layout.Counter):
+    if isinstance(s, layout.CounterStatement):
         return {"counter": None}
     if isinstance(s, layout.SetMark):
         return {"mangle": {"key": MARK, "value": {"|": [MARK, s.bits]}}}
@@ -80,7 +80,7 @@ def statement_json(s: Statement) -> Json:
         return {"log": {"prefix": comment(s.prefix, LOG_PREFIX_MAX_BYTES), "group": s.group}}
     if isinstance(s, layout.Reject):
         return {"reject": {"type": "tcp reset"} if s.tcp_reset else None}
-    if isinstance(s, layout.Verdict):
+    if isinstance(s, layout.VerdictStatement):
         return {s.kind: None}
     if isinstance(s, layout.Jump):
         return {"jump": {"target": s.target}}

@@ -19,6 +19,7 @@ the pod chains of its namespace.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
@@ -31,8 +32,10 @@ from .rules import (
     Config,
     PodChain,
     RuleModel,
+    TierChain,
     owner_of,
 )
+from .layout import counted_origins
 from .setstore import SelectorSets
 from .chainbuilders import build_pod_chain
 from .policychains import PolicyChains
@@ -204,9 +207,11 @@ class NodeRenderer:
         return sum(len(pods) for pods in self._local.values())
 
     def chain_owners(self) -> dict[str, ChainOwner]:
-        """Chain name -> what it enforces, for every policy, tier and pod chain of the model."""
+        """Chain name -> what it enforces, for every policy, tier and pod chain of the model; a
+        tier chain's owner with the origins of its counted rules (``counted``)."""
         self._refresh_pod_chains()
-        return {name: owner_of(chain) for name, chain in self._chains().items()}
+        return {name: dataclasses.replace(owner_of(chain), counted=counted_origins(self.config, chain)) if isinstance(chain, TierChain)
+                else owner_of(chain) for name, chain in self._chains().items()}
 
     def take_changes(self) -> Changes:
         """Everything that changed in the model since the last call (or since the start, or

@@ -186,12 +186,15 @@ AnyChain = PolicyChain | PodChain | TierChain
 class ChainOwner:
     """What a chain of the model enforces: ``policy`` (a NetworkPolicy's ``namespace/name``, or
     with ``tier`` a ClusterNetworkPolicy's name) in ``direction``, or for a pod chain the local
-    pod ``pod`` (``namespace/name``)."""
+    pod ``pod`` (``namespace/name``). ``counted``: for a tier chain, the origin of each of its
+    layout rules that holds a counter, in chain order
+    (:func:`~nftpolicy.translators.layout.counted_origins`; empty where not filled in)."""
 
     policy: str | None = None
     direction: Direction | None = None
     tier: Tier | None = None
     pod: str | None = None
+    counted: tuple[RuleOrigin, ...] = ()
 
 
 def owner_of(chain: AnyChain) -> ChainOwner:

@@ -25,13 +25,13 @@ from typing import Any, Iterable, Literal
 
 from . import layout
 from .layout import (
-    AddressInSet, AddressIs, ClearAndSetMark, ClearMark, ConntrackState, Counter, DestinationPorts, Dispatch, Field, IcmpTypes,
+    AddressInSet, AddressIs, ClearAndSetMark, ClearMark, ConntrackState, CounterStatement, DestinationPorts, Dispatch, Field, IcmpTypes,
     Jump, Limit, LocalAddress, Log, Marked, NamedPortInSet, Protocols, Reject, SetMark, SetTrace, Statement, Unmarked,
 )
 from .model import Family, family_of
 
 Outcome = Literal["accept", "drop", "reject", "through"]
-_ACTIONS = (SetMark, ClearMark, ClearAndSetMark, Log, Counter, Reject, layout.Verdict, Jump, Dispatch, SetTrace)
+_ACTIONS = (SetMark, ClearMark, ClearAndSetMark, Log, CounterStatement, Reject, layout.VerdictStatement, Jump, Dispatch, SetTrace)
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ class _Walking:
             self.mark = self.mark & ~s.clear | s.set
         elif isinstance(s, Reject):
             return "reject"
-        elif isinstance(s, layout.Verdict):
+        elif isinstance(s, layout.VerdictStatement):
             return s.kind
         elif isinstance(s, Jump):
             verdict = self.run(s.target)
@@ -220,4 +220,4 @@ class _Walking:
                 return None
             verdict = self.run(target)
             return verdict if verdict != "return" else None
-        return None  # Log, Counter, SetTrace: nothing that changes the verdict
+        return None  # Log, CounterStatement, SetTrace: nothing that changes the verdict

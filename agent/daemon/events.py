@@ -251,7 +251,8 @@ class EventRecorder:
                     return
                 except EventGone:
                     del self._written[key]
-            name = f"{subject.name}.{time.time_ns():x}"  # as client-go names them
+            stamp = f"{time.time_ns():x}"  # as client-go names them; the name stays a DNS subdomain (<= 253)
+            name = f"{subject.name[:252 - len(stamp)].rstrip('-.')}.{stamp}"
             self.writer.create(namespace, {
                 "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
                 "involvedObject": subject.reference(), "reason": pending.reason, "message": pending.message,

@@ -68,8 +68,9 @@ class Reconciler:
         self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
 
     def chain_owners(self) -> dict[str, ChainOwner]:
-        """Chain name -> what it enforces (policy and direction, or pod), of the model the kernel
-        holds (empty before the first sync); waits for a sync under way."""
+        """Chain name -> what it enforces (policy and direction, or pod; a tier chain's counted
+        rules too), of the model the kernel holds (empty before the first sync); waits for a sync
+        under way."""
         with self.lock:
             return self.renderer.chain_owners() if self.renderer is not None else {}
 

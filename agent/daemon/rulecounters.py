@@ -1,7 +1,8 @@
 """The kernel's rule counters as Prometheus metrics, read when Prometheus scrapes.
 
-Every reject rule of a pod chain and every allow rule of a policy chain carries a counter
-(:class:`nftpolicy.translators.layout.Counter`). :class:`RuleCounters` is a prometheus_client
+Every reject rule of a pod chain, every allow rule of a policy chain and every reject of a
+ClusterNetworkPolicy ``Deny`` rule in a tier chain carries a counter
+(:class:`nftpolicy.translators.layout.CounterStatement`). :class:`RuleCounters` is a prometheus_client
 custom collector: on each scrape it lists our table through the dataplane (a terse list: rules
 and their counters, no set element) and sums the counters into
 
@@ -9,7 +10,12 @@ and their counters, no set element) and sums the counters into
   policy allowed them, for that direction of that local pod;
 * ``nftpolicy_allowed_packets_total{namespace, policy, direction}``: packets a rule of that
   policy allowed (only a connection's first packet walks the chains: later ones are accepted
-  as established before the dispatch).
+  as established before the dispatch);
+* ``nftpolicy_cluster_denied_packets_total{tier, policy, direction, rule}``: packets a
+  ClusterNetworkPolicy ``Deny`` rule refused (``rule``: its index in the policy's ingress or
+  egress list, from 0). A metric of its own, not a tier label on the denied metric: that one
+  counts per local pod what no policy allowed, this one per policy rule (a tier chain is shared
+  by every pod its subject selects, so it knows no pod).
 
 The collector runs in the HTTP server's thread with its own libnftables context, and the kernel
 lists a table without holding up a commit. A missing table (before the first sync, or flushed by
@@ -19,20 +25,24 @@ resets in their stride.
 
 Labels come from the chain owners of the model the agent committed
 (:meth:`~nftpolicy.translators.noderender.NodeRenderer.chain_owners`: a pod chain's pod, a policy
-chain's policy and direction; never from a rule comment, which only describes and which nft cuts
-at 128 bytes), the reject's direction from its address match (``daddr``: ingress, ``saddr``:
-egress). A chain the committed model does not know (our table changed by hand) is counted under
-its own name with direction ``unknown``.
+chain's policy and direction, a tier chain's tier, policy, direction and the origin of each of
+its counted rules in chain order, which the kernel lists in the same order; never from a rule
+comment or an NFLOG prefix, which only describe and which nft cuts at 128 bytes), the reject's
+direction from its address match (``daddr``: ingress, ``saddr``: egress). A chain the committed
+model does not know (our table changed by hand), or a tier chain whose counted rules are not the
+model's, is counted under its own name with direction (and rule) ``unknown``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nftpolicy.translators.chainbuilders import TIER_CHAIN_PREFIX
 from nftpolicy.translators.layout import COMMON_CHAIN, DEFAULT_CHAIN
 from nftpolicy.translators.rules import ChainOwner
 
@@ -40,6 +50,9 @@ DENIED = ("nftpolicy_denied_packets", "Packets rejected because no policy allowe
           ["namespace", "pod", "direction"])
 ALLOWED = ("nftpolicy_allowed_packets", "Packets (a connection's first) that a rule of the policy allowed, by policy and direction.",
            ["namespace", "policy", "direction"])
+CLUSTER_DENIED = ("nftpolicy_cluster_denied_packets", "Packets that a ClusterNetworkPolicy Deny rule refused, by tier, policy, direction "
+                  "and rule index.", ["tier", "policy", "direction", "rule"])
+FAMILIES = (DENIED, ALLOWED, CLUSTER_DENIED)
 
 
 class CountedRules(Protocol):
@@ -68,23 +81,46 @@ def _split(key: str) -> tuple[str, str]:
     return (namespace, name) if name else ("", key)
 
 
-def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> tuple[Counter[tuple[str, str, str]], Counter[tuple[str, str, str]]]:
-    """(denied, allowed) packet sums of counted rules: ``(namespace, pod, direction)`` and
-    ``(namespace, policy, direction)`` -> packets; ``owners``: chain name -> what it enforces."""
-    denied: Counter[tuple[str, str, str]] = Counter()
-    allowed: Counter[tuple[str, str, str]] = Counter()
+@dataclass
+class Tally:
+    """Packet sums of counted rules, by the labels of each metric (module docstring):
+    ``denied`` ``(namespace, pod, direction)``, ``allowed`` ``(namespace, policy, direction)``,
+    ``cluster_denied`` ``(tier, policy, direction, rule)``."""
+
+    denied: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    allowed: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    cluster_denied: Counter[tuple[str, ...]] = field(default_factory=Counter)
+
+
+def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tally:
+    """The packet sums of counted rules (in the kernel's order); ``owners``: chain name -> what
+    it enforces."""
+    sums = Tally()
+    tier_rules: dict[str, list[dict[str, Any]]] = {}
     for rule in rules:
         chain = rule.get("chain", "")
         owner = owners.get(chain)
         if chain.startswith("KUBE-POD-FW-"):
             if any("reject" in e for e in rule["expr"]):
-                denied[(*_split(owner.pod if owner is not None and owner.pod else chain), _direction(rule))] += _packets(rule)
+                sums.denied[(*_split(owner.pod if owner is not None and owner.pod else chain), _direction(rule))] += _packets(rule)
+        elif chain.startswith(tuple(TIER_CHAIN_PREFIX.values())):
+            tier_rules.setdefault(chain, []).append(rule)
         elif chain.startswith("KUBE-NWPLCY-") and chain not in (COMMON_CHAIN, DEFAULT_CHAIN):
             if owner is not None and owner.policy is not None and owner.direction is not None:
-                allowed[(*_split(owner.policy), owner.direction)] += _packets(rule)
+                sums.allowed[(*_split(owner.policy), owner.direction)] += _packets(rule)
             else:
-                allowed[("", chain, "unknown")] += _packets(rule)
-    return denied, allowed
+                sums.allowed[("", chain, "unknown")] += _packets(rule)
+    for chain, counted in tier_rules.items():
+        owner = owners.get(chain)
+        origins = owner.counted if owner is not None else ()
+        for i, rule in enumerate(counted):
+            if len(origins) == len(counted):
+                o = origins[i]
+                sums.cluster_denied[(o.tier or "", o.policy, o.direction, str(o.index))] += _packets(rule)
+            else:
+                tier = next(t for t, prefix in TIER_CHAIN_PREFIX.items() if chain.startswith(prefix))
+                sums.cluster_denied[(tier, chain, "unknown", "unknown")] += _packets(rule)
+    return sums
 
 
 class RuleCounters(Collector):
@@ -97,13 +133,13 @@ class RuleCounters(Collector):
 
     def describe(self) -> Iterator[Metric]:
         """The metric families without samples (so registering lists nothing)."""
-        yield CounterMetricFamily(*DENIED[:2], labels=DENIED[2])
-        yield CounterMetricFamily(*ALLOWED[:2], labels=ALLOWED[2])
+        for name, help_text, labels in FAMILIES:
+            yield CounterMetricFamily(name, help_text, labels=labels)
 
     def collect(self) -> Iterator[Metric]:
-        """List the table now and yield both families (empty when the table is absent)."""
-        denied, allowed = tally(self.dataplane.counted_rules(), self.owners())
-        for (name, help_text, labels), values in ((DENIED, denied), (ALLOWED, allowed)):
+        """List the table now and yield every family (empty when the table is absent)."""
+        sums = tally(self.dataplane.counted_rules(), self.owners())
+        for (name, help_text, labels), values in zip(FAMILIES, (sums.denied, sums.allowed, sums.cluster_denied)):
             family = CounterMetricFamily(name, help_text, labels=labels)
             for key, packets in sorted(values.items()):
                 family.add_metric(list(key), packets)

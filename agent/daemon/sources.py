@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import socket
 import threading
 from pathlib import Path
@@ -123,13 +124,16 @@ def keepalive_options() -> list[tuple[int, int, int]]:
 
 def _retry_after(state: tenacity.RetryCallState) -> float | None:
     """The seconds a 429's ``Retry-After`` asks for, at most :data:`MAX_BACKOFF` (a server that
-    asks for an hour would hold the kind's watch that long), or None."""
+    asks for an hour would hold the kind's watch that long), or None (the backoff then) when it
+    gives none, or a negative or not finite number (no wait at all would make every node retry
+    at once)."""
     exc = state.outcome.exception() if state.outcome else None
     if isinstance(exc, k8s.ApiException) and exc.status == 429 and exc.headers:
         try:
-            return min(float(exc.headers.get("Retry-After")), MAX_BACKOFF)
+            seconds = float(exc.headers.get("Retry-After"))
         except (TypeError, ValueError):
             return None
+        return min(seconds, MAX_BACKOFF) if math.isfinite(seconds) and seconds >= 0 else None
     return None
 
 

@@ -152,6 +152,10 @@ class FakeTable:
         for element in obj.elements:
             if isinstance(element, layout.MapElement) and element.chain not in self.chains:
                 raise FakeNftError(f"add element to {obj.name}: no chain {element.chain}")
+            held = self.sets[obj.name][1].get(_key(element))
+            if isinstance(element, layout.MapElement) and held is not None and held != element:
+                # the kernel refuses a key mapped to another verdict: "File exists"
+                raise FakeNftError(f"add element to {obj.name}: {element.address} is mapped to {held.chain} already")
             self.sets[obj.name][1][_key(element)] = element
 
     def _delete_elements(self, obj: Elements) -> None:

@@ -5,11 +5,13 @@ and a self-contained HTML page.
   then one grid per probed port and family whose columns are those numbers (split into blocks
   of columns so that no line is wider than :data:`WIDTH`), then the blocked pairs.
 * **JSON** (``--output json``): one object on stdout at the end: the pods, and every cell of
-  every matrix (``allowed``; ``expected`` when a case gives it). The command's other lines go to
+  every matrix (``allowed``; ``expected`` when a case gives it; ``denied_by`` for a blocked cell
+  that a ClusterNetworkPolicy ``Deny`` rule refused). The command's other lines go to
   stderr meanwhile, so stdout is only the JSON.
 * **HTML** (``--report FILE.html``): the matrices as coloured grids (allowed, blocked, differs
   from the expected, not probed), each cell's hover text naming the policies that select each
-  end (from the rule model: the policy chains each pod chain jumps to), and the policies
+  end (from the rule model: the policy chains each pod chain jumps to) and, for a blocked one, the
+  ClusterNetworkPolicy ``Deny`` rule that refused it (:func:`cluster_denials`), and the policies
   involved. No external file, script or font.
 
 :class:`SandboxOutput` collects the sections of one sandbox run; the sandbox command makes one, calls
@@ -25,12 +27,13 @@ import json
 import sys
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Callable, Literal, Mapping, Sequence, TextIO
+from typing import Any, Callable, Literal, Mapping, Sequence, TextIO, cast
 
 from nftpolicy.translators.cases import Matrix
-from nftpolicy.translators.model import Cluster, Family, Pod
+from nftpolicy.translators.model import Cluster, Family, Pod, family_of
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
+from nftpolicy.translators.verdict import Connection, ConnectionProtocol, enforcement_of
 
 from .probes import ProbeSpec
 
@@ -38,6 +41,7 @@ WIDTH = 120
 Output = Literal["text", "json"]
 Results = Mapping[tuple[ProbeSpec, Family], Matrix]
 Selecting = dict[str, dict[str, list[str]]]  # pod key -> direction -> policy keys
+Denials = dict[tuple[ProbeSpec, Family, str, str], str]  # (spec, family, from, to) of a blocked cell -> the Deny rule in words
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Section:
     results: dict[tuple[ProbeSpec, Family], Matrix]
     expected: dict[tuple[ProbeSpec, Family], Matrix]
     selecting: Selecting = field(default_factory=dict)
+    denials: Denials = field(default_factory=dict)
 
 
 def selecting_policies(cluster: Cluster, config: Config = Config()) -> Selecting:
@@ -64,6 +69,32 @@ def selecting_policies(cluster: Cluster, config: Config = Config()) -> Selecting
             if chains is not None:
                 selecting.setdefault(chain.pod, {})[direction] = sorted(policy_of[c] for c in chains)
     return selecting
+
+
+def cluster_denials(cluster: Cluster, pods: Mapping[str, Pod], results: Results, config: Config = Config()) -> Denials:
+    """The blocked cells of ``results`` that a ClusterNetworkPolicy ``Deny`` rule refused, each
+    with that rule in words, ``Admin Deny guard ingress rule 1`` (tier, action, policy,
+    direction, rule index: what ``nftpolicy_cluster_denied_packets_total`` and the NFLOG prefix
+    name), from the verdict engine on ``cluster`` (with the sandbox's addresses, which ``pods``
+    hold); none without a ClusterNetworkPolicy."""
+    if not cluster.cluster_policies:
+        return {}
+    enforcement = enforcement_of(cluster, config=config)
+    denials: Denials = {}
+    for (spec, family), matrix in results.items():
+        for (src, dst), allowed in matrix.items():
+            source = next((ip for ip in pods[src].ips if family_of(ip) == family), None)
+            destination = next((ip for ip in pods[dst].ips if family_of(ip) == family), None)
+            if allowed or source is None or destination is None:
+                continue
+            protocol = cast(ConnectionProtocol, spec.protocol)  # a probe's protocol is one of the engine's
+            verdict = enforcement.verdict(Connection(source, destination, protocol, None if protocol == "ICMP" else spec.port))
+            for side in (verdict.egress, verdict.ingress):
+                rule = side.cluster_rule
+                if side.allowed is False and rule is not None:
+                    denials[(spec, family, src, dst)] = f"{side.cluster_action} {rule.policy} {rule.direction} rule {rule.rule}"
+                    break
+    return denials
 
 
 def pod_numbers(pods: Sequence[str], nodes: Mapping[str, str]) -> dict[str, int]:
@@ -159,13 +190,14 @@ def compact_text(section: Section) -> str:
     return "\n".join(lines)
 
 
-def why(section: Section, src: str, dst: str) -> str:
+def why(section: Section, src: str, dst: str, denied_by: str | None = None) -> str:
     """The hover text of a cell: the policies that select the source for egress and the
-    destination for ingress (none: that direction is open)."""
+    destination for ingress (none: that direction is open), and the ClusterNetworkPolicy rule
+    that denied it (``denied_by``, of :attr:`Section.denials`)."""
     def side(pod: str, direction: str) -> str:
         policies = section.selecting.get(pod, {}).get(direction)
         return f"{direction} of {pod}: " + (f"isolated by {', '.join(policies)}" if policies else "no policy selects it (open)")
-    return f"{side(src, 'egress')}\n{side(dst, 'ingress')}"
+    return f"{side(src, 'egress')}\n{side(dst, 'ingress')}" + (f"\ndenied by {denied_by}" if denied_by else "")
 
 
 def section_json(section: Section) -> dict[str, Any]:
@@ -179,6 +211,8 @@ def section_json(section: Section) -> dict[str, Any]:
             cell: dict[str, Any] = {"from": src, "to": dst, "allowed": allowed}
             if (src, dst) in expected:
                 cell["expected"] = expected[(src, dst)]
+            if (spec, family, src, dst) in section.denials:
+                cell["denied_by"] = section.denials[(spec, family, src, dst)]
             cells.append(cell)
         matrices.append({"protocol": spec.protocol, "port": spec.port, "family": family, "cells": cells})
     pods = [{"number": n, "pod": p, "node": section.nodes.get(p), "policies": section.selecting.get(p, {})}
@@ -205,7 +239,7 @@ GLYPHS = {"allowed": "&#10003;", "blocked": "&#10007;", "differs": "!", "unprobe
 COUNT_SCRIPT = "document.body.dataset.cells = document.querySelectorAll('td.cell').length;"
 
 
-def _html_grid(section: Section, matrix: Matrix, expected: Matrix | None) -> str:
+def _html_grid(section: Section, spec: ProbeSpec, family: Family, matrix: Matrix, expected: Matrix | None) -> str:
     numbers = pod_numbers(section.pods, section.nodes)
     order = sorted(numbers, key=numbers.__getitem__)
     esc = html.escape
@@ -218,7 +252,7 @@ def _html_grid(section: Section, matrix: Matrix, expected: Matrix | None) -> str
             verdict = {"unprobed": "not probed", "differs": f"{'allowed' if matrix[(src, dst)] else 'blocked'}, expected "
                        f"{'blocked' if matrix[(src, dst)] else 'allowed'}" if symbol == "!" else "", "allowed": "allowed",
                        "blocked": "blocked"}[kind]
-            title = f"{src} -> {dst}: {verdict}\n{why(section, src, dst)}"
+            title = f"{src} -> {dst}: {verdict}\n{why(section, src, dst, section.denials.get((spec, family, src, dst)))}"
             cells.append(f'<td class="cell {kind}" title="{esc(title)}">{GLYPHS[kind]}</td>')
         rows.append(f'<tr><th class="from">{numbers[src]} {esc(src)}</th>' + "".join(cells) + "</tr>")
     return '<table class="grid">' + "".join(rows) + "</table>"
@@ -255,7 +289,7 @@ def html_page(sections: Sequence[Section], source: str = "", generated: str = ""
         parts.append('<div class="matrices">')
         for (spec, family), matrix in _sorted_results(section.results):
             parts.append(f"<div><h3>{spec.protocol}/{spec.port} {family}</h3>"
-                         f"{_html_grid(section, matrix, section.expected.get((spec, family)))}</div>")
+                         f"{_html_grid(section, spec, family, matrix, section.expected.get((spec, family)))}</div>")
         parts += ["</div>", "<h3>Policies involved</h3>", _html_policies(section)]
     parts += [f"<script>{COUNT_SCRIPT}</script>", "</body></html>", ""]
     return "\n".join(parts)
@@ -298,7 +332,7 @@ class SandboxOutput:
         """Add one section: the sandbox's pods, the measured matrices, the cluster with the
         sandbox's addresses (for the policies) and, for a case, its expected matrices."""
         section = Section(title, list(pods), {key: pod.node or "" for key, pod in pods.items()}, dict(results), dict(expected or {}),
-                          selecting_policies(cluster, self.config))
+                          selecting_policies(cluster, self.config), cluster_denials(cluster, pods, results, self.config))
         self.sections.append(section)
         if self.output == "text":
             print(("\n" if len(self.sections) > 1 else "") + compact_text(section), file=self._stdout)

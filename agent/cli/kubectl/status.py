@@ -89,7 +89,7 @@ def read_metrics(text: str, status: AgentStatus, now: float) -> None:
                     status.sets = int(value)
                 elif kind == "elements":
                     status.elements = int(value)
-            elif name == "nftpolicy_denied_packets_total":
+            elif name in ("nftpolicy_denied_packets_total", "nftpolicy_cluster_denied_packets_total"):
                 drops += value
             elif name == "nftpolicy_build_info":
                 status.version = labels.get("version")
@@ -114,7 +114,10 @@ def agent_status(api: Api, node: str, pod: Mapping[str, Any] | None, selector: s
         status.reasons = [line.strip() for line in body.splitlines() if line.strip()] or [f"/readyz answered {code}"]
     code, body = api.proxy_get(namespace, name, port, "metrics")
     if code == 200:
-        read_metrics(body, status, time.time())
+        try:
+            read_metrics(body, status, time.time())
+        except (ValueError, OverflowError) as exc:  # not Prometheus text, or NaN/Inf where a count belongs
+            status.reasons.append(f"/metrics unreadable: {' '.join(str(exc).split())[:200]}")
     elif status.ready or code not in (502, 503):
         status.reasons.append(f"/metrics answered {code}: {' '.join(body.split())[:200]}")
     return status
