@@ -8,7 +8,8 @@ On a :class:`~nftpolicy.agent.testbed.realnode.RealCluster` of real kubelets and
    ``Containerfile``; the DaemonSet's pods become Ready through their own readiness probe.
 3. **kubectl nftpolicy** (:func:`plugin_checks`): ``kubectl nftpolicy status`` reports every
    node's agent ready; ``kubectl nftpolicy explain`` answers as ``nftpolicy explain`` does on
-   ``kubectl get -o yaml`` of the same objects.
+   ``kubectl get -o yaml`` of the same objects; ``kubectl nftpolicy trace`` of a denied and an
+   allowed connection, sent while it waits, shows the policy that decided in the agents' chains.
 4. **The upstream suite**: ``e2e-netpol.test --ginkgo.focus='\\[sig-network\\] Netpol'
    --ginkgo.skip='SCTPConnectivity' --provider=local``; every spec that runs must pass.
 5. **The ClusterNetworkPolicy conformance suite** of sigs.k8s.io/network-policy-api
@@ -35,8 +36,9 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ElementTree
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from nftpolicy.agent.testbed import images
 from nftpolicy.agent.testbed.controlplane import find_binary
@@ -221,14 +223,83 @@ def run_suite(cluster: RealCluster, out: Path, focus: str, skip: str, timeout: f
 
 
 PLUGIN_NAMESPACE = "plugin-check"
+PLUGIN_POLICY = "server-80-from-client"
+TRACE_TIMEOUT = 30  # seconds each agent's `nftpolicy trace` waits for the packet (the plugin's --timeout)
+TRACE_FIRST_CONNECT = 3.0  # seconds from starting the plugin to the first connection: its exec and monitor start
+TRACE_CONNECT_PERIOD = 1.0  # seconds between the client's connections while the trace waits
+
+
+def plugin_objects(client_node: str, server_node: str) -> list[dict[str, Any]]:
+    """The plugin checks' objects in namespace ``plugin-check``: agnhost pods ``client`` and
+    ``server`` (HTTP on 80; nothing on 81) on the given nodes, and the NetworkPolicy
+    ``server-80-from-client`` that isolates the server's ingress and allows TCP/80 from the client."""
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": PLUGIN_NAMESPACE, "name": name, "labels": {"app": name}},
+             "spec": {"nodeName": node, "containers": [{"name": "agnhost", "image": AGNHOST_IMAGE, "imagePullPolicy": "Never",
+                                                          "args": ["netexec", "--http-port=80"], "ports": [{"containerPort": 80}]}]}}
+            for name, node in (("client", client_node), ("server", server_node))]
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": PLUGIN_NAMESPACE, "name": PLUGIN_POLICY},
+              "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": 80, "protocol": "TCP"}]}]}}
+    return [*pods, policy]
+
+
+def trace_problem(port: int, code: int, out: str) -> str | None:
+    """What is wrong with ``kubectl nftpolicy trace``'s exit ``code`` and standard output ``out``
+    for a connection from the plugin checks' client to their server on TCP/``port`` (80, allowed:
+    exit 0, the policy's rule 0 allowed it and nothing dropped it; any other, denied: exit 1,
+    the policy matched nothing and the server's pod chain rejected it, which the kernel's trace
+    reports as ``drop``: docs/commands.md, trace); None when nothing is. Each step is a line
+    ``  CHAIN: WHAT -> VERDICT``."""
+    steps = [line.strip().split(": ", 1)[1] for line in out.splitlines() if line.startswith("  ") and ": " in line]
+    policy, pod = f"policy {PLUGIN_NAMESPACE}/{PLUGIN_POLICY} ingress", f"pod {PLUGIN_NAMESPACE}/server"
+    if port == 80:
+        want_code, wanted = 0, [f"{policy} rule 0 (allows) -> return", f"{pod} ingress allowed -> return"]
+    else:
+        want_code, wanted = 1, [f"{policy}: no rule matched -> return", f"{pod} reject ingress -> drop"]
+    problems = [f"exit {code}, expected {want_code}"] if code != want_code else []
+    problems += [f"no step {w!r}" for w in wanted if w not in steps]
+    if port == 80 and any(step.endswith("-> drop") for step in steps):
+        problems.append("a step dropped it")
+    return "; ".join(problems) or None
+
+
+def trace_while_connecting(cluster: RealCluster, plugin: Callable[..., subprocess.CompletedProcess[str]], port: int) -> dict[str, Any]:
+    """``kubectl nftpolicy trace`` from the plugin checks' client to their server on TCP/``port``
+    while the client connects (``kubectl exec client -- /agnhost connect``, a new connection every
+    :data:`TRACE_CONNECT_PERIOD` seconds from :data:`TRACE_FIRST_CONNECT` on, until the trace
+    ends: each agent traces the first packet it sees after its monitor joined). Returns the trace's
+    exit code, output and the connections' outcomes; raises RealNodeError (with the trace's output)
+    when :func:`trace_problem` finds one."""
+    kubectl = cluster.binaries["kubectl"]
+    server_ip = cluster.kubectl("get", "pod", "server", "-n", PLUGIN_NAMESPACE, "-o", "jsonpath={.status.podIP}").strip()
+    connects: list[str] = []
+    with ThreadPoolExecutor(1) as pool:
+        trace = pool.submit(plugin, "trace", f"{PLUGIN_NAMESPACE}/client", f"{PLUGIN_NAMESPACE}/server:{port}/TCP",
+                            "-n", AGENT_NAMESPACE, "--timeout", str(TRACE_TIMEOUT))
+        deadline = time.monotonic() + TRACE_TIMEOUT
+        time.sleep(TRACE_FIRST_CONNECT)
+        while not trace.done() and time.monotonic() < deadline:
+            started = time.monotonic()
+            connect = cluster.run([kubectl, "exec", "-n", PLUGIN_NAMESPACE, "client", "--", "/agnhost", "connect",
+                                   f"{server_ip}:{port}", "--timeout", "1s"], check=False, timeout=30)
+            connects.append("connected" if connect.returncode == 0 else (connect.stderr or connect.stdout).strip()[-200:] or f"exit {connect.returncode}")
+            time.sleep(max(0.0, TRACE_CONNECT_PERIOD - (time.monotonic() - started)))
+        result = trace.result()
+    problem = trace_problem(port, result.returncode, result.stdout)
+    if problem:
+        raise RealNodeError(f"kubectl nftpolicy trace TCP/{port}: {problem}; connections: {connects}; "
+                            f"output:\n{result.stdout}{result.stderr}")
+    return {"exit": result.returncode, "output": result.stdout, "connections": connects}
 
 
 def plugin_checks(cluster: RealCluster) -> dict[str, Any]:
     """``kubectl nftpolicy`` run by kubectl itself (the console script on its PATH) as the admin:
     ``status`` must report every node's agent ready; ``explain`` between two agnhost pods on the
-    first and last node, one port a policy allows and one it does not, must print what
-    ``nftpolicy explain`` prints on ``kubectl get pods,namespaces,networkpolicies,nodes -A -o yaml``
-    and exit alike. Returns the answers; raises RealNodeError."""
+    first and last node (:func:`plugin_objects`), one port a policy allows and one it does not,
+    must print what ``nftpolicy explain`` prints on ``kubectl get
+    pods,namespaces,networkpolicies,nodes -A -o yaml`` and exit alike; ``trace`` of each port
+    while the client connects must show the policy's decision in the agents' chains
+    (:func:`trace_while_connecting`). Returns the answers; raises RealNodeError."""
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     kubectl = cluster.binaries["kubectl"]
 
@@ -241,17 +312,10 @@ def plugin_checks(cluster: RealCluster) -> dict[str, Any]:
     ready = sorted(s["node"] for s in json.loads(status.stdout) if s["ready"])
     if ready != sorted(cluster.node_names):
         raise RealNodeError(f"kubectl nftpolicy status: ready agents on {ready}, nodes {cluster.node_names}")
-    last = cluster.node_names[-1]
-    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": PLUGIN_NAMESPACE, "name": name, "labels": {"app": name}},
-             "spec": {"nodeName": node, "containers": [{"name": "agnhost", "image": AGNHOST_IMAGE, "imagePullPolicy": "Never",
-                                                          "args": ["netexec", "--http-port=80"], "ports": [{"containerPort": 80}]}]}}
-            for name, node in (("client", cluster.node_names[0]), ("server", last))]
-    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": PLUGIN_NAMESPACE, "name": "server-80-from-client"},
-              "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"],
-                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": 80, "protocol": "TCP"}]}]}}
     cluster.kubectl("create", "namespace", PLUGIN_NAMESPACE)
     try:
-        cluster.run([kubectl, "apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [*pods, policy]}))
+        objects = plugin_objects(cluster.node_names[0], cluster.node_names[-1])
+        cluster.run([kubectl, "apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
         cluster.kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", PLUGIN_NAMESPACE, "--timeout=120s", timeout=150)
         dump = Path(cluster.dir) / "plugin-check.yaml"
         dump.write_text(cluster.kubectl("get", "pods,namespaces,networkpolicies,nodes", "-A", "-o", "yaml"))
@@ -265,7 +329,12 @@ def plugin_checks(cluster: RealCluster) -> dict[str, Any]:
                                     f"nftpolicy explain on the dump: exit {want.returncode} {want.stdout!r} {want.stderr.strip()!r}")
             answers[f"TCP/{port}"] = got.stdout.splitlines()[0]
             print(f"  {answers[f'TCP/{port}']}", flush=True)
-        return {"ready": ready, "explain": answers}
+        traces = {}
+        for trace_port in (81, 80):
+            traces[f"TCP/{trace_port}"] = traced = trace_while_connecting(cluster, plugin, trace_port)
+            print(f"  trace TCP/{trace_port}: exit {traced['exit']} after {len(traced['connections'])} connections", flush=True)
+            print("\n".join(f"    {line}" for line in traced["output"].splitlines()), flush=True)
+        return {"ready": ready, "explain": answers, "trace": traces}
     finally:
         cluster.run([kubectl, "delete", "namespace", PLUGIN_NAMESPACE, "--wait=true", "--timeout=120s"], check=False, timeout=150)
 
@@ -323,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(20)
                 report["agent_idle"] = idle.finish()
                 print(f"  agent at idle: {report['agent_idle']}", flush=True)
-            with Step("kubectl nftpolicy status and explain"):
+            with Step("kubectl nftpolicy status, explain and trace"):
                 report["plugin"] = plugin_checks(cluster)
             if not args.skip_netpol:
                 with Step("upstream e2e: [sig-network] Netpol"):

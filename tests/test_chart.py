@@ -124,15 +124,16 @@ def env_of(container: dict) -> dict[str, str]:
     return env
 
 
-def parse_agent(monkeypatch, env: dict[str, str], argv: list[str] = ()) -> dict:
+def parse_agent(monkeypatch, env: dict[str, str], argv: list[str] = (), command: str | None = "agent") -> dict:
     """What ``nftpolicy agent`` makes of ``env`` and ``argv``, as the flags it runs with: parsed by
-    the agent's own parser, the ruleset flags as the Config it builds."""
+    the agent's own parser, the ruleset flags as the Config it builds (``command=None``: ``argv``
+    names its own command)."""
     for name in list(os.environ):
         if name.startswith(flags.ENV_PREFIX) or name == "NODE_NAME":
             monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    args = flags.parser().parse_args(["agent", *argv])
+    args = flags.parser().parse_args([command, *argv] if command else list(argv))
     result = vars(args) | {"config": flags.config_from(args)}
     result.pop("service_cidr")  # its default (None) only means Config's default: compare the Config
     return result
@@ -436,6 +437,23 @@ def test_the_ci_values_set_every_flag_away_from_its_default(monkeypatch):
             assert any(p["config"].service_cidrs != defaults["config"].service_cidrs for p in parsed)
         elif flag_name(action) != "--node":
             assert any(p[action.dest] != defaults[action.dest] for p in parsed), flag_name(action)
+
+
+@pytest.mark.parametrize("name", list(VALUES))
+def test_kubectl_nftpolicy_trace_runs_in_the_agent_pod_with_its_table_and_debug_endpoint(name, monkeypatch):
+    """The ``nftpolicy trace`` command line ``kubectl nftpolicy trace`` runs in a rendered agent
+    pod parses (nftpolicy's own parser, no NFTPOLICY_* variable set: only the agent reads them)
+    to the table settings, network namespace and debug endpoint the agent has there."""
+    from nftpolicy.agent.cli.kubectl.trace import debug_url, trace_argv
+
+    pod = one(render(name), "DaemonSet")["spec"]["template"]
+    agent = parse_agent(monkeypatch, env_of(agent_container(render(name))))
+    argv = trace_argv(pod, "10.0.0.1", "10.0.0.2", "TCP/80", 20)
+    assert argv[0] == "nftpolicy"
+    traced = parse_agent(monkeypatch, {}, argv[1:], command=None)
+    assert traced["config"] == agent["config"] and traced["netns"] == agent["netns"]
+    assert traced["agent"] == debug_url(agent["debug_address"])
+    assert (traced["source"], traced["destination"], traced["port"], traced["timeout"]) == ("10.0.0.1", "10.0.0.2", "TCP/80", 20)
 
 
 # --- the real agent, started with the chart's environment ------------------------------------

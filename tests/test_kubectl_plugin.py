@@ -18,7 +18,7 @@ import yaml
 from nftpolicy.agent.cli.kubectl import main as plugin
 from nftpolicy.agent.cli.kubectl.explain import explain_port, split_port
 from nftpolicy.agent.cli.kubectl.status import agent_status
-from nftpolicy.agent.cli.kubectl.trace import trace_argv
+from nftpolicy.agent.cli.kubectl.trace import debug_url, exec_status, trace_argv
 from nftpolicy.agent.cli.main import main as nftpolicy
 from nftpolicy.agent.daemon.health import Health, serve_http
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -267,8 +267,30 @@ def test_trace_runs_nftpolicy_trace_with_the_agents_table_settings():
     pod = agent_pod("nftpolicy-system", "node1", "192.0.2.2", 9476)
     assert trace_argv(pod, "10.0.0.1", "10.0.0.2", "TCP/80", 20) == [
         "nftpolicy", "trace", "--from", "10.0.0.1", "--to", "10.0.0.2", "--timeout", "20", "--port", "TCP/80",
-        "--table", "ours", "--pass-mark", "0x80000", "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/108"]
+        "--agent", "http://127.0.0.1:9479", "--table", "ours", "--pass-mark", "0x80000", "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/108"]
     assert "--port" not in trace_argv(pod, "10.0.0.1", "10.0.0.2", None, 20)
+    env = pod["spec"]["containers"][0]["env"]
+    env.append({"name": "NFTPOLICY_DEBUG_ADDRESS"})  # "": no endpoint (the API leaves the empty value out)
+    assert "--agent" not in trace_argv(pod, "10.0.0.1", "10.0.0.2", None, 20)
+    env[-1]["value"] = "[::]:9999"
+    assert trace_argv(pod, "10.0.0.1", "10.0.0.2", None, 20)[8:10] == ["--agent", "http://[::1]:9999"]
+
+
+def test_an_execs_exit_code_comes_from_the_status_on_its_error_channel():
+    # What kubelet sends (k8s.io/apimachinery remotecommand: NonZeroExitCode with an ExitCode cause).
+    failed = {"metadata": {}, "status": "Failure", "message": "command terminated with non-zero exit code: exit status 1",
+              "reason": "NonZeroExitCode", "details": {"causes": [{"reason": "ExitCode", "message": "1"}]}}
+    assert exec_status(json.dumps({"metadata": {}, "status": "Success"})) == (0, None)
+    assert exec_status(json.dumps(failed)) == (1, None)
+    not_found = {"status": "Failure", "message": 'exec: "nftpolicy": executable file not found in $PATH', "reason": "InternalError"}
+    assert exec_status(json.dumps(not_found)) == (2, 'exec: "nftpolicy": executable file not found in $PATH')
+    assert exec_status("") == (2, "no exit status")  # the exec did not end (or ended without one)
+
+
+def test_the_debug_url_is_where_a_process_beside_the_agent_reaches_it():
+    assert [debug_url(a) for a in ("127.0.0.1:9479", ":9479", "0.0.0.0:1", "[::]:2", "[fd00::1]:3", "node.local:4", "")] == [
+        "http://127.0.0.1:9479", "http://127.0.0.1:9479", "http://127.0.0.1:1", "http://[::1]:2", "http://[fd00::1]:3",
+        "http://node.local:4", None]
 
 
 def test_the_krew_manifest_follows_krews_rules():

@@ -238,3 +238,61 @@ def test_a_policy_rule_is_named_from_the_model_by_its_handle_whatever_its_commen
     steps = follow(lines, "nftpolicy", "c0ffee01", listed_rules(listing, model), {})
     assert [s.what for s in steps][1] == f"policy x/{name} ingress rule 1 (allows)"
     assert steps[0].what.startswith("pod x/b")
+
+
+def test_what_the_plugin_runs_in_the_agent_pods_names_the_policy_while_the_client_retries():
+    """``kubectl nftpolicy trace`` of the real-node run (tests/e2e_node.py, its plugin-check pods
+    and policy, client on node1 and server on node2) with the cluster as a sandbox: in each node's
+    namespace the command the plugin runs in that node's agent pod (:func:`trace_argv`: node mode,
+    ``--agent`` at a debug endpoint serving that node's model), both at once, while the client
+    opens a new connection every 0.2 s until both end; the joined answers and the first non-zero
+    exit code pass the real-node run's check (:func:`tests.e2e_node.trace_problem`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nftpolicy.agent.cli.kubectl.trace import trace_argv
+    from nftpolicy.agent.daemon.debughttp import serve_debug
+    from nftpolicy.agent.testbed.probes import ProbeSpec
+    from nftpolicy.agent.testbed.sandbox import Sandbox
+    from nftpolicy.translators.manifests import build_cluster
+    from nftpolicy.translators.verdict import enforcement_of, node_json
+
+    from .e2e_node import PLUGIN_NAMESPACE, plugin_objects, trace_problem
+
+    objects: list = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PLUGIN_NAMESPACE}}, *plugin_objects("node1", "node2")]
+    for obj, ip in zip(objects[1:3], ("10.244.1.10", "10.244.2.10")):
+        obj["status"] = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
+    cluster, invalid = build_cluster(("e2e_node", obj) for obj in objects)
+    assert not invalid
+    nodes = ["node1", "node2"]
+    with Sandbox(cluster.pods.values(), nodes) as sandbox:
+        cluster = sandbox.with_sandbox_pods(cluster)
+        sandbox.apply(cluster)
+        engine = enforcement_of(cluster, nodes)
+        client, server = (next(p for p in cluster.pods.values() if p.name == name) for name in ("client", "server"))
+        debug = {node: serve_debug("127.0.0.1:0", lambda node=node: node_json(node, engine.models[node], cluster.pods.values()))
+                 for node in nodes}
+        try:
+            for port in (81, 80):
+                procs = []
+                for node in nodes:
+                    agent = {"spec": {"containers": [{"name": "agent", "env": [
+                        {"name": "NFTPOLICY_DEBUG_ADDRESS", "value": f"127.0.0.1:{debug[node].server_address[1]}"}]}]}}
+                    argv = trace_argv(agent, client.ips[0], server.ips[0], f"TCP/{port}", 20)
+                    procs.append(subprocess.Popen([NFTPOLICY, *argv[1:], "--netns", sandbox.node_netns(node)],
+                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                with ThreadPoolExecutor(len(procs)) as pool:
+                    outputs = pool.map(lambda proc: proc.communicate(timeout=60), procs)
+                    connections = 0
+                    while any(proc.poll() is None for proc in procs) and connections < 100:
+                        sandbox.connect(client.key, server.ips[0], ProbeSpec(port, "TCP"))
+                        connections += 1
+                        time.sleep(0.2)
+                    results = [(proc.returncode, *output) for proc, output in zip(procs, outputs)]
+                out = "".join(o for _, o, _ in results)
+                code = next((c for c, _, _ in results if c), 0)
+                assert all(c in (0, 1) for c, _, _ in results), results
+                assert trace_problem(port, code, out) is None, (trace_problem(port, code, out), out, [e for _, _, e in results])
+        finally:
+            for server_ in debug.values():
+                server_.shutdown()
+                server_.server_close()

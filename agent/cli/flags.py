@@ -230,6 +230,9 @@ def _http_address(text: str) -> str:
     return text
 
 
+DEFAULT_DEBUG_ADDRESS = "127.0.0.1:9479"  # the agent's /debug/model: loopback only
+
+
 def _debug_address(text: str) -> str:
     """:func:`_http_address`, or ``''``: no debug endpoint."""
     return text and _http_address(text)
@@ -378,7 +381,7 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
     agent.add_argument("--watch-timeout", type=_whole_seconds, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
     agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
-    agent.add_argument("--debug-address", type=_debug_address, default="127.0.0.1:9479",
+    agent.add_argument("--debug-address", type=_debug_address, default=DEFAULT_DEBUG_ADDRESS,
                        help="address of the read-only /debug/model for explain --agent (it names every pod, label and policy: "
                             "keep it on loopback; '' turns it off; default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")

@@ -52,7 +52,8 @@ class _Version(argparse.Action):
 def parser() -> argparse.ArgumentParser:
     """The plugin's flags: kubectl's connection flags, then one subcommand each."""
     top = PluginParser(prog=PROG, description="nftpolicy on the live cluster: explain a connection, the agents' status, trace a packet.",
-                       epilog="exit codes: 0 allowed / every agent ready / trace done; 1 denied / an agent not ready; "
+                       epilog="exit codes: 0 allowed / every agent ready / the traced packet passed; "
+                              "1 denied / an agent not ready / the traced packet refused or never seen; "
                               "2 a flag, a refusal (RBAC) or no API server; 3 explain left objects out (--accept-skipped); "
                               "130 interrupted (SIGINT), 143 terminated (SIGTERM)")
     top.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
