@@ -43,6 +43,7 @@ import yaml
 from nftpolicy.translators.errors import OneLineError
 from nftpolicy.agent import interrupts
 from nftpolicy.agent.dataplane.netns import run_tag
+from .started import Started
 
 REPO_TOOLS = Path(__file__).resolve().parents[2] / ".tools" / "bin"
 SERVICE_CIDR = "10.96.0.0/12"
@@ -159,7 +160,7 @@ def write_token_kubeconfig(path: str, server: str, ca_file: str, token: str, use
     os.chmod(path, 0o600)
 
 
-class ControlPlane:
+class ControlPlane(Started):
     """etcd + kube-apiserver on 127.0.0.1 (context manager).
 
     ``authorization``: kube-apiserver's ``--authorization-mode`` (RBAC by default, so that a
@@ -188,17 +189,6 @@ class ControlPlane:
         self._ssl: ssl.SSLContext | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
-
-    def __enter__(self) -> "ControlPlane":
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self) -> None:
         """Write the keys and tokens, start etcd, then kube-apiserver; return once ``/readyz``

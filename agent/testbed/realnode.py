@@ -56,6 +56,7 @@ import yaml
 from nftpolicy.agent.dataplane import netns
 from .controlplane import SERVICE_CIDR, ControlPlaneError, die_with_parent, find_binary
 from nftpolicy.agent.dataplane.netns import run_tag
+from .started import Started
 
 STATE_ROOT = Path("/var/lib/nftpolicy-e2e")
 SOCKET_ROOT = Path("/run/nftpolicy-e2e")
@@ -379,7 +380,7 @@ def clean_stale() -> list[str]:
     return removed
 
 
-class RealCluster:
+class RealCluster(Started):
     """A cluster of ``nodes`` real nodes on this machine (context manager; see the module doc).
 
     ``images``: docker-archive tarballs imported into every node's containerd (namespace
@@ -411,17 +412,6 @@ class RealCluster:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         # component name -> (argv, node, environment) it was started with, for restart()
         self._commands: dict[str, tuple[list[str], int, dict[str, str]]] = {}
-
-    def __enter__(self) -> "RealCluster":
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self) -> None:
         """Bring the whole cluster up; return once every node is Ready and the ``default``

@@ -41,6 +41,7 @@ from nftpolicy.agent.dataplane import Dataplane
 from nftpolicy.agent.dataplane.iptables import IptablesDataplane
 from nftpolicy.agent.dataplane.nftables import NftDataplane
 from .probes import ProbeSpec, Prober
+from .started import Started
 
 NETNS_PREFIX = "nftp-"
 GATEWAY_V4 = "169.254.1.1"
@@ -71,7 +72,7 @@ class SandboxError(OneLineError, RuntimeError):
     """The sandbox could not be built or a ruleset could not be applied."""
 
 
-class Sandbox:
+class Sandbox(Started):
     """A throwaway cluster of network namespaces (context manager; always cleans up).
 
     ``pods``: the pods to build, placed by :func:`~nftpolicy.translators.workloads.place_pods`
@@ -106,17 +107,6 @@ class Sandbox:
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    def __enter__(self) -> "Sandbox":
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def namespaces(self) -> list[str]:
         """Every namespace this sandbox owns."""
         return [self.fabric] + [n.netns for n in self.nodes.values()] + list(self.pod_netns.values())
@@ -129,7 +119,8 @@ class Sandbox:
         finally:
             netns.delete(netns.existing(self.prefix))
 
-    def _build(self) -> None:
+    def start(self) -> None:
+        """Make the namespaces, links and addresses of every node and pod, and start the probes' servers."""
         netns.create(self.namespaces())
         for name in self.namespaces():
             # No duplicate address detection: a tentative link-local address cannot source the
