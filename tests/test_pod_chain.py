@@ -10,7 +10,7 @@ import pytest
 
 from nftpolicy.translators import layout
 from nftpolicy.translators.noderender import build_rule_model
-from nftpolicy.translators.tablewalk import Packet, TableWalker, Walk
+from nftpolicy.translators.tablewalk import Connection, TableWalker, Walk
 
 from .conftest import cluster_from_yaml
 
@@ -60,7 +60,7 @@ spec:
 def walk(manifests: str, port: int = 80) -> tuple[bool, Walk]:
     """client -> server TCP ``port`` through node1's table: (allowed, the walk)."""
     table = layout.table(build_rule_model(cluster_from_yaml(PODS + manifests), "node1"))
-    walked = TableWalker(table).walk(Packet("10.0.0.1", "10.0.0.2", "tcp", port))
+    walked = TableWalker(table).walk(Connection("10.0.0.1", "10.0.0.2", "TCP", port))
     return walked.allowed, walked
 
 

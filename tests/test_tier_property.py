@@ -23,7 +23,7 @@ from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators import layout
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
-from nftpolicy.translators.tablewalk import Packet, TableWalker
+from nftpolicy.translators.tablewalk import TableWalker
 from nftpolicy.translators.verdict import Connection, DirectionVerdict, enforcement_of
 
 from .fakeapi import namespace, pod
@@ -114,7 +114,7 @@ def test_the_table_gives_the_evaluators_verdict_on_every_cell(objects):
                 if src is dst:
                     continue
                 want = connection_allowed(cluster, src, dst, protocol, port)  # type: ignore[arg-type]
-                got = walker.walk(Packet(src.ips[0], dst.ips[0], protocol.lower(), port)).allowed
+                got = walker.walk(Connection(src.ips[0], dst.ips[0], protocol, port)).allowed
                 assert got == want, f"{src.key} -> {dst.key} {protocol}/{port}: table {got}, evaluator {want}"
 
 

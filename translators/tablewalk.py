@@ -1,7 +1,7 @@
 """The table walk: what our table does with the first packet of a connection, without a kernel.
 
 Pure: a :class:`~nftpolicy.translators.layout.Table` (the chains and rules in the order the kernel
-evaluates them, the verdict maps, the sets) and a :class:`Packet` in, a :class:`Walk` out. It
+evaluates them, the verdict maps, the sets) and a :class:`Connection` in, a :class:`Walk` out. It
 interprets the layout's statements as nft does: matches in order (the first that fails ends the
 rule), marks changed under masks, set and verdict-map look-ups, jumps that come back unless the
 chain decides, ``return``, ``accept``, ``drop`` and ``reject``. A base chain that ends without a
@@ -12,7 +12,7 @@ matches held) and the rule that ended it, so a caller can say what decided a con
 (:mod:`nftpolicy.translators.verdict`, behind ``nftpolicy explain``) and what a packet costs.
 
 What a packet is: the first packet of a connection, conntrack state ``new`` (or ``established``
-with :attr:`Packet.established`), never ``invalid``; ``local`` names the walking node's own
+with :attr:`Connection.established`), never ``invalid``; ``local`` names the walking node's own
 addresses (nft's ``fib ... type local``).
 """
 
@@ -34,28 +34,41 @@ Outcome = Literal["accept", "drop", "reject", "through"]
 _ACTIONS = (SetMark, ClearMark, ClearAndSetMark, Log, CounterStatement, Reject, layout.VerdictStatement, Jump, Dispatch, SetTrace)
 
 
+ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
+
+
 @dataclass(frozen=True)
-class Packet:
-    """A connection's first packet: ``source`` -> ``destination`` (one family), ``protocol`` in
-    the layout's words (``tcp``, ``udp``, ``sctp``, or ``icmp`` for ICMP and ICMPv6), destination
-    ``port`` (None for ICMP), ``icmp_type`` (nft's names) and ``established`` (conntrack already
-    knows the connection)."""
+class Connection:
+    """The first packet of a connection: ``source`` -> ``destination`` addresses (one family),
+    ``protocol`` and destination ``port`` (None for ICMP). ICMP is an echo request unless
+    ``icmp_type`` names another type (nft's names: ``destination-unreachable``...).
+    ``established``: the packet belongs to a connection conntrack already knows."""
 
     source: str
     destination: str
-    protocol: str
+    protocol: ConnectionProtocol = "TCP"
     port: int | None = None
     icmp_type: str = "echo-request"
     established: bool = False
 
     @property
     def family(self) -> Family:
-        """The packet's address family."""
+        """The connection's address family."""
         return family_of(self.destination)
+
+    @property
+    def layout_protocol(self) -> str:
+        """The protocol in the layout's words: ``tcp``, ``udp``, ``sctp``, or ``icmp`` for ICMP
+        and ICMPv6."""
+        return self.protocol.lower()
 
     def address(self, which: Field) -> str:
         """The source (``saddr``) or destination (``daddr``) address."""
         return self.source if which == "saddr" else self.destination
+
+    def text(self) -> str:
+        """``TCP/5432``, ``ICMP/echo-request``."""
+        return f"ICMP/{self.icmp_type}" if self.protocol == "ICMP" else f"{self.protocol}/{self.port}"
 
 
 @dataclass(frozen=True)
@@ -128,7 +141,7 @@ class TableWalker:
         """The pod chain that the verdict map of ``family`` gives ``address``, if any."""
         return self.maps[layout.POD_MAPS[family]].get(canonical(address)) if family_of(address) == family else None
 
-    def walk(self, packet: Packet, chain: str = "KUBE-ROUTER-FORWARD", dispatch: tuple[Field, ...] = ("daddr", "saddr")) -> Walk:
+    def walk(self, packet: Connection, chain: str = "KUBE-ROUTER-FORWARD", dispatch: tuple[Field, ...] = ("daddr", "saddr")) -> Walk:
         """Walk ``packet`` from base chain ``chain``. ``dispatch`` limits the verdict-map look-ups
         to those on the given addresses (``daddr``: the destination pod's chain, its ingress;
         ``saddr``: the source pod's, its egress), so one direction can be walked alone."""
@@ -139,7 +152,7 @@ class TableWalker:
 class _Walking:
     """One packet's walk in progress: its mark and the steps so far."""
 
-    def __init__(self, walker: TableWalker, packet: Packet, dispatch: tuple[Field, ...]) -> None:
+    def __init__(self, walker: TableWalker, packet: Connection, dispatch: tuple[Field, ...]) -> None:
         self.walker, self.packet, self.dispatch = walker, packet, dispatch
         self.mark = 0
         self.result = Walk()
@@ -178,15 +191,15 @@ class _Walking:
         if isinstance(s, AddressInSet):
             return p.family == s.family and w.contains(s.name, p.address(s.field))
         if isinstance(s, NamedPortInSet):
-            return p.family == s.family and w.contains(s.name, (p.destination, p.protocol, p.port))
+            return p.family == s.family and w.contains(s.name, (p.destination, p.layout_protocol, p.port))
         if isinstance(s, Protocols):
-            return p.protocol in s.names
+            return p.layout_protocol in s.names
         if isinstance(s, DestinationPorts):
             return p.port is not None and s.first <= p.port <= s.last
         if isinstance(s, ConntrackState):
             return ("established" if p.established else "new") in s.states
         if isinstance(s, IcmpTypes):
-            return p.protocol == "icmp" and p.family == s.family and p.icmp_type in s.types
+            return p.protocol == "ICMP" and p.family == s.family and p.icmp_type in s.types
         if isinstance(s, LocalAddress):
             return p.address(s.field) in w.local
         if isinstance(s, Unmarked):

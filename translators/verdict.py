@@ -49,35 +49,11 @@ from . import layout
 from .model import Cluster, Direction, Family, Pod, family_of
 from .noderender import build_rule_model
 from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
-from .tablewalk import Packet, Step, TableWalker, Walk, canonical
+from .tablewalk import Connection as Connection, ConnectionProtocol as ConnectionProtocol  # the engine's input, named here too
+from .tablewalk import Step, TableWalker, Walk, canonical
 
-ConnectionProtocol = Literal["TCP", "UDP", "SCTP", "ICMP"]
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
                     "node port", "external IP"]
-
-
-@dataclass(frozen=True)
-class Connection:
-    """The first packet of a connection: ``source`` -> ``destination`` addresses (one family),
-    ``protocol`` and destination ``port`` (None for ICMP). ICMP is an echo request unless
-    ``icmp_type`` names another type (nft's names: ``destination-unreachable``...).
-    ``established``: the packet belongs to a connection conntrack already knows."""
-
-    source: str
-    destination: str
-    protocol: ConnectionProtocol = "TCP"
-    port: int | None = None
-    icmp_type: str = "echo-request"
-    established: bool = False
-
-    @property
-    def family(self) -> Family:
-        """The connection's address family."""
-        return family_of(self.destination)
-
-    def text(self) -> str:
-        """``TCP/5432``, ``ICMP/echo-request``."""
-        return f"ICMP/{self.icmp_type}" if self.protocol == "ICMP" else f"{self.protocol}/{self.port}"
 
 
 @dataclass(frozen=True)
@@ -270,8 +246,7 @@ class Enforcement:
         side = DirectionVerdict(direction, address, key, node, True, isolated, True, tuple(c.policy for c in targets))
         if address == peer:
             return dataclasses.replace(side, exemption="own address")
-        packet = Packet(conn.source, conn.destination, conn.protocol.lower(), conn.port, conn.icmp_type, conn.established)
-        walk = index.walker.walk(packet, self._base_chain(node, direction, conn), ("daddr" if direction == "ingress" else "saddr",))
+        walk = index.walker.walk(conn, self._base_chain(node, direction, conn), ("daddr" if direction == "ingress" else "saddr",))
         ended = walk.ended_by
         if walk.allowed and ended is not None:
             return dataclasses.replace(side, exemption=_exemption(ended.rule, index.model.config))
