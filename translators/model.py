@@ -18,6 +18,7 @@ from .selectors import LabelSelector, Labels, labels_of
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
 Direction = Literal["ingress", "egress"]
+DIRECTIONS: tuple[Direction, ...] = ("ingress", "egress")
 Family = Literal["ipv4", "ipv6"]
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 

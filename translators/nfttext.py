@@ -135,7 +135,7 @@ def _command_text(tx: Transaction, op: Operation) -> str:
     (kind, body), = object_json(tx, op).items()
     where = f"{op.verb} {kind} inet {tx.table}"
     if kind == "table":
-        return f"{op.verb} table inet {tx.table}"
+        return where
     if kind == "rule":
         return f"{where} {body['chain']} {rule_text(body)}"
     if kind == "element":

@@ -9,11 +9,9 @@ from collections import Counter
 from typing import Iterable
 
 from .chainbuilders import build_policy_chain
-from .model import Direction, Family, NetworkPolicy, Pod
+from .model import DIRECTIONS, Direction, Family, NetworkPolicy, Pod
 from .rules import AnyChain, PolicyChain
 from .setstore import SelectorSets, SetKey
-
-DIRECTIONS: tuple[Direction, ...] = ("ingress", "egress")
 
 
 class PolicyChains:

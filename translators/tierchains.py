@@ -7,11 +7,9 @@ from __future__ import annotations
 from typing import Callable, Iterable, Mapping
 
 from .chainbuilders import build_tier_chain
-from .model import ClusterNetworkPolicy, Direction, Family, Pod
+from .model import DIRECTIONS, ClusterNetworkPolicy, Family, Pod
 from .rules import AnyChain, TierChain
 from .setstore import SelectorSets, SetKey
-
-DIRECTIONS: tuple[Direction, ...] = ("ingress", "egress")
 
 
 class TierChains:

@@ -201,12 +201,13 @@ def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
     exemptions of :func:`~nftpolicy.agent.cli.flags.add_config_arguments`, ``strict`` and
     ``accept_skipped``). Prints the verdicts; returns the exit code. Raises UsageError."""
     cluster = with_addresses(read.cluster)
-    enforcement = enforcement_of(cluster, config=config_from(args))
+    config = config_from(args)
+    enforcement = enforcement_of(cluster, config=config)
     services, unread = services_from(read.objects)
     report_skipped(unread, args.strict)
     read.skipped += unread
     service = services.get(args.destination) if args.destination not in cluster.pods else None
-    service = service or service_at(args.destination, services.values(), config_from(args))
+    service = service or service_at(args.destination, services.values(), config)
     if service is None:
         asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
     else:
