@@ -150,3 +150,16 @@ def test_runc_keeps_its_state_under_the_run(tmp_path):
     config = realnode._containerd_config(tmp_path / "files", tmp_path / "sockets")
     assert f'Root = "{tmp_path / "sockets" / "runc"}"' in config
     assert "/run/containerd" not in config
+
+
+def test_a_record_of_an_older_version_is_still_read_for_its_cleanup(monkeypatch, tmp_path):
+    """A state.json written by an older version may carry a field this one dropped (``cgroup``):
+    the run is still found (clean_stale tears it down), and a broken record is passed over."""
+    monkeypatch.setattr(realnode, "STATE_ROOT", tmp_path)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "state.json").write_text(json.dumps({"id": "old", "owner_pid": 1, "netns": ["nftp-e2eold-n1"],
+                                                           "cgroup": "nftp-e2eold"}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "state.json").write_text("[1, 2]")
+    (run,) = realnode._recorded_runs()
+    assert (run.id, run.owner_pid, run.netns) == ("old", 1, ["nftp-e2eold-n1"])

@@ -126,11 +126,11 @@ def _cluster_rule(side: DirectionVerdict) -> str | None:
 
 
 def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: bool | None, ours: bool | None,
-            icmp_echo_accepted: bool = False, family: Family = "ipv4") -> str | None:
+            icmp_echo_accepted: bool = False, family: Family = "ipv4", engine: Enforcement | None = None) -> str | None:
     """The documented deliberate difference that accounts for a cell of ``family``, if one does
     (docs/migration.md, "Deliberate differences"), else None. Which ClusterNetworkPolicy rule
     decides a cell is the verdict engine's answer (:mod:`nftpolicy.translators.verdict`) for every
-    node.
+    node: ``engine`` (one for every node of ``cluster``), else one made for this call.
 
     ``icmp_echo_accepted``: kube-router's rules accept every ICMP echo request before the policies
     (:attr:`~nftpolicy.translators.kuberouter.Dump.accepts_icmp_echo`; the real kube-router v2.1.0
@@ -142,7 +142,7 @@ def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: 
     if cluster.cluster_policies and a and b and a.addresses(family) and b.addresses(family) and spec.protocol != "ICMP" \
             and kube_router != ours:
         cell = Connection(a.addresses(family)[0], b.addresses(family)[0], spec.protocol, spec.port)  # type: ignore[arg-type]
-        verdict = enforcement_of(cluster).verdict(cell)
+        verdict = (engine or enforcement_of(cluster)).verdict(cell)
         tiers = [rule for rule in map(_cluster_rule, (verdict.egress, verdict.ingress)) if rule is not None]
         if tiers:
             return CLUSTER_POLICY_NOTE.format(" and ".join(tiers))
@@ -229,10 +229,11 @@ def compare(cluster: Cluster, node: str, dump: Dump, config: Config = Config(), 
                     sum(len(m) for m in nftpolicy.values()), loader, dump.rule_count,
                     left_out=list(dump.left_out), not_built=not_built)
     engine = enforcement_of(cluster, [node], config)
+    every_node = enforcement_of(cluster, config=config) if cluster.cluster_policies else None  # once, not per cell
     for spec, family, src, dst, a, b in disagreements(kube_router, nftpolicy):
         policies = involved_policies(engine, node, cluster.pods[src], cluster.pods[dst], family)
         report.differences.append(Difference(spec, family, src, dst, a, b, policies,
-                                             explain(cluster, spec, src, dst, a, b, dump.accepts_icmp_echo, family)))
+                                             explain(cluster, spec, src, dst, a, b, dump.accepts_icmp_echo, family, every_node)))
     return report
 
 

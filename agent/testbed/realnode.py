@@ -47,7 +47,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Iterable, Sequence
 
@@ -150,13 +150,18 @@ def _machine_lock() -> IO[str]:
     return handle
 
 
+RUN_STATE_FIELDS = frozenset(f.name for f in fields(RunState))
+
+
 def _recorded_runs() -> list["RunState"]:
     """Every run recorded under :data:`STATE_ROOT` (an unreadable record is passed over)."""
     found = []
     for path in sorted(STATE_ROOT.glob("*/state.json")) if STATE_ROOT.exists() else []:
         try:
-            found.append(RunState(**json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError):
+            record = json.loads(path.read_text())
+            # a record of an older version may hold fields this one dropped (its cgroup): still cleaned
+            found.append(RunState(**{k: v for k, v in record.items() if k in RUN_STATE_FIELDS}))
+        except (OSError, ValueError, TypeError, AttributeError):
             continue
     return found
 
