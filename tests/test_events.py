@@ -22,6 +22,7 @@ from nftpolicy.translators.validation import InvalidField
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api, eventually
 from .fakeapi import FakeApiServer
+from .fakeclock import FakeClock
 
 # ---- the recorder -------------------------------------------------------------------------------
 
@@ -47,14 +48,6 @@ class MemoryWriter:
         if (namespace, name) not in self.events:
             raise EventGone(name)
         self.events[(namespace, name)].update(body)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def recorder(**kwargs) -> tuple[EventRecorder, MemoryWriter, Metrics]:
@@ -138,25 +131,25 @@ def test_reasons_and_cluster_scoped_objects():
 
 
 def test_the_token_bucket_refills_with_its_clock():
-    clock = Clock()
+    clock = FakeClock(start=0.0)
     bucket = TokenBucket(2, 10.0, clock)
     assert [bucket.take() for _ in range(3)] == [True, True, False]
-    clock.now = 9.9
+    clock.advance(9.9)
     assert not bucket.take()
-    clock.now = 10.0
+    clock.advance(0.1)  # 10 s since the start
     assert bucket.take() and not bucket.take()
-    clock.now = 1000.0  # never more than the capacity
+    clock.advance(990.0)  # never more than the capacity
     assert [bucket.take() for _ in range(3)] == [True, True, False]
 
 
 def test_writes_over_the_rate_are_dropped_and_counted_and_the_next_sighting_tries_again():
-    clock = Clock()
+    clock = FakeClock(start=0.0)
     rec, writer, metrics = recorder(clock=clock, burst=2, refill_seconds=10.0)
     for i in range(4):
         rec.failed_closed("NetworkPolicy", policy(1, name=f"p{i}"), InvalidField("spec", "x"), True)
     drain(rec)
     assert (len(writer.events), count(metrics, "rate_limited")) == (2, 2)
-    clock.now = 10.0
+    clock.advance(10.0)
     rec.failed_closed("NetworkPolicy", policy(1, name="p2"), InvalidField("spec", "x"), True)  # seen again: tried again
     drain(rec)
     assert len(writer.events) == 3

@@ -32,13 +32,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, cast
+from typing import Any, Mapping, Protocol, cast
 
 from kubernetes import client as k8s
 
 from nftpolicy.translators.clusterpolicy import UnsupportedPeer
 from nftpolicy.translators.validation import InvalidField
 
+from .clock import REAL_TIME, Clock
 from .metrics import Metrics
 from .sources import describe
 
@@ -107,16 +108,16 @@ class Subject:
 
 
 class TokenBucket:
-    """``capacity`` tokens, refilled at one per ``refill_seconds`` of ``clock`` (monotonic seconds)."""
+    """``capacity`` tokens, refilled at one per ``refill_seconds`` of ``clock``."""
 
-    def __init__(self, capacity: int, refill_seconds: float, clock: Callable[[], float]) -> None:
+    def __init__(self, capacity: int, refill_seconds: float, clock: Clock) -> None:
         self.capacity, self.refill_seconds, self.clock = capacity, refill_seconds, clock
         self.tokens = float(capacity)
-        self.updated = clock()
+        self.updated = clock.now()
 
     def take(self) -> bool:
         """Take one token: True when there was one."""
-        now = self.clock()
+        now = self.clock.now()
         self.tokens = min(self.capacity, self.tokens + (now - self.updated) / self.refill_seconds)
         self.updated = now
         if self.tokens < 1:
@@ -160,10 +161,10 @@ def _now() -> str:
 
 class EventRecorder:
     """Records Events for this ``node`` through ``writer`` (see the module): :meth:`record`
-    from any thread, :meth:`start` the writer thread. ``clock`` (monotonic seconds) drives the
-    rate limit; tests give their own."""
+    from any thread, :meth:`start` the writer thread. ``clock`` drives the rate limit
+    (:mod:`~nftpolicy.agent.daemon.clock`); tests give their own."""
 
-    def __init__(self, writer: EventWriter, node: str, metrics: Metrics, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, writer: EventWriter, node: str, metrics: Metrics, clock: Clock = REAL_TIME,
                  burst: int = BURST, refill_seconds: float = REFILL_SECONDS, queue_size: int = QUEUE_SIZE) -> None:
         self.writer, self.node, self.metrics = writer, node, metrics
         self.bucket = TokenBucket(burst, refill_seconds, clock)
