@@ -18,6 +18,7 @@ import gc
 import logging
 import threading
 import time
+from typing import Mapping
 
 from nftpolicy.translators import transaction
 from nftpolicy.translators.delta import delta_transaction
@@ -63,16 +64,19 @@ class Reconciler:
         self.dataplane = dataplane
         # The model the kernel holds (None: unknown, the next sync replaces the table).
         self.renderer: NodeRenderer | None = None
+        self._owners: dict[str, ChainOwner] | None = None  # chain_owners() of that model, made once per sync
         self.lock = threading.Lock()  # held by each sync: readers (the debug endpoint) see a committed model
         self.failures = 0
         self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
 
-    def chain_owners(self) -> dict[str, ChainOwner]:
+    def chain_owners(self) -> Mapping[str, ChainOwner]:
         """Chain name -> what it enforces (policy and direction, or pod; a tier chain's counted
         rules too), of the model the kernel holds (empty before the first sync); waits for a sync
-        under way."""
+        under way. Made once per committed sync, not at every metrics scrape."""
         with self.lock:
-            return self.renderer.chain_owners() if self.renderer is not None else {}
+            if self._owners is None:
+                self._owners = self.renderer.chain_owners() if self.renderer is not None else {}
+            return self._owners
 
     def _table_lost(self) -> bool:
         """True when what we committed is no longer in the kernel: our table or its FORWARD base
@@ -123,7 +127,7 @@ class Reconciler:
             del tx  # committed: its objects go before the collection and the trim below
         except (DataplaneError, OSError) as exc:
             self.failures += 1
-            self.renderer = None  # the kernel's state is unknown: the next attempt is a full replace
+            self.renderer, self._owners = None, None  # the kernel's state is unknown: the next attempt is a full replace
             self.metrics.sync_failures.labels(mode).inc()
             if since is not None and self.store.pending_since is None:
                 self.store.pending_since = since  # still owed to the kernel
@@ -134,7 +138,7 @@ class Reconciler:
         took = time.monotonic() - started
         self.failures = 0
         self.health.sync_failure = None
-        self.renderer = renderer
+        self.renderer, self._owners = renderer, None
         self.metrics.sync_duration.labels(mode).observe(took)
         self.metrics.transaction_commands.labels(mode).observe(commands)
         self.metrics.last_success.set(time.time())
