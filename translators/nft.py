@@ -147,6 +147,8 @@ def set_json(table: str, s: AddressSet) -> Json:
         body["type"] = [ADDR_TYPE[s.family], "inet_proto", "inet_service"]
     elif s.kind == "interval":
         body["type"], body["flags"] = ADDR_TYPE[s.family], ["interval"]
+    elif s.kind == "domain":  # elements expire with their DNS record (DOMAIN_NAMES in docs/design.md)
+        body["type"], body["flags"] = ADDR_TYPE[s.family], ["timeout"]
     else:
         body["type"] = ADDR_TYPE[s.family]
     if s.elements:

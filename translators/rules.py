@@ -58,12 +58,13 @@ class AddressSet:
     """A named set of one family.
 
     ``kind`` ``addr``: address strings; ``interval``: network strings, disjoint and sorted;
-    ``named_port``: ``(address, protocol, port)`` triples, protocol lower case.
+    ``named_port``: ``(address, protocol, port)`` triples, protocol lower case; ``domain``:
+    addresses with a timeout, which only the agent adds (DNS answers), so always rendered empty.
     """
 
     name: str
     family: Family
-    kind: Literal["addr", "interval", "named_port"]
+    kind: Literal["addr", "interval", "named_port", "domain"]
     elements: tuple[Any, ...]
     comment: str
 
