@@ -10,7 +10,7 @@ expressions are used (no ``xt`` compat matches), so the ruleset loads on nft-onl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
@@ -209,6 +209,20 @@ def transaction_json(tx: Transaction) -> Json:
             commands += [{"add": o} for o in table_objects(op.table)]
         else:
             commands.append({op.verb: object_json(tx, op)})
+    return {"nftables": commands}
+
+
+def timed_elements_json(table: str, elements: Sequence[tuple[str, str, int]]) -> Json:
+    """The libnftables batch that puts each ``(set, address, timeout seconds)`` in its domain set
+    with that timeout, whether or not the set holds the address already: ``add`` (so that it
+    exists), ``delete``, ``add`` with the timeout, in one transaction (a kernel before 6.x keeps
+    an existing element's old timeout on ``add``)."""
+    commands: list[Json] = []
+    for set_name, address, timeout in elements:
+        ref = {**_table_ref(table), "name": set_name}
+        commands += [{"add": {"element": {**ref, "elem": [address]}}},
+                     {"delete": {"element": {**ref, "elem": [address]}}},
+                     {"add": {"element": {**ref, "elem": [{"elem": {"val": address, "timeout": timeout}}]}}}]
     return {"nftables": commands}
 
 

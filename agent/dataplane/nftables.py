@@ -14,7 +14,7 @@ import select
 import signal
 import time
 from contextlib import nullcontext
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import nftables
 import orjson
@@ -90,6 +90,12 @@ class NftDataplane:
         if rc != 0:
             raise NftError(str(error).strip() or f"libnftables returned {rc}")
         return orjson.loads(output) if output else {}
+
+    def add_timed_elements(self, elements: Sequence[tuple[str, str, int]]) -> None:
+        """Put each ``(set, address, timeout seconds)`` in its domain set of our table, in one
+        transaction (:func:`nft.timed_elements_json`); raises NftError (nothing added then)."""
+        if elements:
+            self._cmd(nft.timed_elements_json(self.table, elements))
 
     def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
         """Our table's objects as the kernel lists them (``list table``; empty when absent).
