@@ -26,6 +26,7 @@ from nftpolicy.translators import transaction
 from nftpolicy.translators.domainnames import domain_sets
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import TimedAddress
 
 from .conftest import OURS
 
@@ -114,7 +115,7 @@ class Bed:
 
     def _commit(self, segment: DnsSegment) -> None:
         learned = self.learner.learn(segment.client, segment.payload, time.monotonic(), segment.tcp)
-        self.dataplane.add_timed_elements([(x.set_name, x.address, x.timeout) for x in learned])
+        self.dataplane.add_timed_elements([(x.set_name, TimedAddress(x.address, x.timeout)) for x in learned])
 
     def resolve(self, name: str, rtype: str = "A", tcp: bool = False) -> list[str]:
         """``name``'s addresses, asked from the pod's namespace."""

@@ -12,10 +12,13 @@ Pure: no DNS here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
+from .layout import Table
 from .model import Cluster, Family, domain_name_matches
+from .rules import TimedAddress
 from .setstore import SetKey
 
 
@@ -59,3 +62,12 @@ def domain_sets(cluster: Cluster, families: Iterable[Family]) -> tuple[DomainSet
                     users.append(policy.name)
     return tuple(DomainSet(name, key.family, key.names, frozenset(members), tuple(users))
                  for name, (key, members, users) in sorted(found.items()))
+
+
+def with_learned(table: Table, learned: Mapping[str, tuple[TimedAddress, ...]]) -> Table:
+    """``table`` with the ``learned`` elements (by set name) in its domain sets, so that a full
+    replace of the table keeps what DNS answers taught (each with the time it has left)."""
+    if not learned:
+        return table
+    return dataclasses.replace(table, sets=tuple(dataclasses.replace(s, elements=learned.get(s.name, ())) if s.kind == "domain" else s
+                                                 for s in table.sets))

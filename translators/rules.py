@@ -59,7 +59,7 @@ class AddressSet:
 
     ``kind`` ``addr``: address strings; ``interval``: network strings, disjoint and sorted;
     ``named_port``: ``(address, protocol, port)`` triples, protocol lower case; ``domain``:
-    addresses with a timeout, which only the agent adds (DNS answers), so always rendered empty.
+    :class:`TimedAddress` elements, which only the agent has (DNS answers): a render's are empty.
     """
 
     name: str
@@ -67,6 +67,15 @@ class AddressSet:
     kind: Literal["addr", "interval", "named_port", "domain"]
     elements: tuple[Any, ...]
     comment: str
+
+
+@dataclass(frozen=True)
+class TimedAddress:
+    """An element of a ``domain`` set: ``address`` for ``timeout`` more seconds (then the
+    kernel removes it)."""
+
+    address: str
+    timeout: int
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ When the agent is not reading the queue (down, restarting): with ``bypass`` (the
 kernel lets answers through unheld, so DNS keeps working and what they would teach is not
 learned (a connection to a new address is refused until the agent is back and the pod asks
 again); without it (``fail_closed``) the kernel drops them and the pods' DNS fails until the
-agent is back. The hold chain stays in the kernel while the agent is away; ``close`` removes it.
+agent is back. The hold chain stays in the kernel while the agent is away (its shutdown leaves
+it); it goes when the last domainNames peer goes.
 
 The queue is read with nfnetlink_queue directly (``NETLINK_NETFILTER``, linux/netfilter/
 nfnetlink_queue.h): config (bind, copy the whole packet), packet messages, verdicts. No binding
@@ -22,11 +23,13 @@ image does not carry; the protocol part used here is four message shapes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
 import socket
 import struct
+import subprocess
 import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -161,15 +164,14 @@ class NfQueue:
 
 
 class DnsHold:
-    """Holds DNS answers in network namespace ``netns_name`` (one this process created: the
-    commands go through :func:`nftpolicy.agent.dataplane.iptables.run`, which refuses the
-    process's own namespace; the daemon's wiring is still to come) until
+    """Holds DNS answers in network namespace ``netns_name`` (one this process created, through
+    :func:`nftpolicy.agent.dataplane.iptables.run`; None: the agent's own, the node's) until
     ``commit`` returns for what each teaches: ``commit(segment)`` learns and writes the set
     elements (an exception there is logged and the answer let through). :meth:`start` installs
     the hold chain and starts the reader thread; :meth:`close` stops it and removes the chain."""
 
     def __init__(self, commit: Callable[[DnsSegment], None], queue: int = 5300, bypass: bool = True,
-                 *, netns_name: str) -> None:
+                 *, netns_name: str | None) -> None:
         self.commit, self.queue_num, self.bypass, self.netns = commit, queue, bypass, netns_name
         self.held = 0  # answers released after their commit
         self._queue: NfQueue | None = None
@@ -178,18 +180,26 @@ class DnsHold:
 
     def _iptables(self, argv: list[str], check: bool = True) -> None:
         for tool in ("iptables-nft", "ip6tables-nft"):
+            command = [tool, "-w", "-t", "filter", *argv]
             try:
-                xt.run(self.netns, [tool, "-w", "-t", "filter", *argv])
+                if self.netns is not None:
+                    xt.run(self.netns, command)
+                else:
+                    result = subprocess.run(command, capture_output=True, text=True)
+                    if result.returncode != 0:
+                        raise xt.IptablesError(f"{' '.join(command)} failed: {result.stderr.strip()}")
             except xt.IptablesError:
                 if check:
                     raise
 
     def start(self) -> None:
-        """Bind the queue (before the rule, so no answer waits for a reader), then the chain."""
-        with netns.entered(self.netns):
+        """Bind the queue (before the rule, so no answer waits for a reader), then the chain
+        (made anew: an earlier agent's is removed first)."""
+        with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
             self._queue = NfQueue(self.queue_num)
         self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
         self._thread.start()
+        self._remove_chain()
         for argv in hold_rules(self.queue_num, self.bypass):
             self._iptables(argv)
 
@@ -207,11 +217,17 @@ class DnsHold:
                     self._queue.accept(packet_id)
                     self.held += 1
 
-    def close(self) -> None:
-        """Remove the chain, stop reading, close the queue."""
+    def _remove_chain(self) -> None:
         self._iptables(["-D", "FORWARD", "-j", HOLD_CHAIN], check=False)
         self._iptables(["-F", HOLD_CHAIN], check=False)
         self._iptables(["-X", HOLD_CHAIN], check=False)
+
+    def close(self, remove_chain: bool = True) -> None:
+        """Stop reading and close the queue; with ``remove_chain`` remove the hold chain first
+        (without: it stays, and the kernel passes or drops answers as its bypass says, which is
+        what an agent that stops for a restart leaves)."""
+        if remove_chain:
+            self._remove_chain()
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()

@@ -21,6 +21,7 @@ import orjson
 
 from nftpolicy.translators import nft
 from nftpolicy.translators.nft import Json
+from nftpolicy.translators.rules import TimedAddress
 from nftpolicy.translators.transaction import Transaction, removing
 
 from . import DataplaneError, netns
@@ -91,8 +92,8 @@ class NftDataplane:
             raise NftError(str(error).strip() or f"libnftables returned {rc}")
         return orjson.loads(output) if output else {}
 
-    def add_timed_elements(self, elements: Sequence[tuple[str, str, int]]) -> None:
-        """Put each ``(set, address, timeout seconds)`` in its domain set of our table, in one
+    def add_timed_elements(self, elements: Sequence[tuple[str, TimedAddress]]) -> None:
+        """Put each ``(set, element)`` in its domain set of our table with its timeout, in one
         transaction (:func:`nft.timed_elements_json`); raises NftError (nothing added then)."""
         if elements:
             self._cmd(nft.timed_elements_json(self.table, elements))
