@@ -15,11 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 import dns.exception
 import dns.resolver
 import pytest
-from nftpolicy.agent.daemon.dnshold import DnsHold, DnsSegment
+from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment
 from nftpolicy.agent.daemon.dnslearn import DomainLearner
+from nftpolicy.agent.dataplane import iptables as xt
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.translators import transaction
@@ -28,7 +30,9 @@ from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import TimedAddress
 
-from .conftest import OURS
+from nftpolicy.agent.testbed.controlplane import free_port
+
+from .conftest import OURS, eventually, http_get
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
 
@@ -78,7 +82,7 @@ serve(socket.AF_INET, "0.0.0.0")
 class Bed:
     """The three namespaces, dnsmasq, the listeners, our table, the learner and the hold."""
 
-    def __init__(self, make_netns, tmp_path: Path, bypass: bool = True) -> None:
+    def __init__(self, make_netns, tmp_path: Path, agent: bool = False) -> None:
         self.node, self.pod, self.out = make_netns(), make_netns(), make_netns()
         self.procs: list[subprocess.Popen[bytes]] = []
         netns.ip_batch([f"link add vpod netns {self.node} type veth peer name eth0 netns {self.pod}",
@@ -99,19 +103,31 @@ class Bed:
                                f"--listen-address={DNS4},{DNS6}", "--except-interface=lo", f"--pid-file={tmp_path}/dnsmasq.pid",
                                "--cache-size=0", *records])
         self._spawn(self.out, [sys.executable, "-c", SERVER, str(PORT)])
-        cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
-        assert not errors
-        self.dataplane = NftDataplane("nftpolicy", self.node)
-        self.dataplane.run(transaction.full(build_rule_model(cluster, "node-1")))
-        self.learner = DomainLearner(ttl_floor=1, ttl_cap=3600, max_per_set=1000, max_per_pod=1000)
-        self.learner.update(domain_sets(cluster, ("ipv4", "ipv6")))
-        self.hold = DnsHold(self._commit, bypass=bypass, netns_name=self.node)
-        self.hold.start()
+        self.hold: DnsHold | None = None
+        if agent:  # the agent itself, from a manifests directory, resyncing the whole table every second
+            (tmp_path / "manifests").mkdir()
+            (tmp_path / "manifests" / "cluster.yaml").write_text(yaml.safe_dump_all([NAMESPACE, POD, POLICY]))
+            self.http = f"127.0.0.1:{free_port()}"
+            self._spawn(None, [str(Path(sys.executable).parent / "nftpolicy"), "agent", "--netns", self.node, "--manifests",
+                               str(tmp_path / "manifests"), "--node", "node-1", "--http-address", self.http, "--debug-address", "",
+                               "--resync-interval", "1", "--dns-ttl-floor", "1"], log=tmp_path / "agent.log")
+            # the hold is in place once the last of its rules is (hold_rules' jump, for IPv6)
+            eventually(lambda: f"-A FORWARD -j {HOLD_CHAIN}" in xt.run(self.node, ["ip6tables-nft", "-S"]), timeout=30)
+        else:  # the parts, in this process
+            cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+            assert not errors
+            self.dataplane = NftDataplane("nftpolicy", self.node)
+            self.dataplane.run(transaction.full(build_rule_model(cluster, "node-1")))
+            self.learner = DomainLearner(ttl_floor=1, ttl_cap=3600, max_per_set=1000, max_per_pod=1000)
+            self.learner.update(domain_sets(cluster, ("ipv4", "ipv6")))
+            self.hold = DnsHold(self._commit, netns_name=self.node)
+            self.hold.start()
         self.resolver = dns.resolver.Resolver(configure=False)
         self.resolver.nameservers, self.resolver.lifetime, self.resolver.cache = [DNS4], 3.0, None
 
-    def _spawn(self, ns: str, argv: list[str]) -> None:
-        self.procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    def _spawn(self, ns: str | None, argv: list[str], log: Path | None = None) -> None:
+        out = open(log, "wb") if log else subprocess.DEVNULL
+        self.procs.append(subprocess.Popen((["ip", "netns", "exec", ns] if ns else []) + argv, stdout=out, stderr=out))
 
     def _commit(self, segment: DnsSegment) -> None:
         learned = self.learner.learn(segment.client, segment.payload, time.monotonic(), segment.tcp)
@@ -152,7 +168,8 @@ class Bed:
                 time.sleep(0.05)
 
     def close(self) -> None:
-        self.hold.close()
+        if self.hold is not None:
+            self.hold.close()
         for proc in self.procs:
             proc.terminate()
         for proc in self.procs:
@@ -222,3 +239,42 @@ def test_an_address_expires_with_its_record(bed):
     assert not bed.connects(address)
     bed.resolve("brief.partner.example")
     assert bed.connects(address)
+
+
+@pytest.fixture(scope="module")
+def agent_bed(module_netns, tmp_path_factory):
+    """The same bed, with the agent enforcing and learning."""
+    made = Bed(module_netns, tmp_path_factory.mktemp("agent"), agent=True)
+    try:
+        made.wait_until_served()
+        yield made
+    finally:
+        made.close()
+
+
+def metric(bed: Bed, line_start: str) -> float:
+    status, body = http_get(f"http://{bed.http}/metrics")
+    assert status == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(line_start))
+
+
+def test_the_agent_learns_keeps_what_it_learned_across_full_resyncs_and_counts(agent_bed):
+    [address] = agent_bed.resolve("api.partner.example")
+    assert agent_bed.connects(address)
+    [other] = agent_bed.resolve("other.example")
+    assert not agent_bed.connects(other)
+    time.sleep(2.5)  # at least two full replaces of the table (--resync-interval 1)
+    assert agent_bed.connects(address)
+    assert metric(agent_bed, 'nftpolicy_dns_answers_total{result="learned"}') >= 1
+    assert metric(agent_bed, 'nftpolicy_dns_answers_total{result="ignored"}') >= 1
+    assert metric(agent_bed, "nftpolicy_dns_learned_elements") >= 1
+    assert metric(agent_bed, "nftpolicy_dns_hold_seconds_count") >= 2
+
+
+def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):
+    agent = agent_bed.procs[-1]
+    agent.terminate()
+    agent.wait(timeout=20)
+    assert HOLD_CHAIN in xt.run(agent_bed.node, ["iptables-nft", "-S"])
+    assert agent_bed.resolve("n3.cdn.example") == ["10.0.2.103"]  # unheld: answered, not learned
+    assert not agent_bed.connects("10.0.2.103")
