@@ -19,6 +19,8 @@ from typing import Callable, Literal, Sequence
 from nftpolicy.translators.domainnames import DomainSet
 from nftpolicy.translators.rules import TimedAddress
 
+from nftpolicy.agent.dataplane.iptables import IptablesError
+
 from .dnshold import DnsHold, DnsSegment
 from .dnslearn import RESULTS, DomainLearner
 from .metrics import Metrics
@@ -43,15 +45,22 @@ class DomainLearning:
         self.lock = threading.RLock()
         self._hold: DnsHold | None = None
         self._counted = dict.fromkeys(RESULTS, 0)
+        self.failure: str | None = None  # why the hold could not start (then it is not tried again)
 
     def sets_changed(self, sets: Sequence[DomainSet]) -> None:
         """The domain sets of the committed model: the learner follows, the hold starts or stops."""
         with self.lock:
             self.learner.update(sets)
             self.metrics.dns_learned_elements.set(self.learner.size())
-        if sets and self._hold is None and self.hold_mode != "off":
+        if sets and self._hold is None and self.hold_mode != "off" and self.failure is None:
             hold = DnsHold(self.commit, self.queue, bypass=self.hold_mode == "bypass", netns_name=self.netns)
-            hold.start()
+            try:
+                hold.start()
+            except (IptablesError, OSError) as exc:  # enforcement goes on; domainNames rules match no address
+                hold.close()
+                self.failure = " ".join(str(exc).split())
+                log.error("cannot hold DNS answers, domainNames peers learn nothing until the agent restarts: %s", self.failure)
+                return
             self._hold = hold
             log.info("holding DNS answers in nfqueue %d until what they teach is committed (%s while the agent is away)",
                      self.queue, self.hold_mode)
