@@ -265,6 +265,8 @@ def test_the_agent_learns_keeps_what_it_learned_across_full_resyncs_and_counts(a
     assert not agent_bed.connects(other)
     time.sleep(2.5)  # at least two full replaces of the table (--resync-interval 1)
     assert agent_bed.connects(address)
+    [later] = agent_bed.resolve("n7.cdn.example")  # learned into the replaced table
+    assert agent_bed.connects(later)
     assert metric(agent_bed, 'nftpolicy_dns_answers_total{result="learned"}') >= 1
     assert metric(agent_bed, 'nftpolicy_dns_answers_total{result="ignored"}') >= 1
     assert metric(agent_bed, "nftpolicy_dns_learned_elements") >= 1

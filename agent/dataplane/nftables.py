@@ -69,6 +69,7 @@ class NftDataplane:
 
     def __init__(self, table: str, netns_name: str | None = None) -> None:
         self.table, self.netns = table, netns_name
+        self._elements_ctx: Any = None  # the DNS hold's own context, made once (in the namespace: its socket stays there)
 
     def __repr__(self) -> str:
         return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
@@ -94,9 +95,18 @@ class NftDataplane:
 
     def add_timed_elements(self, elements: Sequence[tuple[str, TimedAddress]]) -> None:
         """Put each ``(set, element)`` in its domain set of our table with its timeout, in one
-        transaction (:func:`nft.timed_elements_json`); raises NftError (nothing added then)."""
-        if elements:
-            self._cmd(nft.timed_elements_json(self.table, elements))
+        transaction (:func:`nft.timed_elements_json`); raises NftError (nothing added then).
+        One caller at a time (the DNS hold's thread): it keeps one libnftables context, whose
+        making costs more than the commit."""
+        if not elements:
+            return
+        if self._elements_ctx is None:
+            with self._entered():
+                self._elements_ctx = nftables.Nftables()
+            self._elements_ctx.set_json_output(True)
+        rc, _, error = self._elements_ctx.cmd(orjson.dumps(nft.timed_elements_json(self.table, elements)).decode())
+        if rc != 0:
+            raise NftError(str(error).strip() or f"libnftables returned {rc}")
 
     def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
         """Our table's objects as the kernel lists them (``list table``; empty when absent).
