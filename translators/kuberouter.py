@@ -202,7 +202,7 @@ class Dump:
         """The addresses of the pods the dump has a ``KUBE-POD-FW-`` chain for: the ``-d`` or
         ``-s`` of the ``KUBE-ROUTER-*`` rules that jump to one (kube-router writes them for the
         node's own pods only, so they say which node the dump was taken on)."""
-        found = set()
+        found: set[str] = set()
         for _, rules in self.kept.values():
             for rule in rules:
                 if rule.chain.startswith("KUBE-ROUTER-") and (rule.target or "").startswith("KUBE-POD-FW-"):
