@@ -50,6 +50,7 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
     **{f"n{i}.cdn.example": (f"10.0.2.{100 + i}", None, 60) for i in range(20)},
 }
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
+NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
 OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6]
 
 NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}}
@@ -107,9 +108,9 @@ class Bed:
         if agent:  # the agent itself, from a manifests directory, resyncing the whole table every second
             (tmp_path / "manifests").mkdir()
             (tmp_path / "manifests" / "cluster.yaml").write_text(yaml.safe_dump_all([NAMESPACE, POD, POLICY]))
-            self.http = f"127.0.0.1:{free_port()}"
-            self._spawn(None, [str(Path(sys.executable).parent / "nftpolicy"), "agent", "--netns", self.node, "--manifests",
-                               str(tmp_path / "manifests"), "--node", "node-1", "--http-address", self.http, "--debug-address", "",
+            self.http, self.debug = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+            self._spawn(None, [NFTPOLICY, "agent", "--netns", self.node, "--manifests",
+                               str(tmp_path / "manifests"), "--node", "node-1", "--http-address", self.http, "--debug-address", self.debug,
                                "--resync-interval", "1", "--dns-ttl-floor", "1"], log=tmp_path / "agent.log")
             # the hold is in place once the last of its rules is (hold_rules' jump, for IPv6)
             eventually(lambda: f"-A FORWARD -j {HOLD_CHAIN}" in xt.run(self.node, ["ip6tables-nft", "-S"]), timeout=30)
@@ -271,6 +272,19 @@ def test_the_agent_learns_keeps_what_it_learned_across_full_resyncs_and_counts(a
     assert metric(agent_bed, 'nftpolicy_dns_answers_total{result="ignored"}') >= 1
     assert metric(agent_bed, "nftpolicy_dns_learned_elements") >= 1
     assert metric(agent_bed, "nftpolicy_dns_hold_seconds_count") >= 2
+
+
+def test_explain_agent_names_the_dns_name_that_allowed_an_address(agent_bed):
+    [address] = agent_bed.resolve("a.b.cdn.example")
+
+    def explain(to: str) -> str:  # exit 0 allowed, 1 denied
+        return subprocess.run([NFTPOLICY, "explain", "--agent", f"http://{agent_bed.debug}", "--from", "shop/client", "--to", to,
+                               "--port", f"tcp/{PORT}"], capture_output=True, text=True, timeout=60).stdout
+
+    allowed = explain(address)
+    assert allowed.startswith("ALLOWED"), allowed
+    assert f"{address} learned from the DNS answer for a.b.cdn.example (*.cdn.example)" in allowed, allowed
+    assert explain("10.0.2.21").startswith("DENIED")  # never answered for a policy name
 
 
 def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):

@@ -75,6 +75,15 @@ class DomainLearning:
             found.setdefault(item.set_name, []).append(TimedAddress(item.address, item.timeout))
         return {name: tuple(elements) for name, elements in found.items()}
 
+    def taught(self) -> dict[str, dict[str, str]]:
+        """Domain set -> live learned address -> ``name`` (or ``name (pattern)`` when a
+        wildcard matched): what ``explain --agent`` says allowed an address."""
+        found: dict[str, dict[str, str]] = {}
+        with self.lock:
+            for item in self.learner.held(time.monotonic()):
+                found.setdefault(item.set_name, {})[item.address] = item.name if item.name == item.pattern else f"{item.name} ({item.pattern})"
+        return found
+
     def commit(self, segment: DnsSegment) -> None:
         """Learn from one held DNS segment and commit it (the hold releases it after this)."""
         started = time.monotonic()
