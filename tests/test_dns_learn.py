@@ -151,3 +151,12 @@ def test_domain_sets_of_a_cluster_name_their_clients_and_policies():
     [found] = domain_sets(cluster, ["ipv4"])
     assert (found.family, found.names, found.clients, found.policies) == ("ipv4", ("api.partner.example",), frozenset({POD}), ("partner",))
     assert found.name.startswith("KUBE-DNS-")
+
+
+def test_adopted_addresses_are_held_until_they_expire_and_named_as_before_this_agent():
+    made = learner()
+    made.adopt("KUBE-DNS-A", "192.0.2.99", seconds_left=30, now=0)
+    assert [(x.address, x.timeout) for x in made.held(now=10)] == [("192.0.2.99", 20)]
+    assert made.why("192.0.2.99", now=10) == [("KUBE-DNS-A", "(before this agent)", "(before this agent)")]
+    made.expire(now=31)
+    assert made.size() == 0

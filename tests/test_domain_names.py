@@ -109,11 +109,8 @@ class Bed:
             (tmp_path / "manifests").mkdir()
             (tmp_path / "manifests" / "cluster.yaml").write_text(yaml.safe_dump_all([NAMESPACE, POD, POLICY]))
             self.http, self.debug = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-            self._spawn(None, [NFTPOLICY, "agent", "--netns", self.node, "--manifests",
-                               str(tmp_path / "manifests"), "--node", "node-1", "--http-address", self.http, "--debug-address", self.debug,
-                               "--resync-interval", "1", "--dns-ttl-floor", "1"], log=tmp_path / "agent.log")
-            # the hold is in place once the last of its rules is (hold_rules' jump, for IPv6)
-            eventually(lambda: f"-A FORWARD -j {HOLD_CHAIN}" in xt.run(self.node, ["ip6tables-nft", "-S"]), timeout=30)
+            self.tmp = tmp_path
+            self.start_agent()
         else:  # the parts, in this process
             cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
             assert not errors
@@ -125,6 +122,16 @@ class Bed:
             self.hold.start()
         self.resolver = dns.resolver.Resolver(configure=False)
         self.resolver.nameservers, self.resolver.lifetime, self.resolver.cache = [DNS4], 3.0, None
+
+    def start_agent(self) -> None:
+        """Start the agent and wait until its hold is in place (it says so once all of its rules
+        are: a restarted agent removes the chain of the one before and makes it anew)."""
+        runs = len(list(self.tmp.glob("agent*.log")))
+        self._spawn(None, [NFTPOLICY, "agent", "--netns", self.node, "--manifests", str(self.tmp / "manifests"), "--node", "node-1",
+                           "--http-address", self.http, "--debug-address", self.debug, "--resync-interval", "1", "--dns-ttl-floor", "1"],
+                    log=self.tmp / f"agent{runs}.log")
+        self.agent = self.procs[-1]
+        eventually(lambda: "holding DNS answers" in (self.tmp / f"agent{runs}.log").read_text(), timeout=30)  # logged once in place
 
     def _spawn(self, ns: str | None, argv: list[str], log: Path | None = None) -> None:
         out = open(log, "wb") if log else subprocess.DEVNULL
@@ -288,9 +295,19 @@ def test_explain_agent_names_the_dns_name_that_allowed_an_address(agent_bed):
 
 
 def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):
-    agent = agent_bed.procs[-1]
-    agent.terminate()
-    agent.wait(timeout=20)
+    agent_bed.agent.terminate()
+    agent_bed.agent.wait(timeout=20)
     assert HOLD_CHAIN in xt.run(agent_bed.node, ["iptables-nft", "-S"])
     assert agent_bed.resolve("n3.cdn.example") == ["10.0.2.103"]  # unheld: answered, not learned
     assert not agent_bed.connects("10.0.2.103")
+
+
+def test_a_restarted_agent_keeps_what_the_one_before_learned(agent_bed):
+    """After the test above stopped it: 10.0.2.10 (api.partner.example, TTL 60) was learned by
+    the first agent; the new one's full replaces keep it, and it learns anew."""
+    agent_bed.start_agent()
+    eventually(lambda: http_get(f"http://{agent_bed.http}/readyz")[0], 200, timeout=30)
+    time.sleep(1.5)  # a full replace at start and at least one resync
+    assert agent_bed.connects("10.0.2.10")
+    [address] = agent_bed.resolve("n5.cdn.example")
+    assert agent_bed.connects(address)

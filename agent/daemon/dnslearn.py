@@ -46,6 +46,7 @@ from nftpolicy.translators.model import Family
 
 RESULTS = ("learned", "dropped", "ignored", "empty", "malformed")
 _TYPES: dict[dns.rdatatype.RdataType, Family] = {dns.rdatatype.A: "ipv4", dns.rdatatype.AAAA: "ipv6"}
+ADOPTED = "(before this agent)"  # the name of an address an earlier agent learned
 MAX_CHAIN = 16  # CNAME links followed from the question (a loop ends there)
 
 
@@ -161,6 +162,14 @@ class DomainLearner:
         self._per_pod[learned.client] = self._per_pod.get(learned.client, 0) + 1
         self.counts["learned"] += 1
         return learned
+
+    def adopt(self, set_name: str, address: str, seconds_left: int, now: float) -> None:
+        """Hold an address that the kernel's set has (an earlier agent learned it) for the
+        seconds it has left, so that this agent's full replace keeps it; it counts against no
+        pod and names no DNS name (``(before this agent)``)."""
+        if seconds_left > 0:
+            self._held.setdefault(set_name, {})[address] = _Entry(now + seconds_left, ADOPTED, ADOPTED, "")
+            self._per_pod[""] = self._per_pod.get("", 0) + 1
 
     def expire(self, now: float) -> None:
         """Forget what expired by ``now`` (the kernel's elements time out by themselves)."""

@@ -68,6 +68,17 @@ class DomainLearning:
             self._hold.close()
             self._hold = None
 
+    def adopt(self, elements: dict[str, list[TimedAddress]]) -> None:
+        """Keep what an earlier agent learned (the kernel's domain set elements, before this
+        agent's first sync replaces the table), each until it expires."""
+        now = time.monotonic()
+        with self.lock:
+            for set_name, items in elements.items():
+                for item in items:
+                    self.learner.adopt(set_name, item.address, item.timeout, now)
+        if elements:
+            log.info("kept %d addresses an earlier agent learned from DNS answers", sum(map(len, elements.values())))
+
     def learned(self) -> dict[str, tuple[TimedAddress, ...]]:
         """Every learned element by set, with the time it has left (call under :attr:`lock`)."""
         found: dict[str, list[TimedAddress]] = {}

@@ -57,6 +57,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         return 2
     learner = DomainLearner(args.dns_ttl_floor, args.dns_ttl_cap, args.dns_max_per_set, args.dns_max_per_pod)
     learning = DomainLearning(learner, dataplane.add_timed_elements, metrics, args.dns_hold, args.dns_queue, args.netns)
+    learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,
                             learning=learning)
     metrics.registry.register(RuleCounters(dataplane, reconciler.chain_owners))  # read from the kernel at each scrape

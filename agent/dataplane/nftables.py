@@ -108,6 +108,18 @@ class NftDataplane:
         if rc != 0:
             raise NftError(str(error).strip() or f"libnftables returned {rc}")
 
+    def timed_elements(self) -> dict[str, list[TimedAddress]]:
+        """The elements of our table's sets with ``flags timeout`` (the domain sets), each with
+        the seconds it has left, by set: what an agent before this one learned. Empty when the
+        table is absent."""
+        found: dict[str, list[TimedAddress]] = {}
+        for item in self.listing():
+            body = item.get("set", {})
+            if "timeout" in body.get("flags", ()):
+                found[body["name"]] = [TimedAddress(e["elem"]["val"], int(e["elem"].get("expires", 0)))
+                                       for e in body.get("elem", ()) if isinstance(e, dict) and "elem" in e]
+        return found
+
     def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
         """Our table's objects as the kernel lists them (``list table``; empty when absent).
 
