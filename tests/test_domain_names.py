@@ -8,6 +8,7 @@ Each test takes a few seconds: TTLs are short, waits are polls."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import secrets
 import socket
 import subprocess
@@ -292,6 +293,18 @@ def test_explain_agent_names_the_dns_name_that_allowed_an_address(agent_bed):
     assert allowed.startswith("ALLOWED"), allowed
     assert f"{address} learned from the DNS answer for a.b.cdn.example (*.cdn.example)" in allowed, allowed
     assert explain("10.0.2.21").startswith("DENIED")  # never answered for a policy name
+
+
+def test_answers_to_many_questions_at_once_are_each_held_until_committed(agent_bed):
+    def ask(i: int) -> bool:
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers, resolver.lifetime, resolver.cache = [DNS4], 5.0, None
+        with netns.entered(agent_bed.pod):
+            [address] = [r.address for r in resolver.resolve(f"n{i}.cdn.example", "A").rrset]
+        return agent_bed.connects(address)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(ask, range(10, 18))) == [True] * 8
 
 
 def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):
