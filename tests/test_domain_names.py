@@ -48,11 +48,12 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
     "edge.cdnhost.net": ("10.0.2.30", None, 60),
     "brief.partner.example": ("10.0.2.40", None, 2),
     "first.cdn.example": ("10.0.2.50", None, 60),
+    "moving.cdn.example": ("10.0.2.60", None, 2),
     **{f"n{i}.cdn.example": (f"10.0.2.{100 + i}", None, 60) for i in range(20)},
 }
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
-OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6]
+OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61"]  # where moving.cdn.example moves
 
 NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}}
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "shop", "labels": {"app": "client"}},
@@ -99,11 +100,8 @@ class Bed:
                        + [f"addr add {a}/{'64' if ':' in a else '24'} dev eth0{' nodad' if ':' in a else ''}" for a in OUTSIDE], self.out)
         netns.write_sysctl(self.node, "net.ipv4.ip_forward", "1")
         netns.write_sysctl(self.node, "net.ipv6.conf.all.forwarding", "1")
-        records = [f"--host-record={name},{v4}{',' + v6 if v6 else ''},{ttl}" for name, (v4, v6, ttl) in HOSTS.items()]
-        records += [f"--cname={alias},{target},60" for alias, target in CNAMES.items()]
-        self._spawn(self.out, ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--user=root", "--bind-interfaces",
-                               f"--listen-address={DNS4},{DNS6}", "--except-interface=lo", f"--pid-file={tmp_path}/dnsmasq.pid",
-                               "--cache-size=0", *records])
+        self.dns_pid_file = tmp_path / "dnsmasq.pid"
+        self.start_dns(HOSTS)
         self._spawn(self.out, [sys.executable, "-c", SERVER, str(PORT)])
         self.hold: DnsHold | None = None
         if agent:  # the agent itself, from a manifests directory, resyncing the whole table every second
@@ -123,6 +121,23 @@ class Bed:
             self.hold.start()
         self.resolver = dns.resolver.Resolver(configure=False)
         self.resolver.nameservers, self.resolver.lifetime, self.resolver.cache = [DNS4], 3.0, None
+
+    def start_dns(self, hosts: dict[str, tuple[str, str | None, int]]) -> None:
+        """dnsmasq serving ``hosts`` (and :data:`CNAMES`); :attr:`dns` is its process."""
+        records = [f"--host-record={name},{v4}{',' + v6 if v6 else ''},{ttl}" for name, (v4, v6, ttl) in hosts.items()]
+        records += [f"--cname={alias},{target},60" for alias, target in CNAMES.items()]
+        self._spawn(self.out, ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--user=root", "--bind-interfaces",
+                               f"--listen-address={DNS4},{DNS6}", "--except-interface=lo", f"--pid-file={self.dns_pid_file}",
+                               "--cache-size=0", *records])
+        self.dns = self.procs[-1]
+
+    def restart_dns(self, hosts: dict[str, tuple[str, str | None, int]]) -> None:
+        """dnsmasq again, serving ``hosts``."""
+        self.dns.terminate()
+        self.dns.wait(timeout=10)
+        self.procs.remove(self.dns)
+        self.start_dns(hosts)
+        self.wait_until_served()
 
     def start_agent(self) -> None:
         """Start the agent and wait until its hold is in place (it says so once all of its rules
@@ -239,6 +254,16 @@ def test_wildcard_depth_cname_ipv6_and_tcp(bed):
     assert bed.connects(v6)
     [v4] = bed.resolve("api.partner.example", tcp=True)
     assert bed.connects(v4)
+
+
+def test_a_record_that_changes_address(bed):
+    [old] = bed.resolve("moving.cdn.example")  # TTL 2 s
+    assert bed.connects(old)
+    bed.restart_dns({**HOSTS, "moving.cdn.example": ("10.0.2.61", None, 2)})
+    [new] = bed.resolve("moving.cdn.example")
+    assert new != old and bed.connects(new)
+    time.sleep(2.5)
+    assert not bed.connects(old) and not bed.connects(new)  # both records expired; nobody asked again
 
 
 def test_an_address_expires_with_its_record(bed):
