@@ -53,7 +53,7 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
 }
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
-OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61"]  # where moving.cdn.example moves
+OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61", "10.0.2.70"]  # where moving.cdn.example moves; local.cdn.example
 
 NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}}
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "shop", "labels": {"app": "client"}},
@@ -64,7 +64,7 @@ POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNet
                        {"name": "partner", "action": "Accept",
                         "to": [{"domainNames": ["api.partner.example", "www.partner.example", "brief.partner.example", "*.cdn.example"]}],
                         "protocols": [{"tcp": {"destinationPort": {"number": PORT}}}]},
-                       {"name": "dns", "action": "Accept", "to": [{"networks": [f"{DNS4}/32", f"{DNS6}/128"]}]},
+                       {"name": "dns", "action": "Accept", "to": [{"networks": [f"{DNS4}/32", f"{DNS6}/128", "10.0.1.1/32"]}]},
                        {"name": "rest", "action": "Deny", "to": [{"networks": ["0.0.0.0/0", "::/0"]}]}]}}
 
 SERVER = """
@@ -264,6 +264,25 @@ def test_a_record_that_changes_address(bed):
     assert new != old and bed.connects(new)
     time.sleep(2.5)
     assert not bed.connects(old) and not bed.connects(new)  # both records expired; nobody asked again
+
+
+def test_answers_from_a_dns_server_on_the_node_itself_are_held(bed, tmp_path):
+    """A DNS server on the node's own network (a node-local cache): its answers leave through
+    OUTPUT, not FORWARD."""
+    bed._spawn(bed.node, ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--user=root", "--bind-interfaces",
+                          "--listen-address=10.0.1.1", "--except-interface=lo", f"--pid-file={tmp_path}/node-dnsmasq.pid",
+                          "--cache-size=0", "--host-record=local.cdn.example,10.0.2.70,60"])
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.lifetime, resolver.cache = ["10.0.1.1"], 1.0, None
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with netns.entered(bed.pod):
+                [address] = [r.address for r in resolver.resolve("local.cdn.example", "A").rrset]
+            break
+        except dns.exception.DNSException:
+            assert time.monotonic() < deadline, "the node's dnsmasq does not answer"
+    assert bed.connects(address)
 
 
 def test_an_address_expires_with_its_record(bed):

@@ -4,7 +4,8 @@ the kernel, so the first connection after an answer is never refused (docs/domai
 Where the answers are queued: a chain of our own, ``NFTPOLICY-DNS-HOLD``, in the ``filter``
 table of ``iptables-nft`` and ``ip6tables-nft`` (xt ``NFQUEUE`` through nft's compat layer,
 jumped to from ``FORWARD``), which queues every UDP and TCP segment from port 53 to queue
-``queue``. nft's own ``queue`` statement would do the same in our table, but needs
+``queue`` (jumped to from ``OUTPUT`` too, for a DNS server on the node's own network). nft's
+own ``queue`` statement would do the same in our table, but needs
 ``nft_queue`` (CONFIG_NFT_QUEUE), which some kernels lack while the xt target
 (CONFIG_NETFILTER_XT_TARGET_NFQUEUE) is there: the xt path works on both.
 
@@ -84,11 +85,15 @@ def dns_segment(packet: bytes) -> DnsSegment | None:
 
 
 def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
-    """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it."""
+    """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it from
+    ``FORWARD`` (answers the node routes to its pods) and ``OUTPUT`` (answers a DNS server on the
+    node's own network sends them: a node-local cache, a host-network CoreDNS); the ``FORWARD``
+    jump comes last."""
     target = ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
     return [["-N", HOLD_CHAIN],
             ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *target],
             ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *target],
+            ["-I", "OUTPUT", "1", "-j", HOLD_CHAIN],
             ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
 
 
@@ -219,6 +224,7 @@ class DnsHold:
 
     def _remove_chain(self) -> None:
         self._iptables(["-D", "FORWARD", "-j", HOLD_CHAIN], check=False)
+        self._iptables(["-D", "OUTPUT", "-j", HOLD_CHAIN], check=False)
         self._iptables(["-F", HOLD_CHAIN], check=False)
         self._iptables(["-X", HOLD_CHAIN], check=False)
 
