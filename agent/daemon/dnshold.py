@@ -87,13 +87,13 @@ def dns_segment(packet: bytes) -> DnsSegment | None:
 def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
     """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it from
     ``FORWARD`` (answers the node routes to its pods) and ``OUTPUT`` (answers a DNS server on the
-    node's own network sends them: a node-local cache, a host-network CoreDNS); the ``FORWARD``
-    jump comes last."""
+    node's own network sends them: a node-local cache, a host-network CoreDNS; never through
+    ``lo``, so the node's own lookups are not held); the ``FORWARD`` jump comes last."""
     target = ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
     return [["-N", HOLD_CHAIN],
             ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *target],
             ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *target],
-            ["-I", "OUTPUT", "1", "-j", HOLD_CHAIN],
+            ["-I", "OUTPUT", "1", "!", "-o", "lo", "-j", HOLD_CHAIN],
             ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
 
 
@@ -224,7 +224,7 @@ class DnsHold:
 
     def _remove_chain(self) -> None:
         self._iptables(["-D", "FORWARD", "-j", HOLD_CHAIN], check=False)
-        self._iptables(["-D", "OUTPUT", "-j", HOLD_CHAIN], check=False)
+        self._iptables(["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN], check=False)
         self._iptables(["-F", HOLD_CHAIN], check=False)
         self._iptables(["-X", HOLD_CHAIN], check=False)
 
