@@ -141,7 +141,7 @@ def test_an_expired_event_is_created_again():
 def test_reasons_and_cluster_scoped_objects():
     rec, writer, _ = recorder()
     cnp = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "metadata": {"name": "dns", "uid": "u1", "generation": 1}}
-    rec.failed_closed("ClusterNetworkPolicy", cnp, UnsupportedPeer("spec.egress[0].to[0].domainNames", "not supported"), True)
+    rec.failed_closed("ClusterNetworkPolicy", cnp, UnsupportedPeer("spec.egress[0].to[0].nodes", "not supported"), True)
     rec.crd_missing("clusternetworkpolicies.policy.networking.k8s.io")
     drain(rec)
     events = sorted(writer.events.items(), key=lambda item: item[1]["reason"])
@@ -264,10 +264,10 @@ def test_failing_event_writes_never_stop_enforcement(tmp_path):
 
 # ---- the real API server ------------------------------------------------------------------------
 
-# The CRD accepts a domainNames peer; nftpolicy does not enforce it: that rule becomes Deny all.
-DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "to-dns-names"},
+# The CRD accepts a nodes peer; nftpolicy does not enforce it: that rule becomes Deny all.
+DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "to-nodes"},
               "spec": {"tier": "Admin", "priority": 5, "subject": {"namespaces": {}},
-                       "egress": [{"name": "example", "action": "Accept", "to": [{"domainNames": ["example.com"]}]}]}}
+                       "egress": [{"name": "example", "action": "Accept", "to": [{"nodes": {}}]}]}}
 
 
 @pytest.mark.kernel
@@ -285,12 +285,12 @@ def test_kubectl_describe_shows_the_event(control_plane, tmp_path):
         [event] = events()
         assert (event["reason"], event["type"], event["source"]) == (UNSUPPORTED_PEER, "Warning", {"component": "nftpolicy", "host": "node1"})
         assert event["metadata"]["namespace"] == "default" and event["count"] == 1
-        assert event["message"].startswith("spec.egress[0].to[0].domainNames: not supported by nftpolicy")
+        assert event["message"].startswith("spec.egress[0].to[0].nodes: not supported by nftpolicy")
         kubectl = shutil.which("kubectl")
         if kubectl:
             described = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "describe", "clusternetworkpolicy",
-                                        "to-dns-names"], capture_output=True, text=True, timeout=30, check=True).stdout
-            assert UNSUPPORTED_PEER in described and "domainNames: not supported by nftpolicy" in described, described
+                                        "to-nodes"], capture_output=True, text=True, timeout=30, check=True).stdout
+            assert UNSUPPORTED_PEER in described and "nodes: not supported by nftpolicy" in described, described
         assert env.metric("nftpolicy_events_total", result="failed") == 0
     finally:
         env.close()

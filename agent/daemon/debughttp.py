@@ -48,6 +48,7 @@ def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:
             if renderer is None:
                 return None
             model, pods = renderer.model(ordered=False), list(renderer.pods.values())
-        return {**node_json(reconciler.node, model, pods, node.addresses if node is not None else ()),
+        learned = reconciler.learning.taught() if reconciler.learning is not None else {}
+        return {**node_json(reconciler.node, model, pods, node.addresses if node is not None else (), learned),
                 "version": version("nftpolicy")}
     return serve_debug(address, snapshot)
