@@ -72,6 +72,15 @@ def test_networks_keep_their_masked_network():
     assert policy.egress[0].peers[0].networks == (ipaddress.ip_network("10.1.0.0/16"),)
 
 
+def test_a_nodes_peer_reads_its_label_selector_and_refuses_a_named_port():
+    policy = cluster_policy_from(cnp(egress=[rule("Accept", [{"nodes": {"matchLabels": {"role": "infra"}}}, {"nodes": {}}], key="to",
+                                                  protocols=[tcp(10250)])]))
+    assert policy.egress[0].peers == (ClusterPeer(nodes=LabelSelector((("role", "infra"),))), ClusterPeer(nodes=LabelSelector()))
+    with pytest.raises(InvalidField, match=r"spec.egress\[0\]: networks/nodes/domainNames peer cannot be set with namedPorts"):
+        cluster_policy_from(cnp(egress=[rule("Accept", [{"pods": {"podSelector": {}}}, {"nodes": {}}], key="to",
+                                             protocols=[{"destinationNamedPort": "web"}])]))
+
+
 def _with(path: list[Any], value: Any) -> dict[str, Any]:
     """A valid policy with one field (path into the object) replaced; ``...`` deletes it."""
     obj = cnp(ingress=[rule("Accept", protocols=[tcp(80)])], egress=[rule("Deny", [{"networks": ["10.0.0.0/8"]}], key="to")])
@@ -131,7 +140,8 @@ MANY = [{"namespaces": {}}] * 26
     (["spec", "egress", 0, "to"], [{"networks": ["10.0.0.0"]}], "spec.egress[0].to[0].networks[0]: Invalid CIDR format provided: '10.0.0.0'"),
     (["spec", "egress", 0, "to"], [{"networks": ["10.0.0.0/8", "10.0.0.0/8"]}], "spec.egress[0].to[0].networks[1]: duplicate value '10.0.0.0/8'"),
     (["spec", "egress", 0, "to"], [{"networks": [f"10.0.{i}.0/24" for i in range(26)]}], "networks: must have 1 to 25 items, got 26"),
-    (["spec", "egress", 0, "to"], [{"nodes": {}}], "spec.egress[0].to[0].nodes: not supported by nftpolicy"),
+    (["spec", "egress", 0, "to"], [{"nodes": {"matchLabels": {"a": "b c"}}}], "spec.egress[0].to[0].nodes.matchLabels.a: invalid label value 'b c'"),
+    (["spec", "egress", 0, "to"], [{"nodes": None}], "spec.egress[0].to[0]: exactly one of domainNames, namespaces, networks, nodes, pods must be set, got none"),
     (["spec", "egress", 0, "to"], [{"domainNames": ["kubernetes.io"]}], "spec.egress[0].to[0].domainNames: not supported by nftpolicy"),
     (["spec", "egress", 0, "protocols"], [{"destinationNamedPort": "web"}],
      "spec.egress[0]: networks/nodes/domainNames peer cannot be set with namedPorts"),
@@ -178,7 +188,7 @@ def test_fail_closed_keeps_good_rules_drops_bad_accepts_and_denies_for_bad_deny_
     from nftpolicy.translators.clusterpolicy import fail_closed_cluster_policy
 
     obj = cnp("p", ingress=[rule("Accept"), rule("Accept", [{"future": {}}]), rule("Pass", [{"future": {}}])],
-              egress=[rule("Deny", [{"nodes": {}}], key="to")])
+              egress=[rule("Deny", [{"future": {}}], key="to")])
     with pytest.raises(InvalidField):
         cluster_policy_from(obj)
     policy = fail_closed_cluster_policy(obj)

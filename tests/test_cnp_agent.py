@@ -41,7 +41,7 @@ def _source(api: FakeApiServer, tmp_path) -> tuple[Store, threading.Event]:
     api.put(pod("x", "a", "10.0.0.1", app="a"))
     stop = threading.Event()
     store = Store(Metrics())
-    KubeSource(store, store.metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, stop).start()
+    KubeSource(store, store.metrics, api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, stop).start()
     return store, stop
 
 

@@ -42,7 +42,7 @@ def source(api, tmp_path):
     store = Store(metrics)
 
     def start(watch_timeout: int = 30, api_timeout: float = 2.0, clock: Clock = REAL_TIME) -> KubeSource:
-        src = KubeSource(store, metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), api_timeout, watch_timeout, stop, clock)
+        src = KubeSource(store, metrics, api.kubeconfig(str(tmp_path / "kc.json")), api_timeout, watch_timeout, stop, clock)
         src.start()
         eventually(store.listed)
         return src
@@ -142,7 +142,7 @@ def test_retry_after_is_capped_and_a_bad_one_waits_the_backoff(api, tmp_path, as
     negative, not finite or not a number (``None`` here) would be no wait at all for Event.wait:
     the backoff's pause is taken instead, so that no node retries in a tight loop."""
     metrics, clock = Metrics(), InstantClock()
-    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
+    src = KubeSource(Store(metrics), metrics, api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
     answers = [ApiException(status=429, reason="Too Many Requests")]
     answers[0].headers = {"Retry-After": asked}
 
@@ -209,7 +209,7 @@ def test_401_and_403_are_retried_with_the_common_backoff_reported_once(api, tmp_
     metrics = Metrics()
     clock = InstantClock()
     slept = clock.waited
-    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
+    src = KubeSource(Store(metrics), metrics, api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
     answers = [refused(403)] * 7 + [refused(401)]
     denied_meanwhile = []
 
@@ -401,7 +401,7 @@ def test_an_expired_continue_token_relists_at_once(tmp_path):
     api = FakeApiServer()
     api.start()
     try:
-        source = KubeSource(Store(Metrics()), Metrics(), "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
+        source = KubeSource(Store(Metrics()), Metrics(), api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
         source.calls["Pod"] = (list_pods, {})
         with pytest.raises(sources.RelistNeeded, match="continue token expired"):
             source._list("Pod")

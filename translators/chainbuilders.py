@@ -46,7 +46,7 @@ from .selectors import ALL, LabelSelector, canonical_selector
 from .setstore import Scope, SetKey
 
 TIER_CHAIN_PREFIX = {"Admin": "KUBE-ANP-", "Baseline": "KUBE-BANP-"}
-PeerTarget = Scope | IPBlock  # a peer: pods (their addresses) or an ipBlock
+PeerTarget = Scope | IPBlock | LabelSelector  # a peer: pods (their addresses), an ipBlock, or Nodes (a selector over their labels)
 Match = tuple[Family | None, str | None, PortMatch | None, str | None]  # family, peer set, port, named-port set
 
 
@@ -149,13 +149,16 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
 def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
               use: Callable[[SetKey], str]) -> list[tuple[Family | None, str | None]]:
     """(family, peer set) alternatives of a rule's peers: ``(None, None)`` for any peer, else an
-    address set per family for each pod scope and an interval set for each ipBlock."""
+    address set per family for each pod scope and each Node selector, and an interval set for
+    each ipBlock."""
     if peers is None:
         return [(None, None)]
     options: list[tuple[Family | None, str | None]] = []
     for peer in peers:
         if isinstance(peer, Scope):
             options.extend((f, use(SetKey("addr", f, peer))) for f in families)
+        elif isinstance(peer, LabelSelector):
+            options.extend((f, use(SetKey("nodes", f, nodes=peer))) for f in families)
         else:
             family = family_of(str(peer.cidr))
             options.append((family, use(SetKey("interval", family, block=peer))))
@@ -164,11 +167,12 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
 
 def _named_port_scopes(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...]) -> list[tuple[Scope, tuple[Family, ...]]]:
     """Where an egress named port resolves: each peer's pods (an ipBlock peer: every pod's
-    addresses inside it; any peer: every pod)."""
+    addresses inside it; any peer: every pod). A nodes peer is never in a rule with a named port
+    (the CRD's validation)."""
     if peers is None:
         return [(Scope(namespace_selector=ALL), families)]
     return [(peer, families) if isinstance(peer, Scope) else (Scope(namespace_selector=ALL, block=peer), (family_of(str(peer.cidr)),))
-            for peer in peers]
+            for peer in peers if not isinstance(peer, LabelSelector)]
 
 
 def _user(keys: list[SetKey]) -> Callable[[SetKey], str]:
@@ -208,6 +212,8 @@ def _cluster_scope(namespaces: LabelSelector | None, pods: tuple[LabelSelector, 
 def _cluster_peer(peer: ClusterPeer) -> list[PeerTarget]:
     if peer.networks:
         return [IPBlock(cidr=network) for network in peer.networks]
+    if peer.nodes is not None:
+        return [canonical_selector(peer.nodes) or ALL]
     return [_cluster_scope(peer.namespaces, peer.pods)]
 
 

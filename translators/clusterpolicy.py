@@ -6,15 +6,16 @@ and the CRD it generates (``config/crd/{standard,experimental}``: the OpenAPI li
 rules). A ClusterNetworkPolicy sits in the Admin tier (before every NetworkPolicy) or the
 Baseline tier (after them, for pods no NetworkPolicy isolates); ``tests/tiers.py``
 evaluates the order. Peers are namespaces, pods (a namespace selector AND a pod selector) and,
-for egress, networks (CIDRs); ports are TCP, UDP or SCTP destination ports (a number or a range)
-or a destination named port.
+for egress, networks (CIDRs) and nodes (a label selector over Node objects: their InternalIP and
+ExternalIP addresses); ports are TCP, UDP or SCTP destination ports (a number or a range) or a
+destination named port.
 
 Validation is the CRD's: ``priority`` 0-1000, ``subject`` and every peer and protocol with
 exactly one field, at most 25 rules per direction, 1-25 peers and protocols per rule, 1-25
 networks per peer (no duplicates), rule names of at most 100 characters, port ranges with
-``start < end``, no named port in an egress rule towards networks. The experimental ``nodes`` and
-``domainNames`` peers are refused as not supported (nftpolicy does not enforce them), so that
-an object is never read as allowing or denying less than it says.
+``start < end``, no named port in an egress rule towards networks or nodes. The experimental
+``domainNames`` peer is refused as not supported (nftpolicy does not enforce it), so that an
+object is never read as allowing or denying less than it says.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ _FIELDS = {
 
 
 class UnsupportedPeer(InvalidField):
-    """A peer the CRD accepts and nftpolicy does not enforce (``nodes``, ``domainNames``)."""
+    """A peer the CRD accepts and nftpolicy does not enforce (``domainNames``)."""
 
 
 def _one_of(value: Mapping[str, Any], path: str, what: str) -> str:
@@ -104,7 +105,9 @@ def _peer(value: Any, path: str, direction: Direction) -> ClusterPeer:
         return ClusterPeer(pods=_namespaced_pods(entry[kind], where))
     if kind == "networks":
         return ClusterPeer(networks=_networks(entry[kind], where))
-    raise UnsupportedPeer(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks)")
+    if kind == "nodes":
+        return ClusterPeer(nodes=selector_from(entry[kind], where))
+    raise UnsupportedPeer(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks, nodes)")
 
 
 def _port_number(value: Any, path: str) -> int:
@@ -163,7 +166,7 @@ def _rules(value: Any, path: str, direction: Direction) -> tuple[ClusterRule, ..
         if rule.get("protocols") is not None:
             items = _count(list_field(rule["protocols"], f"{rpath}.protocols"), f"{rpath}.protocols", 1, MAX_ITEMS)
             ports = tuple(_protocol(p, f"{rpath}.protocols[{j}]") for j, p in enumerate(items))
-        if any(p.networks for p in peers) and any(p.name is not None for p in ports):
+        if any(p.networks or p.nodes is not None for p in peers) and any(p.name is not None for p in ports):
             raise InvalidField(rpath, "networks/nodes/domainNames peer cannot be set with namedPorts since there are "
                                       "no namedPorts for networks/nodes/domainNames")
         rules.append(ClusterRule(action=action, peers=peers, ports=ports, name=name))

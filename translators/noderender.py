@@ -23,7 +23,7 @@ import dataclasses
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Pod
+from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Node, Pod
 from .rules import (
     FAMILIES,
     AnyChain,
@@ -82,6 +82,8 @@ class NodeRenderer:
             self._index_pods(cluster.pods)
         for key, policy in cluster.policies.items():
             self.set_policy(key, policy)
+        for name, node in cluster.nodes.items():
+            self.set_node(name, node)
         for key, cluster_policy in cluster.cluster_policies.items():
             self.set_cluster_policy(key, cluster_policy)
         if empty:
@@ -107,8 +109,7 @@ class NodeRenderer:
 
     def apply(self, kind: str, key: str, obj: Any) -> None:
         """One changed object of ``kind`` (``Namespace``, ``Pod``, ``NetworkPolicy``,
-        ``ClusterNetworkPolicy``; None: deleted). Other kinds (``Node``) do not shape the rules
-        and are ignored."""
+        ``ClusterNetworkPolicy``, ``Node``; None: deleted)."""
         if kind == "Pod":
             self.set_pod(key, obj)
         elif kind == "Namespace":
@@ -117,6 +118,8 @@ class NodeRenderer:
             self.set_policy(key, obj)
         elif kind == "ClusterNetworkPolicy":
             self.set_cluster_policy(key, obj)
+        elif kind == "Node":
+            self.set_node(key, obj)
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         """A namespace's labels; one without a Namespace object has only its name label."""
@@ -167,6 +170,11 @@ class NodeRenderer:
                 self.policies.render(policy_key, families)
             self.tiers.drop(list(self.tiers.chains))
             self._pod_chains_stale = True
+
+    def set_node(self, name: str, node: Node | None) -> None:
+        """A Node was added or changed (None: deleted): only the elements of the node sets
+        (ClusterNetworkPolicy ``nodes`` peers) that hold or now want its addresses change."""
+        self.sets.node_changed(name, node)
 
     def set_policy(self, key: str, policy: NetworkPolicy | None) -> None:
         """A NetworkPolicy was added or changed (None: deleted)."""

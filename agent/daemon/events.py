@@ -56,7 +56,7 @@ RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full")
 
 # Reasons (the Event's ``reason``), one per way the agent falls short of an object.
 INVALID = "InvalidPolicy"  # a field fails validation
-UNSUPPORTED_PEER = "UnsupportedPeer"  # valid, but a peer kind nftpolicy does not enforce (domainNames, nodes)
+UNSUPPORTED_PEER = "UnsupportedPeer"  # valid, but a peer kind nftpolicy does not enforce (domainNames)
 CRD_MISSING = "ClusterNetworkPolicyCRDMissing"  # on the Node: the API has no ClusterNetworkPolicies
 
 API_VERSIONS = {"NetworkPolicy": "networking.k8s.io/v1", "ClusterNetworkPolicy": "policy.networking.k8s.io/v1alpha2"}
