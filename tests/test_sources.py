@@ -59,11 +59,11 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def test_list_then_watch_and_only_this_node(api, source):
+def test_list_then_watch_and_every_node(api, source):
     store, _, start = source
     start()
     cluster = store.take()[0]
-    assert set(cluster.pods) == {"x/a"} and set(cluster.nodes) == {"node1"}
+    assert set(cluster.pods) == {"x/a"} and set(cluster.nodes) == {"node1", "node2"}  # nodes peers select any Node
     api.put(pod("x", "b", "10.0.0.2", app="b"))
     eventually(lambda: "x/b" in pods(store))
     api.put(pod("x", "b", "10.0.0.3", app="b"))
@@ -72,7 +72,9 @@ def test_list_then_watch_and_only_this_node(api, source):
     eventually(lambda: "x/b" not in pods(store))
     watches = [p for _, p, _ in api.requests if "watch=true" in p]
     assert watches and all("allowWatchBookmarks=true" in p and "resourceVersion=" in p for p in watches)
-    assert any("fieldSelector=metadata.name%3Dnode1" in p for _, p, _ in api.requests if "/nodes" in p)
+    assert not any("fieldSelector" in p for _, p, _ in api.requests if "/nodes" in p)
+    api.put(node("node3", ("InternalIP", "172.18.0.3"), role="infra"))
+    eventually(lambda: store.take()[0].nodes.get("node3") is not None and store.take()[0].nodes["node3"].peer_addresses == ("172.18.0.3",))
 
 
 def test_watch_timeout_reconnects_from_the_last_version(api, source):
