@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.translators.cases import load_case
+from nftpolicy.translators.cases import load_case, target_address
 from nftpolicy.translators.verdict import Connection, enforcement_from_json, enforcement_json, enforcement_of, verdict_lines
 
-from .test_verdict import LAYOUTS, build_cluster, case_manifests, sandbox_addresses, target_address
+from .test_verdict import LAYOUTS, build_cluster, case_manifests, sandbox_addresses
 
 ROOT = Path(__file__).parent / "conformance"
 FILES = sorted((ROOT / "cnp-upstream").glob("*.yaml")) + sorted((ROOT / "cnp-own").glob("*.yaml"))

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.sandbox import Sandbox
-from nftpolicy.translators.cases import NODE_TARGET, Case, case_manifests, load_case
+from nftpolicy.translators.cases import Case, case_manifests, load_case, target_address
 from nftpolicy.translators.manifests import build_cluster
-from nftpolicy.translators.model import Cluster, Family, family_of
+from nftpolicy.translators.model import Cluster, Family
 from nftpolicy.translators.verdict import (
     Connection,
     Enforcement,
@@ -62,13 +62,6 @@ def case_cluster(case: Case, nodes: tuple[str, ...], family: Family) -> Cluster:
         cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips))
         assert errors == [], [str(e) for e in errors]
         return sandbox.with_sandbox_pods(cluster)
-
-
-def target_address(cluster: Cluster, key: str, family: Family) -> str:
-    """The address of a case's matrix column: a pod's, or a Node's (``node:<name>``)."""
-    if key.startswith(NODE_TARGET):
-        return next(a for a in cluster.nodes[key[len(NODE_TARGET):]].addresses if family_of(a) == family)
-    return cluster.pods[key].ips[0]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import OneLineError
-from .model import NAMESPACE_NAME_LABEL, Protocol
+from .model import NAMESPACE_NAME_LABEL, Cluster, Family, Protocol, family_of
 
 DEFAULT_NAMESPACES = ("x", "y", "z")
 DEFAULT_POD_NAMES = ("a", "b", "c")
@@ -76,6 +76,18 @@ class Case:
     probes: tuple[CaseProbe, ...]
     cluster_policies: tuple[Mapping[str, Any], ...] = ()
     nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
+def target_address(cluster: Cluster, key: str, family: Family) -> str | None:
+    """The first address of ``family`` of a matrix column ``key``: pod ``ns/name`` of
+    ``cluster``, or a Node's (``node:<name>``); None when it has none."""
+    if key.startswith(NODE_TARGET):
+        node = cluster.nodes.get(key[len(NODE_TARGET):])
+        addresses = node.addresses if node is not None else ()
+    else:
+        pod = cluster.pods.get(key)
+        addresses = pod.ips if pod is not None else ()
+    return next((a for a in addresses if family_of(a) == family), None)
 
 
 def is_case(document: Any) -> bool:

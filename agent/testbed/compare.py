@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from nftpolicy.translators.kuberouter import Dump
-from nftpolicy.translators.cases import NODE_TARGET
-from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule, family_of
+from nftpolicy.translators.cases import target_address
+from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule
 from nftpolicy.translators.rules import FAMILIES, Config
 from nftpolicy.translators.verdict import Connection, DirectionVerdict, Enforcement, enforcement_of
 
@@ -126,15 +126,6 @@ def _cluster_rule(side: DirectionVerdict) -> str | None:
     return f"ClusterNetworkPolicy {rule.policy} {rule.direction} rule {rule.rule} ({side.cluster_action.split()[1]})"
 
 
-def _address(cluster: Cluster, key: str, family: Family) -> str | None:
-    """The first address of ``family`` of probe end ``key``: a pod, or a Node (``node:<name>``)."""
-    if key.startswith(NODE_TARGET):
-        node = cluster.nodes.get(key[len(NODE_TARGET):])
-        return next((a for a in node.addresses if family_of(a) == family), None) if node is not None else None
-    pod = cluster.pods.get(key)
-    return pod.addresses(family)[0] if pod is not None and pod.addresses(family) else None
-
-
 def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: bool | None, ours: bool | None,
             icmp_echo_accepted: bool = False, family: Family = "ipv4", engine: Enforcement | None = None) -> str | None:
     """The documented deliberate difference that accounts for a cell of ``family``, if one does
@@ -149,7 +140,7 @@ def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: 
     if spec.protocol == "ICMP" and kube_router and not ours and icmp_echo_accepted:
         return ICMP_NOTE
     a, b = cluster.pods.get(src), cluster.pods.get(dst)
-    source, destination = _address(cluster, src, family), _address(cluster, dst, family)
+    source, destination = target_address(cluster, src, family), target_address(cluster, dst, family)
     if cluster.cluster_policies and source and destination and spec.protocol != "ICMP" and kube_router != ours:
         cell = Connection(source, destination, spec.protocol, spec.port)  # type: ignore[arg-type]
         verdict = (engine or enforcement_of(cluster)).verdict(cell)

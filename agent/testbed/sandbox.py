@@ -99,7 +99,7 @@ class Sandbox(Started):
         names = sorted({p.node for p in self.pods.values() if p.node} | set(served_nodes))
         self.nodes: dict[str, _Node] = {}
         for i, name in enumerate(names):
-            given = {ipaddress.ip_address(a).version: a for a in (node_addresses or {}).get(name, ())}
+            given = {ipaddress.ip_address(a).version: a for a in reversed((node_addresses or {}).get(name, ()))}  # the first of each family
             self.nodes[name] = _Node(name, f"{self.prefix}n{i}", i, {
                 "ipv4": given.get(4, f"172.31.{i // 250}.{i % 250 + 2}"),
                 "ipv6": given.get(6, f"fd00:172:31::{i + 2:x}"),
