@@ -415,12 +415,13 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 # ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
 
-def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Sequence[str] = ()) -> dict[str, Any]:
+def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """What one node enforces (:func:`enforcement_json` of its ``model``, the enforceable ones of
-    ``pods`` and ``node_addresses``, its node's: the node-local and node-port exemptions need
-    them): the agent's debug endpoint."""
+    ``pods`` and ``node_addresses``, node name -> addresses: its own for the node-local and
+    node-port exemptions, the others' to name the Node a connection goes to): the agent's debug
+    endpoint."""
     endpoints = [Endpoint.of(p) for p in pods if p.enforceable]
-    return enforcement_json(Enforcement({node: model}, endpoints, {node: node_addresses} if node_addresses else {}))
+    return enforcement_json(Enforcement({node: model}, endpoints, {k: v for k, v in (node_addresses or {}).items() if v}))
 
 
 def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:

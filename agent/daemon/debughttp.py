@@ -38,13 +38,13 @@ def serve_debug(address: str, snapshot: Callable[[], dict[str, Any] | None]) -> 
 def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:
     """:func:`serve_debug` of ``reconciler``'s committed model and pods (taken under its lock,
     between syncs: a few milliseconds; turned into JSON after it, which takes about 0.1 s per
-    10,000 pods) and of the addresses of its Node object."""
+    10,000 pods) and of the addresses of every Node object (its own and those nodes peers match)."""
     def snapshot() -> dict[str, Any] | None:
-        node = reconciler.store.get("Node", reconciler.node)
         with reconciler.lock:
             renderer = reconciler.renderer
             if renderer is None:
                 return None
             model, pods = renderer.model(ordered=False), list(renderer.pods.values())
-        return node_json(reconciler.node, model, pods, node.addresses if node is not None else ())
+            node_addresses = {name: node.addresses for name, node in renderer.sets.nodes.items()}
+        return node_json(reconciler.node, model, pods, node_addresses)
     return serve_debug(address, snapshot)
