@@ -81,8 +81,11 @@ def _pod_peer(end: PodOrAddress) -> Pod | None:
 
 
 def _cluster_peer_matches(cluster: Cluster, peer: ClusterPeer, other: PodOrAddress, family: Family) -> bool:
-    if peer.nodes is not None:  # the Nodes its selector matches, by their labels ("nodes" peer, egress only)
-        return isinstance(other, Node) and node_peer_selects(peer, other)
+    if peer.nodes is not None:  # the Nodes its selector matches, by their labels, and their addresses (egress only)
+        if isinstance(other, Node):
+            return node_peer_selects(peer, other)
+        address = _address(other, family)  # an address, or a pod's (a host-network pod's is its node's)
+        return address is not None and any(address in n.peer_addresses and node_peer_selects(peer, n) for n in cluster.nodes.values())
     if peer.networks:
         address = _address(other, family)
         return address is not None and network_contains(peer, address)

@@ -3,7 +3,7 @@
 :class:`NodeRenderer` holds the cluster as indexes (pods by namespace and label set, policies by
 namespace) and the node's desired rule model (DESIGN.md section 2: ``KUBE-POD-FW-<hash>`` ->
 ``KUBE-NWPLCY-<hash>``, semantics section 3). It takes one object at a time (:meth:`set_pod`,
-:meth:`set_namespace`, :meth:`set_policy`) and records what that changed in the model, which
+:meth:`set_namespace`, :meth:`set_policy`, :meth:`set_cluster_policy`, :meth:`set_node`) and records what that changed in the model, which
 :meth:`take_changes` hands out; :meth:`model` is the whole model (a full render is
 :meth:`load` then :meth:`model`: the same code). Peer sets are shared selector sets
 (:mod:`~nftpolicy.translators.setstore`); policy and tier chains are built by
@@ -13,7 +13,8 @@ What a policy chain says depends only on the policy (its rules name sets by key)
 chains exist depends on the node's pods (a chain exists while the policy selects a local pod);
 pod chains depend on the local pods and the policies of their namespace. So a non-local pod
 change touches only set elements, a namespace label change only the sets of the
-namespaceSelectors that start or stop matching it, and a policy change its own chains, sets and
+namespaceSelectors that start or stop matching it, a Node change only the elements of the node
+sets (ClusterNetworkPolicy ``nodes`` peers) whose selector matches it before or after, and a policy change its own chains, sets and
 the pod chains of its namespace.
 """
 
