@@ -57,7 +57,8 @@ class DomainNames:
     names: tuple[str, ...]
 
 
-PeerTarget = Scope | IPBlock | DomainNames  # a peer: pods (their addresses), an ipBlock or domain names
+# a peer: pods (their addresses), an ipBlock, domain names, or Nodes (a selector over their labels)
+PeerTarget = Scope | IPBlock | DomainNames | LabelSelector
 Match = tuple[Family | None, str | None, PortMatch | None, str | None]  # family, peer set, port, named-port set
 
 
@@ -160,8 +161,8 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
 def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
               use: Callable[[SetKey], str]) -> list[tuple[Family | None, str | None]]:
     """(family, peer set) alternatives of a rule's peers: ``(None, None)`` for any peer, else an
-    address set per family for each pod scope and each domainNames peer, and an interval set for
-    each ipBlock."""
+    address set per family for each pod scope, each domainNames peer and each Node selector, and
+    an interval set for each ipBlock."""
     if peers is None:
         return [(None, None)]
     options: list[tuple[Family | None, str | None]] = []
@@ -170,6 +171,8 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
             options.extend((f, use(SetKey("addr", f, peer))) for f in families)
         elif isinstance(peer, DomainNames):
             options.extend((f, use(SetKey("domain", f, names=peer.names))) for f in families)
+        elif isinstance(peer, LabelSelector):
+            options.extend((f, use(SetKey("nodes", f, nodes=peer))) for f in families)
         else:
             family = family_of(str(peer.cidr))
             options.append((family, use(SetKey("interval", family, block=peer))))
@@ -178,8 +181,8 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
 
 def _named_port_scopes(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...]) -> list[tuple[Scope, tuple[Family, ...]]]:
     """Where an egress named port resolves: each peer's pods (an ipBlock peer: every pod's
-    addresses inside it; any peer: every pod; a domainNames peer has none: validation refuses
-    named ports with it)."""
+    addresses inside it; any peer: every pod). A domainNames or nodes peer has none: the CRD's
+    validation refuses named ports with them."""
     if peers is None:
         return [(Scope(namespace_selector=ALL), families)]
     scopes: list[tuple[Scope, tuple[Family, ...]]] = []
@@ -230,6 +233,8 @@ def _cluster_peer(peer: ClusterPeer) -> list[PeerTarget]:
         return [IPBlock(cidr=network) for network in peer.networks]
     if peer.domain_names:
         return [DomainNames(peer.domain_names)]
+    if peer.nodes is not None:
+        return [canonical_selector(peer.nodes) or ALL]
     return [_cluster_scope(peer.namespaces, peer.pods)]
 
 

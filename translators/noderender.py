@@ -3,7 +3,7 @@
 :class:`NodeRenderer` holds the cluster as indexes (pods by namespace and label set, policies by
 namespace) and the node's desired rule model (DESIGN.md section 2: ``KUBE-POD-FW-<hash>`` ->
 ``KUBE-NWPLCY-<hash>``, semantics section 3). It takes one object at a time (:meth:`set_pod`,
-:meth:`set_namespace`, :meth:`set_policy`) and records what that changed in the model, which
+:meth:`set_namespace`, :meth:`set_policy`, :meth:`set_cluster_policy`, :meth:`set_node`) and records what that changed in the model, which
 :meth:`take_changes` hands out; :meth:`model` is the whole model (a full render is
 :meth:`load` then :meth:`model`: the same code). Peer sets are shared selector sets
 (:mod:`~nftpolicy.translators.setstore`); policy and tier chains are built by
@@ -13,7 +13,8 @@ What a policy chain says depends only on the policy (its rules name sets by key)
 chains exist depends on the node's pods (a chain exists while the policy selects a local pod);
 pod chains depend on the local pods and the policies of their namespace. So a non-local pod
 change touches only set elements, a namespace label change only the sets of the
-namespaceSelectors that start or stop matching it, and a policy change its own chains, sets and
+namespaceSelectors that start or stop matching it, a Node change only the elements of the node
+sets (ClusterNetworkPolicy ``nodes`` peers) whose selector matches it before or after, and a policy change its own chains, sets and
 the pod chains of its namespace.
 """
 
@@ -23,7 +24,7 @@ import dataclasses
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Pod
+from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Node, Pod
 from .rules import (
     FAMILIES,
     AnyChain,
@@ -83,6 +84,8 @@ class NodeRenderer:
             self._index_pods(cluster.pods)
         for key, policy in cluster.policies.items():
             self.set_policy(key, policy)
+        for name, node in cluster.nodes.items():
+            self.set_node(name, node)
         for key, cluster_policy in cluster.cluster_policies.items():
             self.set_cluster_policy(key, cluster_policy)
         if empty:
@@ -108,8 +111,7 @@ class NodeRenderer:
 
     def apply(self, kind: str, key: str, obj: Any) -> None:
         """One changed object of ``kind`` (``Namespace``, ``Pod``, ``NetworkPolicy``,
-        ``ClusterNetworkPolicy``; None: deleted). Other kinds (``Node``) do not shape the rules
-        and are ignored."""
+        ``ClusterNetworkPolicy``, ``Node``; None: deleted)."""
         if kind == "Pod":
             self.set_pod(key, obj)
         elif kind == "Namespace":
@@ -118,6 +120,8 @@ class NodeRenderer:
             self.set_policy(key, obj)
         elif kind == "ClusterNetworkPolicy":
             self.set_cluster_policy(key, obj)
+        elif kind == "Node":
+            self.set_node(key, obj)
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         """A namespace's labels; one without a Namespace object has only its name label."""
@@ -168,6 +172,11 @@ class NodeRenderer:
                 self.policies.render(policy_key, families)
             self.tiers.drop(list(self.tiers.chains))
             self._pod_chains_stale = True
+
+    def set_node(self, name: str, node: Node | None) -> None:
+        """A Node was added or changed (None: deleted): only the elements of the node sets
+        (ClusterNetworkPolicy ``nodes`` peers) that hold or now want its addresses change."""
+        self.sets.node_changed(name, node)
 
     def set_policy(self, key: str, policy: NetworkPolicy | None) -> None:
         """A NetworkPolicy was added or changed (None: deleted)."""
