@@ -308,10 +308,10 @@ class NodeRenderer:
         chain: the first of them by (not Running, key)."""
         order = (pod.phase != "Running", pod.key)
         ips = tuple(ip for ip in pod.ips if all(order <= (self.pods[k].phase != "Running", k) for k in self._local_by_ip.get(ip, ())))
-        selecting = self.policies.selecting(pod)
+        selecting, empty = self.policies.selecting(pod)
         if not (selecting or pod_tiers) or not ips:
             return None
-        return build_pod_chain(pod, ips, selecting, pod_tiers, tier_policy)
+        return build_pod_chain(pod, ips, selecting, pod_tiers, tier_policy, empty)
 
 
 def _family_counts(pods: Iterable[Pod]) -> dict[Family, int]:
