@@ -111,3 +111,13 @@ def test_fifty_allowing_policies_cost_one_policy_chain():
     verdict, walked = walk("".join(allow(f"p{i:02d}") for i in range(50)))
     ((rules, jumps, policies),) = pod_chain_walks(walked)
     assert (verdict, rules, jumps, len(policies)) == (True, ["common", "start unmarked", "ingress allowed"], 50, 1)
+
+
+def test_the_walk_counts_what_a_new_connection_costs():
+    """The walk's cost counters: a policy-isolated server, an unisolated client. Dispatch on the
+    destination (a map look-up and a jump), the pod chain's jump to COMMON and to the policy
+    chain, whose one rule looks the client up in a set and counts the packet; the source's
+    dispatch finds no pod chain (a look-up, no jump)."""
+    verdict, walked = walk(allow("in"))
+    assert verdict
+    assert (walked.lookups, walked.jumps, walked.counters) == (3, 3, 1)
