@@ -235,7 +235,7 @@ def _collect(pid: int, fd: int) -> dict:
 
 
 def _server(pod_netns: str, port: int, until: float) -> dict:
-    netns._setns(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
+    netns.enter_thread(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("0.0.0.0", port))
@@ -253,7 +253,7 @@ def _server(pod_netns: str, port: int, until: float) -> dict:
 
 
 def _client(pod_netns: str, address: str, port: int, start: float, count_from: float, end: float) -> dict:
-    netns._setns(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
+    netns.enter_thread(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
     linger = struct.pack("ii", 1, 0)
     counted = failed = 0
     while time.monotonic() < start:
