@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from nftpolicy.agent.daemon import events
 from nftpolicy.agent.daemon.events import (CRD_MISSING, INVALID, UNSUPPORTED_PEER, EventGone, EventRecorder, Subject,
                                            TokenBucket)
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -92,6 +93,25 @@ def test_one_event_per_object_reason_and_generation_then_the_count_goes_up():
     rec.failed_closed("NetworkPolicy", policy(3), InvalidField("spec.podSelector", "other"), True)  # another problem
     drain(rec)
     assert writer.writes == ["create", "patch", "create"] and len(writer.events) == 2
+
+
+def test_what_the_recorder_remembers_is_bounded_and_a_forgotten_object_gets_a_new_event(monkeypatch):
+    """A long-running agent sees many objects fail over time: it keeps the newest REMEMBERED
+    keys of each map; a forgotten object seen failing again is a new Event, not a lost one."""
+    monkeypatch.setattr(events, "REMEMBERED", 3)
+    rec, writer, _ = recorder()
+    exc = InvalidField("spec", "x")
+    for name in ("p0", "p1", "p2", "p3", "p4"):
+        rec.failed_closed("NetworkPolicy", policy(name=name), exc, True)
+    drain(rec)
+    assert len(rec._queued) == 3 and len(rec._written) == 3
+    assert [key[2] for key in rec._written] == ["p2", "p3", "p4"]
+    rec.failed_closed("NetworkPolicy", policy(name="p2"), exc, True)  # remembered: same generation, nothing
+    rec.failed_closed("NetworkPolicy", policy(2, name="p2"), exc, True)  # a new generation: counted, p2 is newest
+    rec.failed_closed("NetworkPolicy", policy(name="p0"), exc, True)  # forgotten: a new Event
+    drain(rec)
+    assert writer.writes == ["create"] * 5 + ["patch", "create"]
+    assert [key[2] for key in rec._written] == ["p4", "p2", "p0"]
 
 
 def test_the_event_of_a_long_named_object_has_a_valid_name():

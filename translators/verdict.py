@@ -41,6 +41,7 @@ nodes' addresses; :meth:`Enforcement.verdict` answers one :class:`Connection`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
@@ -416,10 +417,31 @@ def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: 
     return enforcement_json(Enforcement({node: model}, endpoints, {node: node_addresses} if node_addresses else {}))
 
 
+def _model_shape() -> str:
+    """A fingerprint of the dataclasses :func:`enforcement_json` writes (their field names and
+    types): it changes whenever one of them does, so that a reader of another nftpolicy version
+    says so instead of misreading the data."""
+    classes = (RuleModel, Config, AddressSet, PolicyChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint)
+    fields = [(c.__name__, [(f.name, str(f.type)) for f in dataclasses.fields(c)]) for c in classes]
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:12]
+
+
+MODEL_SHAPE = _model_shape()
+
+
+class ModelShapeMismatch(ValueError):
+    """The data was written by an nftpolicy whose model has another shape (another version)."""
+
+    def __init__(self, shape: object) -> None:
+        super().__init__(f"its model has shape {shape}, this nftpolicy reads shape {MODEL_SHAPE}")
+        self.shape = shape
+
+
 def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:
     """Everything :class:`Enforcement` holds as plain JSON data (:func:`enforcement_from_json`
-    reads it back): ``models`` as ``[{"node": ..., "model": ...}]``, ``pods``, ``node_addresses``."""
-    return {"models": [{"node": node, "model": dataclasses.asdict(model)} for node, model in enforcement.models.items()],
+    reads it back): ``shape`` (:data:`MODEL_SHAPE`), ``models`` as ``[{"node": ..., "model": ...}]``,
+    ``pods``, ``node_addresses``."""
+    return {"shape": MODEL_SHAPE, "models": [{"node": node, "model": dataclasses.asdict(model)} for node, model in enforcement.models.items()],
             "pods": [dataclasses.asdict(p) for p in enforcement.pods],
             "node_addresses": {k: list(v) for k, v in enforcement.node_addresses.items()}}
 
@@ -433,8 +455,11 @@ def _match_rule(data: Mapping[str, Any]) -> MatchRule:
 
 
 def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
-    """The :class:`Enforcement` that :func:`enforcement_json` wrote. Raises KeyError, TypeError or
-    ValueError for data of another shape."""
+    """The :class:`Enforcement` that :func:`enforcement_json` wrote. Raises
+    :class:`ModelShapeMismatch` for data another version wrote, KeyError, TypeError or ValueError
+    for data of another shape."""
+    if data.get("shape") != MODEL_SHAPE:
+        raise ModelShapeMismatch(data.get("shape", "(none)"))
     models: dict[str | None, RuleModel] = {}
     for entry in data["models"]:
         m = entry["model"]
