@@ -103,14 +103,12 @@ def choose_pair(cluster, model: RuleModel) -> tuple[str, str, int]:
     """(client pod, server pod, TCP port): both isolated by policies in the direction they are used,
     and allowed by both (the verdict engine on the node's model), first in name order."""
     engine = Enforcement({None: model})
-    pods = {c.pod: c for c in model.pod_chains}
-    for server_key in sorted(pods):
-        if not pods[server_key].ingress:
-            continue
+    isolated = {(c.pod, c.direction) for c in model.pod_chains if c.policies}
+    for server_key in sorted({pod for pod, direction in isolated if direction == "ingress"}):
         dst = cluster.pods[server_key].addresses("ipv4")[0]
         ports = sorted({p.port for p in cluster.pods[server_key].ports if p.protocol == "TCP"})
-        for client_key in sorted(pods):
-            if client_key == server_key or not pods[client_key].egress:
+        for client_key in sorted({pod for pod, direction in isolated if direction == "egress"}):
+            if client_key == server_key:
                 continue
             src = cluster.pods[client_key].addresses("ipv4")[0]
             for port in ports:
