@@ -313,7 +313,7 @@ class NodeRenderer:
                 if chains:
                     self._pod_chains[key] = chains
             new = {c.name: c for c in chains}
-            for name in old.keys() | new.keys():
+            for name in sorted(old.keys() | new.keys()):
                 if old.get(name) != new.get(name):
                     self._chains_before.setdefault(name, old.get(name))
         if self.tiers.chains:  # tier chains that no pod chain jumps to go
