@@ -4,10 +4,12 @@ The rule model names every chain and set and says what each rule allows, without
 syntax; :mod:`nftpolicy.translators.noderender` builds it from the cluster (and keeps it up to
 date object by object), :mod:`nftpolicy.translators.nft` turns it into an nftables ruleset. The layout is
 DESIGN.md section 2 (kube-router's ``KUBE-ROUTER-*`` -> ``KUBE-POD-FW-<hash>`` ->
-``KUBE-NWPLCY-<hash>``), the semantics section 3 (the NetworkPolicy API reference):
+``KUBE-NWPLCY-<hash>``, with a pod chain per direction: ``KUBE-POD-IN-<hash>``,
+``KUBE-POD-EG-<hash>``), the semantics section 3 (the NetworkPolicy API reference):
 
-* a pod is isolated for a direction when a policy of that type selects it; its chain then jumps
-  to the policy chains of that direction only, else to ``KUBE-NWPLCY-DEFAULT``;
+* a pod is isolated for a direction when a policy of that type selects it; its chain of that
+  direction then jumps to the policy chains of that direction, else (a ClusterNetworkPolicy
+  tier only) to ``KUBE-NWPLCY-DEFAULT``;
 * a policy chain has one :class:`MatchRule` per allowed (peers, port) tuple;
 * peers are shared sets, named after what they select: pod addresses (``addr``), an ipBlock
   minus its own excepts (``interval``), or ``address . protocol . port`` triples where a named
