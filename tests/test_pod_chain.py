@@ -124,3 +124,25 @@ def test_the_walk_counts_what_a_new_connection_costs():
     verdict, walked = walk(allow("in"))
     assert verdict
     assert (walked.lookups, walked.jumps, walked.counters) == (3, 3, 1)
+
+
+def test_hairpin_walks_the_ingress_chain_then_the_egress_chain():
+    """The server reaching itself through a Service (after the DNAT its address is both source and
+    destination): its ingress chain allows and returns, then its egress chain refuses. With one
+    chain for both directions the ingress "allowed" return ended the walk (tests/test_hairpin.py
+    has it with real packets)."""
+    table = layout.table(build_rule_model(cluster_from_yaml(PODS + """
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: x, name: in-all-egress-dns}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress, Egress]
+  ingress: [{}]
+  egress: [{ports: [{port: 53, protocol: UDP}]}]
+"""), "node1"))
+    walked = TableWalker(table).walk(Connection("10.0.0.2", "10.0.0.2", "TCP", 80))
+    entered = [step.chain for step in walked.steps if step.rule.comment.endswith(" common")]
+    assert [c[:len("KUBE-POD-IN-")] for c in entered] == ["KUBE-POD-IN-", "KUBE-POD-EG-"]
+    assert not walked.allowed and walked.ended_by.rule.comment == "x/server reject egress"
