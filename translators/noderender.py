@@ -224,7 +224,7 @@ class NodeRenderer:
 
     def counts(self) -> dict[str, int]:
         """Sizes of the model for metrics: ``sets``, ``elements`` (in every set), ``policy chains``
-        and ``pod chains``."""
+        and ``pod chains`` (one per local pod and direction it is isolated in)."""
         self._refresh_pod_chains()
         sets, elements = self.sets.counts()
         return {"sets": sets, "elements": elements, "policy chains": len(self.policies.chains), "pod chains": sum(len(chains) for chains in self._pod_chains.values())}
