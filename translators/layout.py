@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from .model import Direction, Family, family_of
-from .rules import FAMILIES, AddressSet, Config, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
+from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
 
 Field = Literal["saddr", "daddr"]
 Hook = Literal["input", "forward", "output"]
