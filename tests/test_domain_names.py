@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 import dns.exception
+import dns.message
+import dns.rrset
 import dns.resolver
 import pytest
 from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment
@@ -53,7 +55,7 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
 }
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
-OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61", "10.0.2.70"]  # where moving.cdn.example moves; local.cdn.example
+OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61", "10.0.2.70", "10.0.2.80"]  # where moving.cdn.example moves; local.cdn.example; a forged answer's
 
 NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}}
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "shop", "labels": {"app": "client"}},
@@ -292,6 +294,26 @@ def test_an_address_expires_with_its_record(bed):
     assert not bed.connects(address)
     bed.resolve("brief.partner.example")
     assert bed.connects(address)
+
+
+def test_an_answer_the_pod_did_not_ask_for_teaches_nothing(bed):
+    """A DNS response sent from port 53 of any host to a subject pod, not as the reply to a query
+    the pod sent (no conntrack flow from the pod): learning it would let anyone who can send the
+    pod a packet open its egress to any address."""
+    forged = dns.message.make_response(dns.message.make_query("n19.cdn.example", "A"))
+    forged.answer.append(dns.rrset.from_text("n19.cdn.example.", 60, "IN", "A", "10.0.2.80"))
+    with netns.entered(bed.out):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind(("10.0.2.11", 53))
+        for port in (33333, 53):
+            s.sendto(forged.to_wire(), (POD4, port))
+    finally:
+        s.close()
+    [address] = bed.resolve("n1.cdn.example")  # a real answer after the forged ones: they were read by now
+    assert bed.connects(address)
+    assert not bed.learner.why("10.0.2.80", time.monotonic())
+    assert not bed.connects("10.0.2.80")
 
 
 @pytest.fixture(scope="module")

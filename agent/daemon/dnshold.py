@@ -88,11 +88,16 @@ def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
     """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it from
     ``FORWARD`` (answers the node routes to its pods) and ``OUTPUT`` (answers a DNS server on the
     node's own network sends them: a node-local cache, a host-network CoreDNS; never through
-    ``lo``, so the node's own lookups are not held); the ``FORWARD`` jump comes last."""
+    ``lo``, so the node's own lookups are not held); the ``FORWARD`` jump comes last.
+
+    Only a reply of a flow that the pod began is queued (conntrack: ``ESTABLISHED`` in the
+    ``REPLY`` direction): a DNS message that anybody sends from port 53 to a pod unasked is
+    no answer to the pod's question and teaches nothing (it passes unheld and unread)."""
     target = ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
+    replies = ["-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY"]
     return [["-N", HOLD_CHAIN],
-            ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *target],
-            ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *target],
+            ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *replies, *target],
+            ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *replies, *target],
             ["-I", "OUTPUT", "1", "!", "-o", "lo", "-j", HOLD_CHAIN],
             ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
 
