@@ -9,6 +9,7 @@ Each test takes a few seconds: TTLs are short, waits are polls."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import secrets
 import socket
 import subprocess
@@ -314,6 +315,52 @@ def test_an_answer_the_pod_did_not_ask_for_teaches_nothing(bed):
     assert bed.connects(address)
     assert not bed.learner.why("10.0.2.80", time.monotonic())
     assert not bed.connects("10.0.2.80")
+
+
+def test_a_burst_of_answers_while_the_agent_is_slow_neither_stops_the_hold_nor_drops_answers(bed):
+    """More answers at once than the queue's socket holds (its buffer cut to what a node with
+    the kernel's default net.core.rmem_max gives, the reader busy in a slow commit): in bypass
+    mode the overflow passes unheld, and the hold goes on reading (ENOBUFS is no stop)."""
+    hold = bed.hold
+    assert hold is not None and hold._queue is not None
+    hold._queue.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 15)
+    with netns.entered(bed.pod):
+        pod = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    pod.settimeout(3)
+    pod.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # the pod's own buffer holds the whole burst
+    query = dns.message.make_query("other.example", "A")
+    pod.sendto(query.to_wire(), (DNS4, 53))  # the flow the burst replies in
+    pod.recv(4096)
+    port = pod.getsockname()[1]
+    answer = dns.message.make_response(query).to_wire()
+    udp = (53).to_bytes(2, "big") + port.to_bytes(2, "big") + (8 + len(answer)).to_bytes(2, "big") + b"\0\0" + answer
+    commit = hold.commit
+
+    def slow(segment: DnsSegment) -> None:
+        hold.commit = commit
+        time.sleep(0.5)
+        commit(segment)
+
+    hold.commit = slow
+    with netns.entered(bed.out):
+        raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+    try:
+        raw.bind((DNS4, 0))
+        sent = 2000
+        for _ in range(sent):
+            raw.sendto(udp, (POD4, 0))
+        received = 0
+        with contextlib.suppress(TimeoutError):
+            while received < sent:
+                pod.recv(4096)
+                received += 1
+    finally:
+        raw.close()
+        pod.close()
+        hold.commit = commit
+    assert received == sent
+    [address] = bed.resolve("n2.cdn.example")
+    assert bed.connects(address)
 
 
 @pytest.fixture(scope="module")

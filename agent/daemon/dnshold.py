@@ -44,7 +44,8 @@ HOLD_CHAIN = "NFTPOLICY-DNS-HOLD"
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
 NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG = 0, 1, 2
-NFQA_CFG_CMD, NFQA_CFG_PARAMS = 1, 2
+NFQA_CFG_CMD, NFQA_CFG_PARAMS, NFQA_CFG_MASK, NFQA_CFG_FLAGS = 1, 2, 4, 5
+NFQA_CFG_F_FAIL_OPEN = 1
 NFQNL_CFG_CMD_BIND, NFQNL_CFG_CMD_UNBIND = 1, 2
 NFQNL_COPY_PACKET = 2
 NFQA_PACKET_HDR, NFQA_VERDICT_HDR, NFQA_PAYLOAD = 1, 2, 10
@@ -124,16 +125,22 @@ def _attrs(data: bytes) -> dict[int, bytes]:
 class NfQueue:
     """One nfnetlink queue, bound in the network namespace this thread is in when it is made
     (a socket keeps its namespace). :meth:`packets` yields ``(packet id, packet)``; every
-    packet needs its :meth:`accept`."""
+    packet needs its :meth:`accept`. ``fail_open``: a packet that finds the queue full (1024
+    waiting) or the socket's buffer full passes unheld instead of being dropped.
+    :attr:`overruns` counts the reads that found packets lost that way (ENOBUFS)."""
 
-    def __init__(self, queue: int) -> None:
+    def __init__(self, queue: int, fail_open: bool = False) -> None:
         self.queue = queue
+        self.overruns = 0
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
         self.sock.bind((0, 0))
         self.sock.settimeout(POLL)
         self._request([(NFQA_CFG_CMD, struct.pack("=BB", NFQNL_CFG_CMD_BIND, 0) + struct.pack(">H", socket.AF_UNSPEC))])
         self._request([(NFQA_CFG_PARAMS, struct.pack(">IB", COPY_RANGE, NFQNL_COPY_PACKET))])
+        if fail_open:
+            self._request([(NFQA_CFG_MASK, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN)),
+                           (NFQA_CFG_FLAGS, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN))])
 
     def _request(self, attrs: Sequence[tuple[int, bytes]]) -> None:
         self.sock.send(_nlmsg(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, socket.AF_UNSPEC, self.queue, attrs))
@@ -149,6 +156,11 @@ class NfQueue:
         try:
             data = self.sock.recv(1 << 18)
         except TimeoutError:
+            return []
+        except OSError as exc:  # the socket's buffer overflowed: those packets passed or dropped (fail_open)
+            if exc.errno != errno.ENOBUFS:
+                raise
+            self.overruns += 1
             return []
         found, offset = [], 0
         while offset + 16 <= len(data):
@@ -206,7 +218,7 @@ class DnsHold:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain
         (made anew: an earlier agent's is removed first)."""
         with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
-            self._queue = NfQueue(self.queue_num)
+            self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
         self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
         self._thread.start()
         self._remove_chain()
