@@ -127,6 +127,14 @@ def test_dns_over_tcp_reads_each_length_prefixed_message():
     assert [x.address for x in learner().learn(POD, segment, now=0, tcp=True)] == ["192.0.2.10", "192.0.2.11"]
 
 
+def test_tcp_segments_without_data_are_no_message_and_count_nothing():
+    """A DNS server's SYN-ACK, ACKs and FIN come from port 53 too (each is held): none is a DNS
+    message, malformed or otherwise."""
+    made = learner()
+    assert made.learn(POD, b"", now=0, tcp=True) == []
+    assert made.counts == dict.fromkeys(made.counts, 0)
+
+
 @pytest.mark.parametrize("payload, tcp", [
     (b"", False), (b"\x00" * 3, False), (b"garbage that is not dns at all", False),
     (answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"))[:-3], False),  # cut mid-record

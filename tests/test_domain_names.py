@@ -259,6 +259,14 @@ def test_wildcard_depth_cname_ipv6_and_tcp(bed):
     assert bed.connects(v4)
 
 
+def test_a_lookup_over_tcp_counts_no_malformed_message(bed):
+    """The server's SYN-ACK, ACKs and FIN are held too (TCP from port 53): they carry no message."""
+    before = bed.learner.counts["malformed"]
+    [address] = bed.resolve("n4.cdn.example", tcp=True)
+    assert bed.connects(address)
+    assert bed.learner.counts["malformed"] == before
+
+
 def test_a_record_that_changes_address(bed):
     [old] = bed.resolve("moving.cdn.example")  # TTL 2 s
     assert bed.connects(old)

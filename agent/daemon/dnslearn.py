@@ -18,7 +18,8 @@ Deliberate choices (each counted in ``nftpolicy_dns_answers_total`` by its ``res
   (truncated mid-record, bad compression pointers): ``malformed``, never an exception;
 * an answer with the TC bit (truncated: the resolver asks again over TCP): its records are
   still learned (they are true, only not all of them), the full answer comes by TCP;
-* DNS over TCP: a segment holds a two-byte length and then the message; only a segment that
+* DNS over TCP: a segment holds a two-byte length and then the message; a segment without
+  data (the server's SYN-ACK, ACKs, FIN) is no message and counts nothing; only a segment that
   carries whole messages is read (a message split over segments is ``malformed``, as the
   resolver's UDP answer usually came first);
 * an answer to a pod that no domain set has as a client, or for a name no set matches:
@@ -105,6 +106,8 @@ class DomainLearner:
         addresses to add (new ones, and known ones whose expiry moves later). Never raises on
         bad input: it is counted (:attr:`counts`)."""
         self.expire(now)
+        if tcp and not payload:  # the server's SYN-ACK, ACKs, FIN: no message at all
+            return []
         sets = self._by_client.get(client)
         messages = _tcp_messages(payload) if tcp else [payload]
         if messages is None:
