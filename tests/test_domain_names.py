@@ -36,7 +36,7 @@ from nftpolicy.translators.rules import TimedAddress
 
 from nftpolicy.agent.testbed.controlplane import free_port
 
-from .conftest import OURS, eventually, http_get
+from .conftest import OURS, eventually, http_get, nft
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
 
@@ -369,6 +369,22 @@ def test_a_burst_of_answers_while_the_agent_is_slow_neither_stops_the_hold_nor_d
     assert received == sent
     [address] = bed.resolve("n2.cdn.example")
     assert bed.connects(address)
+
+
+def test_cleanup_removes_the_hold_chain_a_stopped_agent_left_and_makes_nothing_where_there_was_none(make_netns):
+    """An agent's shutdown leaves the chain (its mode applies while it is away): after an
+    uninstall with fail-closed, a chain left would drop every DNS answer the node forwards."""
+    left, clean = make_netns(), make_netns()
+    hold = DnsHold(lambda segment: None, bypass=False, netns_name=left)
+    hold.start()
+    hold.close(remove_chain=False)
+    assert HOLD_CHAIN in nft(left, "list", "ruleset")
+    out = subprocess.run([NFTPOLICY, "cleanup", "--netns", left], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy", f"removed chain {HOLD_CHAIN} (iptables-nft filter)"], out
+    assert HOLD_CHAIN not in nft(left, "list", "ruleset")
+    out = subprocess.run([NFTPOLICY, "cleanup", "--netns", clean], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy"], out
+    assert nft(clean, "list", "ruleset").strip() == ""
 
 
 @pytest.fixture(scope="module")

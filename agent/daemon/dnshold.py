@@ -41,6 +41,7 @@ from nftpolicy.agent.dataplane import netns
 log = logging.getLogger("nftpolicy.dnshold")
 
 HOLD_CHAIN = "NFTPOLICY-DNS-HOLD"
+TOOLS = ("iptables-nft", "ip6tables-nft")
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
 NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG = 0, 1, 2
@@ -101,6 +102,37 @@ def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
             ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *replies, *target],
             ["-I", "OUTPUT", "1", "!", "-o", "lo", "-j", HOLD_CHAIN],
             ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
+
+
+def _xt(netns_name: str | None, command: list[str]) -> str:
+    """Run an iptables ``command`` in ``netns_name`` (None: this process's namespace); its
+    stdout. Raises IptablesError (the tool failed) or OSError (the tool is absent)."""
+    if netns_name is not None:
+        return xt.run(netns_name, command)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise xt.IptablesError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def remove_hold_chain(netns_name: str | None) -> bool:
+    """Remove the hold chain and its jumps from each family's ``filter`` table of iptables-nft in
+    ``netns_name`` (None: this process's) where it is; True when it was somewhere. Where it is
+    not, nothing is run that would make the table (``iptables-nft -D FORWARD`` makes ``table ip
+    filter`` with its base chains); without the tools there is no chain to remove (False)."""
+    found = False
+    for tool in TOOLS:
+        try:
+            if f":{HOLD_CHAIN} " not in _xt(netns_name, [f"{tool}-save", "-t", "filter"]):
+                continue
+        except (xt.IptablesError, OSError):
+            continue
+        found = True
+        for argv in (["-D", "FORWARD", "-j", HOLD_CHAIN], ["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN],
+                     ["-F", HOLD_CHAIN], ["-X", HOLD_CHAIN]):
+            with contextlib.suppress(xt.IptablesError):  # a jump someone removed already
+                _xt(netns_name, [tool, "-w", "-t", "filter", *argv])
+    return found
 
 
 def _nlmsg(kind: int, flags: int, family: int, res_id: int, attrs: Sequence[tuple[int, bytes]], seq: int = 0) -> bytes:
@@ -200,19 +232,9 @@ class DnsHold:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
-    def _iptables(self, argv: list[str], check: bool = True) -> None:
-        for tool in ("iptables-nft", "ip6tables-nft"):
-            command = [tool, "-w", "-t", "filter", *argv]
-            try:
-                if self.netns is not None:
-                    xt.run(self.netns, command)
-                else:
-                    result = subprocess.run(command, capture_output=True, text=True)
-                    if result.returncode != 0:
-                        raise xt.IptablesError(f"{' '.join(command)} failed: {result.stderr.strip()}")
-            except xt.IptablesError:
-                if check:
-                    raise
+    def _iptables(self, argv: list[str]) -> None:
+        for tool in TOOLS:
+            _xt(self.netns, [tool, "-w", "-t", "filter", *argv])
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain
@@ -221,7 +243,7 @@ class DnsHold:
             self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
         self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
         self._thread.start()
-        self._remove_chain()
+        remove_hold_chain(self.netns)
         for argv in hold_rules(self.queue_num, self.bypass):
             self._iptables(argv)
 
@@ -239,18 +261,12 @@ class DnsHold:
                     self._queue.accept(packet_id)
                     self.held += 1
 
-    def _remove_chain(self) -> None:
-        self._iptables(["-D", "FORWARD", "-j", HOLD_CHAIN], check=False)
-        self._iptables(["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN], check=False)
-        self._iptables(["-F", HOLD_CHAIN], check=False)
-        self._iptables(["-X", HOLD_CHAIN], check=False)
-
     def close(self, remove_chain: bool = True) -> None:
         """Stop reading and close the queue; with ``remove_chain`` remove the hold chain first
         (without: it stays, and the kernel passes or drops answers as its bypass says, which is
         what an agent that stops for a restart leaves)."""
         if remove_chain:
-            self._remove_chain()
+            remove_hold_chain(self.netns)
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
