@@ -25,6 +25,8 @@ import dns.resolver
 import pytest
 from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment
 from nftpolicy.agent.daemon.dnslearn import DomainLearner
+from nftpolicy.agent.daemon.domainlearning import DomainLearning
+from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.dataplane import iptables as xt
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import NftDataplane
@@ -385,6 +387,25 @@ def test_cleanup_removes_the_hold_chain_a_stopped_agent_left_and_makes_nothing_w
     out = subprocess.run([NFTPOLICY, "cleanup", "--netns", clean], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy"], out
     assert nft(clean, "list", "ruleset").strip() == ""
+
+
+@pytest.mark.parametrize("mode, sets", [("off", True), ("fail-closed", False), ("bypass", False)])
+def test_an_agent_that_will_not_hold_removes_the_chain_an_earlier_one_left(make_netns, mode, sets):
+    """An earlier agent (fail-closed) stopped and left its chain; the next one runs with
+    ``--dns-hold off``, or no domainNames peer is left: nobody will read the queue, so the
+    chain must go (with fail-closed it drops every DNS answer the node forwards)."""
+    ns = make_netns()
+    earlier = DnsHold(lambda segment: None, bypass=False, netns_name=ns)
+    earlier.start()
+    earlier.close(remove_chain=False)
+    cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+    assert not errors
+    learning = DomainLearning(DomainLearner(1, 3600, 1000, 1000), lambda elements: None, Metrics(), mode, 5300, ns)
+    try:
+        learning.sets_changed(domain_sets(cluster, ("ipv4",)) if sets else ())
+        assert HOLD_CHAIN not in nft(ns, "list", "ruleset")
+    finally:
+        learning.close()
 
 
 @pytest.fixture(scope="module")
