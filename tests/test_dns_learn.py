@@ -61,7 +61,10 @@ def test_records_outside_the_chain_are_not_learned():
 
 
 @pytest.mark.parametrize("name, learned", [("img.cdn.example", True), ("a.b.cdn.example", True), ("cdn.example", False),
-                                           ("other.example", False), ("API.Partner.Example", True)])
+                                           ("other.example", False), ("API.Partner.Example", True),
+                                           ("evilcdn.example", False), ("cdn.example.evil", False),
+                                           # one label 'x.cdn' under 'example' (written 'x\\.cdn.example'): no child of cdn.example
+                                           ("x\\.cdn.example", False), ("x.y\\.cdn.example", False), ("api\\.partner.example", False)])
 def test_wildcard_depth_and_case(name, learned):
     got = learner().learn(POD, answer(name, (name + ".", 60, "A", "192.0.2.20")), now=0)
     assert bool(got) is learned

@@ -22,7 +22,8 @@ Deliberate choices (each counted in ``nftpolicy_dns_answers_total`` by its ``res
   data (the server's SYN-ACK, ACKs, FIN) is no message and counts nothing; only a segment that
   carries whole messages is read (a message split over segments is ``malformed``, as the
   resolver's UDP answer usually came first);
-* an answer to a pod that no domain set has as a client, or for a name no set matches:
+* an answer to a pod that no domain set has as a client, or for a name no set matches (a
+  name with a label that holds a dot or another byte its text escapes matches none):
   ``ignored`` (nobody asked for it under a policy: nothing is learned);
 * an error response (NXDOMAIN, SERVFAIL) or one without A/AAAA records: ``empty``;
 * a set that holds ``max_per_set`` live addresses, or a pod that gave ``max_per_pod``:
@@ -129,7 +130,9 @@ class DomainLearner:
     def _answer(self, client: str, message: dns.message.Message, sets: list[DomainSet], now: float) -> list[Learned]:
         question = message.question[0].name
         asked = question.to_text(omit_final_dot=True).lower()
-        matched = [(s, p) for s in sets for p in (s.matches(asked),) if p is not None]
+        # a label with a dot in it is escaped ('x\\.cdn.example': one label under 'example'), which
+        # a pattern's text would match as labels ('*.cdn.example'): no API name has an escape
+        matched = [] if "\\" in asked else [(s, p) for s in sets for p in (s.matches(asked),) if p is not None]
         if not matched:
             self.counts["ignored"] += 1
             return []
