@@ -261,6 +261,16 @@ def test_wildcard_depth_cname_ipv6_and_tcp(bed):
     assert bed.connects(v4)
 
 
+def test_answers_over_ipv6_are_held_and_learned(bed):
+    """The DNS server asked over IPv6 (ip6tables-nft's hold chain, the reply of the pod's flow)."""
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.lifetime, resolver.cache = [DNS6], 3.0, None
+    with netns.entered(bed.pod):
+        [address] = [r.address for r in resolver.resolve("n6.cdn.example", "A").rrset]
+        [v6] = [r.address for r in resolver.resolve("api.partner.example", "AAAA", tcp=True).rrset]
+    assert bed.connects(address) and bed.connects(v6)
+
+
 def test_a_lookup_over_tcp_counts_no_malformed_message(bed):
     """The server's SYN-ACK, ACKs and FIN are held too (TCP from port 53): they carry no message."""
     before = bed.learner.counts["malformed"]
