@@ -26,7 +26,7 @@ match as well); a NetworkPolicy port names its protocol, a ClusterNetworkPolicy
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .model import (
     PROTOCOLS,
@@ -87,12 +87,13 @@ def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tu
 
 
 def build_pod_chain(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction, list[str]],
-                    tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> PodChain:
+                    tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str], empty: Iterable[str] = ()) -> PodChain:
     """The ``KUBE-POD-FW-<hash>`` chain of local pod ``pod`` for its addresses ``ips`` (those
     that dispatch to it): ``policies``, the policy chains of each direction whose policy selects
     it (a direction absent: no NetworkPolicy isolates it); ``tiers``, the tier chains by pod
     chain field (``admin_ingress``, ...) in evaluation order; ``tier_policy``: tier chain ->
-    its ClusterNetworkPolicy."""
+    its ClusterNetworkPolicy; ``empty``: policy chains that have no rule (of those listed or
+    any others)."""
     ingress, egress = policies.get("ingress"), policies.get("egress")
     return PodChain(name=hashed_name("KUBE-POD-FW-", pod.namespace, pod.name), pod=pod.key,
                     ips=tuple(sorted(set(ips), key=address_order)),
@@ -104,7 +105,8 @@ def build_pod_chain(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction,
                     # the Baseline tier only where no NetworkPolicy isolates the pod
                     baseline_ingress=tuple(tiers.get("baseline_ingress", ())) if ingress is None else (),
                     baseline_egress=tuple(tiers.get("baseline_egress", ())) if egress is None else (),
-                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in tiers.values() for n in v})))
+                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in tiers.values() for n in v})),
+                    empty=tuple(sorted(set(empty) & {n for v in policies.values() for n in v})))
 
 
 def tier_chain_name(policy: ClusterNetworkPolicy, direction: Direction) -> str:

@@ -141,6 +141,7 @@ class _Node:
         self.walker = TableWalker(layout.table(model), local)
         self.policy_chains = {chain.name: chain for chain in model.policy_chains}
         self.tier_chains = {chain.name: chain for chain in model.tier_chains}
+        self.pod_chains = {chain.name: chain for chain in model.pod_chains}
         self.sets = {s.name: s for s in model.sets}
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
         self._made_from: dict[str, list[MatchRule]] = {
@@ -252,7 +253,8 @@ class Enforcement:
             return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
         pod_chain = index.walker.dispatch_target(conn.family, address)
         jumps = index.jumps(pod_chain, direction) if pod_chain is not None else ()
-        targets = [index.policy_chains[t] for t in jumps if t in index.policy_chains]
+        isolating = getattr(index.pod_chains[pod_chain], direction) if pod_chain is not None else None
+        targets = [index.policy_chains[t] for t in isolating or ()]  # a deny-all policy's chain too, never jumped to
         isolated = pod_chain is not None and layout.DEFAULT_CHAIN not in jumps
         side = DirectionVerdict(direction, address, key, node, True, isolated, True, tuple(c.policy for c in targets),
                                 peer_node=self.node_at(peer))
