@@ -108,7 +108,21 @@ def test_bounds_per_set_and_per_pod_drop_and_count():
 def test_full_replace_readds_what_is_held_with_the_time_left():
     made = learner()
     made.learn(POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10")), now=0)
-    assert [(x.set_name, x.address, x.timeout) for x in made.held(now=45.5)] == [("KUBE-DNS-A", "192.0.2.10", 14)]
+    assert [(x.set_name, x.address, x.timeout) for x in made.held(now=45.5)] == [("KUBE-DNS-A", "192.0.2.10", 15)]
+
+
+@pytest.mark.parametrize("now", [0.2, 45.5, 59.9])
+def test_a_full_replace_never_ends_an_element_before_the_learner_does(now):
+    """The learner skips a repeated answer that its element outlives (a caching resolver's
+    answer, its TTL counting down to the same end): the element a full replace re-adds must
+    then live at least as long, or the pod's connection in the gap is refused."""
+    made = learner(floor=1)
+    wire = answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"))
+    made.learn(POD, wire, now=0)
+    [again] = made.held(now=now)
+    assert now + again.timeout >= 60
+    cached = answer("api.partner.example", ("api.partner.example.", 60 - int(now), "A", "192.0.2.10"))
+    assert made.learn(POD, cached, now=int(now)) == []  # skipped: the kernel's element outlives it
 
 
 def test_a_set_that_goes_forgets_its_addresses():

@@ -34,6 +34,7 @@ Deliberate choices (each counted in ``nftpolicy_dns_answers_total`` by its ``res
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -191,9 +192,10 @@ class DomainLearner:
             del self._per_pod[entry.client]
 
     def held(self, now: float) -> list[Learned]:
-        """Every live address with the timeout left (whole seconds, at least 1): what a full
-        replace of the table must add again."""
-        return [Learned(set_name, address, max(1, int(entry.expires - now)), entry.name, entry.pattern, entry.client)
+        """Every live address with the timeout left (whole seconds, rounded up: the element a
+        full replace adds again must not end before this learner's copy, which skips answers
+        that end no later): what a full replace of the table must add again."""
+        return [Learned(set_name, address, math.ceil(entry.expires - now), entry.name, entry.pattern, entry.client)
                 for set_name, held in self._held.items() for address, entry in held.items() if entry.expires > now]
 
     def why(self, address: str, now: float) -> list[tuple[str, str, str]]:
