@@ -54,6 +54,7 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
     "brief.partner.example": ("10.0.2.40", None, 2),
     "first.cdn.example": ("10.0.2.50", None, 60),
     "moving.cdn.example": ("10.0.2.60", None, 2),
+    "zero.cdn.example": ("10.0.2.90", None, 0),
     **{f"n{i}.cdn.example": (f"10.0.2.{100 + i}", None, 60) for i in range(20)},
 }
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
@@ -259,6 +260,15 @@ def test_wildcard_depth_cname_ipv6_and_tcp(bed):
     assert bed.connects(v6)
     [v4] = bed.resolve("api.partner.example", tcp=True)
     assert bed.connects(v4)
+
+
+def test_an_answer_with_ttl_0_is_learned_for_the_floor(bed):
+    """TTL 0 (do not cache): the pod connects right after its answer; the element lives for
+    --dns-ttl-floor (1 s here)."""
+    [address] = bed.resolve("zero.cdn.example")
+    assert bed.connects(address)
+    time.sleep(1.2)
+    assert not bed.connects(address)
 
 
 def test_answers_over_ipv6_are_held_and_learned(bed):
