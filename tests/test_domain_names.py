@@ -23,7 +23,7 @@ import dns.message
 import dns.rrset
 import dns.resolver
 import pytest
-from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment
+from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment, hold_rules
 from nftpolicy.agent.daemon.dnslearn import DomainLearner
 from nftpolicy.agent.daemon.domainlearning import DomainLearning
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -262,6 +262,21 @@ def test_wildcard_depth_cname_ipv6_and_tcp(bed):
     assert bed.connects(v4)
 
 
+def test_the_hold_skips_no_rule_of_the_nodes_own_iptables_filter_chains(bed):
+    """An operator's (or a CNI's, kube-proxy's) iptables-nft rule in filter FORWARD still sees the
+    DNS answers: the queue's verdict ends the chain it is queued from, so it must not be one
+    of theirs."""
+    rule = ["FORWARD", "-p", "udp", "--sport", "53", "-d", f"{POD4}/32", "-m", "comment", "--comment", "operator"]
+    xt.run(bed.node, ["iptables-nft", "-w", "-t", "filter", "-A", *rule])
+    try:
+        bed.resolve("n8.cdn.example")
+        counted = [line.split()[0] for line in xt.run(bed.node, ["iptables-nft", "-w", "-t", "filter", "-L", "FORWARD", "-v", "-x", "-n"]).splitlines()
+                   if "operator" in line]
+        assert counted == ["1"]
+    finally:
+        xt.run(bed.node, ["iptables-nft", "-w", "-t", "filter", "-D", *rule])
+
+
 def test_an_answer_with_ttl_0_is_learned_for_the_floor(bed):
     """TTL 0 (do not cache): the pod connects right after its answer; the element lives for
     --dns-ttl-floor (1 s here)."""
@@ -400,9 +415,11 @@ def test_cleanup_removes_the_hold_chain_a_stopped_agent_left_and_makes_nothing_w
     hold = DnsHold(lambda segment: None, bypass=False, netns_name=left)
     hold.start()
     hold.close(remove_chain=False)
-    assert HOLD_CHAIN in nft(left, "list", "ruleset")
+    for argv in hold_rules(5300, bypass=False):  # where an agent before the move to 'security' left it
+        xt.run(left, ["iptables-nft", "-w", "-t", "filter", *argv])
+    assert nft(left, "list", "ruleset").count(f"chain {HOLD_CHAIN}") == 3  # ip security, ip6 security, ip filter
     out = subprocess.run([NFTPOLICY, "cleanup", "--netns", left], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy", f"removed chain {HOLD_CHAIN} (iptables-nft filter)"], out
+    assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy", f"removed chain {HOLD_CHAIN} (iptables-nft)"], out
     assert HOLD_CHAIN not in nft(left, "list", "ruleset")
     out = subprocess.run([NFTPOLICY, "cleanup", "--netns", clean], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy"], out
@@ -488,7 +505,7 @@ def test_answers_to_many_questions_at_once_are_each_held_until_committed(agent_b
 def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):
     agent_bed.agent.terminate()
     agent_bed.agent.wait(timeout=20)
-    assert HOLD_CHAIN in xt.run(agent_bed.node, ["iptables-nft", "-S"])
+    assert HOLD_CHAIN in nft(agent_bed.node, "list", "ruleset")
     assert agent_bed.resolve("n3.cdn.example") == ["10.0.2.103"]  # unheld: answered, not learned
     assert not agent_bed.connects("10.0.2.103")
 

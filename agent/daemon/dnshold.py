@@ -1,13 +1,18 @@
 """The hold of DNS answers to pods: each answer waits in an nfqueue until what it teaches is in
 the kernel, so the first connection after an answer is never refused (docs/domain-names.md).
 
-Where the answers are queued: a chain of our own, ``NFTPOLICY-DNS-HOLD``, in the ``filter``
+Where the answers are queued: a chain of our own, ``NFTPOLICY-DNS-HOLD``, in the ``security``
 table of ``iptables-nft`` and ``ip6tables-nft`` (xt ``NFQUEUE`` through nft's compat layer,
 jumped to from ``FORWARD``), which queues every UDP and TCP segment from port 53 to queue
 ``queue`` (jumped to from ``OUTPUT`` too, for a DNS server on the node's own network). nft's
 own ``queue`` statement would do the same in our table, but needs
 ``nft_queue`` (CONFIG_NFT_QUEUE), which some kernels lack while the xt target
-(CONFIG_NETFILTER_XT_TARGET_NFQUEUE) is there: the xt path works on both.
+(CONFIG_NETFILTER_XT_TARGET_NFQUEUE) is there: the xt path works on both. Why ``security``:
+the queue's verdict (accept) ends the base chain the packet was queued from, so queued from
+``filter`` (where kube-proxy, CNIs and operators keep their rules) an answer skipped every
+rule after the jump; ``security`` (priority 150, after ``filter`` and our own table) is the
+table hardly anyone uses (SELinux ``SECMARK``), and an answer reaches it only when the others
+let it through.
 
 When the agent is not reading the queue (down, restarting): with ``bypass`` (the default) the
 kernel lets answers through unheld, so DNS keeps working and what they would teach is not
@@ -41,6 +46,8 @@ from nftpolicy.agent.dataplane import netns
 log = logging.getLogger("nftpolicy.dnshold")
 
 HOLD_CHAIN = "NFTPOLICY-DNS-HOLD"
+HOLD_TABLE = "security"  # iptables-nft's table of the hold chain (module docstring)
+EARLIER_TABLES = ("filter",)  # where an agent before this one may have left it
 TOOLS = ("iptables-nft", "ip6tables-nft")
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
@@ -116,22 +123,24 @@ def _xt(netns_name: str | None, command: list[str]) -> str:
 
 
 def remove_hold_chain(netns_name: str | None) -> bool:
-    """Remove the hold chain and its jumps from each family's ``filter`` table of iptables-nft in
-    ``netns_name`` (None: this process's) where it is; True when it was somewhere. Where it is
-    not, nothing is run that would make the table (``iptables-nft -D FORWARD`` makes ``table ip
-    filter`` with its base chains); without the tools there is no chain to remove (False)."""
+    """Remove the hold chain and its jumps from each family's :data:`HOLD_TABLE` (and
+    :data:`EARLIER_TABLES`) of iptables-nft in ``netns_name`` (None: this process's) where it
+    is; True when it was somewhere. Where it is not, nothing is run that would make the table
+    (``iptables-nft -D FORWARD`` makes ``table ip filter`` with its base chains); without the
+    tools there is no chain to remove (False)."""
     found = False
     for tool in TOOLS:
-        try:
-            if f":{HOLD_CHAIN} " not in _xt(netns_name, [f"{tool}-save", "-t", "filter"]):
+        for table in (HOLD_TABLE, *EARLIER_TABLES):
+            try:
+                if f":{HOLD_CHAIN} " not in _xt(netns_name, [f"{tool}-save", "-t", table]):
+                    continue
+            except (xt.IptablesError, OSError):
                 continue
-        except (xt.IptablesError, OSError):
-            continue
-        found = True
-        for argv in (["-D", "FORWARD", "-j", HOLD_CHAIN], ["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN],
-                     ["-F", HOLD_CHAIN], ["-X", HOLD_CHAIN]):
-            with contextlib.suppress(xt.IptablesError):  # a jump someone removed already
-                _xt(netns_name, [tool, "-w", "-t", "filter", *argv])
+            found = True
+            for argv in (["-D", "FORWARD", "-j", HOLD_CHAIN], ["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN],
+                         ["-F", HOLD_CHAIN], ["-X", HOLD_CHAIN]):
+                with contextlib.suppress(xt.IptablesError):  # a jump someone removed already
+                    _xt(netns_name, [tool, "-w", "-t", table, *argv])
     return found
 
 
@@ -234,7 +243,7 @@ class DnsHold:
 
     def _iptables(self, argv: list[str]) -> None:
         for tool in TOOLS:
-            _xt(self.netns, [tool, "-w", "-t", "filter", *argv])
+            _xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain

@@ -14,5 +14,5 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     removed = NftDataplane(args.table, args.netns).remove()
     print(f"removed table inet {args.table}" if removed else f"no table inet {args.table}")
     if remove_hold_chain(args.netns):  # left by an agent's shutdown (docs/domain-names.md); with fail-closed it drops DNS answers
-        print(f"removed chain {HOLD_CHAIN} (iptables-nft filter)")
+        print(f"removed chain {HOLD_CHAIN} (iptables-nft)")
     return 0
