@@ -65,7 +65,7 @@ FRESH = ipaddress.IPv4Network("100.64.0.0/10")  # addresses of the created pods:
 
 def metrics(port: int) -> dict[str, float]:
     """The agent's Prometheus samples (name with labels -> value)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60).read().decode()
     return {name: float(value) for name, _, value in (line.rpartition(" ") for line in text.splitlines() if line and not line.startswith("#"))}
 
 
