@@ -45,14 +45,14 @@ time, and everything is removed at the end, also on Ctrl-C and SIGTERM.
 Beside the rates (a 3 s rate varies by +-15 % between rounds on a shared machine), the
 deterministic cost of one new connection, counted by walking the decided table
 (:mod:`nftpolicy.translators.tablewalk`) from ``KUBE-ROUTER-FORWARD``: rules evaluated, set and
-verdict-map look-ups, jumps taken and counters reached, for the ingress (the server's pod chain,
-dispatch on the destination) and the egress (the client's, on the source) each walked alone (the
+verdict-map look-ups, jumps taken and counters reached, for the ingress (the server's ingress
+chain, dispatch on the destination) and the egress (the client's egress chain, on the source) each walked alone (the
 base chain's rules count in both), and for the whole walk the kernel does. The iptables
 variant's cost is the same walk over the table as ``translators/iptables.py`` prints it: the
 dispatch one rule per local pod address, a rule per address and protocol, a mark-and-return as
 MARK then a mark-matching RETURN, no "allowed" returns, and the jump from ``FORWARD``; its
-dispatch rules serve both directions, so only its whole walk is counted, and it has no counter
-statements (iptables counts every rule).
+dispatch is rules, not verdict-map look-ups the walk can limit to one direction, so only its
+whole walk is counted, and it has no counter statements (iptables counts every rule).
 """
 
 from __future__ import annotations
