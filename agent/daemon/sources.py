@@ -34,11 +34,11 @@ import orjson
 import tenacity
 import urllib3
 import yaml
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.watch.watch import iter_resp_lines
 
 from .clock import REAL_TIME, Clock
+from .kubeclient import client as k8s
+from .kubeclient import config as k8s_config
+from .kubeclient import iter_resp_lines
 from .manifestfiles import manifest_files, read_objects
 from .metrics import Metrics
 from .store import KINDS, Store
