@@ -8,8 +8,7 @@ its own connections, watch it:
 
 * ``nftpolicy``: the agent's real API source, ``KubeSource`` (list + watch of Pods,
   Namespaces, NetworkPolicies, ClusterNetworkPolicies and its own Node) feeding a ``Store``, without
-  the renderer; it lists with streaming lists (``sendInitialEvents``), as the agent does;
-* ``nftpolicy paged``: the same with the paged lists it falls back to on a server without them;
+  the renderer: consistent lists in pages of 500, then watches;
 * ``client-go``: ``tools/k8s/informers`` (``.tools/bin/informers``), one set of client-go
   v0.36 informers per agent (Pods, Namespaces, NetworkPolicies, its own Node), each on its own
   connection: kube-router's way; client-go v0.36 lists with streaming lists (WatchListClient);
@@ -59,7 +58,7 @@ from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary  # no
 RUNNER = "--agent-runner"  # this script, started as one simulated nftpolicy agent
 
 
-def agent_runner(kubeconfig: str, node: str, paged: bool) -> None:
+def agent_runner(kubeconfig: str, node: str) -> None:
     """One simulated agent: KubeSource + Store. Prints ``ready`` once imported, starts at the
     first line on stdin, prints ``{"synced_s": seconds}`` once every kind is listed, and exits
     when stdin closes."""
@@ -70,7 +69,6 @@ def agent_runner(kubeconfig: str, node: str, paged: bool) -> None:
     metrics, stop = Metrics(), threading.Event()
     store = Store(metrics)
     source = KubeSource(store, metrics, node, kubeconfig, 60.0, 300, stop)
-    source.streaming_lists = not paged
     print("ready", flush=True)
     sys.stdin.readline()
     started = time.monotonic()
@@ -91,10 +89,9 @@ class Agents:
 
     def prepare(self) -> None:
         """Start the processes up to the point where they wait for the signal."""
-        if self.client.startswith("nftpolicy"):
+        if self.client == "nftpolicy":
             for i in range(self.count):
-                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig, f"node-{i}",
-                                         "paged" if self.client.endswith("paged") else "stream"],
+                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig, f"node-{i}"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
                 self.procs.append(proc)
             for proc in self.procs:
@@ -104,7 +101,7 @@ class Agents:
 
     def start(self) -> list[float]:
         """Signal every agent; returns each one's seconds from the signal to every kind listed."""
-        if self.client.startswith("nftpolicy"):
+        if self.client == "nftpolicy":
             for proc in self.procs:
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
@@ -195,7 +192,7 @@ def measure(client: str, cp: ControlPlane, server: ApiServer, api: Api, pods: li
         agents.stop()
 
 
-CLIENTS = ["nftpolicy", "nftpolicy paged", "client-go", "client-go RV=0"]
+CLIENTS = ["nftpolicy", "client-go", "client-go RV=0"]
 ROWS: list[tuple[str, Callable[[dict[str, Any], int], float], str]] = [
     ("(b) restart of all: API server CPU s", lambda f, k: f["restart"]["cpu_s"], "{:.1f}"),
     ("(b) API server CPU s per agent", lambda f, k: f["restart"]["cpu_s"] / k, "{:.2f}"),
@@ -207,8 +204,8 @@ ROWS: list[tuple[str, Callable[[dict[str, Any], int], float], str]] = [
 
 
 def main() -> int:
-    if len(sys.argv) == 5 and sys.argv[1] == RUNNER:
-        agent_runner(sys.argv[2], sys.argv[3], sys.argv[4] == "paged")
+    if len(sys.argv) == 4 and sys.argv[1] == RUNNER:
+        agent_runner(sys.argv[2], sys.argv[3])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50000)
@@ -246,14 +243,15 @@ def main() -> int:
     k = args.agents
     print(f"{len(cluster.pods):,} pods, {len(cluster.policies):,} policies, {k} agents; (a) {args.rate:.0f} pod changes/s for "
           f"{args.idle:.0f} s (no agent: {baseline:.2f} API server CPU s); load average {os.getloadavg()[0]:.1f}")
-    header = ["figure", *clients, *(f"{c} / client-go" for c in clients if c.startswith("nftpolicy") and "client-go" in results)]
+    others = [c for c in ("client-go", "client-go RV=0") if c in results and "nftpolicy" in results]
+    header = ["figure", *clients, *(f"nftpolicy / {c}" for c in others)]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for label, value, fmt in ROWS:
         row = [label, *(fmt.format(value(results[c], k)) for c in clients)]
-        if "client-go" in results:
-            reference = value(results["client-go"], k)
-            row += [f"{value(results[c], k) / reference:.2f}x" if reference > 0 else "-" for c in clients if c.startswith("nftpolicy")]
+        for other in others:
+            reference = value(results[other], k)
+            row += [f"{value(results['nftpolicy'], k) / reference:.2f}x" if reference > 0 else "-"]
         print("| " + " | ".join(row) + " |")
     return 0
 

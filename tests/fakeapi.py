@@ -48,13 +48,10 @@ API_VERSION = {"Namespace": "v1", "Pod": "v1", "Node": "v1", "NetworkPolicy": "n
 class FakeApiServer:
     """Start with :meth:`start`; change the cluster with :meth:`put` and :meth:`delete`."""
 
-    def __init__(self, bookmark_interval: float = 1.0, cluster_network_policies: bool = False, streaming_lists: bool = True) -> None:
+    def __init__(self, bookmark_interval: float = 1.0, cluster_network_policies: bool = False) -> None:
         """``cluster_network_policies``: serve ClusterNetworkPolicies (their CRD is installed);
-        else their path is a 404, as on a cluster without the CRD. ``streaming_lists``: serve
-        ``sendInitialEvents=true`` watches (the WatchList feature); else they get a 422, as
-        from a server with the feature off."""
+        else their path is a 404, as on a cluster without the CRD."""
         self.cluster_network_policies = cluster_network_policies
-        self.streaming_lists = streaming_lists
         self.lock = threading.Condition()
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.history: list[tuple[int, str, str, dict]] = []  # (resourceVersion, type, kind, object)
@@ -295,9 +292,6 @@ class _ApiHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _watch(self, kind: str, query: dict[str, str]) -> None:
-        initial = query.get("sendInitialEvents") in ("true", "1")
-        if initial and not self.fake.streaming_lists:
-            return self._status(422)
         self.fake.requests.append((time.monotonic(), self.path, 200))
         since = int(query.get("resourceVersion") or 0)
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
@@ -310,21 +304,13 @@ class _ApiHandler(BaseHTTPRequestHandler):
             cuts = self.fake._cuts
             injected = self.fake._watch_errors > 0
             self.fake._watch_errors -= 1 if injected else 0
-            if injected or (since < self.fake.oldest and not initial):
+            if injected or since < self.fake.oldest:
                 code = self.fake._watch_error_code if injected else 410
                 gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired" if code == 410 else "InternalError",
                         "code": code, "message": f"too old resource version: {since} ({self.fake.oldest})" if code == 410 else f"injected {code}"}
                 self._chunk({"type": "ERROR", "object": gone})
                 self.wfile.write(b"0\r\n\r\n")
                 return
-            if initial:  # a streaming list: the objects now, then the bookmark that ends them
-                since = self.fake.version
-                objects = [o for k, o in sorted(self.fake.objects.items()) if k[0] == kind and _selected(o, query)]
-        if initial:
-            for obj in objects:
-                self._chunk({"type": "ADDED", "object": obj})
-            self._chunk({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": API_VERSION[kind], "metadata": {
-                "resourceVersion": str(since), "annotations": {"k8s.io/initial-events-end": "true"}}}})
         next_bookmark = time.monotonic() + self.fake.bookmark_interval
         try:
             while time.monotonic() < deadline:

@@ -55,11 +55,6 @@ def pods(store: Store) -> dict:
     return store.take()[0].pods
 
 
-def lists(api: FakeApiServer, path: str) -> list[str]:
-    """The list requests on ``path`` so far: streaming lists (a watch with sendInitialEvents) and pages."""
-    return [p for _, p, code in api.requests if path in p and code == 200 and ("watch=true" not in p or "sendInitialEvents=true" in p)]
-
-
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -76,9 +71,7 @@ def test_list_then_watch_and_only_this_node(api, source):
     api.delete("Pod", "b", "x")
     eventually(lambda: "x/b" not in pods(store))
     watches = [p for _, p, _ in api.requests if "watch=true" in p]
-    # Each kind's streaming list goes on as its watch; a watch opened later goes on from a resourceVersion.
-    assert watches and all("allowWatchBookmarks=true" in p and ("resourceVersion=" in p or "sendInitialEvents=true" in p)
-                           for p in watches)
+    assert watches and all("allowWatchBookmarks=true" in p and "resourceVersion=" in p for p in watches)
     assert any("fieldSelector=metadata.name%3Dnode1" in p for _, p, _ in api.requests if "/nodes" in p)
 
 
@@ -93,7 +86,8 @@ def test_watch_timeout_reconnects_from_the_last_version(api, source):
     api.put(pod("x", "late", "10.0.0.9"))
     eventually(lambda: "x/late" in pods(store))
     assert all("timeoutSeconds=1" in p for p in pod_watches())
-    assert len(lists(api, "/pods")) == 1  # reconnecting a watch never relists
+    lists = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" not in p]
+    assert len(lists) == 1  # reconnecting a watch never relists
 
 
 def test_bookmarks_advance_the_resource_version(api, source):
@@ -122,7 +116,8 @@ def test_410_gone_relists_and_catches_up_deletes(api, source):
         api.delete("Pod", "a", "x")
         api.put(pod("x", "b", "10.0.0.2"))
     eventually(lambda: set(pods(store)) == {"x/b"}, clock=clock)
-    assert len(lists(api, "/pods")) >= 2
+    pod_lists = [p for _, p, code in api.requests if "/pods" in p and "watch=true" not in p and code == 200]
+    assert len(pod_lists) >= 2
 
 
 def test_429_honours_retry_after(api, source):
@@ -291,7 +286,7 @@ def test_failing_watches_back_off_instead_of_relisting_in_a_loop(api, source):
     api.cut_watches()
     cut = clock.now()
     eventually(lambda: clock.now() - cut >= 3.0, clock=clock)
-    pod_lists = lists(api, "/pods")
+    pod_lists = [p for _, p, _ in api.requests if "/pods" in p and "watch=true" not in p]
     assert 2 <= len(pod_lists) <= 8, len(pod_lists)  # 0.2 + 0.4 + 0.8 + 1.6 s of backoff, not ~60 lists
     assert sample(metrics, "nftpolicy_api_errors_total", kind="Pod", reason="5xx") >= 2
     api._watch_errors = 0
@@ -299,29 +294,13 @@ def test_failing_watches_back_off_instead_of_relisting_in_a_loop(api, source):
     eventually(lambda: "x/b" in pods(store), clock=clock, step=0.5)  # after a pause of up to 30 s
 
 
-def test_lists_stream_where_served(api, source):
-    """A streaming list per kind (sendInitialEvents, consistent: no resourceVersion) whose stream
-    goes on as the watch: no list request and no second watch while nothing ends it."""
-    store, _, start = source
-    start()
-    api.put(pod("x", "b", "10.0.0.2"))
-    eventually(lambda: "x/b" in pods(store))
-    core = [p for _, p, _ in api.requests if "clusternetworkpolicies" not in p]
-    assert core and all("sendInitialEvents=true&" in p and "resourceVersionMatch=NotOlderThan" in p and "resourceVersion=" not in p
-                        for p in core), core
-
-
-def test_lists_are_paginated_and_consistent_without_streaming_lists(api, source, caplog):
-    """A server without the WatchList feature (422) is listed in pages of 500 (bounded memory at
-    any cluster size) with no resourceVersion (the API server ignores limit for
-    resourceVersion=0; tests/test_real_api.py shows the pages on the real one), said once."""
-    api.streaming_lists = False
+def test_lists_are_paginated_and_consistent(api, source):
+    """Pages of 500 (bounded memory at any cluster size) and no resourceVersion: the API server
+    ignores limit for resourceVersion=0 (tests/test_real_api.py shows the pages on the real one)."""
     start = source[2]
-    with caplog.at_level(logging.INFO, "nftpolicy.sources"):
-        start()
-    paged = [p for p in lists(api, "/") if "watch=true" not in p]
-    assert paged and all("limit=500" in p and "resourceVersion" not in p for p in paged)
-    assert len([r for r in caplog.records if "does not serve streaming lists" in r.getMessage()]) == 1
+    start()
+    lists = [p for _, p, _ in api.requests if "watch=true" not in p]
+    assert lists and all("limit=500" in p and "resourceVersion" not in p for p in lists)
 
 
 def polled(clock: FakeClock, times: int = 3) -> None:
@@ -424,7 +403,6 @@ def test_an_expired_continue_token_relists_at_once(tmp_path):
     try:
         source = KubeSource(Store(Metrics()), Metrics(), "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
         source.calls["Pod"] = (list_pods, {})
-        source.streaming_lists = False
         with pytest.raises(sources.RelistNeeded, match="continue token expired"):
             source._list("Pod")
         assert calls == [None, "t1"]

@@ -3,13 +3,7 @@
 Both feed a :class:`~.store.Store` (the in-memory cluster of model objects).
 
 The API source follows the list/watch protocol of the Kubernetes API concepts page: list, then
-watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``. The list is a streaming
-list where the API server serves one (``sendInitialEvents=true``, the WatchList feature, on by
-default since Kubernetes 1.34): one watch request whose first events are the current objects, then
-a bookmark marked ``k8s.io/initial-events-end`` with their resourceVersion, and the same stream
-goes on as the watch; the API server sends them from its watch cache one by one and never builds
-a list (client-go's informers list this way since v0.35). A server that refuses it (400 or 422:
-the feature is off, or older than 1.27) is listed in pages of :data:`LIST_PAGE` from then on; ``410 Gone`` (or an
+watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; ``410 Gone`` (or an
 ``ERROR`` event) means relist; a watch that ends or times out reconnects from the last
 resourceVersion; every request has a client-side timeout, and every connection TCP keepalive (a
 watch whose path died silently is reset within seconds). 401 and 403 (a restarting API server
@@ -66,8 +60,6 @@ KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 1, 1, 2
 REFUSED = (401, 403)  # retried like 5xx (see _retryable)
 REFUSED_GRACE = 10.0  # seconds of refusals of one kind before they are reported as an error (once)
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
-NOT_SERVED = (400, 422)  # the answer to a streaming list from a server without the WatchList feature
-INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the annotation of the bookmark that ends a streaming list's objects
 QUICK = 1.0  # seconds: a list or watch cycle shorter than this counts as failing fast
 
 
@@ -187,10 +179,6 @@ class KubeSource:
         self.clock = clock  # every pause and every "how long since" (tests give their own)
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
         self.versions: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self.streaming_lists = True  # until the API server refuses one (see the module docstring)
-        # Per kind: the stream of a streaming list, open after its initial events; the next watch goes on reading it.
-        self._open: dict[str, tuple[Any, Iterator[Any]]] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
         self.api = api  # for the Events writer
         self.crd_missing: Callable[[str], None] | None = None  # told the CRD's name when an optional kind is absent
@@ -328,72 +316,6 @@ class KubeSource:
         self._pause(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
-        """List ``kind``: a streaming list while the API server serves them, else in pages."""
-        self._close_open(kind)
-        if self.streaming_lists and kind not in OPTIONAL:  # the client's CustomObjectsApi has no sendInitialEvents
-            try:
-                return self._stream_list(kind)
-            except k8s.ApiException as exc:
-                if exc.status not in NOT_SERVED:
-                    raise
-                with self._lock:  # one kind's thread says it
-                    said, self.streaming_lists = not self.streaming_lists, False
-                if not said:
-                    log.info("the API server does not serve streaming lists (%s): listing in pages of %d", describe(exc), LIST_PAGE,
-                             extra={"kind": kind})
-        self._paged_list(kind)
-
-    def _close_open(self, kind: str) -> None:
-        opened = self._open.pop(kind, None)
-        if opened is not None:
-            opened[0].release_conn()
-
-    def _stream_list(self, kind: str) -> None:
-        """A streaming list of ``kind`` (``sendInitialEvents=true``, ``resourceVersionMatch=NotOlderThan``
-        and no resourceVersion: as consistent as a list): its ADDED events replace the kind in the
-        store, one at a time, until the bookmark that ends them; the stream stays open in
-        ``_open`` for :meth:`_watch`. Raises :class:`urllib3.exceptions.ProtocolError` when the
-        stream ends before that bookmark, :class:`RelistNeeded` on an ERROR event."""
-        call, kwargs = self.calls[kind]
-        response = call(watch=True, send_initial_events=True, resource_version_match="NotOlderThan", allow_watch_bookmarks=True,
-                        timeout_seconds=self.watch_timeout, _preload_content=False,
-                        _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
-        self._success(kind)
-        lines = iter_resp_lines(response)
-        ended: dict[str, str] = {}
-
-        def items() -> Iterator[Any]:
-            for line in lines:
-                event = orjson.loads(line)
-                kind_of_event, obj = event.get("type"), event.get("object") or {}
-                meta = obj.get("metadata") or {}
-                if kind_of_event == "ADDED":
-                    yield obj
-                elif kind_of_event == "BOOKMARK" and (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
-                    ended["version"] = meta.get("resourceVersion") or ""
-                    return
-                elif kind_of_event == "ERROR":
-                    code: int = obj["code"] if isinstance(obj.get("code"), int) else 410
-                    raise RelistNeeded(f"streaming list error: {code} {obj.get('message')}", code)
-            raise urllib3.exceptions.ProtocolError(f"the streaming list of {kind} ended before its last object")
-
-        try:
-            count = self.store.replace(kind, items())
-        except BaseException:
-            response.release_conn()
-            raise
-        self._success(kind)
-        self._listed(kind, ended["version"])
-        self._open[kind] = (response, lines)
-        log.debug("listed %s: %d objects in a streaming list at resourceVersion %s", kind, count, self.versions[kind])
-
-    def _listed(self, kind: str, version: str) -> None:
-        if kind in self.absent:
-            self.absent.discard(kind)
-            log.info("the API has %s now: watching %ss", OPTIONAL[kind], kind, extra={"kind": kind})
-        self.versions[kind] = version
-
-    def _paged_list(self, kind: str) -> None:
         """List ``kind`` in pages of :data:`LIST_PAGE` objects; each page is converted to model
         objects before the next is fetched, so the agent never holds a whole cluster of API
         objects (150,000 pods are about a gigabyte of them)."""
@@ -405,6 +327,8 @@ class KubeSource:
             while True:
                 # No resourceVersion: a consistent list, which the API server paginates (served
                 # from its watch cache since 1.34; with resourceVersion "0" it ignores limit).
+                # Not a streaming list (sendInitialEvents): on kube-apiserver 1.36 it cost the
+                # API server 1.2-1.3x the CPU of these pages (bench/api_server_cost.py, docs/benchmarks.md).
                 try:
                     response = call(limit=LIST_PAGE, _continue=token, _preload_content=False,
                                     _request_timeout=self.api_timeout, **kwargs)
@@ -423,31 +347,27 @@ class KubeSource:
                     return
 
         count = self.store.replace(kind, items())
-        self._listed(kind, pages["version"])
+        if kind in self.absent:
+            self.absent.discard(kind)
+            log.info("the API has %s now: watching %ss", OPTIONAL[kind], kind, extra={"kind": kind})
+        self.versions[kind] = pages["version"]
         log.debug("listed %s: %d objects in %d pages at resourceVersion %s", kind, count, pages["count"], self.versions[kind])
 
     def _watch(self, kind: str) -> None:
-        """One watch from the last seen resourceVersion until the server ends it: the rest of
-        a streaming list's stream when one is open, else a new watch."""
-        opened = self._open.pop(kind, None)
-        if opened is not None:
-            response, lines = opened
-        else:
-            call, kwargs = self.calls[kind]
-            version = self.versions[kind]
-            try:
-                response = call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
-                                _preload_content=False, _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout),
-                                **kwargs)
-            except k8s.ApiException as exc:
-                if exc.status == 410:
-                    raise RelistNeeded(f"resourceVersion {version} is gone") from None
-                raise
-            lines = iter_resp_lines(response)
+        """One watch from the last seen resourceVersion until the server ends it."""
+        call, kwargs = self.calls[kind]
+        version = self.versions[kind]
+        try:
+            response = call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
+                            _preload_content=False, _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
+        except k8s.ApiException as exc:
+            if exc.status == 410:
+                raise RelistNeeded(f"resourceVersion {version} is gone") from None
+            raise
         self._success(kind)
         self._streaming.add(kind)
         try:
-            for line in lines:
+            for line in iter_resp_lines(response):
                 if self.stop.is_set():
                     break
                 event = orjson.loads(line)
