@@ -662,7 +662,7 @@ def startup_breakdown(cp: ControlPlane) -> dict[str, float]:
     subprocess.run([sys.executable, "-c", "import nftpolicy.agent.cli.main, nftpolicy.agent.cli.commands.agent, "
                     "nftpolicy.agent.daemon.main"], check=True)
     imports = time.monotonic() - started
-    lister = ("import sys, threading, time\n"
+    lister = ("import os, threading, time\n"
               "from nftpolicy.agent.daemon.metrics import Metrics\n"
               "from nftpolicy.agent.daemon.sources import KubeSource\n"
               "from nftpolicy.agent.daemon.store import Store\n"
@@ -670,7 +670,8 @@ def startup_breakdown(cp: ControlPlane) -> dict[str, float]:
               f"source = KubeSource(store, metrics, {NODE!r}, {cp.kubeconfig!r}, 60.0, 300, threading.Event())\n"
               "t = time.monotonic(); source.start()\n"
               "while not store.listed(): time.sleep(0.002)\n"
-              "print(time.monotonic() - t)\n")
+              "print(time.monotonic() - t, flush=True)\n"
+              "os._exit(0)\n")  # not the interpreter's exit under the watch threads
     listed = float(subprocess.run([sys.executable, "-c", lister], check=True, capture_output=True, text=True).stdout)
     return {"imports_s": imports, "list_s": listed}
 
