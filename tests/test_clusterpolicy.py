@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from nftpolicy.translators.clusterpolicy import cluster_policy_from
 from nftpolicy.translators.manifests import build_cluster
-from nftpolicy.translators.model import ClusterPeer, ClusterPort, ClusterRule
+from nftpolicy.translators.model import ClusterPeer, ClusterPort, ClusterRule, domain_name_matches
 from nftpolicy.translators.selectors import LabelSelector
 from nftpolicy.translators.validation import InvalidField
 
@@ -70,6 +70,31 @@ def test_namespaced_pods_without_a_namespace_selector_selects_every_namespace():
 def test_networks_keep_their_masked_network():
     policy = cluster_policy_from(cnp(egress=[rule("Deny", [{"networks": ["10.1.2.3/16"]}], key="to")]))
     assert policy.egress[0].peers[0].networks == (ipaddress.ip_network("10.1.0.0/16"),)
+
+
+def test_domain_names_are_read_lower_case_without_the_root_dot():
+    policy = cluster_policy_from(cnp(egress=[rule("Accept", [{"domainNames": ["API.Partner.example.", "*.cdn.example", "under_score.example"]}],
+                                                  key="to", protocols=[tcp(443)])]))
+    assert policy.egress[0].peers == (ClusterPeer(domain_names=("api.partner.example", "*.cdn.example", "under_score.example")),)
+
+
+@pytest.mark.parametrize("pattern, name, matches", [
+    # network-policy-api v0.2.0, DomainName's examples
+    ("kubernetes.io", "kubernetes.io", True),
+    ("kubernetes.io", "www.kubernetes.io", False),
+    ("kubernetes.io", "my-kubernetes.io", False),
+    ("blog.kubernetes.io", "www.kubernetes.io", False),
+    ("*.kubernetes.io", "www.kubernetes.io", True),
+    ("*.kubernetes.io", "latest.blog.kubernetes.io", True),
+    ("*.kubernetes.io", "kubernetes.io", False),
+    ("*.kubernetes.io", "wikipedia.org", False),
+    ("*.kubernetes.io", "my-kubernetes.io", False),
+    # DNS names compare without case and with or without the root's dot
+    ("kubernetes.io", "KUBERNETES.io.", True),
+    ("*.kubernetes.io", "WWW.Kubernetes.IO.", True),
+])
+def test_domain_name_matching(pattern, name, matches):
+    assert domain_name_matches(pattern, name) is matches
 
 
 def _with(path: list[Any], value: Any) -> dict[str, Any]:
@@ -132,7 +157,16 @@ MANY = [{"namespaces": {}}] * 26
     (["spec", "egress", 0, "to"], [{"networks": ["10.0.0.0/8", "10.0.0.0/8"]}], "spec.egress[0].to[0].networks[1]: duplicate value '10.0.0.0/8'"),
     (["spec", "egress", 0, "to"], [{"networks": [f"10.0.{i}.0/24" for i in range(26)]}], "networks: must have 1 to 25 items, got 26"),
     (["spec", "egress", 0, "to"], [{"nodes": {}}], "spec.egress[0].to[0].nodes: not supported by nftpolicy"),
-    (["spec", "egress", 0, "to"], [{"domainNames": ["kubernetes.io"]}], "spec.egress[0].to[0].domainNames: not supported by nftpolicy"),
+    (["spec", "egress", 0, "to"], [{"domainNames": []}], "spec.egress[0].to[0].domainNames: must have 1 to 25 items, got 0"),
+    (["spec", "egress", 0, "to"], [{"domainNames": ["a.example", "a.example"]}], "spec.egress[0].to[0].domainNames[1]: duplicate value 'a.example'"),
+    (["spec", "egress", 0, "to"], [{"domainNames": ["www.*.example"]}],
+     "spec.egress[0].to[0].domainNames[0]: must be a domain name, optionally with a '*.' prefix, got 'www.*.example'"),
+    (["spec", "egress", 0, "to"], [{"domainNames": ["*"]}], "domainNames[0]: must be a domain name"),
+    (["spec", "egress", 0, "to"], [{"domainNames": ["example"]}], "domainNames[0]: must be a domain name"),
+    (["spec", "egress", 0, "to"], [{"domainNames": ["-a.example"]}], "domainNames[0]: must be a domain name"),
+    (["spec", "egress", 0, "to"], [{"domainNames": [f"n{i}.example" for i in range(26)]}], "domainNames: must have 1 to 25 items, got 26"),
+    (["spec", "egress", 0, "to"], [{"domainNames": ["a.example"]}],
+     "spec.egress[0].action: a domainNames peer is only supported in Accept rules, got Deny"),
     (["spec", "egress", 0, "protocols"], [{"destinationNamedPort": "web"}],
      "spec.egress[0]: networks/nodes/domainNames peer cannot be set with namedPorts"),
     (["spec", "ingress", 0, "from", 0, "namespaces"], {"matchLabels": {"a": "b c"}},

@@ -60,6 +60,26 @@ def test_the_example_dump_is_all_kube_routers():
     assert restore.startswith("*filter\n:INPUT ACCEPT [0:0]\n") and restore.endswith("COMMIT\n")
 
 
+def test_the_dump_says_which_node_it_was_taken_on():
+    """kube-router makes pod chains for its node's pods only: their addresses name the node."""
+    dump = select({"ipv4": example_dump()[0]}, example_dump()[1])
+    cluster = example_cluster()
+    assert dump.pod_addresses == {ip for pod in cluster.pods.values() if pod.node == "node1" and not pod.host_network
+                                  for ip in pod.ips} and len(dump.pod_addresses) == 3
+
+
+@pytest.mark.parametrize("node, message", [
+    ("node1", ""),
+    ("node2", "its pod chains are for pods of node node1 (3 of 3), none of --node node2's: give --node node1, or node2's dump"),
+    ("node9", "its pod chains are for pods of node node1 (3 of 3), none of --node node9's: give --node node1, or node9's dump"),
+])
+def test_a_dump_of_another_node_is_refused_in_one_line(node, message):
+    from nftpolicy.agent.cli.commands.compare import dump_of_another_node
+    dump = select({"ipv4": example_dump()[0]}, example_dump()[1])
+    assert dump_of_another_node(example_cluster(), node, dump.pod_addresses) == message
+    assert dump_of_another_node(example_cluster(), node, {"10.9.9.9"}) == ""  # no pod of the manifests: nothing to say
+
+
 def test_foreign_rules_are_left_out_and_listed():
     iptables_save, ipset_save = example_dump()
     dump = select({"ipv4": with_foreign_rules(iptables_save)},
@@ -143,6 +163,10 @@ def test_cli_compare(tmp_path):
     missing = subprocess.run(args[:2] + ["--node", "node1", "--ipset-save", str(EXAMPLE / "node1.ipset-save"), str(EXAMPLE)],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "--iptables-save" in missing.stderr
+    other = subprocess.run([*args[:3], "node2", *args[4:], str(EXAMPLE / "cluster.yaml")], capture_output=True, text=True, timeout=60)
+    assert (other.returncode, other.stdout) == (2, "") and other.stderr.splitlines() == [
+        f"nftpolicy: --iptables-save {EXAMPLE / 'node1.iptables-save'}: its pod chains are for pods of node node1 (3 of 3), "
+        "none of --node node2's: give --node node1, or node2's dump"]
 
 
 @pytest.mark.kernel

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from nftpolicy.agent.daemon import events
 from nftpolicy.agent.daemon.events import (CRD_MISSING, INVALID, UNSUPPORTED_PEER, EventGone, EventRecorder, Subject,
                                            TokenBucket)
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -94,6 +95,25 @@ def test_one_event_per_object_reason_and_generation_then_the_count_goes_up():
     assert writer.writes == ["create", "patch", "create"] and len(writer.events) == 2
 
 
+def test_what_the_recorder_remembers_is_bounded_and_a_forgotten_object_gets_a_new_event(monkeypatch):
+    """A long-running agent sees many objects fail over time: it keeps the newest REMEMBERED
+    keys of each map; a forgotten object seen failing again is a new Event, not a lost one."""
+    monkeypatch.setattr(events, "REMEMBERED", 3)
+    rec, writer, _ = recorder()
+    exc = InvalidField("spec", "x")
+    for name in ("p0", "p1", "p2", "p3", "p4"):
+        rec.failed_closed("NetworkPolicy", policy(name=name), exc, True)
+    drain(rec)
+    assert len(rec._queued) == 3 and len(rec._written) == 3
+    assert [key[2] for key in rec._written] == ["p2", "p3", "p4"]
+    rec.failed_closed("NetworkPolicy", policy(name="p2"), exc, True)  # remembered: same generation, nothing
+    rec.failed_closed("NetworkPolicy", policy(2, name="p2"), exc, True)  # a new generation: counted, p2 is newest
+    rec.failed_closed("NetworkPolicy", policy(name="p0"), exc, True)  # forgotten: a new Event
+    drain(rec)
+    assert writer.writes == ["create"] * 5 + ["patch", "create"]
+    assert [key[2] for key in rec._written] == ["p4", "p2", "p0"]
+
+
 def test_the_event_of_a_long_named_object_has_a_valid_name():
     """Event names are DNS subdomains (at most 253 characters): the object's name is cut, not
     the stamp that makes it unique."""
@@ -121,7 +141,7 @@ def test_an_expired_event_is_created_again():
 def test_reasons_and_cluster_scoped_objects():
     rec, writer, _ = recorder()
     cnp = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "metadata": {"name": "dns", "uid": "u1", "generation": 1}}
-    rec.failed_closed("ClusterNetworkPolicy", cnp, UnsupportedPeer("spec.egress[0].to[0].domainNames", "not supported"), True)
+    rec.failed_closed("ClusterNetworkPolicy", cnp, UnsupportedPeer("spec.egress[0].to[0].nodes", "not supported"), True)
     rec.crd_missing("clusternetworkpolicies.policy.networking.k8s.io")
     drain(rec)
     events = sorted(writer.events.items(), key=lambda item: item[1]["reason"])
@@ -244,10 +264,10 @@ def test_failing_event_writes_never_stop_enforcement(tmp_path):
 
 # ---- the real API server ------------------------------------------------------------------------
 
-# The CRD accepts a domainNames peer; nftpolicy does not enforce it: that rule becomes Deny all.
-DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "to-dns-names"},
+# The CRD accepts a nodes peer; nftpolicy does not enforce it: that rule becomes Deny all.
+DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "to-nodes"},
               "spec": {"tier": "Admin", "priority": 5, "subject": {"namespaces": {}},
-                       "egress": [{"name": "example", "action": "Accept", "to": [{"domainNames": ["example.com"]}]}]}}
+                       "egress": [{"name": "example", "action": "Accept", "to": [{"nodes": {}}]}]}}
 
 
 @pytest.mark.kernel
@@ -265,12 +285,12 @@ def test_kubectl_describe_shows_the_event(control_plane, tmp_path):
         [event] = events()
         assert (event["reason"], event["type"], event["source"]) == (UNSUPPORTED_PEER, "Warning", {"component": "nftpolicy", "host": "node1"})
         assert event["metadata"]["namespace"] == "default" and event["count"] == 1
-        assert event["message"].startswith("spec.egress[0].to[0].domainNames: not supported by nftpolicy")
+        assert event["message"].startswith("spec.egress[0].to[0].nodes: not supported by nftpolicy")
         kubectl = shutil.which("kubectl")
         if kubectl:
             described = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "describe", "clusternetworkpolicy",
-                                        "to-dns-names"], capture_output=True, text=True, timeout=30, check=True).stdout
-            assert UNSUPPORTED_PEER in described and "domainNames: not supported by nftpolicy" in described, described
+                                        "to-nodes"], capture_output=True, text=True, timeout=30, check=True).stdout
+            assert UNSUPPORTED_PEER in described and "nodes: not supported by nftpolicy" in described, described
         assert env.metric("nftpolicy_events_total", result="failed") == 0
     finally:
         env.close()

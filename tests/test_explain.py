@@ -89,6 +89,26 @@ def test_an_unreachable_agent_gets_one_line_and_exit_2(capsys):
     assert len(err) == 1 and err[0].startswith(f"nftpolicy: cannot reach the agent at http://127.0.0.1:{port}: ")
 
 
+def test_an_agent_of_another_version_gets_one_line_naming_both_versions(capsys):
+    """The debug model's dataclasses change between versions: explain says so instead of
+    misreading (or failing on) another version's JSON."""
+    from importlib.metadata import version
+
+    from nftpolicy.agent.daemon.debughttp import serve_debug
+    from nftpolicy.translators.verdict import MODEL_SHAPE
+    server = serve_debug("127.0.0.1:0", lambda: {"shape": "0123456789ab", "version": "0.1.0", "models": [], "pods": []})
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["explain", "--from", "shop/frontend", "--to", "shop/db", "--agent", url]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capsys.readouterr().err.splitlines() == [
+        f"nftpolicy: agent {url} runs nftpolicy 0.1.0 and this explain is {version('nftpolicy')} (its model has shape "
+        f"0123456789ab, this nftpolicy reads shape {MODEL_SHAPE}): run explain of the agent's version, "
+        "or kubectl nftpolicy explain, which reads the API server"]
+
+
 @pytest.mark.kernel
 def test_explain_against_a_running_agent(make_netns, tmp_path):
     netns = make_netns()

@@ -13,7 +13,9 @@ ipBlock (one interval set); peers of a rule are OR'ed.
   namespaceSelector means the policy's namespace; an ipBlock minus its excepts.
 * ClusterNetworkPolicy peers (network-policy-api v0.2.0, ClusterNetworkPolicyIngressPeer /
   EgressPeer): ``namespaces`` is every pod of the namespaces a selector matches, ``pods`` the pods
-  a pod selector matches in those namespaces, ``networks`` one ipBlock per CIDR.
+  a pod selector matches in those namespaces, ``networks`` one ipBlock per CIDR, ``domainNames``
+  one set per family of the addresses DNS answers gave for its names (the agent fills it,
+  :mod:`nftpolicy.agent.daemon.dnslearn`).
 
 A named port is resolved on the destination pods: for ingress the local pods the policy
 selects, for egress the peer pods (the set of ``address . protocol . port`` is then the peer
@@ -46,7 +48,16 @@ from .selectors import ALL, LabelSelector, canonical_selector
 from .setstore import Scope, SetKey
 
 TIER_CHAIN_PREFIX = {"Admin": "KUBE-ANP-", "Baseline": "KUBE-BANP-"}
-PeerTarget = Scope | IPBlock  # a peer: pods (their addresses) or an ipBlock
+
+
+@dataclass(frozen=True)
+class DomainNames:
+    """A domainNames peer: its names (:func:`~nftpolicy.translators.model.domain_name_matches`)."""
+
+    names: tuple[str, ...]
+
+
+PeerTarget = Scope | IPBlock | DomainNames  # a peer: pods (their addresses), an ipBlock or domain names
 Match = tuple[Family | None, str | None, PortMatch | None, str | None]  # family, peer set, port, named-port set
 
 
@@ -149,13 +160,16 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
 def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
               use: Callable[[SetKey], str]) -> list[tuple[Family | None, str | None]]:
     """(family, peer set) alternatives of a rule's peers: ``(None, None)`` for any peer, else an
-    address set per family for each pod scope and an interval set for each ipBlock."""
+    address set per family for each pod scope and each domainNames peer, and an interval set for
+    each ipBlock."""
     if peers is None:
         return [(None, None)]
     options: list[tuple[Family | None, str | None]] = []
     for peer in peers:
         if isinstance(peer, Scope):
             options.extend((f, use(SetKey("addr", f, peer))) for f in families)
+        elif isinstance(peer, DomainNames):
+            options.extend((f, use(SetKey("domain", f, names=peer.names))) for f in families)
         else:
             family = family_of(str(peer.cidr))
             options.append((family, use(SetKey("interval", family, block=peer))))
@@ -164,11 +178,17 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
 
 def _named_port_scopes(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...]) -> list[tuple[Scope, tuple[Family, ...]]]:
     """Where an egress named port resolves: each peer's pods (an ipBlock peer: every pod's
-    addresses inside it; any peer: every pod)."""
+    addresses inside it; any peer: every pod; a domainNames peer has none: validation refuses
+    named ports with it)."""
     if peers is None:
         return [(Scope(namespace_selector=ALL), families)]
-    return [(peer, families) if isinstance(peer, Scope) else (Scope(namespace_selector=ALL, block=peer), (family_of(str(peer.cidr)),))
-            for peer in peers]
+    scopes: list[tuple[Scope, tuple[Family, ...]]] = []
+    for peer in peers:
+        if isinstance(peer, Scope):
+            scopes.append((peer, families))
+        elif isinstance(peer, IPBlock):
+            scopes.append((Scope(namespace_selector=ALL, block=peer), (family_of(str(peer.cidr)),)))
+    return scopes
 
 
 def _user(keys: list[SetKey]) -> Callable[[SetKey], str]:
@@ -208,6 +228,8 @@ def _cluster_scope(namespaces: LabelSelector | None, pods: tuple[LabelSelector, 
 def _cluster_peer(peer: ClusterPeer) -> list[PeerTarget]:
     if peer.networks:
         return [IPBlock(cidr=network) for network in peer.networks]
+    if peer.domain_names:
+        return [DomainNames(peer.domain_names)]
     return [_cluster_scope(peer.namespaces, peer.pods)]
 
 

@@ -6,20 +6,25 @@ and the CRD it generates (``config/crd/{standard,experimental}``: the OpenAPI li
 rules). A ClusterNetworkPolicy sits in the Admin tier (before every NetworkPolicy) or the
 Baseline tier (after them, for pods no NetworkPolicy isolates); ``tests/tiers.py``
 evaluates the order. Peers are namespaces, pods (a namespace selector AND a pod selector) and,
-for egress, networks (CIDRs); ports are TCP, UDP or SCTP destination ports (a number or a range)
+for egress, networks (CIDRs) and domain names (``domainNames``: the addresses that DNS answers to the
+subject pods gave for those names, learned by the agent, see :mod:`nftpolicy.translators.domainnames`); ports are TCP, UDP or SCTP destination ports (a number or a range)
 or a destination named port.
 
 Validation is the CRD's: ``priority`` 0-1000, ``subject`` and every peer and protocol with
 exactly one field, at most 25 rules per direction, 1-25 peers and protocols per rule, 1-25
 networks per peer (no duplicates), rule names of at most 100 characters, port ranges with
-``start < end``, no named port in an egress rule towards networks. The experimental ``nodes`` and
-``domainNames`` peers are refused as not supported (nftpolicy does not enforce them), so that
-an object is never read as allowing or denying less than it says.
+``start < end``, no named port in an egress rule towards networks or domain names; a domain name
+matches the type's pattern (``DomainName``: an optional ``*.`` prefix, then labels), 1-25 names per
+peer without duplicates, and (the type's documentation: "DomainNames is only supported for
+Accept rules") only in an Accept rule. The experimental ``nodes`` peer is refused as not supported
+(nftpolicy does not enforce it), so that an object is never read as allowing or denying less than
+it says.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any, Mapping
 
 from .model import ACTIONS, TIERS, ClusterNetworkPolicy, ClusterPeer, ClusterPort, ClusterRule, Direction, IPNetwork, Protocol
@@ -31,6 +36,8 @@ MAX_PRIORITY = 1000
 MAX_RULES = 25  # per direction (MaxItems on spec.ingress and spec.egress)
 MAX_ITEMS = 25  # peers, protocols and networks (MaxItems)
 MAX_RULE_NAME = 100
+# DomainName's kubebuilder Pattern (v0.2.0; its ``A-z`` ranges read as the ``A-Z`` they mean)
+DOMAIN_NAME = re.compile(r"^(\*\.)?([a-zA-Z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.)+[a-zA-Z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.?$")
 _PROTOCOL_FIELDS: dict[str, Protocol] = {"tcp": "TCP", "udp": "UDP", "sctp": "SCTP"}
 _FIELDS = {
     "spec": {"tier", "priority", "subject", "ingress", "egress"},
@@ -48,7 +55,7 @@ _FIELDS = {
 
 
 class UnsupportedPeer(InvalidField):
-    """A peer the CRD accepts and nftpolicy does not enforce (``nodes``, ``domainNames``)."""
+    """A peer the CRD accepts and nftpolicy does not enforce (``nodes``)."""
 
 
 def _one_of(value: Mapping[str, Any], path: str, what: str) -> str:
@@ -104,7 +111,22 @@ def _peer(value: Any, path: str, direction: Direction) -> ClusterPeer:
         return ClusterPeer(pods=_namespaced_pods(entry[kind], where))
     if kind == "networks":
         return ClusterPeer(networks=_networks(entry[kind], where))
-    raise UnsupportedPeer(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks)")
+    if kind == "domainNames":
+        return ClusterPeer(domain_names=_domain_names(entry[kind], where))
+    raise UnsupportedPeer(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks, domainNames)")
+
+
+def _domain_names(value: Any, path: str) -> tuple[str, ...]:
+    """The names of a domainNames peer, lower case without a trailing dot (DNS names compare
+    without case; ``a.example.`` and ``a.example`` are one name)."""
+    names: list[str] = []
+    for i, text in enumerate(_count(list_field(value, path), path, 1, MAX_ITEMS)):
+        if not isinstance(text, str) or not DOMAIN_NAME.match(text):
+            raise InvalidField(f"{path}[{i}]", f"must be a domain name, optionally with a '*.' prefix, got {text!r}")
+        if text in value[:i]:
+            raise InvalidField(f"{path}[{i}]", f"duplicate value {text!r} (a set)")
+        names.append(text.lower().rstrip("."))
+    return tuple(dict.fromkeys(names))
 
 
 def _port_number(value: Any, path: str) -> int:
@@ -163,7 +185,9 @@ def _rules(value: Any, path: str, direction: Direction) -> tuple[ClusterRule, ..
         if rule.get("protocols") is not None:
             items = _count(list_field(rule["protocols"], f"{rpath}.protocols"), f"{rpath}.protocols", 1, MAX_ITEMS)
             ports = tuple(_protocol(p, f"{rpath}.protocols[{j}]") for j, p in enumerate(items))
-        if any(p.networks for p in peers) and any(p.name is not None for p in ports):
+        if any(p.domain_names for p in peers) and action != "Accept":
+            raise InvalidField(f"{rpath}.action", f"a domainNames peer is only supported in Accept rules, got {action}")
+        if any(p.networks or p.domain_names for p in peers) and any(p.name is not None for p in ports):
             raise InvalidField(rpath, "networks/nodes/domainNames peer cannot be set with namedPorts since there are "
                                       "no namedPorts for networks/nodes/domainNames")
         rules.append(ClusterRule(action=action, peers=peers, ports=ports, name=name))

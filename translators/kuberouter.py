@@ -198,6 +198,19 @@ class Dump:
                    for _, rules in self.kept.values() for rule in rules)
 
     @property
+    def pod_addresses(self) -> frozenset[str]:
+        """The addresses of the pods the dump has a ``KUBE-POD-FW-`` chain for: the ``-d`` or
+        ``-s`` of the ``KUBE-ROUTER-*`` rules that jump to one (kube-router writes them for the
+        node's own pods only, so they say which node the dump was taken on)."""
+        found: set[str] = set()
+        for _, rules in self.kept.values():
+            for rule in rules:
+                if rule.chain.startswith("KUBE-ROUTER-") and (rule.target or "").startswith("KUBE-POD-FW-"):
+                    found.update(rule.words[i + 1].split("/")[0] for i, w in enumerate(rule.words[:-1])
+                                 if w in ("-d", "--destination", "-s", "--source"))
+        return frozenset(found)
+
+    @property
     def rule_count(self) -> int:
         """Rules kept, over every family."""
         return sum(len(rules) for _, rules in self.kept.values())

@@ -197,11 +197,13 @@ class NetworkPolicy:
 class ClusterPeer:
     """One ``from``/``to`` peer: exactly one of ``namespaces`` (every pod of the namespaces it
     matches), ``pods`` (``(namespace selector, pod selector)``: pods matching both) or
-    ``networks`` (egress only: CIDRs, host bits masked)."""
+    ``networks`` (egress only: CIDRs, host bits masked) or ``domain_names`` (egress only: names
+    and ``*.`` wildcards, lower case without a trailing dot; :func:`domain_name_matches`)."""
 
     namespaces: LabelSelector | None = None
     pods: tuple[LabelSelector, LabelSelector] | None = None
     networks: tuple[IPNetwork, ...] = ()
+    domain_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +270,7 @@ def _selects(namespaces: LabelSelector | None, pods: tuple[LabelSelector, LabelS
 def peer_selects(peer: ClusterPeer, namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
     """True when a namespaces or pods ``peer`` selects a pod with these labels (a networks peer
     selects addresses, not pods: False)."""
-    if peer.networks:
+    if peer.networks or peer.domain_names:
         return False
     return _selects(peer.namespaces, peer.pods, namespace_labels, pod_labels)
 
@@ -277,6 +279,18 @@ def network_contains(peer: ClusterPeer, address: str) -> bool:
     """True when ``address`` is in one of a networks peer's CIDRs."""
     ip = ipaddress.ip_address(address)
     return any(ip.version == n.version and ip in n for n in peer.networks)
+
+
+def domain_name_matches(pattern: str, name: str) -> bool:
+    """True when DNS name ``name`` (any case, trailing dot or not) matches a domainNames entry
+    ``pattern`` (as :class:`ClusterPeer` holds it). network-policy-api v0.2.0, ``DomainName``: an
+    exact name matches only itself; ``*.`` matches one or more entire labels, so
+    ``*.kubernetes.io`` matches ``www.kubernetes.io`` and ``latest.blog.kubernetes.io`` but not
+    ``kubernetes.io``."""
+    name = name.lower().rstrip(".")
+    if pattern.startswith("*."):
+        return name.endswith(pattern[1:]) and len(name) > len(pattern) - 1
+    return name == pattern
 
 
 @dataclass(frozen=True, slots=True)

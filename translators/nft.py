@@ -10,14 +10,14 @@ expressions are used (no ``xt`` compat matches), so the ruleset loads on nft-onl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
 from . import layout, transaction
 from .layout import Chain, Rule, Statement, Table
 from .model import Family
-from .rules import AddressSet, RuleModel, comment
+from .rules import AddressSet, RuleModel, TimedAddress, comment
 from .transaction import ChainRule, Elements, OurTable, Operation, Replace, SetName, Transaction
 
 IP: dict[Family, str] = {"ipv4": "ip", "ipv6": "ip6"}
@@ -147,6 +147,8 @@ def set_json(table: str, s: AddressSet) -> Json:
         body["type"] = [ADDR_TYPE[s.family], "inet_proto", "inet_service"]
     elif s.kind == "interval":
         body["type"], body["flags"] = ADDR_TYPE[s.family], ["interval"]
+    elif s.kind == "domain":  # elements expire with their DNS record (DOMAIN_NAMES in docs/design.md)
+        body["type"], body["flags"] = ADDR_TYPE[s.family], ["timeout"]
     else:
         body["type"] = ADDR_TYPE[s.family]
     if s.elements:
@@ -160,13 +162,16 @@ def map_element_json(element: layout.MapElement) -> list[Any]:
 
 
 def element_json(element: Any) -> Any:
-    """A set element of the rule model as libnftables JSON: an address, a network (``prefix``)
-    or an ``address . protocol . port`` triple (``concat``); a verdict map's
-    :class:`~nftpolicy.translators.layout.MapElement` as :func:`map_element_json`."""
+    """A set element of the rule model as libnftables JSON: an address, a network (``prefix``),
+    an ``address . protocol . port`` triple (``concat``) or a :class:`TimedAddress` (``elem``
+    with its ``timeout``); a verdict map's :class:`~nftpolicy.translators.layout.MapElement` as
+    :func:`map_element_json`."""
     if isinstance(element, str):
         return _prefix(element) if "/" in element else element
     if isinstance(element, tuple):
         return {"concat": list(element)}
+    if isinstance(element, TimedAddress):
+        return {"elem": {"val": element.address, "timeout": element.timeout}}
     return map_element_json(element)
 
 
@@ -207,6 +212,20 @@ def transaction_json(tx: Transaction) -> Json:
             commands += [{"add": o} for o in table_objects(op.table)]
         else:
             commands.append({op.verb: object_json(tx, op)})
+    return {"nftables": commands}
+
+
+def timed_elements_json(table: str, elements: Sequence[tuple[str, TimedAddress]]) -> Json:
+    """The libnftables batch that puts each ``(set, element)`` in its domain set with the
+    element's timeout, whether or not the set holds the address already: ``add`` (so that it
+    exists), ``delete``, ``add`` with the timeout, in one transaction (an older kernel keeps an
+    existing element's timeout on ``add``)."""
+    commands: list[Json] = []
+    for set_name, element in elements:
+        ref = {**_table_ref(table), "name": set_name}
+        commands += [{"add": {"element": {**ref, "elem": [element.address]}}},
+                     {"delete": {"element": {**ref, "elem": [element.address]}}},
+                     {"add": {"element": {**ref, "elem": [element_json(element)]}}}]
     return {"nftables": commands}
 
 

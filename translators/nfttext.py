@@ -25,6 +25,8 @@ def _value(v: Any, hex_ints: bool = False) -> str:
     if isinstance(v, list):
         return ",".join(_value(x) for x in v)
     (key, body), = v.items()
+    if key == "elem":  # an element with its timeout
+        return f"{_value(body['val'])} timeout {body['timeout']}s"
     if key == "payload":
         return f"{body['protocol']} {body['field']}"
     if key in ("meta", "ct"):

@@ -37,6 +37,7 @@ from .rules import (
 )
 from .layout import counted_origins
 from .setstore import SelectorSets
+from .domainnames import DomainSet, domain_sets
 from .chainbuilders import build_pod_chain
 from .policychains import PolicyChains
 from .tierchains import TierChains
@@ -181,6 +182,13 @@ class NodeRenderer:
         self._pod_chains_stale = True
 
     # ---- outputs -------------------------------------------------------------------------
+
+    def domain_sets(self) -> tuple[DomainSet, ...]:
+        """The domain sets of the model (:func:`~nftpolicy.translators.domainnames.domain_sets`)."""
+        if not any(peer.domain_names for p in self.tiers.policies.values() for rule in p.egress for peer in rule.peers):
+            return ()
+        cluster = Cluster(namespaces=self.namespaces, pods=self.pods, cluster_policies=self.tiers.policies)
+        return domain_sets(cluster, self.families)
 
     def model(self, ordered: bool = True) -> RuleModel:
         """The whole desired model, every tuple in a stable order (equal inputs, equal models);

@@ -58,14 +58,24 @@ class AddressSet:
     """A named set of one family.
 
     ``kind`` ``addr``: address strings; ``interval``: network strings, disjoint and sorted;
-    ``named_port``: ``(address, protocol, port)`` triples, protocol lower case.
+    ``named_port``: ``(address, protocol, port)`` triples, protocol lower case; ``domain``:
+    :class:`TimedAddress` elements, which only the agent has (DNS answers): a render's are empty.
     """
 
     name: str
     family: Family
-    kind: Literal["addr", "interval", "named_port"]
+    kind: Literal["addr", "interval", "named_port", "domain"]
     elements: tuple[Any, ...]
     comment: str
+
+
+@dataclass(frozen=True)
+class TimedAddress:
+    """An element of a ``domain`` set: ``address`` for ``timeout`` more seconds (then the
+    kernel removes it)."""
+
+    address: str
+    timeout: int
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .model import Family, IPBlock, Pod, Protocol
 from .rules import AddressSet, Changes, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
-SetKind = Literal["addr", "interval", "named_port"]
+SetKind = Literal["addr", "interval", "named_port", "domain"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,9 @@ class Scope:
 @dataclass(frozen=True)
 class SetKey:
     """The identity of a shared set: pod addresses of a scope (``addr``), the networks of an
-    ipBlock (``interval``), or ``address . protocol . port`` of a scope's pods that have the
-    named container port (``named_port``)."""
+    ipBlock (``interval``), ``address . protocol . port`` of a scope's pods that have the
+    named container port (``named_port``), or the addresses DNS answers gave for a domainNames
+    peer's ``names`` (``domain``: the agent adds them with a timeout; the translator gives none)."""
 
     kind: SetKind
     family: Family
@@ -73,10 +74,11 @@ class SetKey:
     block: IPBlock | None = None
     port: str | None = None
     protocol: Protocol | None = None
+    names: tuple[str, ...] = ()
 
     @functools.cached_property
     def _hash(self) -> int:
-        return hash((self.kind, self.family, self.scope, self.block, self.port, self.protocol))
+        return hash((self.kind, self.family, self.scope, self.block, self.port, self.protocol, self.names))
 
     def __hash__(self) -> int:  # computed once: set keys key the dictionaries every element count looks up
         return self._hash
@@ -86,7 +88,7 @@ class SetKey:
         """``KUBE-PODS-``, ``KUBE-NET-`` or ``KUBE-PORT-`` + the hash of the key's fields (with
         canonical selectors: equal keys, equal names; different keys, different names). The
         names fit ipset's 31 characters with the iptables variant's ``TMP-`` prefix."""
-        prefix = {"addr": "KUBE-PODS-", "interval": "KUBE-NET-", "named_port": "KUBE-PORT-"}[self.kind]
+        prefix = {"addr": "KUBE-PODS-", "interval": "KUBE-NET-", "named_port": "KUBE-PORT-", "domain": "KUBE-DNS-"}[self.kind]
         return hashed_name(prefix, orjson.dumps(_identity(self)).decode())
 
     @functools.cached_property
@@ -95,6 +97,8 @@ class SetKey:
         if self.kind == "interval":
             assert self.block is not None
             return f"ipBlock {block_text(self.block)}"
+        if self.kind == "domain":
+            return "DNS answers for " + ", ".join(self.names)
         assert self.scope is not None
         if self.kind == "named_port":
             return f"port {self.port}/{self.protocol} of {self.scope.text()}"
@@ -102,9 +106,11 @@ class SetKey:
 
 
 def _identity(value: Any) -> Any:
-    """A set key as plain JSON data, fields by name (what its name hashes)."""
+    """A set key as plain JSON data, fields by name (what its name hashes); a key's empty
+    ``names`` is left out, so the sets that have none keep the names they had before it existed."""
     if isinstance(value, (SetKey, Scope, IPBlock, LabelSelector, Requirement)):
-        return {f: _identity(getattr(value, f)) for f in value.__dataclass_fields__}
+        return {f: _identity(getattr(value, f)) for f in value.__dataclass_fields__
+                if not (f == "names" and not getattr(value, f))}
     if isinstance(value, (tuple, list)):
         return [_identity(v) for v in value]
     if isinstance(value, frozenset):
@@ -318,6 +324,8 @@ class SelectorSets:
     def _address_set(self, key: SetKey, ordered: bool = True) -> AddressSet:
         if key.kind == "interval":
             elements: tuple[Any, ...] = _block_elements(key)
+        elif key.kind == "domain":  # learned by the agent, never rendered
+            elements = ()
         elif ordered and key.kind == "addr":  # addresses of one family: their bytes sort as _element_order does
             elements = tuple(sorted(self._sets[key].counts, key=_ADDRESS_BYTES[key.family]))
         elif ordered:

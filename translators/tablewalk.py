@@ -127,7 +127,7 @@ class TableWalker:
             s = self.sets[name]
             if s.kind == "interval":
                 members = [ipaddress.ip_network(e) for e in s.elements]
-            elif s.kind == "addr":
+            elif s.kind in ("addr", "domain"):  # a domain set: the addresses an agent learned (as text)
                 members = frozenset(canonical(e) for e in s.elements)
             else:
                 members = frozenset((canonical(e[0]), e[1], e[2]) for e in s.elements)

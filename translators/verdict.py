@@ -41,6 +41,7 @@ nodes' addresses; :meth:`Enforcement.verdict` answers one :class:`Connection`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
@@ -133,8 +134,9 @@ class _Node:
     name, the pod of each dispatched address, and the model rule each layout rule of a policy or
     tier chain was made from (for its words: its peer set, named-port set and port)."""
 
-    def __init__(self, model: RuleModel, local: Sequence[str]) -> None:
+    def __init__(self, model: RuleModel, local: Sequence[str], learned: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.model = model
+        self.learned = learned or {}  # domain set -> learned address -> the DNS name that taught it
         self.walker = TableWalker(layout.table(model), local)
         self.policy_chains = {chain.name: chain for chain in model.policy_chains}
         self.tier_chains = {chain.name: chain for chain in model.tier_chains}
@@ -172,11 +174,14 @@ class Enforcement:
     the node itself)."""
 
     def __init__(self, models: Mapping[str | None, RuleModel], pods: Iterable[Endpoint] = (),
-                 node_addresses: Mapping[str, Sequence[str]] | None = None) -> None:
+                 node_addresses: Mapping[str, Sequence[str]] | None = None,
+                 learned: Mapping[str | None, Mapping[str, Mapping[str, str]]] | None = None) -> None:
         self.models = dict(models)
+        self.learned = {node: {s: dict(a) for s, a in sets.items()} for node, sets in (learned or {}).items()}
         self.pods = tuple(pods)
         self.node_addresses = {name: tuple(canonical(a) for a in addresses) for name, addresses in (node_addresses or {}).items()}
-        self._nodes = {name: _Node(model, self.node_addresses.get(name or "", ())) for name, model in self.models.items()}
+        self._nodes = {name: _Node(model, self.node_addresses.get(name or "", ()), self.learned.get(name))
+                       for name, model in self.models.items()}
         self._pod_at: dict[str, Endpoint] = {}
         for pod in self.pods:
             for ip in pod.ips:
@@ -254,6 +259,10 @@ class Enforcement:
         if decided is not None:
             chain, rule = decided
             summary = _summaries(index, chain, [rule])[0]
+            taught = index.learned.get(rule.peer_set or "", {}).get(peer)
+            if taught is not None:  # a domainNames peer: which name's answer put the address there
+                summary = dataclasses.replace(summary, peers=(f"{index.describe(rule.peer_set or '')}: {peer} learned from the "
+                                                              f"DNS answer for {taught}",))
             if rule.origin.tier is not None:
                 action = rule.origin.action
                 return dataclasses.replace(side, allowed=action == "Accept", cluster_rule=summary,
@@ -406,18 +415,48 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 # ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
 
-def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Sequence[str] = ()) -> dict[str, Any]:
+def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Sequence[str] = (),
+              learned: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """What one node enforces (:func:`enforcement_json` of its ``model``, the enforceable ones of
     ``pods`` and ``node_addresses``, its node's: the node-local and node-port exemptions need
-    them): the agent's debug endpoint."""
+    them): the agent's debug endpoint. ``learned``: domain set -> address -> the DNS name whose
+    answer taught it (the agent's; they become the domain sets' elements)."""
     endpoints = [Endpoint.of(p) for p in pods if p.enforceable]
-    return enforcement_json(Enforcement({node: model}, endpoints, {node: node_addresses} if node_addresses else {}))
+    if learned:
+        model = dataclasses.replace(model, sets=tuple(dataclasses.replace(s, elements=tuple(learned.get(s.name, {})))
+                                                      if s.kind == "domain" else s for s in model.sets))
+    return enforcement_json(Enforcement({node: model}, endpoints, {node: node_addresses} if node_addresses else {},
+                                        {node: learned} if learned else None))
+
+
+def _model_shape() -> str:
+    """A fingerprint of the dataclasses :func:`enforcement_json` writes (their field names and
+    types): it changes whenever one of them does, so that a reader of another nftpolicy version
+    says so instead of misreading the data."""
+    classes = (RuleModel, Config, AddressSet, PolicyChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint)
+    fields = [(c.__name__, [(f.name, str(f.type)) for f in dataclasses.fields(c)]) for c in classes]
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:12]
+
+
+MODEL_SHAPE = _model_shape()
+
+
+class ModelShapeMismatch(ValueError):
+    """The data was written by an nftpolicy whose model has another shape (another version)."""
+
+    def __init__(self, shape: object) -> None:
+        super().__init__(f"its model has shape {shape}, this nftpolicy reads shape {MODEL_SHAPE}")
+        self.shape = shape
 
 
 def enforcement_json(enforcement: Enforcement) -> dict[str, Any]:
     """Everything :class:`Enforcement` holds as plain JSON data (:func:`enforcement_from_json`
-    reads it back): ``models`` as ``[{"node": ..., "model": ...}]``, ``pods``, ``node_addresses``."""
-    return {"models": [{"node": node, "model": dataclasses.asdict(model)} for node, model in enforcement.models.items()],
+    reads it back): ``shape`` (:data:`MODEL_SHAPE`), ``models`` as ``[{"node": ..., "model": ...}]``,
+    ``pods``, ``node_addresses``; a model's ``learned`` (domain set -> address -> DNS name) where
+    an agent learned addresses."""
+    return {"shape": MODEL_SHAPE, "models": [{"node": node, "model": dataclasses.asdict(model),
+                                              **({"learned": enforcement.learned[node]} if enforcement.learned.get(node) else {})}
+                                             for node, model in enforcement.models.items()],
             "pods": [dataclasses.asdict(p) for p in enforcement.pods],
             "node_addresses": {k: list(v) for k, v in enforcement.node_addresses.items()}}
 
@@ -431,11 +470,17 @@ def _match_rule(data: Mapping[str, Any]) -> MatchRule:
 
 
 def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
-    """The :class:`Enforcement` that :func:`enforcement_json` wrote. Raises KeyError, TypeError or
-    ValueError for data of another shape."""
+    """The :class:`Enforcement` that :func:`enforcement_json` wrote. Raises
+    :class:`ModelShapeMismatch` for data another version wrote, KeyError, TypeError or ValueError
+    for data of another shape."""
+    if data.get("shape") != MODEL_SHAPE:
+        raise ModelShapeMismatch(data.get("shape", "(none)"))
     models: dict[str | None, RuleModel] = {}
+    learned: dict[str | None, Mapping[str, Mapping[str, str]]] = {}
     for entry in data["models"]:
         m = entry["model"]
+        if entry.get("learned"):
+            learned[entry["node"]] = entry["learned"]
         config = Config(**{k: _tuples(v) for k, v in m["config"].items()})
         sets = tuple(AddressSet(**{**s, "elements": _tuples(s["elements"])}) for s in m["sets"])
         chains = tuple(PolicyChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m["policy_chains"])
@@ -443,4 +488,4 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
         tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m.get("tier_chains") or ())
         models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
     endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
-    return Enforcement(models, endpoints, data.get("node_addresses") or {})
+    return Enforcement(models, endpoints, data.get("node_addresses") or {}, learned)

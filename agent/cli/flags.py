@@ -165,6 +165,19 @@ def _whole_seconds(text: str) -> int:
     return int(value)
 
 
+def _count(minimum: int, maximum: int) -> Callable[[str], int]:
+    """A whole number from ``minimum`` to ``maximum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number {minimum}-{maximum}, got {text}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a whole number {minimum}-{maximum}, got {text}")
+        return value
+    return parse
+
+
 LOWEST_PRIORITY = -2**31  # a base chain's priority is a signed 32-bit integer
 
 
@@ -387,6 +400,19 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
     agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
+    agent.add_argument("--dns-hold", choices=("off", "bypass", "fail-closed"), default="bypass",
+                       help="domainNames peers: hold DNS answers to pods in an nfqueue until what they teach is committed; while the agent "
+                            "does not read it, answers pass unheld (bypass) or are dropped (fail-closed); off: learn nothing, "
+                            "domainNames rules match no address (default %(default)s)")
+    agent.add_argument("--dns-queue", type=_count(0, 65535), default=5300, help="nfqueue number of the DNS hold (default %(default)s)")
+    agent.add_argument("--dns-ttl-floor", type=_whole_seconds, default=5,
+                       help="seconds a learned address stays at least, whatever its record's TTL (default %(default)s)")
+    agent.add_argument("--dns-ttl-cap", type=_whole_seconds, default=3600,
+                       help="seconds a learned address stays at most, whatever its record's TTL (default %(default)s)")
+    agent.add_argument("--dns-max-per-set", type=_count(1, 10**7), default=10000,
+                       help="learned addresses one domainNames peer holds at most; more are dropped and counted (default %(default)s)")
+    agent.add_argument("--dns-max-per-pod", type=_count(1, 10**7), default=1000,
+                       help="learned addresses the answers to one pod add at most; more are dropped and counted (default %(default)s)")
     add_config_arguments(agent)
 
     cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")

@@ -9,6 +9,7 @@ exposes on every node address. Read-only; ``nftpolicy explain --agent http://ADD
 from __future__ import annotations
 
 from http.server import ThreadingHTTPServer
+from importlib.metadata import version
 from typing import Any, Callable
 
 import orjson
@@ -38,7 +39,8 @@ def serve_debug(address: str, snapshot: Callable[[], dict[str, Any] | None]) -> 
 def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:
     """:func:`serve_debug` of ``reconciler``'s committed model and pods (taken under its lock,
     between syncs: a few milliseconds; turned into JSON after it, which takes about 0.1 s per
-    10,000 pods) and of the addresses of its Node object."""
+    10,000 pods) and of the addresses of its Node object, with ``version``: the agent's nftpolicy
+    version, which explain names when it reads another version's model."""
     def snapshot() -> dict[str, Any] | None:
         node = reconciler.store.get("Node", reconciler.node)
         with reconciler.lock:
@@ -46,5 +48,7 @@ def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:
             if renderer is None:
                 return None
             model, pods = renderer.model(ordered=False), list(renderer.pods.values())
-        return node_json(reconciler.node, model, pods, node.addresses if node is not None else ())
+        learned = reconciler.learning.taught() if reconciler.learning is not None else {}
+        return {**node_json(reconciler.node, model, pods, node.addresses if node is not None else (), learned),
+                "version": version("nftpolicy")}
     return serve_debug(address, snapshot)

@@ -21,7 +21,10 @@ follow the rules of client-go's ``record.EventRecorder`` (k8s.io/client-go/tools
 * :meth:`EventRecorder.record` never blocks: it puts the Event on a queue of
   :data:`QUEUE_SIZE` (dropped when full) that one background thread writes; a write that fails
   is logged and counted (``nftpolicy_events_total{result="failed"}``), never fatal, and tried
-  again the next time the agent sees the object fail.
+  again the next time the agent sees the object fail;
+* what it remembers (the generation queued and the Event written per object, reason and message)
+  is bounded: the :data:`REMEMBERED` most recent of each. An object forgotten and seen failing
+  again gets a new Event, as after the API server expired the old one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, cast
 
@@ -48,6 +52,7 @@ COMPONENT = "nftpolicy"  # source.component and reportingComponent of every Even
 BURST = 25  # Events one agent may write at once (client-go's per-object burst is 25 too)
 REFILL_SECONDS = 10.0  # then one more every this many seconds
 QUEUE_SIZE = 256  # Events waiting for the writer; more are dropped
+REMEMBERED = 4096  # (object, reason, message) keys kept for deduplication and counting; oldest go first
 MAX_MESSAGE = 1024  # bytes of a message (events.k8s.io's limit; core v1 Events keep longer ones)
 # Every result of an Event, the values of nftpolicy_events_total's label.
 RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full")
@@ -154,6 +159,14 @@ class _Written:
     count: int
 
 
+def _remember(memory: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    """Set ``memory[key]`` as its newest entry, forgetting the oldest beyond :data:`REMEMBERED`."""
+    memory[key] = value
+    memory.move_to_end(key)
+    if len(memory) > REMEMBERED:
+        memory.popitem(last=False)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -170,8 +183,8 @@ class EventRecorder:
         self.queue: queue.Queue[_Pending] = queue.Queue(queue_size)
         self._lock = threading.Lock()
         # (subject without generation, reason, message) -> the generation last queued
-        self._queued: dict[tuple[str, str, str, str, str, str], str] = {}
-        self._written: dict[tuple[str, str, str, str, str, str], _Written] = {}  # the writer thread's own
+        self._queued: OrderedDict[tuple[str, str, str, str, str, str], str] = OrderedDict()
+        self._written: OrderedDict[tuple[str, str, str, str, str, str], _Written] = OrderedDict()  # the writer thread's own
         for result in RESULTS:
             metrics.events.labels(result)
 
@@ -187,7 +200,7 @@ class EventRecorder:
         with self._lock:
             if self._queued.get(key) == subject.generation:
                 return
-            self._queued[key] = subject.generation
+            _remember(self._queued, key, subject.generation)
         try:
             self.queue.put_nowait(_Pending(subject, event_type, reason, message))
         except queue.Full:
@@ -247,6 +260,7 @@ class EventRecorder:
                 try:
                     self.writer.patch(namespace, written.name, {"count": written.count + 1, "lastTimestamp": now})
                     written.count += 1
+                    self._written.move_to_end(key)
                     self.metrics.events.labels("patched").inc()
                     return
                 except EventGone:
@@ -260,7 +274,7 @@ class EventRecorder:
                 "reportingComponent": COMPONENT, "reportingInstance": self.node,
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1,
             })
-            self._written[key] = _Written(name, 1)
+            _remember(self._written, key, _Written(name, 1))
             self.metrics.events.labels("created").inc()
         except Exception as exc:  # an Event is a courtesy: enforcement never waits for it
             self._unqueue(key, subject.generation)

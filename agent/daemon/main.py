@@ -12,6 +12,8 @@ from nftpolicy.translators.rules import Config
 
 from nftpolicy.agent import interrupts
 from .debughttp import start_debug
+from .dnslearn import DomainLearner
+from .domainlearning import DomainLearning
 from .events import EventRecorder, KubeEventWriter
 from .health import Health, serve_http
 from .logs import setup_logging
@@ -40,6 +42,9 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound
     (after a signal, :func:`nftpolicy.agent.cli.main.main` exits with the signal's code instead)."""
     setup_logging(args.log_format, args.log_level)
+    if args.dns_ttl_floor > args.dns_ttl_cap:
+        log.error("--dns-ttl-floor (%d) must not exceed --dns-ttl-cap (%d)", args.dns_ttl_floor, args.dns_ttl_cap)
+        return 2
     stop = threading.Event()
     metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
     store = Store(metrics)
@@ -63,7 +68,11 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
             log.error("nftables feature missing: %s", feature)
         log.error("this kernel or libnftables cannot run nftpolicy; nothing was changed")
         return 1
-    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane)
+    learner = DomainLearner(args.dns_ttl_floor, args.dns_ttl_cap, args.dns_max_per_set, args.dns_max_per_pod)
+    learning = DomainLearning(learner, dataplane.add_timed_elements, metrics, args.dns_hold, args.dns_queue, args.netns)
+    learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
+    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,
+                            learning=learning)
     metrics.registry.register(RuleCounters(dataplane, reconciler.chain_owners))  # read from the kernel at each scrape
     health.unlisted = store.unlisted
     try:
@@ -87,6 +96,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     except OSError as exc:
         log.warning("no debug endpoint: cannot serve %s: %s", args.debug_address, exc)
     reconciler.run(stop)
+    learning.close()
     server.shutdown()
     if debug is not None:
         debug.shutdown()

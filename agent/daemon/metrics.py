@@ -48,5 +48,16 @@ class Metrics:
         self.last_success = Gauge("nftpolicy_last_successful_sync_timestamp_seconds", "Unix time of the last committed sync.", registry=r)
         self.table_generation = Gauge("nftpolicy_table_generation",
                                       "Transactions committed to our table since the agent started: it grows by one per sync.", registry=r)
+        self.dns_answers = Counter(
+            "nftpolicy_dns_answers", "DNS answers to pods read for domainNames peers, by result: learned and dropped (over the per-set or "
+            "per-pod bound) count addresses; ignored (no policy name or pod), empty (no address) and malformed count messages.",
+            ["result"], registry=r)
+        for result in ("learned", "dropped", "ignored", "empty", "malformed"):
+            self.dns_answers.labels(result)
+        self.dns_learned_elements = Gauge("nftpolicy_dns_learned_elements", "Addresses learned from DNS answers that have not expired.",
+                                          registry=r)
+        self.dns_hold_seconds = Histogram("nftpolicy_dns_hold_seconds",
+                                          "How long a held DNS answer waited for what it teaches to be committed (learn plus commit).",
+                                          registry=r, buckets=LATENCY_BUCKETS)
         self.build_info = Info("nftpolicy_build", "The agent's version.", registry=r)
         self.build_info.info({"version": version("nftpolicy")})

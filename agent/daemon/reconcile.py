@@ -20,7 +20,8 @@ import threading
 import time
 from typing import Mapping
 
-from nftpolicy.translators import transaction
+from nftpolicy.translators import layout, transaction
+from nftpolicy.translators.domainnames import with_learned
 from nftpolicy.translators.delta import delta_transaction
 from nftpolicy.translators.noderender import NodeRenderer
 from nftpolicy.translators.rules import ChainOwner, Config
@@ -28,6 +29,7 @@ from nftpolicy.translators.transaction import Transaction
 
 from nftpolicy.agent.dataplane import Dataplane, DataplaneError
 from .clock import REAL_TIME, Clock
+from .domainlearning import DomainLearning
 from .health import Health
 from .memory import gc_paused
 from .metrics import Metrics
@@ -56,8 +58,9 @@ class Reconciler:
 
     def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
                  min_interval: float, resync_interval: float, dataplane: Dataplane,
-                 clock: Clock = REAL_TIME) -> None:
+                 clock: Clock = REAL_TIME, learning: DomainLearning | None = None) -> None:
         self.store, self.config, self.node = store, config, node
+        self.learning = learning  # domainNames: what DNS answers teach (None: not learned)
         self.metrics, self.health = metrics, health
         self.min_interval, self.resync_interval = min_interval, resync_interval
         self.clock = clock  # when the loop syncs, resyncs and retries (tests give their own)
@@ -89,7 +92,10 @@ class Reconciler:
         with gc_paused():
             renderer = NodeRenderer(self.node, self.config).load(cluster)
             renderer.take_changes()  # the full replace carries everything
-            return transaction.full(renderer.model(ordered=False)), since, renderer
+            table = layout.table(renderer.model(ordered=False))
+            if self.learning is not None:  # under its lock (see _sync): what DNS answers taught stays
+                table = with_learned(table, self.learning.learned())
+            return transaction.replacing(table), since, renderer
 
     def _delta_transaction(self) -> tuple[Transaction | None, float | None]:
         """Feed the objects that changed to the renderer; the transaction of what that changed
@@ -112,10 +118,17 @@ class Reconciler:
         tx: Transaction | None
         if full or self.renderer is None:
             mode = "full"
+            if self.learning is not None:
+                with self.learning.lock:  # no learned element is committed between its snapshot and the replace
+                    tx, since, renderer = self._full_transaction()
+                    return self._commit(tx, since, renderer, mode, started)
             tx, since, renderer = self._full_transaction()
         else:
             mode, renderer = "incremental", self.renderer
             tx, since = self._delta_transaction()
+        return self._commit(tx, since, renderer, mode, started)
+
+    def _commit(self, tx: Transaction | None, since: float | None, renderer: NodeRenderer, mode: str, started: float) -> bool:
         if tx is None:
             if since is not None:
                 self.metrics.event_to_kernel.observe(time.monotonic() - since)
@@ -148,6 +161,8 @@ class Reconciler:
             self.metrics.table_objects.labels(kind).set(value)
         if since is not None:
             self.metrics.event_to_kernel.observe(time.monotonic() - since)
+        if self.learning is not None:
+            self.learning.sets_changed(renderer.domain_sets())
         if (why := empty_table_reason(renderer, counts["pod chains"])) != self.empty_reason and why:
             log.info("the table isolates no pod: %s", why)
         self.empty_reason = why

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from nftpolicy.translators import layout, nft, nfttext
-from nftpolicy.translators.rules import AddressSet
+from nftpolicy.translators.rules import AddressSet, TimedAddress
 from nftpolicy.translators.transaction import ChainRule, Elements, Operation, OurTable, Replace, SetName, Transaction, removing
 
 from . import DataplaneError
@@ -30,7 +30,7 @@ class FakeNftError(DataplaneError):
 def _key(element: Any) -> Any:
     """What identifies a set or map element: its address, network or triple (a map element's
     address)."""
-    return element.address if isinstance(element, layout.MapElement) else element
+    return element.address if isinstance(element, (layout.MapElement, TimedAddress)) else element
 
 
 def _references(rule: layout.Rule) -> tuple[set[str], set[str]]:

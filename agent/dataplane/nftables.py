@@ -14,13 +14,14 @@ import select
 import signal
 import time
 from contextlib import nullcontext
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import nftables
 import orjson
 
 from nftpolicy.translators import nft
 from nftpolicy.translators.nft import Json
+from nftpolicy.translators.rules import TimedAddress
 from nftpolicy.translators.transaction import Transaction, removing
 
 from . import DataplaneError, netns
@@ -68,6 +69,7 @@ class NftDataplane:
 
     def __init__(self, table: str, netns_name: str | None = None) -> None:
         self.table, self.netns = table, netns_name
+        self._elements_ctx: Any = None  # the DNS hold's own context, made once (in the namespace: its socket stays there)
 
     def __repr__(self) -> str:
         return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
@@ -90,6 +92,33 @@ class NftDataplane:
         if rc != 0:
             raise NftError(str(error).strip() or f"libnftables returned {rc}")
         return orjson.loads(output) if output else {}
+
+    def add_timed_elements(self, elements: Sequence[tuple[str, TimedAddress]]) -> None:
+        """Put each ``(set, element)`` in its domain set of our table with its timeout, in one
+        transaction (:func:`nft.timed_elements_json`); raises NftError (nothing added then).
+        One caller at a time (the DNS hold's thread): it keeps one libnftables context, whose
+        making costs more than the commit."""
+        if not elements:
+            return
+        if self._elements_ctx is None:
+            with self._entered():
+                self._elements_ctx = nftables.Nftables()
+            self._elements_ctx.set_json_output(True)
+        rc, _, error = self._elements_ctx.cmd(orjson.dumps(nft.timed_elements_json(self.table, elements)).decode())
+        if rc != 0:
+            raise NftError(str(error).strip() or f"libnftables returned {rc}")
+
+    def timed_elements(self) -> dict[str, list[TimedAddress]]:
+        """The elements of our table's sets with ``flags timeout`` (the domain sets), each with
+        the seconds it has left, by set: what an agent before this one learned. Empty when the
+        table is absent."""
+        found: dict[str, list[TimedAddress]] = {}
+        for item in self.listing():
+            body = item.get("set", {})
+            if "timeout" in body.get("flags", ()):
+                found[body["name"]] = [TimedAddress(e["elem"]["val"], int(e["elem"].get("expires", 0)))
+                                       for e in body.get("elem", ()) if isinstance(e, dict) and "elem" in e]
+        return found
 
     def listing(self, terse: bool = False, stateless: bool = True) -> list[Json]:
         """Our table's objects as the kernel lists them (``list table``; empty when absent).

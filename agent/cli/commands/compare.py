@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Collection
 
 from nftpolicy.translators.kuberouter import DumpError, select
+from nftpolicy.translators.model import Cluster
 
 from nftpolicy.agent.cli.flags import config_from
 from nftpolicy.agent.testbed.compare import compare, format_report
@@ -32,6 +35,19 @@ def read_dump(flag: str, path: str) -> str:
     return text
 
 
+def dump_of_another_node(cluster: Cluster, node: str, addresses: Collection[str]) -> str:
+    """Why the dump, whose pod chains are for ``addresses``, was not taken on ``node``, or ``""``:
+    none of those addresses is a pod of ``node`` in the manifests and some are another node's
+    pods (comparing it would report every one of their cells as a difference)."""
+    owner = {ip: pod.node for pod in cluster.pods.values() if pod.node and not pod.host_network for ip in pod.ips}
+    nodes = Counter(owner[ip] for ip in addresses if ip in owner)
+    if not nodes or node in nodes:
+        return ""
+    named = ", ".join(f"{n} ({count} of {len(addresses)})" for n, count in nodes.most_common())
+    return (f"its pod chains are for pods of node {named}, none of --node {node}'s: "
+            f"give --node {nodes.most_common(1)[0][0]}, or {node}'s dump")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     read = read_manifests(args, [args.node])
     cluster = read.cluster
@@ -44,6 +60,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 2
     dump = select(saves, read_dump("--ipset-save", args.ipset_save), args.ipset_save,
                   {"ipv4": args.iptables_save, "ipv6": args.ip6tables_save})
+    other = dump_of_another_node(cluster, args.node, dump.pod_addresses)
+    if other:
+        raise DumpError(f"--iptables-save {args.iptables_save or args.ip6tables_save}: {other}")
     report = compare(cluster, args.node, dump, config_from(args), args.timeout, args.loader,
                      [ProbeSpec(port, protocol) for port, protocol in args.port or ()], args.icmp)
     print(format_report(report))

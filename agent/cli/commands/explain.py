@@ -14,6 +14,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from importlib.metadata import version
 from typing import Iterable, Mapping, Sequence
 
 from nftpolicy.translators.model import Cluster, Pod, family_of
@@ -23,6 +24,7 @@ from nftpolicy.translators.verdict import (
     ConnectionProtocol,
     Endpoint,
     Enforcement,
+    ModelShapeMismatch,
     Verdict,
     enforcement_from_json,
     enforcement_of,
@@ -89,7 +91,12 @@ def _agent(url: str) -> Enforcement:
     address = url.rstrip("/") + DEBUG_PATH
     try:
         with urllib.request.urlopen(address, timeout=AGENT_TIMEOUT) as reply:
-            return enforcement_from_json(json.loads(reply.read()))
+            data = json.loads(reply.read())
+            return enforcement_from_json(data)
+    except ModelShapeMismatch as exc:
+        raise UsageError(f"agent {url} runs nftpolicy {data.get('version', 'of another version')} and this explain is "
+                         f"{version('nftpolicy')} ({exc}): run explain of the agent's version, "
+                         "or kubectl nftpolicy explain, which reads the API server") from None
     except urllib.error.HTTPError as exc:
         raise UsageError(f"agent {url}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
     except (urllib.error.URLError, OSError) as exc:

@@ -1,0 +1,243 @@
+"""The hold of DNS answers to pods: each answer waits in an nfqueue until what it teaches is in
+the kernel, so the first connection after an answer is never refused (docs/domain-names.md).
+
+Where the answers are queued: a chain of our own, ``NFTPOLICY-DNS-HOLD``, in the ``filter``
+table of ``iptables-nft`` and ``ip6tables-nft`` (xt ``NFQUEUE`` through nft's compat layer,
+jumped to from ``FORWARD``), which queues every UDP and TCP segment from port 53 to queue
+``queue`` (jumped to from ``OUTPUT`` too, for a DNS server on the node's own network). nft's
+own ``queue`` statement would do the same in our table, but needs
+``nft_queue`` (CONFIG_NFT_QUEUE), which some kernels lack while the xt target
+(CONFIG_NETFILTER_XT_TARGET_NFQUEUE) is there: the xt path works on both.
+
+When the agent is not reading the queue (down, restarting): with ``bypass`` (the default) the
+kernel lets answers through unheld, so DNS keeps working and what they would teach is not
+learned (a connection to a new address is refused until the agent is back and the pod asks
+again); without it (``fail_closed``) the kernel drops them and the pods' DNS fails until the
+agent is back. The hold chain stays in the kernel while the agent is away (its shutdown leaves
+it); it goes when the last domainNames peer goes.
+
+The queue is read with nfnetlink_queue directly (``NETLINK_NETFILTER``, linux/netfilter/
+nfnetlink_queue.h): config (bind, copy the whole packet), packet messages, verdicts. No binding
+on PyPI serves it without a C build against libnetfilter_queue (NetfilterQueue), which the
+image does not carry; the protocol part used here is four message shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import logging
+import socket
+import struct
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from nftpolicy.agent.dataplane import iptables as xt
+from nftpolicy.agent.dataplane import netns
+
+log = logging.getLogger("nftpolicy.dnshold")
+
+HOLD_CHAIN = "NFTPOLICY-DNS-HOLD"
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_QUEUE = 3
+NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG = 0, 1, 2
+NFQA_CFG_CMD, NFQA_CFG_PARAMS = 1, 2
+NFQNL_CFG_CMD_BIND, NFQNL_CFG_CMD_UNBIND = 1, 2
+NFQNL_COPY_PACKET = 2
+NFQA_PACKET_HDR, NFQA_VERDICT_HDR, NFQA_PAYLOAD = 1, 2, 10
+NLM_F_REQUEST, NLM_F_ACK = 1, 4
+NLMSG_ERROR = 2
+NF_ACCEPT = 1
+COPY_RANGE = 65535
+POLL = 0.2  # seconds a read waits before the reader looks whether it should stop
+
+
+@dataclass(frozen=True)
+class DnsSegment:
+    """The DNS part of a queued packet: to ``client`` (the pod's address), ``payload`` (the
+    UDP payload or the TCP segment's data), ``tcp``."""
+
+    client: str
+    payload: bytes
+    tcp: bool
+
+
+def dns_segment(packet: bytes) -> DnsSegment | None:
+    """The DNS segment of an IPv4 or IPv6 packet (no IPv6 extension headers), or None when it is
+    not UDP/TCP or is cut short."""
+    try:
+        if packet[0] >> 4 == 4:
+            header, protocol, client = (packet[0] & 0x0F) * 4, packet[9], str(ipaddress.IPv4Address(packet[16:20]))
+        elif packet[0] >> 4 == 6:
+            header, protocol, client = 40, packet[6], str(ipaddress.IPv6Address(packet[24:40]))
+        else:
+            return None
+        if protocol == socket.IPPROTO_UDP:
+            return DnsSegment(client, packet[header + 8:], False)
+        if protocol == socket.IPPROTO_TCP:
+            return DnsSegment(client, packet[header + (packet[header + 12] >> 4) * 4:], True)
+    except (IndexError, ipaddress.AddressValueError):
+        return None
+    return None
+
+
+def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
+    """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it from
+    ``FORWARD`` (answers the node routes to its pods) and ``OUTPUT`` (answers a DNS server on the
+    node's own network sends them: a node-local cache, a host-network CoreDNS; never through
+    ``lo``, so the node's own lookups are not held); the ``FORWARD`` jump comes last."""
+    target = ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
+    return [["-N", HOLD_CHAIN],
+            ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *target],
+            ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *target],
+            ["-I", "OUTPUT", "1", "!", "-o", "lo", "-j", HOLD_CHAIN],
+            ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
+
+
+def _nlmsg(kind: int, flags: int, family: int, res_id: int, attrs: Sequence[tuple[int, bytes]], seq: int = 0) -> bytes:
+    body = struct.pack("=BB", family, 0) + struct.pack(">H", res_id)
+    for attr_type, data in attrs:
+        attr = struct.pack("=HH", 4 + len(data), attr_type) + data
+        body += attr + b"\0" * (-len(attr) % 4)
+    return struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_QUEUE << 8) | kind, flags, seq, 0) + body
+
+
+def _attrs(data: bytes) -> dict[int, bytes]:
+    found, offset = {}, 0
+    while offset + 4 <= len(data):
+        length, attr_type = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        found[attr_type & 0x7FFF] = data[offset + 4:offset + length]
+        offset += (length + 3) & ~3
+    return found
+
+
+class NfQueue:
+    """One nfnetlink queue, bound in the network namespace this thread is in when it is made
+    (a socket keeps its namespace). :meth:`packets` yields ``(packet id, packet)``; every
+    packet needs its :meth:`accept`."""
+
+    def __init__(self, queue: int) -> None:
+        self.queue = queue
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        self.sock.bind((0, 0))
+        self.sock.settimeout(POLL)
+        self._request([(NFQA_CFG_CMD, struct.pack("=BB", NFQNL_CFG_CMD_BIND, 0) + struct.pack(">H", socket.AF_UNSPEC))])
+        self._request([(NFQA_CFG_PARAMS, struct.pack(">IB", COPY_RANGE, NFQNL_COPY_PACKET))])
+
+    def _request(self, attrs: Sequence[tuple[int, bytes]]) -> None:
+        self.sock.send(_nlmsg(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, socket.AF_UNSPEC, self.queue, attrs))
+        reply = self.sock.recv(65536)
+        kind = struct.unpack_from("=H", reply, 4)[0]
+        if kind == NLMSG_ERROR:
+            code = struct.unpack_from("=i", reply, 16)[0]
+            if code:
+                raise OSError(-code, f"nfqueue {self.queue}: {errno.errorcode.get(-code, code)}")
+
+    def packets(self) -> list[tuple[int, bytes]]:
+        """The packets of one read (waits up to :data:`POLL` seconds for one; ``[]`` if none)."""
+        try:
+            data = self.sock.recv(1 << 18)
+        except TimeoutError:
+            return []
+        found, offset = [], 0
+        while offset + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, offset)
+            if length < 16:
+                break
+            if kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
+                attrs = _attrs(data[offset + 20:offset + length])
+                if NFQA_PACKET_HDR in attrs:
+                    found.append((struct.unpack_from(">I", attrs[NFQA_PACKET_HDR])[0], attrs.get(NFQA_PAYLOAD, b"")))
+            offset += (length + 3) & ~3
+        return found
+
+    def accept(self, packet_id: int) -> None:
+        """Let packet ``packet_id`` go on."""
+        self.sock.send(_nlmsg(NFQNL_MSG_VERDICT, NLM_F_REQUEST, socket.AF_UNSPEC, self.queue,
+                              [(NFQA_VERDICT_HDR, struct.pack(">II", NF_ACCEPT, packet_id))]))
+
+    def close(self) -> None:
+        """Close (the kernel unbinds the queue; packets still queued then pass or drop as the
+        rule's bypass says)."""
+        self.sock.close()
+
+
+class DnsHold:
+    """Holds DNS answers in network namespace ``netns_name`` (one this process created, through
+    :func:`nftpolicy.agent.dataplane.iptables.run`; None: the agent's own, the node's) until
+    ``commit`` returns for what each teaches: ``commit(segment)`` learns and writes the set
+    elements (an exception there is logged and the answer let through). :meth:`start` installs
+    the hold chain and starts the reader thread; :meth:`close` stops it and removes the chain."""
+
+    def __init__(self, commit: Callable[[DnsSegment], None], queue: int = 5300, bypass: bool = True,
+                 *, netns_name: str | None) -> None:
+        self.commit, self.queue_num, self.bypass, self.netns = commit, queue, bypass, netns_name
+        self.held = 0  # answers released after their commit
+        self._queue: NfQueue | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def _iptables(self, argv: list[str], check: bool = True) -> None:
+        for tool in ("iptables-nft", "ip6tables-nft"):
+            command = [tool, "-w", "-t", "filter", *argv]
+            try:
+                if self.netns is not None:
+                    xt.run(self.netns, command)
+                else:
+                    result = subprocess.run(command, capture_output=True, text=True)
+                    if result.returncode != 0:
+                        raise xt.IptablesError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+            except xt.IptablesError:
+                if check:
+                    raise
+
+    def start(self) -> None:
+        """Bind the queue (before the rule, so no answer waits for a reader), then the chain
+        (made anew: an earlier agent's is removed first)."""
+        with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
+            self._queue = NfQueue(self.queue_num)
+        self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
+        self._thread.start()
+        self._remove_chain()
+        for argv in hold_rules(self.queue_num, self.bypass):
+            self._iptables(argv)
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while not self._stopping.is_set():
+            for packet_id, packet in self._queue.packets():
+                segment = dns_segment(packet)
+                try:
+                    if segment is not None:
+                        self.commit(segment)
+                except Exception:  # noqa: BLE001 - an answer is never kept from its pod by our failure
+                    log.exception("could not commit what a DNS answer teaches; letting it through")
+                finally:
+                    self._queue.accept(packet_id)
+                    self.held += 1
+
+    def _remove_chain(self) -> None:
+        self._iptables(["-D", "FORWARD", "-j", HOLD_CHAIN], check=False)
+        self._iptables(["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN], check=False)
+        self._iptables(["-F", HOLD_CHAIN], check=False)
+        self._iptables(["-X", HOLD_CHAIN], check=False)
+
+    def close(self, remove_chain: bool = True) -> None:
+        """Stop reading and close the queue; with ``remove_chain`` remove the hold chain first
+        (without: it stays, and the kernel passes or drops answers as its bypass says, which is
+        what an agent that stops for a restart leaves)."""
+        if remove_chain:
+            self._remove_chain()
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._queue is not None:
+            self._queue.close()
+
+

@@ -1,0 +1,244 @@
+"""What the DNS answers to the subject pods of a domainNames peer teach: the addresses of its
+names, each until its record expires (docs/domain-names.md).
+
+:class:`DomainLearner` reads one DNS message (the payload of a UDP or TCP segment from port 53
+to a pod) with dnspython, follows the CNAME chain from the question to the A and AAAA records
+at its end, and for each domain set (:class:`~nftpolicy.translators.domainnames.DomainSet`)
+whose clients include the pod and one of whose names the question matches, gives the
+addresses of the set's family with a timeout: the chain's smallest TTL, raised to ``ttl_floor``
+and cut to ``ttl_cap`` seconds. It keeps what it gave until then (the address, the name that
+allowed it, when it expires), which the agent commits
+(:func:`~nftpolicy.translators.nft.timed_elements_json`) and
+re-commits after a full replace of the table; ``explain`` and ``trace`` read it to say which
+name allowed an address.
+
+Deliberate choices (each counted in ``nftpolicy_dns_answers_total`` by its ``result``):
+
+* a message that is not DNS, a query rather than a response, or that dnspython cannot read
+  (truncated mid-record, bad compression pointers): ``malformed``, never an exception;
+* an answer with the TC bit (truncated: the resolver asks again over TCP): its records are
+  still learned (they are true, only not all of them), the full answer comes by TCP;
+* DNS over TCP: a segment holds a two-byte length and then the message; only a segment that
+  carries whole messages is read (a message split over segments is ``malformed``, as the
+  resolver's UDP answer usually came first);
+* an answer to a pod that no domain set has as a client, or for a name no set matches:
+  ``ignored`` (nobody asked for it under a policy: nothing is learned);
+* an error response (NXDOMAIN, SERVFAIL) or one without A/AAAA records: ``empty``;
+* a set that holds ``max_per_set`` live addresses, or a pod that gave ``max_per_pod``:
+  the new address is ``dropped`` (the pod's connection to it is refused until older ones
+  expire), so one pod cannot grow the agent's memory without bound.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Iterable
+
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.rdatatype
+
+from nftpolicy.translators.domainnames import DomainSet
+from nftpolicy.translators.model import Family
+
+RESULTS = ("learned", "dropped", "ignored", "empty", "malformed")
+_TYPES: dict[dns.rdatatype.RdataType, Family] = {dns.rdatatype.A: "ipv4", dns.rdatatype.AAAA: "ipv6"}
+ADOPTED = "(before this agent)"  # the name of an address an earlier agent learned
+MAX_CHAIN = 16  # CNAME links followed from the question (a loop ends there)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """An address to put in set ``set_name`` for ``timeout`` seconds, because DNS name
+    ``name`` (which pattern ``pattern`` of the set matches) resolved to it for pod ``client``."""
+
+    set_name: str
+    address: str
+    timeout: int
+    name: str
+    pattern: str
+    client: str
+
+
+@dataclass
+class _Entry:
+    expires: float
+    name: str
+    pattern: str
+    client: str
+
+
+class DomainLearner:
+    """The learned addresses of every domain set of one node, bounded (module docstring).
+
+    ``ttl_floor``/``ttl_cap``: seconds; ``max_per_set``/``max_per_pod``: live addresses. The
+    caller gives the time (``now``, monotonic seconds) and serialises calls (not thread-safe).
+    """
+
+    def __init__(self, ttl_floor: int, ttl_cap: int, max_per_set: int, max_per_pod: int) -> None:
+        if not 1 <= ttl_floor <= ttl_cap:
+            raise ValueError(f"the TTL floor ({ttl_floor}) must be at least 1 and at most the cap ({ttl_cap})")
+        self.ttl_floor, self.ttl_cap, self.max_per_set, self.max_per_pod = ttl_floor, ttl_cap, max_per_set, max_per_pod
+        self._sets: dict[str, DomainSet] = {}
+        self._by_client: dict[str, list[DomainSet]] = {}
+        self._held: dict[str, dict[str, _Entry]] = {}  # set name -> address -> entry
+        self._per_pod: dict[str, int] = {}
+        self.counts: dict[str, int] = dict.fromkeys(RESULTS, 0)
+
+    def update(self, sets: Iterable[DomainSet]) -> None:
+        """The domain sets now rendered: those gone forget what they held; the others keep it."""
+        self._sets = {s.name: s for s in sets}
+        self._by_client = {}
+        for s in self._sets.values():
+            for client in s.clients:
+                self._by_client.setdefault(client, []).append(s)
+        for name in [n for n in self._held if n not in self._sets]:
+            for entry in self._held.pop(name).values():
+                self._forget(entry)
+
+    def learn(self, client: str, payload: bytes, now: float, tcp: bool = False) -> list[Learned]:
+        """What the DNS message ``payload`` (a UDP payload, or with ``tcp`` a TCP segment's:
+        length-prefixed messages) sent to pod address ``client`` teaches at time ``now``: the
+        addresses to add (new ones, and known ones whose expiry moves later). Never raises on
+        bad input: it is counted (:attr:`counts`)."""
+        self.expire(now)
+        sets = self._by_client.get(client)
+        messages = _tcp_messages(payload) if tcp else [payload]
+        if messages is None:
+            self.counts["malformed"] += 1
+            return []
+        found: list[Learned] = []
+        for wire in messages:
+            try:
+                message = dns.message.from_wire(wire, ignore_trailing=True)
+            except (dns.exception.DNSException, ValueError, IndexError):
+                self.counts["malformed"] += 1
+                continue
+            if not message.flags & dns.flags.QR or len(message.question) != 1:
+                self.counts["malformed"] += 1
+                continue
+            found.extend(self._answer(client, message, sets or [], now))
+        return found
+
+    def _answer(self, client: str, message: dns.message.Message, sets: list[DomainSet], now: float) -> list[Learned]:
+        question = message.question[0].name
+        asked = question.to_text(omit_final_dot=True).lower()
+        matched = [(s, p) for s in sets for p in (s.matches(asked),) if p is not None]
+        if not matched:
+            self.counts["ignored"] += 1
+            return []
+        addresses = _chain_addresses(message, question)
+        if not addresses:
+            self.counts["empty"] += 1
+            return []
+        found = []
+        for domain_set, pattern in matched:
+            for family, address, ttl in addresses:
+                if family != domain_set.family:
+                    continue
+                timeout = min(max(ttl, self.ttl_floor), self.ttl_cap)
+                learned = self._hold(domain_set.name, Learned(domain_set.name, address, timeout, asked, pattern, client), now)
+                if learned is not None:
+                    found.append(learned)
+        return found
+
+    def _hold(self, set_name: str, learned: Learned, now: float) -> Learned | None:
+        held = self._held.setdefault(set_name, {})
+        entry = held.get(learned.address)
+        expires = now + learned.timeout
+        if entry is not None:
+            if expires <= entry.expires:
+                return None  # the kernel's element outlives this answer already
+            entry.expires, entry.name, entry.pattern = expires, learned.name, learned.pattern
+            self.counts["learned"] += 1
+            return learned
+        if len(held) >= self.max_per_set or self._per_pod.get(learned.client, 0) >= self.max_per_pod:
+            self.counts["dropped"] += 1
+            return None
+        held[learned.address] = _Entry(expires, learned.name, learned.pattern, learned.client)
+        self._per_pod[learned.client] = self._per_pod.get(learned.client, 0) + 1
+        self.counts["learned"] += 1
+        return learned
+
+    def adopt(self, set_name: str, address: str, seconds_left: int, now: float) -> None:
+        """Hold an address that the kernel's set has (an earlier agent learned it) for the
+        seconds it has left, so that this agent's full replace keeps it; it counts against no
+        pod and names no DNS name (``(before this agent)``)."""
+        if seconds_left > 0:
+            self._held.setdefault(set_name, {})[address] = _Entry(now + seconds_left, ADOPTED, ADOPTED, "")
+            self._per_pod[""] = self._per_pod.get("", 0) + 1
+
+    def expire(self, now: float) -> None:
+        """Forget what expired by ``now`` (the kernel's elements time out by themselves)."""
+        for held in self._held.values():
+            for address in [a for a, e in held.items() if e.expires <= now]:
+                self._forget(held.pop(address))
+
+    def _forget(self, entry: _Entry) -> None:
+        left = self._per_pod[entry.client] - 1
+        if left:
+            self._per_pod[entry.client] = left
+        else:
+            del self._per_pod[entry.client]
+
+    def held(self, now: float) -> list[Learned]:
+        """Every live address with the timeout left (whole seconds, at least 1): what a full
+        replace of the table must add again."""
+        return [Learned(set_name, address, max(1, int(entry.expires - now)), entry.name, entry.pattern, entry.client)
+                for set_name, held in self._held.items() for address, entry in held.items() if entry.expires > now]
+
+    def why(self, address: str, now: float) -> list[tuple[str, str, str]]:
+        """``(set name, DNS name, pattern)`` of each live learned ``address``: which name
+        allowed it (for ``explain`` and ``trace``)."""
+        found = []
+        for set_name, held in self._held.items():
+            entry = held.get(address)
+            if entry is not None and entry.expires > now:
+                found.append((set_name, entry.name, entry.pattern))
+        return found
+
+    def size(self) -> int:
+        """How many addresses are held."""
+        return sum(len(held) for held in self._held.values())
+
+
+def _tcp_messages(segment: bytes) -> list[bytes] | None:
+    """The DNS messages of a TCP segment (RFC 1035 4.2.2: each after its two-byte length), or
+    None when the segment does not end at a message's end."""
+    messages, offset = [], 0
+    while offset < len(segment):
+        if offset + 2 > len(segment):
+            return None
+        length = int.from_bytes(segment[offset:offset + 2], "big")
+        offset += 2
+        if length == 0 or offset + length > len(segment):
+            return None
+        messages.append(segment[offset:offset + length])
+        offset += length
+    return messages or None
+
+
+def _chain_addresses(message: dns.message.Message, question: dns.name.Name) -> list[tuple[Family, str, int]]:
+    """``(family, address, ttl)`` of the A/AAAA records that the answer section gives for
+    ``question``, following its CNAME chain; the TTL is the smallest along the chain (a CNAME
+    that expires first ends the addresses' validity too)."""
+    found: list[tuple[Family, str, int]] = []
+    owner, chain_ttl = question, None
+    for _ in range(MAX_CHAIN):
+        step = None
+        for rrset in message.answer:
+            if rrset.name != owner:
+                continue
+            family = _TYPES.get(rrset.rdtype)
+            ttl = rrset.ttl if chain_ttl is None else min(rrset.ttl, chain_ttl)
+            if family is not None:
+                found.extend((family, str(ipaddress.ip_address(rdata.address)), ttl) for rdata in rrset)
+            elif rrset.rdtype == dns.rdatatype.CNAME:
+                step = (rrset[0].target, ttl)
+        if found or step is None:
+            return found
+        owner, chain_ttl = step
+    return found

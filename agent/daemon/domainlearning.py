@@ -1,0 +1,117 @@
+"""The agent's side of domainNames peers: the learner (:mod:`.dnslearn`), the hold of DNS
+answers (:mod:`.dnshold`) and the commits of what they teach, kept in step with the rendered
+domain sets (docs/domain-names.md).
+
+The reconcile loop calls :meth:`DomainLearning.sets_changed` after each committed sync with
+the model's domain sets: the hold runs while there is one (so a node without domainNames
+policies queues no DNS answer), and stops when the last goes. A full replace of the table
+carries what is learned (:meth:`DomainLearning.learned`, under :attr:`DomainLearning.lock`, so
+no answer's commit falls between the snapshot and the replace).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Literal, Sequence
+
+from nftpolicy.translators.domainnames import DomainSet
+from nftpolicy.translators.rules import TimedAddress
+
+from nftpolicy.agent.dataplane.iptables import IptablesError
+
+from .dnshold import DnsHold, DnsSegment
+from .dnslearn import RESULTS, DomainLearner
+from .metrics import Metrics
+
+log = logging.getLogger("nftpolicy.domainnames")
+
+HoldMode = Literal["off", "bypass", "fail-closed"]
+HOLD_MODES: tuple[HoldMode, ...] = ("off", "bypass", "fail-closed")
+
+
+class DomainLearning:
+    """Learns from DNS answers into the domain sets through ``add_elements`` (the dataplane's
+    :meth:`~nftpolicy.agent.dataplane.nftables.NftDataplane.add_timed_elements`). ``hold``:
+    ``off`` (nothing is learned: domainNames rules match nothing), ``bypass`` or
+    ``fail-closed`` (what the kernel does with answers while the agent does not read them);
+    ``queue``: the nfqueue number; ``netns_name``: as the dataplane's."""
+
+    def __init__(self, learner: DomainLearner, add_elements: Callable[[Sequence[tuple[str, TimedAddress]]], None],
+                 metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None) -> None:
+        self.learner, self.add_elements, self.metrics = learner, add_elements, metrics
+        self.hold_mode, self.queue, self.netns = hold, queue, netns_name
+        self.lock = threading.RLock()
+        self._hold: DnsHold | None = None
+        self._counted = dict.fromkeys(RESULTS, 0)
+        self.failure: str | None = None  # why the hold could not start (then it is not tried again)
+
+    def sets_changed(self, sets: Sequence[DomainSet]) -> None:
+        """The domain sets of the committed model: the learner follows, the hold starts or stops."""
+        with self.lock:
+            self.learner.update(sets)
+            self.metrics.dns_learned_elements.set(self.learner.size())
+        if sets and self._hold is None and self.hold_mode != "off" and self.failure is None:
+            hold = DnsHold(self.commit, self.queue, bypass=self.hold_mode == "bypass", netns_name=self.netns)
+            try:
+                hold.start()
+            except (IptablesError, OSError) as exc:  # enforcement goes on; domainNames rules match no address
+                hold.close()
+                self.failure = " ".join(str(exc).split())
+                log.error("cannot hold DNS answers, domainNames peers learn nothing until the agent restarts: %s", self.failure)
+                return
+            self._hold = hold
+            log.info("holding DNS answers in nfqueue %d until what they teach is committed (%s while the agent is away)",
+                     self.queue, self.hold_mode)
+        elif not sets and self._hold is not None:
+            self._hold.close()
+            self._hold = None
+
+    def adopt(self, elements: dict[str, list[TimedAddress]]) -> None:
+        """Keep what an earlier agent learned (the kernel's domain set elements, before this
+        agent's first sync replaces the table), each until it expires."""
+        now = time.monotonic()
+        with self.lock:
+            for set_name, items in elements.items():
+                for item in items:
+                    self.learner.adopt(set_name, item.address, item.timeout, now)
+        if elements:
+            log.info("kept %d addresses an earlier agent learned from DNS answers", sum(map(len, elements.values())))
+
+    def learned(self) -> dict[str, tuple[TimedAddress, ...]]:
+        """Every learned element by set, with the time it has left (call under :attr:`lock`)."""
+        found: dict[str, list[TimedAddress]] = {}
+        for item in self.learner.held(time.monotonic()):
+            found.setdefault(item.set_name, []).append(TimedAddress(item.address, item.timeout))
+        return {name: tuple(elements) for name, elements in found.items()}
+
+    def taught(self) -> dict[str, dict[str, str]]:
+        """Domain set -> live learned address -> ``name`` (or ``name (pattern)`` when a
+        wildcard matched): what ``explain --agent`` says allowed an address."""
+        found: dict[str, dict[str, str]] = {}
+        with self.lock:
+            for item in self.learner.held(time.monotonic()):
+                found.setdefault(item.set_name, {})[item.address] = item.name if item.name == item.pattern else f"{item.name} ({item.pattern})"
+        return found
+
+    def commit(self, segment: DnsSegment) -> None:
+        """Learn from one held DNS segment and commit it (the hold releases it after this)."""
+        started = time.monotonic()
+        with self.lock:
+            learned = self.learner.learn(segment.client, segment.payload, started, segment.tcp)
+            if learned:
+                self.add_elements([(x.set_name, TimedAddress(x.address, x.timeout)) for x in learned])
+            for result, total in self.learner.counts.items():
+                if total > self._counted[result]:
+                    self.metrics.dns_answers.labels(result).inc(total - self._counted[result])
+                    self._counted[result] = total
+            self.metrics.dns_learned_elements.set(self.learner.size())
+        self.metrics.dns_hold_seconds.observe(time.monotonic() - started)
+
+    def close(self) -> None:
+        """The agent stops: stop reading the queue, leave the hold chain (answers pass or drop
+        as ``hold`` says until an agent reads again); learned elements stay until they expire."""
+        if self._hold is not None:
+            self._hold.close(remove_chain=False)
+            self._hold = None

@@ -1,0 +1,162 @@
+"""The DNS learner of domainNames peers (agent/daemon/dnslearn.py) on DNS messages that dnspython
+builds: CNAME chains, TTL floor and cap, wildcard depth, bounds, TCP framing, malformed input."""
+
+from __future__ import annotations
+
+import dns.flags
+import dns.message
+import dns.rrset
+import pytest
+from nftpolicy.agent.daemon.dnslearn import DomainLearner
+from nftpolicy.translators.domainnames import DomainSet, domain_sets
+from nftpolicy.translators.manifests import build_cluster
+
+POD, OTHER_POD = "10.0.1.5", "10.0.1.6"
+V4 = DomainSet("KUBE-DNS-A", "ipv4", ("api.partner.example", "*.cdn.example"), frozenset({POD}), ("partner",))
+V6 = DomainSet("KUBE-DNS-B", "ipv6", V4.names, V4.clients, V4.policies)
+
+
+def answer(qname: str, *records: tuple[str, int, str, str], qtype: str = "A", tc: bool = False) -> bytes:
+    """A response to ``qname`` with answer records ``(owner, ttl, type, value)``."""
+    query = dns.message.make_query(qname, qtype)
+    response = dns.message.make_response(query)
+    for owner, ttl, rtype, value in records:
+        response.answer.append(dns.rrset.from_text(owner, ttl, "IN", rtype, value))
+    if tc:
+        response.flags |= dns.flags.TC
+    return response.to_wire()
+
+
+def learner(**bounds: int) -> DomainLearner:
+    made = DomainLearner(ttl_floor=bounds.get("floor", 5), ttl_cap=bounds.get("cap", 3600),
+                         max_per_set=bounds.get("per_set", 100), max_per_pod=bounds.get("per_pod", 100))
+    made.update([V4, V6])
+    return made
+
+
+def test_an_answer_for_a_named_host_is_learned_with_its_ttl_in_the_set_of_its_family():
+    got = learner().learn(POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"),
+                                      ("api.partner.example.", 60, "A", "192.0.2.11")), now=0)
+    assert [(x.set_name, x.address, x.timeout, x.name, x.pattern) for x in got] == [
+        ("KUBE-DNS-A", "192.0.2.10", 60, "api.partner.example", "api.partner.example"),
+        ("KUBE-DNS-A", "192.0.2.11", 60, "api.partner.example", "api.partner.example")]
+
+
+def test_aaaa_answers_fill_the_ipv6_set():
+    got = learner().learn(POD, answer("api.partner.example", ("api.partner.example.", 30, "AAAA", "2001:db8::10"), qtype="AAAA"), now=0)
+    assert [(x.set_name, x.address) for x in got] == [("KUBE-DNS-B", "2001:db8::10")]
+
+
+def test_a_cname_chain_is_followed_and_the_smallest_ttl_counts():
+    got = learner().learn(POD, answer("api.partner.example", ("api.partner.example.", 300, "CNAME", "edge.cdn-host.net."),
+                                      ("edge.cdn-host.net.", 20, "CNAME", "a1.cdn-host.net."),
+                                      ("a1.cdn-host.net.", 600, "A", "198.51.100.7")), now=0)
+    assert [(x.address, x.timeout, x.name) for x in got] == [("198.51.100.7", 20, "api.partner.example")]
+
+
+def test_records_outside_the_chain_are_not_learned():
+    got = learner().learn(POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"),
+                                      ("evil.example.", 60, "A", "203.0.113.66")), now=0)
+    assert [x.address for x in got] == ["192.0.2.10"]
+
+
+@pytest.mark.parametrize("name, learned", [("img.cdn.example", True), ("a.b.cdn.example", True), ("cdn.example", False),
+                                           ("other.example", False), ("API.Partner.Example", True)])
+def test_wildcard_depth_and_case(name, learned):
+    got = learner().learn(POD, answer(name, (name + ".", 60, "A", "192.0.2.20")), now=0)
+    assert bool(got) is learned
+
+
+def test_ttl_is_raised_to_the_floor_and_cut_to_the_cap():
+    made = learner(floor=10, cap=100)
+    low = made.learn(POD, answer("api.partner.example", ("api.partner.example.", 0, "A", "192.0.2.1")), now=0)
+    high = made.learn(POD, answer("a.cdn.example", ("a.cdn.example.", 86400, "A", "192.0.2.2")), now=0)
+    assert [x.timeout for x in low + high] == [10, 100]
+
+
+def test_answers_to_pods_no_policy_selects_and_unasked_names_are_ignored():
+    made = learner()
+    assert made.learn(OTHER_POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10")), now=0) == []
+    assert made.learn(POD, answer("www.example", ("www.example.", 60, "A", "192.0.2.10")), now=0) == []
+    assert made.counts["ignored"] == 2 and made.size() == 0
+
+
+def test_a_repeated_answer_is_committed_again_only_when_it_lasts_longer():
+    made = learner()
+    wire = answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"))
+    assert len(made.learn(POD, wire, now=0)) == 1
+    assert made.learn(POD, wire, now=0) == []
+    assert [x.timeout for x in made.learn(POD, wire, now=30)] == [60]
+    assert made.why("192.0.2.10", now=80) == [("KUBE-DNS-A", "api.partner.example", "api.partner.example")]
+    assert made.why("192.0.2.10", now=91) == []
+
+
+def test_bounds_per_set_and_per_pod_drop_and_count():
+    made = learner(per_set=2)
+    wire = answer("api.partner.example", *[("api.partner.example.", 60, "A", f"192.0.2.{i}") for i in range(1, 5)])
+    assert [x.address for x in made.learn(POD, wire, now=0)] == ["192.0.2.1", "192.0.2.2"]
+    assert made.counts["dropped"] == 2
+    made.expire(now=61)
+    assert made.size() == 0
+    per_pod = learner(per_pod=1)
+    assert len(per_pod.learn(POD, wire, now=0)) == 1 and per_pod.counts["dropped"] == 3
+
+
+def test_full_replace_readds_what_is_held_with_the_time_left():
+    made = learner()
+    made.learn(POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10")), now=0)
+    assert [(x.set_name, x.address, x.timeout) for x in made.held(now=45.5)] == [("KUBE-DNS-A", "192.0.2.10", 14)]
+
+
+def test_a_set_that_goes_forgets_its_addresses():
+    made = learner()
+    made.learn(POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10")), now=0)
+    made.update([V6])
+    assert made.size() == 0
+
+
+def test_truncated_answers_teach_what_they_hold():
+    got = learner().learn(POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"), tc=True), now=0)
+    assert [x.address for x in got] == ["192.0.2.10"]
+
+
+def test_dns_over_tcp_reads_each_length_prefixed_message():
+    one = answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"))
+    two = answer("a.cdn.example", ("a.cdn.example.", 60, "A", "192.0.2.11"))
+    segment = len(one).to_bytes(2, "big") + one + len(two).to_bytes(2, "big") + two
+    assert [x.address for x in learner().learn(POD, segment, now=0, tcp=True)] == ["192.0.2.10", "192.0.2.11"]
+
+
+@pytest.mark.parametrize("payload, tcp", [
+    (b"", False), (b"\x00" * 3, False), (b"garbage that is not dns at all", False),
+    (answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"))[:-3], False),  # cut mid-record
+    (dns.message.make_query("api.partner.example", "A").to_wire(), False),  # a query, not an answer
+    (b"\x00\x40" + b"\x00" * 10, True),  # a TCP message longer than its segment
+])
+def test_malformed_input_is_one_count_never_an_exception(payload, tcp):
+    made = learner()
+    assert made.learn(POD, payload, now=0, tcp=tcp) == []
+    assert made.counts["malformed"] == 1
+
+
+def test_domain_sets_of_a_cluster_name_their_clients_and_policies():
+    pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": ns, "labels": {"app": n}},
+             "spec": {"nodeName": "node-1"}, "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}
+            for n, ns, ip in (("client", "shop", POD), ("db", "other", OTHER_POD))]
+    cnp = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "partner"},
+           "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}}},
+                    "egress": [{"action": "Accept", "to": [{"domainNames": ["api.partner.example"]}]}]}}
+    cluster, errors = build_cluster(("test", obj) for obj in pods + [cnp])
+    assert not errors
+    [found] = domain_sets(cluster, ["ipv4"])
+    assert (found.family, found.names, found.clients, found.policies) == ("ipv4", ("api.partner.example",), frozenset({POD}), ("partner",))
+    assert found.name.startswith("KUBE-DNS-")
+
+
+def test_adopted_addresses_are_held_until_they_expire_and_named_as_before_this_agent():
+    made = learner()
+    made.adopt("KUBE-DNS-A", "192.0.2.99", seconds_left=30, now=0)
+    assert [(x.address, x.timeout) for x in made.held(now=10)] == [("192.0.2.99", 20)]
+    assert made.why("192.0.2.99", now=10) == [("KUBE-DNS-A", "(before this agent)", "(before this agent)")]
+    made.expire(now=31)
+    assert made.size() == 0

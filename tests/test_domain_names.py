@@ -1,0 +1,370 @@
+"""domainNames with real parts: a real DNS server (dnsmasq) in a namespace outside the node, the
+node's namespace with our table (rendered from a ClusterNetworkPolicy) and the hold of DNS
+answers (agent/daemon/dnshold.py: xt NFQUEUE through iptables-nft, this kernel has no nft
+queue), a pod namespace that resolves with a real resolver client (dnspython's stub resolver,
+over the wire) and connects for real.
+
+Each test takes a few seconds: TTLs are short, waits are polls."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+import dns.exception
+import dns.resolver
+import pytest
+from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment
+from nftpolicy.agent.daemon.dnslearn import DomainLearner
+from nftpolicy.agent.dataplane import iptables as xt
+from nftpolicy.agent.dataplane import netns
+from nftpolicy.agent.dataplane.nftables import NftDataplane
+from nftpolicy.translators import transaction
+from nftpolicy.translators.domainnames import domain_sets
+from nftpolicy.translators.manifests import build_cluster
+from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import TimedAddress
+
+from nftpolicy.agent.testbed.controlplane import free_port
+
+from .conftest import OURS, eventually, http_get
+
+pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
+
+POD4, POD6 = "10.0.1.5", "fd00:1::5"
+DNS4, DNS6 = "10.0.2.53", "fd00:2::53"
+PORT = 8080
+HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
+    "api.partner.example": ("10.0.2.10", "fd00:2::10", 60),
+    "other.example": ("10.0.2.11", None, 60),
+    "a.b.cdn.example": ("10.0.2.20", None, 60),
+    "cdn.example": ("10.0.2.21", None, 60),
+    "edge.cdnhost.net": ("10.0.2.30", None, 60),
+    "brief.partner.example": ("10.0.2.40", None, 2),
+    "first.cdn.example": ("10.0.2.50", None, 60),
+    "moving.cdn.example": ("10.0.2.60", None, 2),
+    **{f"n{i}.cdn.example": (f"10.0.2.{100 + i}", None, 60) for i in range(20)},
+}
+CNAMES = {"www.partner.example": "edge.cdnhost.net"}
+NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
+OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61", "10.0.2.70"]  # where moving.cdn.example moves; local.cdn.example
+
+NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}}
+POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "shop", "labels": {"app": "client"}},
+       "spec": {"nodeName": "node-1"}, "status": {"phase": "Running", "podIP": POD4, "podIPs": [{"ip": POD4}, {"ip": POD6}]}}
+POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "partner"},
+          "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}}},
+                   "egress": [
+                       {"name": "partner", "action": "Accept",
+                        "to": [{"domainNames": ["api.partner.example", "www.partner.example", "brief.partner.example", "*.cdn.example"]}],
+                        "protocols": [{"tcp": {"destinationPort": {"number": PORT}}}]},
+                       {"name": "dns", "action": "Accept", "to": [{"networks": [f"{DNS4}/32", f"{DNS6}/128", "10.0.1.1/32"]}]},
+                       {"name": "rest", "action": "Deny", "to": [{"networks": ["0.0.0.0/0", "::/0"]}]}]}}
+
+SERVER = """
+import socket, sys, threading
+def serve(family, address):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((address, int(sys.argv[1]))); s.listen(128)
+    while True:
+        c, _ = s.accept(); c.close()
+threading.Thread(target=serve, args=(socket.AF_INET6, "::"), daemon=True).start()
+serve(socket.AF_INET, "0.0.0.0")
+"""
+
+
+class Bed:
+    """The three namespaces, dnsmasq, the listeners, our table, the learner and the hold."""
+
+    def __init__(self, make_netns, tmp_path: Path, agent: bool = False) -> None:
+        self.node, self.pod, self.out = make_netns(), make_netns(), make_netns()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        netns.ip_batch([f"link add vpod netns {self.node} type veth peer name eth0 netns {self.pod}",
+                        f"link add vout netns {self.node} type veth peer name eth0 netns {self.out}"])
+        netns.ip_batch(["link set lo up", "link set vpod up", "link set vout up",
+                        "addr add 10.0.1.1/24 dev vpod", "addr add fd00:1::1/64 dev vpod nodad",
+                        "addr add 10.0.2.1/24 dev vout", "addr add fd00:2::1/64 dev vout nodad"], self.node)
+        netns.ip_batch(["link set lo up", "link set eth0 up", f"addr add {POD4}/24 dev eth0", f"addr add {POD6}/64 dev eth0 nodad",
+                        "route add default via 10.0.1.1", "route add default via fd00:1::1"], self.pod)
+        netns.ip_batch(["link set lo up", "link set eth0 up", f"addr add {DNS4}/24 dev eth0", f"addr add {DNS6}/64 dev eth0 nodad",
+                        "route add default via 10.0.2.1", "route add default via fd00:2::1"]
+                       + [f"addr add {a}/{'64' if ':' in a else '24'} dev eth0{' nodad' if ':' in a else ''}" for a in OUTSIDE], self.out)
+        netns.write_sysctl(self.node, "net.ipv4.ip_forward", "1")
+        netns.write_sysctl(self.node, "net.ipv6.conf.all.forwarding", "1")
+        self.dns_pid_file = tmp_path / "dnsmasq.pid"
+        self.start_dns(HOSTS)
+        self._spawn(self.out, [sys.executable, "-c", SERVER, str(PORT)])
+        self.hold: DnsHold | None = None
+        if agent:  # the agent itself, from a manifests directory, resyncing the whole table every second
+            (tmp_path / "manifests").mkdir()
+            (tmp_path / "manifests" / "cluster.yaml").write_text(yaml.safe_dump_all([NAMESPACE, POD, POLICY]))
+            self.http, self.debug = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+            self.tmp = tmp_path
+            self.start_agent()
+        else:  # the parts, in this process
+            cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+            assert not errors
+            self.dataplane = NftDataplane("nftpolicy", self.node)
+            self.dataplane.run(transaction.full(build_rule_model(cluster, "node-1")))
+            self.learner = DomainLearner(ttl_floor=1, ttl_cap=3600, max_per_set=1000, max_per_pod=1000)
+            self.learner.update(domain_sets(cluster, ("ipv4", "ipv6")))
+            self.hold = DnsHold(self._commit, netns_name=self.node)
+            self.hold.start()
+        self.resolver = dns.resolver.Resolver(configure=False)
+        self.resolver.nameservers, self.resolver.lifetime, self.resolver.cache = [DNS4], 3.0, None
+
+    def start_dns(self, hosts: dict[str, tuple[str, str | None, int]]) -> None:
+        """dnsmasq serving ``hosts`` (and :data:`CNAMES`); :attr:`dns` is its process."""
+        records = [f"--host-record={name},{v4}{',' + v6 if v6 else ''},{ttl}" for name, (v4, v6, ttl) in hosts.items()]
+        records += [f"--cname={alias},{target},60" for alias, target in CNAMES.items()]
+        self._spawn(self.out, ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--user=root", "--bind-interfaces",
+                               f"--listen-address={DNS4},{DNS6}", "--except-interface=lo", f"--pid-file={self.dns_pid_file}",
+                               "--cache-size=0", *records])
+        self.dns = self.procs[-1]
+
+    def restart_dns(self, hosts: dict[str, tuple[str, str | None, int]]) -> None:
+        """dnsmasq again, serving ``hosts``."""
+        self.dns.terminate()
+        self.dns.wait(timeout=10)
+        self.procs.remove(self.dns)
+        self.start_dns(hosts)
+        self.wait_until_served()
+
+    def start_agent(self) -> None:
+        """Start the agent and wait until its hold is in place (it says so once all of its rules
+        are: a restarted agent removes the chain of the one before and makes it anew)."""
+        runs = len(list(self.tmp.glob("agent*.log")))
+        self._spawn(None, [NFTPOLICY, "agent", "--netns", self.node, "--manifests", str(self.tmp / "manifests"), "--node", "node-1",
+                           "--http-address", self.http, "--debug-address", self.debug, "--resync-interval", "1", "--dns-ttl-floor", "1"],
+                    log=self.tmp / f"agent{runs}.log")
+        self.agent = self.procs[-1]
+        eventually(lambda: "holding DNS answers" in (self.tmp / f"agent{runs}.log").read_text(), timeout=30)  # logged once in place
+
+    def _spawn(self, ns: str | None, argv: list[str], log: Path | None = None) -> None:
+        out = open(log, "wb") if log else subprocess.DEVNULL
+        self.procs.append(subprocess.Popen((["ip", "netns", "exec", ns] if ns else []) + argv, stdout=out, stderr=out))
+
+    def _commit(self, segment: DnsSegment) -> None:
+        learned = self.learner.learn(segment.client, segment.payload, time.monotonic(), segment.tcp)
+        self.dataplane.add_timed_elements([(x.set_name, TimedAddress(x.address, x.timeout)) for x in learned])
+
+    def resolve(self, name: str, rtype: str = "A", tcp: bool = False) -> list[str]:
+        """``name``'s addresses, asked from the pod's namespace."""
+        with netns.entered(self.pod):
+            answer = self.resolver.resolve(name, rtype, tcp=tcp, raise_on_no_answer=False)
+        return [r.address for r in answer.rrset] if answer.rrset is not None else []
+
+    def connects(self, address: str) -> bool:
+        """True when a TCP connection from the pod to ``address``:8080 is accepted."""
+        with netns.entered(self.pod):
+            s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.connect((address, PORT))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def wait_until_served(self) -> None:
+        """Until dnsmasq answers the pod and the listeners accept (from the node)."""
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.resolve("other.example")
+                with netns.entered(self.node):
+                    for address in ("10.0.2.11", "fd00:2::10"):
+                        socket.create_connection((address, PORT), timeout=1).close()
+                return
+            except (dns.exception.DNSException, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.hold is not None:
+            self.hold.close()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def module_netns():
+    """:func:`conftest.make_netns` for a module: the namespaces go after its last test."""
+    created: list[str] = []
+
+    def make() -> str:
+        name = f"{OURS}dns{secrets.token_hex(3)}"
+        created.append(name)
+        netns.create([name])
+        return name
+
+    yield make
+    netns.delete(created)
+
+
+@pytest.fixture(scope="module")
+def bed(module_netns, tmp_path_factory):
+    """One bed for the module's tests (each asks names no other test asks, but for the one
+    whose TTL it lets expire)."""
+    made = Bed(module_netns, tmp_path_factory.mktemp("dns"))
+    try:
+        made.wait_until_served()
+        yield made
+    finally:
+        made.close()
+
+
+def test_a_resolved_name_is_reachable_at_once_and_others_and_raw_addresses_are_not(bed):
+    assert not bed.connects("10.0.2.50")  # not asked yet: only an address
+    [address] = bed.resolve("first.cdn.example")
+    assert bed.connects(address)
+    [other] = bed.resolve("other.example")
+    assert not bed.connects(other)
+    assert not bed.connects("10.0.2.21")  # raw address never answered for a policy name
+    assert bed.learner.why(address, time.monotonic()) and bed.learner.counts["ignored"] >= 1
+
+
+def test_the_first_connection_after_each_answer_is_accepted(bed):
+    for i in range(20):  # every name a new address: each connection right after its answer
+        [address] = bed.resolve(f"n{i}.cdn.example")
+        assert bed.connects(address), f"n{i}.cdn.example ({address}) refused right after its answer"
+
+
+def test_wildcard_depth_cname_ipv6_and_tcp(bed):
+    [deep] = bed.resolve("a.b.cdn.example")
+    assert bed.connects(deep)
+    [apex] = bed.resolve("cdn.example")  # '*.cdn.example' matches subdomains only
+    assert not bed.connects(apex)
+    [edge] = bed.resolve("www.partner.example")  # CNAME to edge.cdnhost.net
+    assert bed.connects(edge)
+    [v6] = bed.resolve("api.partner.example", "AAAA")
+    assert bed.connects(v6)
+    [v4] = bed.resolve("api.partner.example", tcp=True)
+    assert bed.connects(v4)
+
+
+def test_a_record_that_changes_address(bed):
+    [old] = bed.resolve("moving.cdn.example")  # TTL 2 s
+    assert bed.connects(old)
+    bed.restart_dns({**HOSTS, "moving.cdn.example": ("10.0.2.61", None, 2)})
+    [new] = bed.resolve("moving.cdn.example")
+    assert new != old and bed.connects(new)
+    time.sleep(2.5)
+    assert not bed.connects(old) and not bed.connects(new)  # both records expired; nobody asked again
+
+
+def test_answers_from_a_dns_server_on_the_node_itself_are_held(bed, tmp_path):
+    """A DNS server on the node's own network (a node-local cache): its answers leave through
+    OUTPUT, not FORWARD."""
+    bed._spawn(bed.node, ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--user=root", "--bind-interfaces",
+                          "--listen-address=10.0.1.1", "--except-interface=lo", f"--pid-file={tmp_path}/node-dnsmasq.pid",
+                          "--cache-size=0", "--host-record=local.cdn.example,10.0.2.70,60"])
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.lifetime, resolver.cache = ["10.0.1.1"], 1.0, None
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with netns.entered(bed.pod):
+                [address] = [r.address for r in resolver.resolve("local.cdn.example", "A").rrset]
+            break
+        except dns.exception.DNSException:
+            assert time.monotonic() < deadline, "the node's dnsmasq does not answer"
+    assert bed.connects(address)
+
+
+def test_an_address_expires_with_its_record(bed):
+    [address] = bed.resolve("brief.partner.example")  # TTL 2 s
+    assert bed.connects(address)
+    time.sleep(2.5)
+    assert not bed.connects(address)
+    bed.resolve("brief.partner.example")
+    assert bed.connects(address)
+
+
+@pytest.fixture(scope="module")
+def agent_bed(module_netns, tmp_path_factory):
+    """The same bed, with the agent enforcing and learning."""
+    made = Bed(module_netns, tmp_path_factory.mktemp("agent"), agent=True)
+    try:
+        made.wait_until_served()
+        yield made
+    finally:
+        made.close()
+
+
+def metric(bed: Bed, line_start: str) -> float:
+    status, body = http_get(f"http://{bed.http}/metrics")
+    assert status == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(line_start))
+
+
+def test_the_agent_learns_keeps_what_it_learned_across_full_resyncs_and_counts(agent_bed):
+    [address] = agent_bed.resolve("api.partner.example")
+    assert agent_bed.connects(address)
+    [other] = agent_bed.resolve("other.example")
+    assert not agent_bed.connects(other)
+    time.sleep(2.5)  # at least two full replaces of the table (--resync-interval 1)
+    assert agent_bed.connects(address)
+    [later] = agent_bed.resolve("n7.cdn.example")  # learned into the replaced table
+    assert agent_bed.connects(later)
+    assert metric(agent_bed, 'nftpolicy_dns_answers_total{result="learned"}') >= 1
+    assert metric(agent_bed, 'nftpolicy_dns_answers_total{result="ignored"}') >= 1
+    assert metric(agent_bed, "nftpolicy_dns_learned_elements") >= 1
+    assert metric(agent_bed, "nftpolicy_dns_hold_seconds_count") >= 2
+
+
+def test_explain_agent_names_the_dns_name_that_allowed_an_address(agent_bed):
+    [address] = agent_bed.resolve("a.b.cdn.example")
+
+    def explain(to: str) -> str:  # exit 0 allowed, 1 denied
+        return subprocess.run([NFTPOLICY, "explain", "--agent", f"http://{agent_bed.debug}", "--from", "shop/client", "--to", to,
+                               "--port", f"tcp/{PORT}"], capture_output=True, text=True, timeout=60).stdout
+
+    allowed = explain(address)
+    assert allowed.startswith("ALLOWED"), allowed
+    assert f"{address} learned from the DNS answer for a.b.cdn.example (*.cdn.example)" in allowed, allowed
+    assert explain("10.0.2.21").startswith("DENIED")  # never answered for a policy name
+
+
+def test_answers_to_many_questions_at_once_are_each_held_until_committed(agent_bed):
+    def ask(i: int) -> bool:
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers, resolver.lifetime, resolver.cache = [DNS4], 5.0, None
+        with netns.entered(agent_bed.pod):
+            [address] = [r.address for r in resolver.resolve(f"n{i}.cdn.example", "A").rrset]
+        return agent_bed.connects(address)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(ask, range(10, 18))) == [True] * 8
+
+
+def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):
+    agent_bed.agent.terminate()
+    agent_bed.agent.wait(timeout=20)
+    assert HOLD_CHAIN in xt.run(agent_bed.node, ["iptables-nft", "-S"])
+    assert agent_bed.resolve("n3.cdn.example") == ["10.0.2.103"]  # unheld: answered, not learned
+    assert not agent_bed.connects("10.0.2.103")
+
+
+def test_a_restarted_agent_keeps_what_the_one_before_learned(agent_bed):
+    """After the test above stopped it: 10.0.2.10 (api.partner.example, TTL 60) was learned by
+    the first agent; the new one's full replaces keep it, and it learns anew."""
+    agent_bed.start_agent()
+    eventually(lambda: http_get(f"http://{agent_bed.http}/readyz")[0], 200, timeout=30)
+    time.sleep(1.5)  # a full replace at start and at least one resync
+    assert agent_bed.connects("10.0.2.10")
+    [address] = agent_bed.resolve("n5.cdn.example")
+    assert agent_bed.connects(address)
