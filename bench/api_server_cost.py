@@ -7,10 +7,10 @@ simulated agent. Then, for each client, ``--agents`` simulated agents, each its 
 its own connections, watch it:
 
 * ``nftpolicy``: the agent's real API source, ``KubeSource`` (list + watch of Pods,
-  Namespaces, NetworkPolicies, ClusterNetworkPolicies and its own Node) feeding a ``Store``, without
+  Namespaces, NetworkPolicies, ClusterNetworkPolicies and Nodes) feeding a ``Store``, without
   the renderer: consistent lists in pages of 500, then watches;
 * ``client-go``: ``tools/k8s/informers`` (``.tools/bin/informers``), one set of client-go
-  v0.36 informers per agent (Pods, Namespaces, NetworkPolicies, its own Node), each on its own
+  v0.36 informers per agent (Pods, Namespaces, NetworkPolicies, Nodes), each on its own
   connection: kube-router's way; client-go v0.36 lists with streaming lists (WatchListClient);
 * ``client-go RV=0``: the same with ``KUBE_FEATURE_WatchListClient=false``: one unpaged list
   from the watch cache (``resourceVersion=0``) per informer, what kube-router v2.1's client-go
@@ -58,7 +58,7 @@ from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary  # no
 RUNNER = "--agent-runner"  # this script, started as one simulated nftpolicy agent
 
 
-def agent_runner(kubeconfig: str, node: str) -> None:
+def agent_runner(kubeconfig: str) -> None:
     """One simulated agent: KubeSource + Store. Prints ``ready`` once imported, starts at the
     first line on stdin, prints ``{"synced_s": seconds}`` once every kind is listed, and exits
     when stdin closes."""
@@ -68,7 +68,7 @@ def agent_runner(kubeconfig: str, node: str) -> None:
 
     metrics, stop = Metrics(), threading.Event()
     store = Store(metrics)
-    source = KubeSource(store, metrics, node, kubeconfig, 60.0, 300, stop)
+    source = KubeSource(store, metrics, kubeconfig, 60.0, 300, stop)
     print("ready", flush=True)
     sys.stdin.readline()
     started = time.monotonic()
@@ -90,8 +90,8 @@ class Agents:
     def prepare(self) -> None:
         """Start the processes up to the point where they wait for the signal."""
         if self.client == "nftpolicy":
-            for i in range(self.count):
-                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig, f"node-{i}"],
+            for _ in range(self.count):
+                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
                 self.procs.append(proc)
             for proc in self.procs:
@@ -204,8 +204,8 @@ ROWS: list[tuple[str, Callable[[dict[str, Any], int], float], str]] = [
 
 
 def main() -> int:
-    if len(sys.argv) == 4 and sys.argv[1] == RUNNER:
-        agent_runner(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 3 and sys.argv[1] == RUNNER:
+        agent_runner(sys.argv[2])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50000)

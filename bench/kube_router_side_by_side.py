@@ -667,7 +667,7 @@ def startup_breakdown(cp: ControlPlane) -> dict[str, float]:
               "from nftpolicy.agent.daemon.sources import KubeSource\n"
               "from nftpolicy.agent.daemon.store import Store\n"
               "metrics = Metrics(); store = Store(metrics)\n"
-              f"source = KubeSource(store, metrics, {NODE!r}, {cp.kubeconfig!r}, 60.0, 300, threading.Event())\n"
+              f"source = KubeSource(store, metrics, {cp.kubeconfig!r}, 60.0, 300, threading.Event())\n"
               "t = time.monotonic(); source.start()\n"
               "while not store.listed(): time.sleep(0.002)\n"
               "print(time.monotonic() - t, flush=True)\n"

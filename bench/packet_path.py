@@ -20,6 +20,8 @@ builds them):
   hook: the connection tracking that every stateful policy needs (kube-router's rules too) and
   that every node running kube-proxy has anyway;
 * ``nft``: our table (``transaction.full``, through libnftables);
+* ``nft-no-counters``: the same table without its ``counter`` statements (each allow rule, each
+  reject and each Deny has one), to measure what counting costs;
 * ``nft-50-policies``: the same with 49 more policies that select the server and allow the pair
   (the first allow ends the walk through the pod chain);
 * ``iptables-nft`` and ``iptables-legacy``: the iptables variant of the same rule model, with its
@@ -39,6 +41,18 @@ round, where the two ran back to back, their median, lowest and highest.
 
 The traffic only goes between namespaces this script creates (``nftp-<run>-*``), is bounded in
 time, and everything is removed at the end, also on Ctrl-C and SIGTERM.
+
+Beside the rates (a 3 s rate varies by +-15 % between rounds on a shared machine), the
+deterministic cost of one new connection, counted by walking the decided table
+(:mod:`nftpolicy.translators.tablewalk`) from ``KUBE-ROUTER-FORWARD``: rules evaluated, set and
+verdict-map look-ups, jumps taken and counters reached, for the ingress (the server's pod chain,
+dispatch on the destination) and the egress (the client's, on the source) each walked alone (the
+base chain's rules count in both), and for the whole walk the kernel does. The iptables
+variant's cost is the same walk over the table as ``translators/iptables.py`` prints it: the
+dispatch one rule per local pod address, a rule per address and protocol, a mark-and-return as
+MARK then a mark-matching RETURN, no "allowed" returns, and the jump from ``FORWARD``; its
+dispatch rules serve both directions, so only its whole walk is counted, and it has no counter
+statements (iptables counts every rule).
 """
 
 from __future__ import annotations
@@ -69,13 +83,14 @@ from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators import layout  # noqa: E402
 from nftpolicy.translators.noderender import build_rule_model  # noqa: E402
 from nftpolicy.translators.rules import RuleModel  # noqa: E402
-from nftpolicy.translators.transaction import ChainRule, OurTable, Transaction  # noqa: E402
+from nftpolicy.translators.tablewalk import TableWalker  # noqa: E402
+from nftpolicy.translators.transaction import ChainRule, OurTable, Transaction, replacing  # noqa: E402
 from nftpolicy.translators.verdict import Connection, Enforcement  # noqa: E402
 
-VARIANTS = ("none", "conntrack", "nft", "nft-50-policies", "iptables-nft", "iptables-legacy")
+VARIANTS = ("none", "conntrack", "nft", "nft-no-counters", "nft-50-policies", "iptables-nft", "iptables-legacy")
 BENCH_TABLE = "nftpolicy-bench-conntrack"
-TARGET_RATIO = 0.95  # of the conntrack-only rate
-POLICIES_TARGET = 0.90  # 50 policies selecting the destination, against one
+TARGET_RATIO = 0.98  # of the conntrack-only rate
+POLICIES_TARGET = 0.98  # 50 policies selecting the destination, against one
 
 
 def log(*args: Any) -> None:
@@ -105,13 +120,14 @@ def choose_pair(cluster, model: RuleModel) -> tuple[str, str, int]:
     raise SystemExit("no allowed pair of policy-isolated local pods in this cluster")
 
 
-def with_selecting_policies(cluster, model: RuleModel, server: str, count: int):
+def with_selecting_policies(cluster, model: RuleModel, client: str, server: str, port: int, count: int):
     """``cluster`` plus copies of a policy that allows the pair into ``server``, so that
     ``count`` policies select the destination and each would allow the connection: with the
     first allow ending the walk, the other chains are never entered."""
-    pod_chain = next(c for c in model.pod_chains if c.pod == server)
-    chain = next(c for c in model.policy_chains if c.name in (pod_chain.ingress or ()))
-    policy = cluster.policies[chain.policy]
+    src, dst = (cluster.pods[k].addresses("ipv4")[0] for k in (client, server))
+    allowed_by = Enforcement({None: model}).verdict(Connection(src, dst, "TCP", port)).ingress.allowed_by
+    assert allowed_by is not None
+    policy = cluster.policies[allowed_by.policy]  # the policy that allows the pair, not any that selects the server
     copies = {f"{policy.namespace}/copy-{i:02d}": dataclasses.replace(policy, name=f"copy-{i:02d}") for i in range(count - 1)}
     return dataclasses.replace(cluster, policies={**cluster.policies, **copies})
 
@@ -125,6 +141,69 @@ def conntrack_only() -> Transaction:
     tx.add(layout.Chain("forward", (), "forward"))
     tx.add(ChainRule("forward", layout.Rule((layout.ConntrackState(("established", "related")), layout.VerdictStatement("accept")), "")))
     return tx
+
+
+def without_counters(table: layout.Table) -> layout.Table:
+    """``table`` with every ``counter`` statement taken out (nothing else changes)."""
+    chains = tuple(dataclasses.replace(c, rules=tuple(dataclasses.replace(r, statements=tuple(
+        st for st in r.statements if not isinstance(st, layout.CounterStatement))) for r in c.rules)) for c in table.chains)
+    return dataclasses.replace(table, chains=chains)
+
+
+# ---- the deterministic cost: rules, look-ups and jumps per new connection ----------------------------
+
+def iptables_shaped(table: layout.Table, family: str = "ipv4") -> layout.Table:
+    """``table`` as the iptables variant evaluates it (what ``iptables._Printer`` prints, as layout
+    rules the table walk can take): no "allowed" returns; one rule per address, protocol and
+    ICMP type; a mark-and-return as a MARK rule and a mark-matching RETURN; each verdict-map
+    dispatch one rule per element; ``FORWARD`` jumps to ``KUBE-ROUTER-FORWARD``."""
+    maps = {m.name: m for m in table.maps}
+    chains = []
+    for chain in table.chains:
+        rules: list[layout.Rule] = []
+        for rule in chain.rules:
+            if any(isinstance(st, layout.Marked) for st in rule.statements) or rule.family() not in (None, family):
+                continue
+            variants: list[tuple[layout.Statement, ...]] = [()]
+            for st in rule.statements:
+                if isinstance(st, layout.AddressIs):
+                    options: list[layout.Statement] = [layout.AddressIs(st.family, st.field, (a,)) for a in st.addresses]
+                elif isinstance(st, layout.Protocols):
+                    options = [layout.Protocols((n,)) for n in st.names]
+                elif isinstance(st, layout.IcmpTypes):
+                    options = [layout.IcmpTypes(st.family, (t,)) for t in st.types]
+                else:
+                    options = [st]
+                variants = [v + (o,) for v in variants for o in options]
+            for v in variants:
+                dispatch = next((st for st in v if isinstance(st, layout.Dispatch)), None)
+                if dispatch is not None:
+                    rules += [layout.Rule((layout.AddressIs(dispatch.family, dispatch.field, (e.address,)), layout.Jump(e.chain)), "")
+                              for e in maps[dispatch.map].elements]
+                elif isinstance(v[-1], layout.VerdictStatement) and v[-1].kind == "return" and any(isinstance(st, layout.SetMark) for st in v):
+                    mark = next(st for st in v if isinstance(st, layout.SetMark))
+                    matches = tuple(st for st in v if not isinstance(st, (layout.SetMark, layout.VerdictStatement)))
+                    rules += [layout.Rule((*matches, mark), ""), layout.Rule((*matches, layout.Marked(mark.bits), v[-1]), "")]
+                else:
+                    rules.append(layout.Rule(v, ""))
+        chains.append(dataclasses.replace(chain, rules=tuple(rules), hook=None))
+    chains.append(layout.Chain("FORWARD", (layout.Rule((layout.Jump("KUBE-ROUTER-FORWARD"),), ""),), "forward"))
+    return dataclasses.replace(table, chains=tuple(chains), maps=())
+
+
+def path_cost(table: layout.Table, source: str, destination: str, port: int, start: str = "KUBE-ROUTER-FORWARD") -> dict[str, dict[str, int]]:
+    """Per new connection ``source`` -> ``destination`` TCP ``port``: rules evaluated, look-ups,
+    jumps and counters, for ``ingress`` and ``egress`` each walked alone and for the whole walk
+    (``both``); the connection must be allowed."""
+    walker = TableWalker(table)
+    cost = {}
+    # a table without verdict maps (the iptables variant's) dispatches in rules: one walk only
+    directions = (("ingress", ("daddr",)), ("egress", ("saddr",))) if table.maps else ()
+    for name, dispatch in (*directions, ("both", ("daddr", "saddr"))):
+        walked = walker.walk(Connection(source, destination, "TCP", port), start, dispatch)
+        assert walked.allowed, (name, walked.outcome)
+        cost[name] = {"rules": len(walked.steps), "lookups": walked.lookups, "jumps": walked.jumps, "counters": walked.counters}
+    return cost
 
 
 # ---- load ----------------------------------------------------------------------------------------
@@ -156,7 +235,7 @@ def _collect(pid: int, fd: int) -> dict:
 
 
 def _server(pod_netns: str, port: int, until: float) -> dict:
-    netns._setns(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
+    netns.enter_thread(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("0.0.0.0", port))
@@ -174,7 +253,7 @@ def _server(pod_netns: str, port: int, until: float) -> dict:
 
 
 def _client(pod_netns: str, address: str, port: int, start: float, count_from: float, end: float) -> dict:
-    netns._setns(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
+    netns.enter_thread(os.open(f"{netns.NETNS_DIR}/{pod_netns}", os.O_RDONLY))
     linger = struct.pack("ii", 1, 0)
     counted = failed = 0
     while time.monotonic() < start:
@@ -231,14 +310,24 @@ def machine() -> dict[str, Any]:
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version()}
 
 
+def print_costs(out, costs: dict[str, dict[str, dict[str, int]]]) -> None:
+    print("cost of one new connection (the table walk): rules evaluated / set and map look-ups / jumps / counters", file=out)
+    print(f"  {'ruleset':<22} {'ingress':>16} {'egress':>16} {'whole walk':>16}", file=out)
+    for name, cost in costs.items():
+        cells = ["{rules}/{lookups}/{jumps}/{counters}".format(**cost[d]) if d in cost else "-" for d in ("ingress", "egress", "both")]
+        print(f"  {name:<22} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16}", file=out)
+
+
 def print_table(out, report: dict[str, Any]) -> None:
     r = report
+    print_costs(out, r["costs"])
     print(f"packet path: new TCP connections/s, {r['client']} -> {r['server']} TCP/{r['port']} on {r['node']}", file=out)
     print(f"cluster: {r['pods']} pods, {r['policies']} policies; {r['local_pods']} local pods, "
           f"{r['isolated_pods']} isolated, {r['policy_chains']} policy chains on the node", file=out)
     print(f"rulesets: nft {r['nft_rules']} rules + {r['nft_elements']} set/map elements; iptables variant "
           f"{r['iptables_rules']} rules + {r['ipset_elements']} ipset elements", file=out)
     print(f"{r['rounds']} rounds x {r['seconds']} s (+{r['warmup']} s warm-up), {r['clients']} client processes, median:", file=out)
+    print(f"load average at the end: {r['load_average']:.2f} (2 cores shared with other work)", file=out)
     print(f"  {'variant':<22} {'conn/s':>9} {'vs none':>8} {'vs conntrack':>13}   runs", file=out)
     ct = r["results"]["conntrack"]["median"]
     for name in r["variants"]:
@@ -250,7 +339,8 @@ def print_table(out, report: dict[str, Any]) -> None:
         return f"paired per round: median {p['median']:.1%}, rounds {min(p['rounds']):.1%}..{max(p['rounds']):.1%}"
     print(f"nft keeps {t['nft_vs_conntrack']:.1%} of the conntrack-only rate (target {TARGET_RATIO:.0%}: "
           f"{'met' if t['kept'] else 'MISSED'}; {spread(t['nft_vs_conntrack_paired'])}) and {t['nft_vs_none']:.1%} of the "
-          f"no-rules rate; with 50 policies selecting the destination it keeps {t['fifty_vs_one']:.1%} of the one-policy rate "
+          f"no-rules rate; without counters nft runs at {t['no_counters_vs_nft']:.1%} of nft with them "
+          f"({spread(t['no_counters_vs_nft_paired'])}); with 50 policies selecting the destination it keeps {t['fifty_vs_one']:.1%} of the one-policy rate "
           f"(target {POLICIES_TARGET:.0%}: {'met' if t['fifty_kept'] else 'MISSED'}; {spread(t['fifty_vs_one_paired'])}); "
           f"nft / iptables-nft = {t['nft_vs_iptables_nft']:.2f}x, nft / iptables-legacy = {t['nft_vs_iptables_legacy']:.2f}x "
           f"({'beats' if t['beats'] else 'does NOT beat'} the iptables variant)", file=out)
@@ -264,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="client processes (default: cores - 1)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (the table goes to stderr)")
+    ap.add_argument("--costs-only", action="store_true", help="print the deterministic costs only (no sandbox, no load)")
     args = ap.parse_args(argv)
     variants = VARIANTS
     if args.seconds * args.rounds * len(variants) > 600:
@@ -278,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     local = [p for p in cluster.pods.values() if p.node == synthetic.NODE and p.enforceable]
     table = layout.table(model)
     chains, ipt_rules = iptables_render.filter_table(table, "ipv4")
+    src, dst = (cluster.pods[k].addresses("ipv4")[0] for k in (client, server))
+    fifty = layout.table(build_rule_model(with_selecting_policies(cluster, model, client, server, port, 50), synthetic.NODE))
+    costs = {"nft": path_cost(table, src, dst, port), "nft-no-counters": path_cost(without_counters(table), src, dst, port),
+             "nft-50-policies": path_cost(fifty, src, dst, port),
+             "iptables variant": path_cost(iptables_shaped(without_counters(table)), src, dst, port, "FORWARD")}
     report: dict[str, Any] = {
         "machine": machine(), "node": synthetic.NODE, "pods": len(cluster.pods), "policies": len(cluster.policies),
         "local_pods": len(local), "isolated_pods": len(model.pod_chains), "policy_chains": len(model.policy_chains),
@@ -287,7 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         "nft_elements": sum(len(s.elements) for s in table.sets) + sum(len(m.elements) for m in table.maps),
         "iptables_rules": len(ipt_rules),
         "ipset_elements": sum(len(iptables_render.ipset_elements(s)) for s in model.sets if s.family == "ipv4"),
+        "costs": costs,
     }
+    if args.costs_only:
+        print_costs(out, costs)
+        return 0
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     runs: dict[str, list[float]] = {v: [] for v in variants}
     failed: dict[str, int] = {v: 0 for v in variants}
@@ -297,9 +397,12 @@ def main(argv: list[str] | None = None) -> int:
             dataplane = variant if variant.startswith("iptables-") else "nft"
             sandbox = stack.enter_context(Sandbox(local, (synthetic.NODE,), ("ipv4",), node_addresses, timeout=1.0, dataplane=dataplane))
             if variant == "nft-50-policies":
-                sandbox.apply(with_selecting_policies(cluster, model, server, 50))
+                sandbox.apply(with_selecting_policies(cluster, model, client, server, port, 50))
             elif variant in ("nft", "iptables-nft", "iptables-legacy"):
                 sandbox.apply(cluster)
+            elif variant == "nft-no-counters":
+                node_model = build_rule_model(sandbox.with_sandbox_pods(cluster), synthetic.NODE, sandbox.config)
+                sandbox.node_dataplane(synthetic.NODE).run(replacing(without_counters(layout.table(node_model))))
             elif variant != "none":
                 NftDataplane(BENCH_TABLE, sandbox.node_netns(synthetic.NODE)).run(conntrack_only())
             netns.write_sysctl(sandbox.pod_netns[client], "net.ipv4.ip_local_port_range", "1024 65000")
@@ -321,11 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     none = statistics.median(runs["none"])
     report["results"] = {v: {"median": statistics.median(r), "ratio": statistics.median(r) / none, "runs": r} for v, r in runs.items()}
     med = {v: report["results"][v]["median"] for v in variants}
-    kept, fifty = paired(runs, "nft", "conntrack"), paired(runs, "nft-50-policies", "nft")
+    kept, fifty_paired = paired(runs, "nft", "conntrack"), paired(runs, "nft-50-policies", "nft")
+    report["load_average"] = os.getloadavg()[0]
     report["target"] = {
         "nft_vs_none": med["nft"] / none, "kept": med["nft"] / med["conntrack"] >= TARGET_RATIO,
         "nft_vs_conntrack": med["nft"] / med["conntrack"], "nft_vs_conntrack_paired": kept,
-        "fifty_vs_one": med["nft-50-policies"] / med["nft"], "fifty_vs_one_paired": fifty,
+        "fifty_vs_one": med["nft-50-policies"] / med["nft"], "fifty_vs_one_paired": fifty_paired,
+        "no_counters_vs_nft": med["nft-no-counters"] / med["nft"], "no_counters_vs_nft_paired": paired(runs, "nft-no-counters", "nft"),
         "fifty_kept": med["nft-50-policies"] / med["nft"] >= POLICIES_TARGET,
         "nft_vs_iptables_nft": med["nft"] / med["iptables-nft"], "nft_vs_iptables_legacy": med["nft"] / med["iptables-legacy"],
         "beats": med["nft"] > max(med["iptables-nft"], med["iptables-legacy"]),

@@ -172,7 +172,7 @@ def agent(api: FakeApiServer, cluster: Cluster, ns: str, pod_edits: int, ns_edit
     metrics, health = Metrics(), Health(window=60)
     store = Store(metrics)
     kubeconfig = api.kubeconfig(tempfile.mktemp(suffix=".json"))
-    KubeSource(store, metrics, NODE, kubeconfig, 30.0, 3600, stop).start()
+    KubeSource(store, metrics, kubeconfig, 30.0, 3600, stop).start()
     commits: list[float] = []
 
     class TimedDataplane(NftDataplane):

@@ -48,10 +48,11 @@ class AgentEnv:
     The API objects are independent of the slots: a test puts Pods whose IPs point at slots.
     ``agent_netns``: a network namespace the test made, where the agent process runs (so its
     API connections and HTTP endpoint live there; it still commits in the sandbox node's).
+    ``serve_node``: node1's own address serves probes too (a host-network endpoint).
     """
 
     def __init__(self, tmp_path: Path, slots: dict[str, str], extra_args: tuple[str, ...] = (),
-                 api: FakeApiServer | RealApi | None = None, agent_netns: str | None = None) -> None:
+                 api: FakeApiServer | RealApi | None = None, agent_netns: str | None = None, serve_node: bool = False) -> None:
         if api is None:
             api = FakeApiServer(bookmark_interval=0.5)
             api.start()
@@ -61,7 +62,7 @@ class AgentEnv:
         for ns in sorted({key.split("/")[0] for key in slots}):
             self.api.put(namespace(ns))
         pods = [Pod(namespace=k.split("/")[0], name=k.split("/")[1], labels={}, node="node1", ips=(ip,)) for k, ip in slots.items()]
-        self.sandbox = Sandbox(pods, timeout=0.5).__enter__()
+        self.sandbox = Sandbox(pods, timeout=0.5, served_nodes=("node1",) if serve_node else ()).__enter__()
         self.netns = self.sandbox.nodes["node1"].netns
         self.port = free_port()
         self.log_path = tmp_path / "agent.log"

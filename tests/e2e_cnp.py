@@ -5,8 +5,9 @@ cluster (part of ``.ci/e2e``, after the upstream Netpol suite).
 module's suite (v0.2.0, ``policy.networking.k8s.io/v1alpha2``, the API nftpolicy implements):
 its tests and its ``utils/suite`` unchanged, run as the module's ``TestConformance`` runs them,
 with the features nftpolicy supports (``ClusterNetworkPolicy``,
-``ClusterNetworkPolicyNamedPorts``; not ``ClusterNetworkPolicyEgressNodePeers``: node peers are
-refused as not supported, so the suite skips those two tests itself). This kernel has no SCTP:
+``ClusterNetworkPolicyNamedPorts``; not yet ``ClusterNetworkPolicyEgressNodePeers``: nftpolicy
+enforces node peers now, but the suite's two node-peer tests, with their host-network pods, have
+not been run on the real nodes yet, so the suite skips them itself). This kernel has no SCTP:
 the four SCTP tests are left out with ``-test.skip``, and the SCTP servers are taken out of the
 suite's base manifests at build time (``tools/npapi/manifests.py``), or no pod of the suite
 would ever become Ready. The sub-tests of other tests that probe SCTP stay in, and fail here.
@@ -28,7 +29,7 @@ from nftpolicy.agent.testbed.controlplane import CRD_MODULE, CRD_PATH
 from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError
 
 CRD_NAME = "clusternetworkpolicies.policy.networking.k8s.io"
-# conformance/utils/suite/features.go: what nftpolicy supports (node peers are refused).
+# conformance/utils/suite/features.go: what this run asks for (node peers: see the module docstring).
 FEATURES = "ClusterNetworkPolicy,ClusterNetworkPolicyNamedPorts"
 # The SCTP tests (conformance/tests/*-sctp-rules.go); this kernel has no SCTP.
 SKIP = r"^TestConformance/.*SCTP$"

@@ -373,6 +373,8 @@ def _container_port(port: int | tuple[str, int, str]) -> dict[str, Any]:
     return {"name": name, "containerPort": number, "protocol": protocol}
 
 
-def node(name: str) -> dict[str, Any]:
-    """A Node object."""
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}, "status": {}}
+def node(name: str, *addresses: tuple[str, str], **labels: str) -> dict[str, Any]:
+    """A Node object with ``labels`` and ``status.addresses`` given as ``(type, address)``
+    (``("InternalIP", "172.18.0.2")``)."""
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {},
+            "status": {"addresses": [{"type": kind, "address": address} for kind, address in addresses]}}

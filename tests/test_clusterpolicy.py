@@ -96,6 +96,14 @@ def test_domain_names_are_read_lower_case_without_the_root_dot():
 def test_domain_name_matching(pattern, name, matches):
     assert domain_name_matches(pattern, name) is matches
 
+def test_a_nodes_peer_reads_its_label_selector_and_refuses_a_named_port():
+    policy = cluster_policy_from(cnp(egress=[rule("Accept", [{"nodes": {"matchLabels": {"role": "infra"}}}, {"nodes": {}}], key="to",
+                                                  protocols=[tcp(10250)])]))
+    assert policy.egress[0].peers == (ClusterPeer(nodes=LabelSelector((("role", "infra"),))), ClusterPeer(nodes=LabelSelector()))
+    with pytest.raises(InvalidField, match=r"spec.egress\[0\]: networks/nodes/domainNames peer cannot be set with namedPorts"):
+        cluster_policy_from(cnp(egress=[rule("Accept", [{"pods": {"podSelector": {}}}, {"nodes": {}}], key="to",
+                                             protocols=[{"destinationNamedPort": "web"}])]))
+
 
 def _with(path: list[Any], value: Any) -> dict[str, Any]:
     """A valid policy with one field (path into the object) replaced; ``...`` deletes it."""
@@ -156,7 +164,6 @@ MANY = [{"namespaces": {}}] * 26
     (["spec", "egress", 0, "to"], [{"networks": ["10.0.0.0"]}], "spec.egress[0].to[0].networks[0]: Invalid CIDR format provided: '10.0.0.0'"),
     (["spec", "egress", 0, "to"], [{"networks": ["10.0.0.0/8", "10.0.0.0/8"]}], "spec.egress[0].to[0].networks[1]: duplicate value '10.0.0.0/8'"),
     (["spec", "egress", 0, "to"], [{"networks": [f"10.0.{i}.0/24" for i in range(26)]}], "networks: must have 1 to 25 items, got 26"),
-    (["spec", "egress", 0, "to"], [{"nodes": {}}], "spec.egress[0].to[0].nodes: not supported by nftpolicy"),
     (["spec", "egress", 0, "to"], [{"domainNames": []}], "spec.egress[0].to[0].domainNames: must have 1 to 25 items, got 0"),
     (["spec", "egress", 0, "to"], [{"domainNames": ["a.example", "a.example"]}], "spec.egress[0].to[0].domainNames[1]: duplicate value 'a.example'"),
     (["spec", "egress", 0, "to"], [{"domainNames": ["www.*.example"]}],
@@ -167,6 +174,8 @@ MANY = [{"namespaces": {}}] * 26
     (["spec", "egress", 0, "to"], [{"domainNames": [f"n{i}.example" for i in range(26)]}], "domainNames: must have 1 to 25 items, got 26"),
     (["spec", "egress", 0, "to"], [{"domainNames": ["a.example"]}],
      "spec.egress[0].action: a domainNames peer is only supported in Accept rules, got Deny"),
+    (["spec", "egress", 0, "to"], [{"nodes": {"matchLabels": {"a": "b c"}}}], "spec.egress[0].to[0].nodes.matchLabels.a: invalid label value 'b c'"),
+    (["spec", "egress", 0, "to"], [{"nodes": None}], "spec.egress[0].to[0]: exactly one of domainNames, namespaces, networks, nodes, pods must be set, got none"),
     (["spec", "egress", 0, "protocols"], [{"destinationNamedPort": "web"}],
      "spec.egress[0]: networks/nodes/domainNames peer cannot be set with namedPorts"),
     (["spec", "ingress", 0, "from", 0, "namespaces"], {"matchLabels": {"a": "b c"}},
@@ -212,7 +221,7 @@ def test_fail_closed_keeps_good_rules_drops_bad_accepts_and_denies_for_bad_deny_
     from nftpolicy.translators.clusterpolicy import fail_closed_cluster_policy
 
     obj = cnp("p", ingress=[rule("Accept"), rule("Accept", [{"future": {}}]), rule("Pass", [{"future": {}}])],
-              egress=[rule("Deny", [{"nodes": {}}], key="to")])
+              egress=[rule("Deny", [{"future": {}}], key="to")])
     with pytest.raises(InvalidField):
         cluster_policy_from(obj)
     policy = fail_closed_cluster_policy(obj)

@@ -14,8 +14,11 @@ from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.daemon.sources import KubeSource
 from nftpolicy.agent.daemon.store import Store
 
+from nftpolicy.translators.selectors import LabelSelector
+from nftpolicy.translators.setstore import SetKey
+
 from .agentenv import AgentEnv
-from .conftest import eventually
+from .conftest import eventually, nft
 from .fakeapi import FakeApiServer, namespace, node, pod
 
 
@@ -41,7 +44,7 @@ def _source(api: FakeApiServer, tmp_path) -> tuple[Store, threading.Event]:
     api.put(pod("x", "a", "10.0.0.1", app="a"))
     stop = threading.Event()
     store = Store(Metrics())
-    KubeSource(store, store.metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, stop).start()
+    KubeSource(store, store.metrics, api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, stop).start()
     return store, stop
 
 
@@ -133,5 +136,48 @@ def test_the_agent_without_the_crd_is_ready_and_enforces_networkpolicies(tmp_pat
                      "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})
         eventually(lambda: env.connects("x/c", A), False)
         assert env.log().count("its CRD is not installed") == 1
+    finally:
+        env.close()
+
+
+def infra_nodes_denied() -> dict:
+    return {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "no-infra"},
+            "spec": {"tier": "Admin", "priority": 1,
+                     "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "x"}}},
+                     "egress": [{"action": "Deny", "to": [{"nodes": {"matchLabels": {"role": "infra"}}}],
+                                 "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]}]}}
+
+
+@pytest.mark.kernel
+def test_a_node_label_change_moves_its_address_in_the_node_set_without_a_full_sync(tmp_path):
+    """The agent watches every Node: relabelling one (or giving it another address) changes the
+    elements of the nodes peer's set in an incremental sync, and the pod's connection to that
+    node's address follows."""
+    api = FakeApiServer(bookmark_interval=0.5, cluster_network_policies=True)
+    api.start()
+    env = AgentEnv(tmp_path, {"x/a": A}, api=api, serve_node=True).put_slot_pods()
+    address = env.sandbox.nodes["node1"].addresses["ipv4"]
+    try:
+        env.api.put(node("node1", ("InternalIP", address), ("Hostname", "node1"), role="worker"))
+        env.api.put(node("node2", ("InternalIP", "172.30.0.2"), role="infra"))  # not in the sandbox: a set element only
+        env.api.put(infra_nodes_denied())
+        env.start_agent()
+        name = SetKey("nodes", "ipv4", nodes=LabelSelector((("role", "infra"),))).name
+
+        def elements() -> str:
+            return nft(env.netns, "list", "set", "inet", "nftpolicy", name)
+
+        assert "172.30.0.2" in elements() and address not in elements()
+        assert env.connects("x/a", address)
+        full = env.metric("nftpolicy_sync_duration_seconds_count", mode="full")
+        env.api.put(node("node1", ("InternalIP", address), ("Hostname", "node1"), role="infra"))  # relabelled: now infra
+        eventually(lambda: address in elements(), True)
+        eventually(lambda: env.connects("x/a", address), False)
+        env.api.put(node("node2", ("InternalIP", "172.30.0.3"), role="infra"))  # readdressed
+        eventually(lambda: "172.30.0.3" in elements() and "172.30.0.2" not in elements(), True)
+        env.api.delete("Node", "node1")
+        eventually(lambda: env.connects("x/a", address), True)
+        assert address not in elements()
+        assert env.metric("nftpolicy_sync_duration_seconds_count", mode="full") == full  # each change was incremental
     finally:
         env.close()

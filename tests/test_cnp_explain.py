@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nftpolicy.translators.cases import load_case
+from nftpolicy.translators.cases import load_case, target_address
 from nftpolicy.translators.verdict import Connection, enforcement_from_json, enforcement_json, enforcement_of, verdict_lines
 
 from .test_verdict import LAYOUTS, build_cluster, case_manifests, sandbox_addresses
@@ -21,7 +21,7 @@ FILES = sorted((ROOT / "cnp-upstream").glob("*.yaml")) + sorted((ROOT / "cnp-own
 def case_cluster(case, nodes, family):
     """The case at sandbox addresses, as agent/testbed/replay.py builds it."""
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(dataclasses.replace(case, policies=(), cluster_policies=()), {}))
-    with sandbox_addresses(skeleton.pods.values(), nodes, family) as sandbox:
+    with sandbox_addresses(skeleton.pods.values(), nodes, family, case.nodes) as sandbox:
         ips = {key: list(p.ips) for key, p in sandbox.pods.items()}
         cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips))
         assert errors == [], [str(e) for e in errors]
@@ -37,7 +37,7 @@ def test_engine_matrix_equals_the_expected_matrix(path, layout):
     enforcement = enforcement_of(cluster, nodes)
     wrong = [f"{probe.protocol}/{probe.port} {src} -> {dst}"
              for probe in case.probes for (src, dst), expected in probe.expected.items()
-             if src != dst and enforcement.verdict(Connection(cluster.pods[src].ips[0], cluster.pods[dst].ips[0],
+             if src != dst and enforcement.verdict(Connection(cluster.pods[src].ips[0], target_address(cluster, dst, family),
                                                              probe.protocol, probe.port)).allowed is not expected]
     assert wrong == []
 
@@ -77,3 +77,25 @@ def test_json_round_trip_keeps_the_tier_chains(pass_chain):
     assert again.models == enforcement.models and any(m.tier_chains for m in again.models.values())
     conn = Connection(cluster.pods["y/a"].ips[0], cluster.pods["z/a"].ips[0], "TCP", 80)
     assert again.verdict(conn) == enforcement.verdict(conn)
+
+
+def test_a_nodes_peer_decision_names_the_peer_and_the_node():
+    case = load_case((ROOT / "cnp-own" / "305-nodes-peer.yaml").read_text())
+    cluster = case_cluster(case, ("node1", "node2"), "ipv4")
+    enforcement = enforcement_of(cluster, ("node1", "node2"))
+
+    def to_node(src: str, node: str, protocol: str, port: int) -> list[str]:
+        return verdict_lines(enforcement.verdict(Connection(cluster.pods[src].ips[0], cluster.nodes[node].addresses[0], protocol, port)))
+
+    node1, node2 = cluster.nodes["node1"].addresses[0], cluster.nodes["node2"].addresses[0]
+    assert to_node("x/b", "node1", "TCP", 80)[:2] == [
+        f"ALLOWED  x/b -> {node1} TCP/80",
+        "  egress of x/b: allowed by the Admin tier: ClusterNetworkPolicy x-to-nodes rule 0 (to nodes role=infra on TCP/80), "
+        f"{node1} is an address of node node1"]
+    assert to_node("x/a", "node2", "TCP", 80)[1] == (
+        "  egress of x/a: denied by the Admin tier: ClusterNetworkPolicy x-to-nodes rule 1 (to nodes (any) on any port), "
+        f"{node2} is an address of node node2")
+    assert to_node("y/a", "node2", "UDP", 81)[1] == (
+        "  egress of y/a: denied by the Baseline tier: ClusterNetworkPolicy y-baseline-workers rule 0 (to nodes role=worker on UDP/81), "
+        f"{node2} is an address of node node2")
+    assert to_node("y/a", "node2", "UDP", 80)[0].startswith("ALLOWED")  # passed by the Admin tier, not denied by the Baseline one

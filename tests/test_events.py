@@ -14,10 +14,9 @@ import threading
 import pytest
 
 from nftpolicy.agent.daemon import events
-from nftpolicy.agent.daemon.events import (CRD_MISSING, INVALID, UNSUPPORTED_PEER, EventGone, EventRecorder, Subject,
+from nftpolicy.agent.daemon.events import (CRD_MISSING, INVALID, EventGone, EventRecorder, Subject,
                                            TokenBucket)
 from nftpolicy.agent.daemon.metrics import Metrics
-from nftpolicy.translators.clusterpolicy import UnsupportedPeer
 from nftpolicy.translators.validation import InvalidField
 
 from .agentenv import AgentEnv, RealApi
@@ -141,12 +140,12 @@ def test_an_expired_event_is_created_again():
 def test_reasons_and_cluster_scoped_objects():
     rec, writer, _ = recorder()
     cnp = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "metadata": {"name": "dns", "uid": "u1", "generation": 1}}
-    rec.failed_closed("ClusterNetworkPolicy", cnp, UnsupportedPeer("spec.egress[0].to[0].nodes", "not supported"), True)
+    rec.failed_closed("ClusterNetworkPolicy", cnp, InvalidField("spec.egress[0].action", "a domainNames peer is only supported in Accept rules, got Deny"), True)
     rec.crd_missing("clusternetworkpolicies.policy.networking.k8s.io")
     drain(rec)
     events = sorted(writer.events.items(), key=lambda item: item[1]["reason"])
     assert [(ns, e["reason"], e["type"], e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for (ns, _), e in events] == [
-        ("default", CRD_MISSING, "Normal", "Node", "node1"), ("default", UNSUPPORTED_PEER, "Warning", "ClusterNetworkPolicy", "u1")]
+        ("default", CRD_MISSING, "Normal", "Node", "node1"), ("default", INVALID, "Warning", "ClusterNetworkPolicy", "u1")]
     assert "namespace" not in events[1][1]["involvedObject"]
 
 
@@ -264,10 +263,11 @@ def test_failing_event_writes_never_stop_enforcement(tmp_path):
 
 # ---- the real API server ------------------------------------------------------------------------
 
-# The CRD accepts a nodes peer; nftpolicy does not enforce it: that rule becomes Deny all.
-DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "to-nodes"},
+# The CRD accepts a domainNames peer in a Deny rule; its documentation supports it in Accept rules
+# only, so nftpolicy refuses it: that rule fails closed (Deny all).
+DNS_POLICY = {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "deny-names"},
               "spec": {"tier": "Admin", "priority": 5, "subject": {"namespaces": {}},
-                       "egress": [{"name": "example", "action": "Accept", "to": [{"nodes": {}}]}]}}
+                       "egress": [{"name": "example", "action": "Deny", "to": [{"domainNames": ["example.com"]}]}]}}
 
 
 @pytest.mark.kernel
@@ -283,14 +283,14 @@ def test_kubectl_describe_shows_the_event(control_plane, tmp_path):
 
         eventually(lambda: len(events()), 1)
         [event] = events()
-        assert (event["reason"], event["type"], event["source"]) == (UNSUPPORTED_PEER, "Warning", {"component": "nftpolicy", "host": "node1"})
+        assert (event["reason"], event["type"], event["source"]) == (INVALID, "Warning", {"component": "nftpolicy", "host": "node1"})
         assert event["metadata"]["namespace"] == "default" and event["count"] == 1
-        assert event["message"].startswith("spec.egress[0].to[0].nodes: not supported by nftpolicy")
+        assert event["message"].startswith("spec.egress[0].action: a domainNames peer is only supported in Accept rules, got Deny")
         kubectl = shutil.which("kubectl")
         if kubectl:
             described = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "describe", "clusternetworkpolicy",
-                                        "to-nodes"], capture_output=True, text=True, timeout=30, check=True).stdout
-            assert UNSUPPORTED_PEER in described and "nodes: not supported by nftpolicy" in described, described
+                                        "deny-names"], capture_output=True, text=True, timeout=30, check=True).stdout
+            assert INVALID in described and "only supported in Accept rules" in described, described
         assert env.metric("nftpolicy_events_total", result="failed") == 0
     finally:
         env.close()

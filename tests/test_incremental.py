@@ -171,6 +171,28 @@ def test_a_label_change_of_a_remote_pod_only_moves_elements():
     assert not changes.chains and not changes.sets_added and not changes.sets_removed
 
 
+@pytest.mark.parametrize("change", ["label", "delete", "create"])
+def test_a_local_pod_change_rebuilds_only_its_own_pod_chain(monkeypatch, change):
+    """A local pod is relabelled, deleted or created: the renderer builds that pod's chain and no
+    other (the cost does not grow with local pods x policies); the model still equals a render
+    from scratch."""
+    from nftpolicy.translators import noderender
+    local = [p for p in BASE.pods.values() if p.node == "node1" and p.enforceable]
+    assert len(local) >= 3
+    pod = local[0]
+    start = _apply(START, "Pod", pod.key, None) if change == "create" else START
+    renderer = NodeRenderer("node1", CONFIG).load(start)
+    renderer.take_changes()
+    built: list[str] = []
+    real = noderender.build_pod_chain
+    monkeypatch.setattr(noderender, "build_pod_chain", lambda p, *a: built.append(p.key) or real(p, *a))
+    new = {"label": dataclasses.replace(pod, labels={**pod.labels, "app": "api"}), "delete": None, "create": pod}[change]
+    renderer.set_pod(pod.key, new)
+    renderer.take_changes()
+    assert set(built) <= {pod.key}
+    assert renderer.model() == build_rule_model(_apply(start, "Pod", pod.key, new), "node1", CONFIG)
+
+
 def test_a_shared_set_goes_with_its_last_user():
     renderer = NodeRenderer(None, CONFIG).load(START)
     renderer.take_changes()

@@ -96,6 +96,34 @@ def test_explain_equals_the_manifest_explain_on_every_conformance_case(control_p
 
 
 @CONTROL_PLANE
+def test_explain_reads_nodes_from_the_api_for_a_nodes_peer(control_plane, tmp_path, capsys):
+    """The Nodes' labels and addresses come from the API: a connection to a Node's address is
+    decided by the nodes peer that selects it, as ``nftpolicy explain`` decides it on the same
+    objects as manifests."""
+    cp = control_plane
+    case = load_case((ROOT / "cnp-own" / "305-nodes-peer.yaml").read_text())
+    node_ips = {name: [f"172.31.0.{i + 2}"] for i, name in enumerate(case.nodes)}
+    objects = case_manifests(case, addresses(case), node_ips)
+    manifests = tmp_path / "nodes.yaml"
+    manifests.write_text(yaml.safe_dump_all(objects))
+    load(cp, objects)
+    try:
+        for src, node, port in (("x/b", "node1", "TCP/80"), ("x/a", "node2", "TCP/80"), ("y/a", "node2", "UDP/81")):
+            address = node_ips[node][0]
+            want = run(capsys, nftpolicy, ["explain", str(manifests), "--from", src, "--to", address, "--port", port])
+            number, protocol = port.split("/")[1], port.split("/")[0]
+            got = run(capsys, plugin, ["explain", "--kubeconfig", cp.kubeconfig, src, f"{address}:{number}/{protocol}"])
+            assert got[:2] == want[:2], (got, want)
+            assert f"is an address of node {node}" in got[1]
+            assert (got[0] == 0) is case.probes[[(p.protocol, p.port) for p in case.probes].index((protocol, int(number)))].expected[
+                (src, f"node:{node}")]
+    finally:
+        clear_api(cp)
+        for name in case.nodes:
+            cp.delete("Node", name, None)
+
+
+@CONTROL_PLANE
 def test_explain_a_service_and_an_address(control_plane, capsys):
     cp = control_plane
     case = load_case((ROOT / "upstream" / "001-default-deny-ingress.yaml").read_text())

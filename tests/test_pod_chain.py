@@ -1,7 +1,8 @@
 """The pod chain's walk (translators/layout.py ``pod_chain``), packet by packet through the decided
 table (the table walk, translators/tablewalk.py): the verdicts, and what a new connection costs. "The first allow
 ends the walk": once a direction's policies set the mark the packet leaves the pod chain, so it
-never walks another policy chain, the other direction's jumps, the node check or the rejects.
+never walks another policy chain, the other direction's jumps, the node check or the rejects; a
+policy chain without rules (a deny-all policy's) is never jumped to.
 """
 
 from __future__ import annotations
@@ -87,13 +88,13 @@ def pod_chain_walks(walked: Walk) -> list[tuple[list[str], int, set[str]]]:
 
 CASES = {  # manifests -> (allowed, the server's pod chain walk, then the client's)
     "allowed both ways": (DENY_ALL + allow("in") + allow("out", "egress"), True, [
-        (["common", "start unmarked", "ingress allowed"], 2, {"x/in"}),  # deny-all (empty) and x/in
-        (["common", "start unmarked", "ingress allowed", "egress allowed"], 3, {"x/out"})]),  # deny-all in; deny-all, x/out out
+        (["common", "start unmarked", "ingress allowed"], 1, {"x/in"}),  # x/in (deny-all's chain is empty: not jumped)
+        (["common", "start unmarked", "egress allowed"], 1, {"x/out"})]),  # no ingress jump, so no "allowed" test; x/out out
     "no policy isolates the client": (allow("in"), True, [
         (["common", "start unmarked", "ingress allowed"], 1, {"x/in"})]),
     "refused": (DENY_ALL + allow("in", port=81), False, [
-        (["common", "start unmarked", "ingress allowed", "egress allowed", "from the local node",
-          "log rejected ingress", "reject ingress"], 3, {"x/in"})]),  # x/in's rule walked, not matched
+        (["common", "start unmarked", "ingress allowed", "from the local node",
+          "log rejected ingress", "reject ingress"], 1, {"x/in"})]),  # x/in's rule walked, not matched; egress: deny-all only
 }
 
 
@@ -110,3 +111,13 @@ def test_fifty_allowing_policies_cost_one_policy_chain():
     verdict, walked = walk("".join(allow(f"p{i:02d}") for i in range(50)))
     ((rules, jumps, policies),) = pod_chain_walks(walked)
     assert (verdict, rules, jumps, len(policies)) == (True, ["common", "start unmarked", "ingress allowed"], 50, 1)
+
+
+def test_the_walk_counts_what_a_new_connection_costs():
+    """The walk's cost counters: a policy-isolated server, an unisolated client. Dispatch on the
+    destination (a map look-up and a jump), the pod chain's jump to COMMON and to the policy
+    chain, whose one rule looks the client up in a set and counts the packet; the source's
+    dispatch finds no pod chain (a look-up, no jump)."""
+    verdict, walked = walk(allow("in"))
+    assert verdict
+    assert (walked.lookups, walked.jumps, walked.counters) == (3, 3, 1)

@@ -58,7 +58,7 @@ def test_lists_come_in_pages(control_plane, monkeypatch):
     monkeypatch.setattr(sources, "LIST_PAGE", 2)
     metrics, stop = Metrics(), threading.Event()
     store = Store(metrics)
-    source = sources.KubeSource(store, metrics, "node1", control_plane.kubeconfig, 5.0, 30, stop)
+    source = sources.KubeSource(store, metrics, control_plane.kubeconfig, 5.0, 30, stop)
     try:
         source._list("Pod")
         assert {k for k in store.take()[0].pods if "/paged-" in k} == {f"y/paged-{i}" for i in range(5)}

@@ -42,7 +42,7 @@ def source(api, tmp_path):
     store = Store(metrics)
 
     def start(watch_timeout: int = 30, api_timeout: float = 2.0, clock: Clock = REAL_TIME) -> KubeSource:
-        src = KubeSource(store, metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), api_timeout, watch_timeout, stop, clock)
+        src = KubeSource(store, metrics, api.kubeconfig(str(tmp_path / "kc.json")), api_timeout, watch_timeout, stop, clock)
         src.start()
         eventually(store.listed)
         return src
@@ -59,11 +59,11 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def test_list_then_watch_and_only_this_node(api, source):
+def test_list_then_watch_and_every_node(api, source):
     store, _, start = source
     start()
     cluster = store.take()[0]
-    assert set(cluster.pods) == {"x/a"} and set(cluster.nodes) == {"node1"}
+    assert set(cluster.pods) == {"x/a"} and set(cluster.nodes) == {"node1", "node2"}  # nodes peers select any Node
     api.put(pod("x", "b", "10.0.0.2", app="b"))
     eventually(lambda: "x/b" in pods(store))
     api.put(pod("x", "b", "10.0.0.3", app="b"))
@@ -72,7 +72,9 @@ def test_list_then_watch_and_only_this_node(api, source):
     eventually(lambda: "x/b" not in pods(store))
     watches = [p for _, p, _ in api.requests if "watch=true" in p]
     assert watches and all("allowWatchBookmarks=true" in p and "resourceVersion=" in p for p in watches)
-    assert any("fieldSelector=metadata.name%3Dnode1" in p for _, p, _ in api.requests if "/nodes" in p)
+    assert not any("fieldSelector" in p for _, p, _ in api.requests if "/nodes" in p)
+    api.put(node("node3", ("InternalIP", "172.18.0.3"), role="infra"))
+    eventually(lambda: store.take()[0].nodes.get("node3") is not None and store.take()[0].nodes["node3"].peer_addresses == ("172.18.0.3",))
 
 
 def test_watch_timeout_reconnects_from_the_last_version(api, source):
@@ -142,7 +144,7 @@ def test_retry_after_is_capped_and_a_bad_one_waits_the_backoff(api, tmp_path, as
     negative, not finite or not a number (``None`` here) would be no wait at all for Event.wait:
     the backoff's pause is taken instead, so that no node retries in a tight loop."""
     metrics, clock = Metrics(), InstantClock()
-    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
+    src = KubeSource(Store(metrics), metrics, api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
     answers = [ApiException(status=429, reason="Too Many Requests")]
     answers[0].headers = {"Retry-After": asked}
 
@@ -209,7 +211,7 @@ def test_401_and_403_are_retried_with_the_common_backoff_reported_once(api, tmp_
     metrics = Metrics()
     clock = InstantClock()
     slept = clock.waited
-    src = KubeSource(Store(metrics), metrics, "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
+    src = KubeSource(Store(metrics), metrics, api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event(), clock)
     answers = [refused(403)] * 7 + [refused(401)]
     denied_meanwhile = []
 
@@ -401,7 +403,7 @@ def test_an_expired_continue_token_relists_at_once(tmp_path):
     api = FakeApiServer()
     api.start()
     try:
-        source = KubeSource(Store(Metrics()), Metrics(), "node1", api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
+        source = KubeSource(Store(Metrics()), Metrics(), api.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
         source.calls["Pod"] = (list_pods, {})
         with pytest.raises(sources.RelistNeeded, match="continue token expired"):
             source._list("Pod")

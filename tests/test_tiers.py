@@ -186,6 +186,20 @@ def test_ipv6_networks_never_match_ipv4_addresses():
     assert connection_allowed(c, c.pods["x/a"], "192.0.2.7", "TCP", 80)
 
 
+def test_a_nodes_peer_matches_the_nodes_its_selector_selects_and_no_pod():
+    infra = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"role": "infra"}},
+             "status": {"addresses": [{"type": "InternalIP", "address": "172.18.0.2"}]}}
+    worker = {**infra, "metadata": {"name": "n2", "labels": {"role": "worker"}}}
+    c = cluster(infra, worker, cnp("nodes", "Admin", 1, egress=[to("Accept", {"nodes": {"matchLabels": {"role": "infra"}}}, tcp(80)),
+                                                             to("Deny", {"nodes": {}})]))
+    n1, n2 = c.nodes["n1"], c.nodes["n2"]
+    assert connection_allowed(c, c.pods["x/a"], n1, "TCP", 80) and not connection_allowed(c, c.pods["x/a"], n1, "TCP", 81)
+    assert not connection_allowed(c, c.pods["x/a"], n2, "TCP", 80)  # the second rule: every Node
+    assert connection_allowed(c, c.pods["x/a"], c.pods["y/a"], "TCP", 81)  # a pod is no Node
+    assert not connection_allowed(c, c.pods["x/a"], "172.18.0.2", "TCP", 81)  # n1's address, as an address
+    assert connection_allowed(c, c.pods["x/a"], "172.18.0.9", "TCP", 81)  # no Node's
+
+
 def test_host_network_pods_are_never_subjects_or_peers():
     host = pod("y/host", "10.0.1.9")
     host["spec"]["hostNetwork"] = True

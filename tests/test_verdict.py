@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.sandbox import Sandbox
-from nftpolicy.translators.cases import Case, case_manifests, load_case
+from nftpolicy.translators.cases import Case, case_manifests, load_case, target_address
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import Cluster, Family
 from nftpolicy.translators.verdict import (
@@ -44,10 +44,10 @@ LAYOUTS = {"one-node-ipv4": (("node1",), "ipv4"), "two-nodes-ipv4": (("node1", "
 
 
 @contextlib.contextmanager
-def sandbox_addresses(pods: Any, nodes: tuple[str, ...], family: Family) -> Iterator[Sandbox]:
-    """A Sandbox object that is never entered: it gives the pods the nodes and addresses the
-    sandbox would (agent/testbed/sandbox.py), and creates no namespace."""
-    sandbox = Sandbox(pods, nodes, (family,))
+def sandbox_addresses(pods: Any, nodes: tuple[str, ...], family: Family, served_nodes: Any = ()) -> Iterator[Sandbox]:
+    """A Sandbox object that is never entered: it gives the pods and nodes the nodes and
+    addresses the sandbox would (agent/testbed/sandbox.py), and creates no namespace."""
+    sandbox = Sandbox(pods, nodes, (family,), served_nodes=sorted(served_nodes))
     try:
         yield sandbox
     finally:
@@ -57,7 +57,7 @@ def sandbox_addresses(pods: Any, nodes: tuple[str, ...], family: Family) -> Iter
 def case_cluster(case: Case, nodes: tuple[str, ...], family: Family) -> Cluster:
     """The case's cluster as agent/testbed/replay.py builds it: the pods of the case at sandbox addresses."""
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(dataclasses.replace(case, policies=()), {}))
-    with sandbox_addresses(skeleton.pods.values(), nodes, family) as sandbox:
+    with sandbox_addresses(skeleton.pods.values(), nodes, family, case.nodes) as sandbox:
         ips = {key: list(p.ips) for key, p in sandbox.pods.items()}
         cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips))
         assert errors == [], [str(e) for e in errors]
@@ -77,7 +77,7 @@ def test_engine_matrix_equals_the_expected_matrix(path, layout):
         for (src, dst), expected in probe.expected.items():
             if src == dst:
                 continue
-            conn = Connection(cluster.pods[src].ips[0], cluster.pods[dst].ips[0], probe.protocol, probe.port)
+            conn = Connection(cluster.pods[src].ips[0], target_address(cluster, dst, family), probe.protocol, probe.port)
             if enforcement.verdict(conn).allowed is not expected:
                 wrong.append(f"{probe.protocol}/{probe.port} {src} -> {dst}: expected {'allowed' if expected else 'blocked'}")
     assert wrong == []

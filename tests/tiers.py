@@ -26,7 +26,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from nftpolicy.translators.cases import Case, CaseError, CaseProbe, Matrix, case_manifests
+from nftpolicy.translators.cases import NODE_TARGET, Case, CaseError, CaseProbe, Matrix, case_manifests
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import (
     Cluster,
@@ -36,6 +36,7 @@ from nftpolicy.translators.model import (
     Direction,
     Family,
     NetworkPolicy,
+    Node,
     Peer,
     Pod,
     PolicyPort,
@@ -43,10 +44,11 @@ from nftpolicy.translators.model import (
     Tier,
     family_of,
     network_contains,
+    node_peer_selects,
     peer_selects,
 )
 
-PodOrAddress = Pod | str  # a pod of the model, or an address outside every pod
+PodOrAddress = Pod | Node | str  # a pod of the model, a Node (its addresses: never a pod), or an address outside both
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ def tier_order(cluster: Cluster, tier: Tier) -> list[ClusterNetworkPolicy]:
 def _address(end: PodOrAddress, family: Family) -> str | None:
     if isinstance(end, str):
         return end if family_of(end) == family else None
+    if isinstance(end, Node):
+        return next((a for a in end.peer_addresses if family_of(a) == family), None)
     addresses = end.addresses(family)
     return addresses[0] if addresses else None
 
@@ -77,6 +81,11 @@ def _pod_peer(end: PodOrAddress) -> Pod | None:
 
 
 def _cluster_peer_matches(cluster: Cluster, peer: ClusterPeer, other: PodOrAddress, family: Family) -> bool:
+    if peer.nodes is not None:  # the Nodes its selector matches, by their labels, and their addresses (egress only)
+        if isinstance(other, Node):
+            return node_peer_selects(peer, other)
+        address = _address(other, family)  # an address, or a pod's (a host-network pod's is its node's)
+        return address is not None and any(address in n.peer_addresses and node_peer_selects(peer, n) for n in cluster.nodes.values())
     if peer.networks:
         address = _address(other, family)
         return address is not None and network_contains(peer, address)
@@ -180,11 +189,15 @@ def connection_allowed(cluster: Cluster, source: PodOrAddress, destination: PodO
 
 def evaluated_matrix(case: Case, probe: CaseProbe) -> Matrix:
     """Every (from, to) cell of ``probe`` as :func:`connection_allowed` decides it, with
-    pod i of the case at 10.0.<i // 250>.<i % 250 + 1> (one /4, as ``largeCIDR`` assumes).
+    pod i of the case at 10.0.<i // 250>.<i % 250 + 1> (one /4, as ``largeCIDR`` assumes), and
+    from every pod to every Node of the case (column ``node:<name>``; Node i at 172.31.0.<i + 2>).
     Raises CaseError when an object of the case is invalid."""
     ips = {p.key: [f"10.0.{i // 250}.{i % 250 + 1}"] for i, p in enumerate(case.pods)}
-    cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips))
+    node_ips = {name: [f"172.31.0.{i + 2}"] for i, name in enumerate(case.nodes)}
+    cluster, errors = build_cluster(("case", o) for o in case_manifests(case, ips, node_ips))
     if errors:
         raise CaseError(f"{case.name}: {errors[0]}")
     pods = [cluster.pods[p.key] for p in case.pods]
-    return {(a.key, b.key): connection_allowed(cluster, a, b, probe.protocol, probe.port) for a in pods for b in pods}
+    targets: list[tuple[str, PodOrAddress]] = [(p.key, p) for p in pods]
+    targets += [(f"{NODE_TARGET}{name}", cluster.nodes[name]) for name in case.nodes]
+    return {(a.key, key): connection_allowed(cluster, a, b, probe.protocol, probe.port) for a in pods for key, b in targets}

@@ -8,6 +8,8 @@ filled from the pods' addresses (host prefix, and the /4 around the address).
 ``clusterNetworkPolicies`` lists ClusterNetworkPolicy manifests (placeholders filled the same way);
 a probe's optional ``upstream`` table lists the cells an upstream test asserts
 (``<from> <to> ./X`` per line), which its ``expected`` matrix must agree with.
+``nodes`` (name -> labels) lists Node objects; an ``expected`` column ``node:<name>`` is that
+Node's address (a destination only: the rows are pods), for ClusterNetworkPolicy ``nodes`` peers.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import OneLineError
-from .model import NAMESPACE_NAME_LABEL, Protocol
+from .model import NAMESPACE_NAME_LABEL, Cluster, Family, Protocol, family_of
 
 DEFAULT_NAMESPACES = ("x", "y", "z")
 DEFAULT_POD_NAMES = ("a", "b", "c")
 DEFAULT_PORTS = tuple({"name": f"serve-{port}-{proto.lower()}", "port": port, "protocol": proto}
                       for port in (80, 81) for proto in ("TCP", "UDP", "SCTP"))
+NODE_TARGET = "node:"  # a matrix column naming a Node's address: node:<name>
 _PLACEHOLDER = re.compile(r"\$\{(hostCIDR|largeCIDR):([^/}]+)/([^}]+)\}")
 
 Matrix = dict[tuple[str, str], bool]
@@ -63,8 +66,8 @@ class CasePod:
 
 @dataclass(frozen=True)
 class Case:
-    """A parsed case: namespaces (name -> labels), pods, policy manifests (placeholders unfilled)
-    and probes."""
+    """A parsed case: namespaces (name -> labels), pods, policy manifests (placeholders unfilled),
+    probes and Nodes (name -> labels)."""
 
     name: str
     namespaces: Mapping[str, Mapping[str, str]]
@@ -72,6 +75,19 @@ class Case:
     policies: tuple[Mapping[str, Any], ...]
     probes: tuple[CaseProbe, ...]
     cluster_policies: tuple[Mapping[str, Any], ...] = ()
+    nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
+def target_address(cluster: Cluster, key: str, family: Family) -> str | None:
+    """The first address of ``family`` of a matrix column ``key``: pod ``ns/name`` of
+    ``cluster``, or a Node's (``node:<name>``); None when it has none."""
+    if key.startswith(NODE_TARGET):
+        node = cluster.nodes.get(key[len(NODE_TARGET):])
+        addresses = node.addresses if node is not None else ()
+    else:
+        pod = cluster.pods.get(key)
+        addresses = pod.ips if pod is not None else ()
+    return next((a for a in addresses if family_of(a) == family), None)
 
 
 def is_case(document: Any) -> bool:
@@ -111,8 +127,13 @@ def parse_case(document: Mapping[str, Any]) -> Case:
         probes.append(CaseProbe(port=int(probe["port"]), protocol=protocol,
                                 expected=parse_matrix(probe["expected"], f"{name}: probes[{i}].expected"),
                                 upstream=parse_cells(probe.get("upstream") or "", f"{name}: probes[{i}].upstream")))
+    nodes = {str(n): dict(labels or {}) for n, labels in (document.get("nodes") or {}).items()}
+    for i, probe in enumerate(probes):
+        unknown = sorted({to for _, to in probe.expected if to.startswith(NODE_TARGET) and to[len(NODE_TARGET):] not in nodes})
+        if unknown:
+            raise CaseError(f"{name}: probes[{i}].expected: column {unknown[0]} names no node of 'nodes'")
     return Case(name=name, namespaces=namespaces, pods=pods, policies=tuple(document.get("policies") or ()), probes=tuple(probes),
-                cluster_policies=tuple(document.get("clusterNetworkPolicies") or ()))
+                cluster_policies=tuple(document.get("clusterNetworkPolicies") or ()), nodes=nodes)
 
 
 def parse_cells(text: str, where: str) -> Matrix:
@@ -148,13 +169,17 @@ def fill_placeholders(value: Any, address_of: Mapping[str, str]) -> Any:
     return value
 
 
-def case_manifests(case: Case, ips: Mapping[str, list[str]]) -> list[dict[str, Any]]:
+def case_manifests(case: Case, ips: Mapping[str, list[str]], node_ips: Mapping[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """Kubernetes objects for a case whose pods have the addresses ``ips`` (``ns/pod`` -> list,
-    first entry used for placeholders)."""
+    first entry used for placeholders) and whose Nodes have the InternalIP addresses
+    ``node_ips`` (name -> list; none when absent)."""
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": dict(labels)}}
         for n, labels in case.namespaces.items()
     ]
+    objects.extend({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": dict(labels)},
+                    "status": {"addresses": [{"type": "InternalIP", "address": a} for a in (node_ips or {}).get(n, [])]}}
+                   for n, labels in case.nodes.items())
     for pod in case.pods:
         ports = [{"name": p.get("name"), "containerPort": int(p["port"]), "protocol": p.get("protocol", "TCP")} for p in pod.ports]
         objects.append({

@@ -26,7 +26,7 @@ match as well); a NetworkPolicy port names its protocol, a ClusterNetworkPolicy
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .model import (
     PROTOCOLS,
@@ -57,7 +57,8 @@ class DomainNames:
     names: tuple[str, ...]
 
 
-PeerTarget = Scope | IPBlock | DomainNames  # a peer: pods (their addresses), an ipBlock or domain names
+# a peer: pods (their addresses), an ipBlock, domain names, or Nodes (a selector over their labels)
+PeerTarget = Scope | IPBlock | DomainNames | LabelSelector
 Match = tuple[Family | None, str | None, PortMatch | None, str | None]  # family, peer set, port, named-port set
 
 
@@ -86,12 +87,13 @@ def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tu
 
 
 def build_pod_chain(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction, list[str]],
-                    tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> PodChain:
+                    tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str], empty: Iterable[str] = ()) -> PodChain:
     """The ``KUBE-POD-FW-<hash>`` chain of local pod ``pod`` for its addresses ``ips`` (those
     that dispatch to it): ``policies``, the policy chains of each direction whose policy selects
     it (a direction absent: no NetworkPolicy isolates it); ``tiers``, the tier chains by pod
     chain field (``admin_ingress``, ...) in evaluation order; ``tier_policy``: tier chain ->
-    its ClusterNetworkPolicy."""
+    its ClusterNetworkPolicy; ``empty``: policy chains that have no rule (of those listed or
+    any others)."""
     ingress, egress = policies.get("ingress"), policies.get("egress")
     return PodChain(name=hashed_name("KUBE-POD-FW-", pod.namespace, pod.name), pod=pod.key,
                     ips=tuple(sorted(set(ips), key=address_order)),
@@ -103,7 +105,8 @@ def build_pod_chain(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction,
                     # the Baseline tier only where no NetworkPolicy isolates the pod
                     baseline_ingress=tuple(tiers.get("baseline_ingress", ())) if ingress is None else (),
                     baseline_egress=tuple(tiers.get("baseline_egress", ())) if egress is None else (),
-                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in tiers.values() for n in v})))
+                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in tiers.values() for n in v})),
+                    empty=tuple(sorted(set(empty) & {n for v in policies.values() for n in v})))
 
 
 def tier_chain_name(policy: ClusterNetworkPolicy, direction: Direction) -> str:
@@ -160,8 +163,8 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
 def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
               use: Callable[[SetKey], str]) -> list[tuple[Family | None, str | None]]:
     """(family, peer set) alternatives of a rule's peers: ``(None, None)`` for any peer, else an
-    address set per family for each pod scope and each domainNames peer, and an interval set for
-    each ipBlock."""
+    address set per family for each pod scope, each domainNames peer and each Node selector, and
+    an interval set for each ipBlock."""
     if peers is None:
         return [(None, None)]
     options: list[tuple[Family | None, str | None]] = []
@@ -170,6 +173,8 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
             options.extend((f, use(SetKey("addr", f, peer))) for f in families)
         elif isinstance(peer, DomainNames):
             options.extend((f, use(SetKey("domain", f, names=peer.names))) for f in families)
+        elif isinstance(peer, LabelSelector):
+            options.extend((f, use(SetKey("nodes", f, nodes=peer))) for f in families)
         else:
             family = family_of(str(peer.cidr))
             options.append((family, use(SetKey("interval", family, block=peer))))
@@ -178,8 +183,8 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
 
 def _named_port_scopes(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...]) -> list[tuple[Scope, tuple[Family, ...]]]:
     """Where an egress named port resolves: each peer's pods (an ipBlock peer: every pod's
-    addresses inside it; any peer: every pod; a domainNames peer has none: validation refuses
-    named ports with it)."""
+    addresses inside it; any peer: every pod). A domainNames or nodes peer has none: the CRD's
+    validation refuses named ports with them."""
     if peers is None:
         return [(Scope(namespace_selector=ALL), families)]
     scopes: list[tuple[Scope, tuple[Family, ...]]] = []
@@ -230,6 +235,8 @@ def _cluster_peer(peer: ClusterPeer) -> list[PeerTarget]:
         return [IPBlock(cidr=network) for network in peer.networks]
     if peer.domain_names:
         return [DomainNames(peer.domain_names)]
+    if peer.nodes is not None:
+        return [canonical_selector(peer.nodes) or ALL]
     return [_cluster_scope(peer.namespaces, peer.pods)]
 
 

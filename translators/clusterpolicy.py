@@ -6,19 +6,19 @@ and the CRD it generates (``config/crd/{standard,experimental}``: the OpenAPI li
 rules). A ClusterNetworkPolicy sits in the Admin tier (before every NetworkPolicy) or the
 Baseline tier (after them, for pods no NetworkPolicy isolates); ``tests/tiers.py``
 evaluates the order. Peers are namespaces, pods (a namespace selector AND a pod selector) and,
-for egress, networks (CIDRs) and domain names (``domainNames``: the addresses that DNS answers to the
-subject pods gave for those names, learned by the agent, see :mod:`nftpolicy.translators.domainnames`); ports are TCP, UDP or SCTP destination ports (a number or a range)
-or a destination named port.
+for egress, networks (CIDRs), nodes (a label selector over Node objects: their InternalIP and
+ExternalIP addresses) and domain names (``domainNames``: the addresses that DNS answers to the
+subject pods gave for those names, learned by the agent, see
+:mod:`nftpolicy.translators.domainnames`); ports are TCP, UDP or SCTP destination ports (a number
+or a range) or a destination named port.
 
 Validation is the CRD's: ``priority`` 0-1000, ``subject`` and every peer and protocol with
 exactly one field, at most 25 rules per direction, 1-25 peers and protocols per rule, 1-25
 networks per peer (no duplicates), rule names of at most 100 characters, port ranges with
-``start < end``, no named port in an egress rule towards networks or domain names; a domain name
-matches the type's pattern (``DomainName``: an optional ``*.`` prefix, then labels), 1-25 names per
-peer without duplicates, and (the type's documentation: "DomainNames is only supported for
-Accept rules") only in an Accept rule. The experimental ``nodes`` peer is refused as not supported
-(nftpolicy does not enforce it), so that an object is never read as allowing or denying less than
-it says.
+``start < end``, no named port in an egress rule towards networks, nodes or domain names; a
+domain name matches the type's pattern (``DomainName``: an optional ``*.`` prefix, then labels),
+1-25 names per peer without duplicates, and (the type's documentation: "DomainNames is only
+supported for Accept rules") only in an Accept rule. Every peer of v1alpha2 is enforced.
 """
 
 from __future__ import annotations
@@ -52,10 +52,6 @@ _FIELDS = {
     "port": {"number", "range"},
     "range": {"start", "end"},
 }
-
-
-class UnsupportedPeer(InvalidField):
-    """A peer the CRD accepts and nftpolicy does not enforce (``nodes``)."""
 
 
 def _one_of(value: Mapping[str, Any], path: str, what: str) -> str:
@@ -113,7 +109,7 @@ def _peer(value: Any, path: str, direction: Direction) -> ClusterPeer:
         return ClusterPeer(networks=_networks(entry[kind], where))
     if kind == "domainNames":
         return ClusterPeer(domain_names=_domain_names(entry[kind], where))
-    raise UnsupportedPeer(where, "not supported by nftpolicy (experimental peer; supported: namespaces, pods, networks, domainNames)")
+    return ClusterPeer(nodes=selector_from(entry[kind], where))  # the last of _FIELDS["egressPeer"]
 
 
 def _domain_names(value: Any, path: str) -> tuple[str, ...]:
@@ -187,7 +183,7 @@ def _rules(value: Any, path: str, direction: Direction) -> tuple[ClusterRule, ..
             ports = tuple(_protocol(p, f"{rpath}.protocols[{j}]") for j, p in enumerate(items))
         if any(p.domain_names for p in peers) and action != "Accept":
             raise InvalidField(f"{rpath}.action", f"a domainNames peer is only supported in Accept rules, got {action}")
-        if any(p.networks or p.domain_names for p in peers) and any(p.name is not None for p in ports):
+        if any(p.networks or p.domain_names or p.nodes is not None for p in peers) and any(p.name is not None for p in ports):
             raise InvalidField(rpath, "networks/nodes/domainNames peer cannot be set with namedPorts since there are "
                                       "no namedPorts for networks/nodes/domainNames")
         rules.append(ClusterRule(action=action, peers=peers, ports=ports, name=name))

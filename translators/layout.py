@@ -415,6 +415,10 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     takes unmarked packets only: a packet a policy allowed, where a printer leaves the "allowed"
     returns out (iptables), goes on to the tail, which clears the policy mark.
 
+    A policy chain without rules (a deny-all policy's) is not jumped to: it could only return
+    the packet unmarked. A direction without any jump has no "allowed" return either: nothing in
+    it could set the mark.
+
     A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
     the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no
     reject; every packet dispatched here has one of the pod's addresses as its source or
@@ -436,14 +440,17 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
         return jumps + [Rule((ClearMark(config.pass_mark),), f"{pod.pod} {direction} end of {name} tier")] if jumps else []
 
     for direction, chains, field in directions:
+        before = len(rules)
         admin, baseline = pod.tiers(direction)
         rules += tier(direction, "admin", admin, field)
         if chains is None:
             rules += tier(direction, "baseline", baseline, field)
         for target in chains if chains is not None else (DEFAULT_CHAIN,):
-            rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
-                      for family, ips in addresses.items()]
-        rules.append(Rule((Marked(config.policy_mark), passed, VerdictStatement("return")), f"{pod.pod} {direction} allowed"))
+            if target not in pod.empty:
+                rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
+                          for family, ips in addresses.items()]
+        if len(rules) > before:
+            rules.append(Rule((Marked(config.policy_mark), passed, VerdictStatement("return")), f"{pod.pod} {direction} allowed"))
     rules += [Rule((AddressIs(family, "daddr", ips), unmarked, LocalAddress("saddr"), VerdictStatement("accept")), f"{pod.pod} from the local node")
               for family, ips in addresses.items()]
     for direction, chains, field in directions:

@@ -322,21 +322,29 @@ def namespace_from(obj: Mapping[str, Any]) -> Namespace:
 
 
 def node_from(obj: Mapping[str, Any]) -> Node:
-    """A Node object -> :class:`Node` (``status.addresses`` IPs, ``spec.podCIDRs`` or ``spec.podCIDR``)."""
+    """A Node object -> :class:`Node` (labels, ``status.addresses`` IPs: all, and those of type
+    ``InternalIP`` or ``ExternalIP`` as its peer addresses; ``spec.podCIDRs`` or ``spec.podCIDR``)."""
     name = object_name(obj)
     spec = mapping_field(obj.get("spec"), "spec")
     status = mapping_field(obj.get("status"), "status")
-    addresses = []
+    addresses, peer_addresses = [], []
     for i, a in enumerate(list_field(status.get("addresses"), "status.addresses")):
-        address = mapping_field(a, f"status.addresses[{i}]").get("address")
+        entry = mapping_field(a, f"status.addresses[{i}]")
+        address = entry.get("address")
         if isinstance(address, str) and _is_ip(address):
-            addresses.append(str(ipaddress.ip_address(address)))
+            canonical = str(ipaddress.ip_address(address))
+            addresses.append(canonical)
+            if entry.get("type") in NODE_PEER_ADDRESS_TYPES and canonical not in peer_addresses:
+                peer_addresses.append(canonical)
     cidrs = list_field(spec.get("podCIDRs"), "spec.podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
     for i, c in enumerate(cidrs):
         network_field(c, f"spec.podCIDRs[{i}]")
-    return Node(name=name, addresses=tuple(addresses), pod_cidrs=tuple(cidrs))
+    labels = labels_field(obj["metadata"].get("labels"), "metadata.labels")
+    return Node(name=name, addresses=tuple(addresses), pod_cidrs=tuple(cidrs), labels=Labels.interned(labels),
+                peer_addresses=tuple(peer_addresses))
 
 
+NODE_PEER_ADDRESS_TYPES = ("InternalIP", "ExternalIP")  # the Node addresses a nodes peer matches
 _IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
 
 

@@ -196,14 +196,17 @@ class NetworkPolicy:
 @dataclass(frozen=True, slots=True)
 class ClusterPeer:
     """One ``from``/``to`` peer: exactly one of ``namespaces`` (every pod of the namespaces it
-    matches), ``pods`` (``(namespace selector, pod selector)``: pods matching both) or
-    ``networks`` (egress only: CIDRs, host bits masked) or ``domain_names`` (egress only: names
-    and ``*.`` wildcards, lower case without a trailing dot; :func:`domain_name_matches`)."""
+    matches), ``pods`` (``(namespace selector, pod selector)``: pods matching both),
+    ``networks`` (egress only: CIDRs, host bits masked), ``nodes`` (egress only: the
+    :attr:`Node.peer_addresses` of the Nodes whose labels the selector matches; empty: every Node)
+    or ``domain_names`` (egress only: names and ``*.`` wildcards, lower case without a trailing
+    dot; :func:`domain_name_matches`)."""
 
     namespaces: LabelSelector | None = None
     pods: tuple[LabelSelector, LabelSelector] | None = None
     networks: tuple[IPNetwork, ...] = ()
     domain_names: tuple[str, ...] = ()
+    nodes: LabelSelector | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,9 +271,9 @@ def _selects(namespaces: LabelSelector | None, pods: tuple[LabelSelector, LabelS
 
 
 def peer_selects(peer: ClusterPeer, namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
-    """True when a namespaces or pods ``peer`` selects a pod with these labels (a networks peer
-    selects addresses, not pods: False)."""
-    if peer.networks or peer.domain_names:
+    """True when a namespaces or pods ``peer`` selects a pod with these labels (a networks,
+    nodes or domainNames peer selects addresses, not pods: False)."""
+    if peer.networks or peer.domain_names or peer.nodes is not None:
         return False
     return _selects(peer.namespaces, peer.pods, namespace_labels, pod_labels)
 
@@ -293,13 +296,26 @@ def domain_name_matches(pattern: str, name: str) -> bool:
     return name == pattern
 
 
+def node_peer_selects(peer: ClusterPeer, node: "Node") -> bool:
+    """True when a nodes ``peer`` selects ``node`` (by its labels); False for any other peer."""
+    return peer.nodes is not None and peer.nodes.matches(node.labels)
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A Node: name, its addresses and pod CIDRs."""
+    """A Node: name, its addresses (every IP of ``status.addresses``), pod CIDRs, labels and
+    ``peer_addresses``: the IPs of its ``InternalIP`` and ``ExternalIP`` addresses (both
+    families), which a ClusterNetworkPolicy ``nodes`` peer that selects it matches."""
 
     name: str
     addresses: tuple[str, ...] = ()
     pod_cidrs: tuple[str, ...] = ()
+    labels: Labels = field(default_factory=Labels)
+    peer_addresses: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if type(self.labels) is not Labels:  # given a plain mapping: its interned label set
+            object.__setattr__(self, "labels", labels_of(self.labels))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 :class:`NodeRenderer` holds the cluster as indexes (pods by namespace and label set, policies by
 namespace) and the node's desired rule model (DESIGN.md section 2: ``KUBE-POD-FW-<hash>`` ->
 ``KUBE-NWPLCY-<hash>``, semantics section 3). It takes one object at a time (:meth:`set_pod`,
-:meth:`set_namespace`, :meth:`set_policy`) and records what that changed in the model, which
+:meth:`set_namespace`, :meth:`set_policy`, :meth:`set_cluster_policy`, :meth:`set_node`) and records what that changed in the model, which
 :meth:`take_changes` hands out; :meth:`model` is the whole model (a full render is
 :meth:`load` then :meth:`model`: the same code). Peer sets are shared selector sets
 (:mod:`~nftpolicy.translators.setstore`); policy and tier chains are built by
@@ -13,7 +13,8 @@ What a policy chain says depends only on the policy (its rules name sets by key)
 chains exist depends on the node's pods (a chain exists while the policy selects a local pod);
 pod chains depend on the local pods and the policies of their namespace. So a non-local pod
 change touches only set elements, a namespace label change only the sets of the
-namespaceSelectors that start or stop matching it, and a policy change its own chains, sets and
+namespaceSelectors that start or stop matching it, a Node change only the elements of the node
+sets (ClusterNetworkPolicy ``nodes`` peers) whose selector matches it before or after, and a policy change its own chains, sets and
 the pod chains of its namespace.
 """
 
@@ -23,7 +24,7 @@ import dataclasses
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Pod
+from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Node, Pod
 from .rules import (
     FAMILIES,
     AnyChain,
@@ -60,8 +61,10 @@ class NodeRenderer:
         self._chains_before: dict[str, AnyChain | None] = {}
         self.policies = PolicyChains(self.sets, self._chains_before)
         self.tiers = TierChains(self.sets, self._chains_before, self.namespace_labels)
-        self._pod_chains: dict[str, PodChain] = {}
-        self._pod_chains_stale = False
+        self._pod_chains: dict[str, PodChain] = {}  # local pod key -> its pod chain (isolated pods only)
+        self._stale_pods: set[str] = set()  # local pods whose chain is rebuilt at the next refresh
+        self._all_stale = False  # every local pod's chain is rebuilt at the next refresh
+        self._local_by_ip: dict[str, set[str]] = {}  # address -> the local pods that have it
 
     # ---- inputs --------------------------------------------------------------------------
 
@@ -83,9 +86,12 @@ class NodeRenderer:
             self._index_pods(cluster.pods)
         for key, policy in cluster.policies.items():
             self.set_policy(key, policy)
+        for name, node in cluster.nodes.items():
+            self.set_node(name, node)
         for key, cluster_policy in cluster.cluster_policies.items():
             self.set_cluster_policy(key, cluster_policy)
         if empty:
+            self._all_stale = True
             self._refresh_pod_chains()
             self.sets.forget_changes()
             self._chains_before.clear()
@@ -103,13 +109,14 @@ class NodeRenderer:
         for key, pod in counting:
             if self.node is None or pod.node == self.node:
                 self._local.setdefault(pod.namespace, {})[key] = pod
-        self._pod_chains_stale = True
+                for ip in pod.ips:
+                    self._local_by_ip.setdefault(ip, set()).add(key)
+        self._all_stale = True
         self.families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
 
     def apply(self, kind: str, key: str, obj: Any) -> None:
         """One changed object of ``kind`` (``Namespace``, ``Pod``, ``NetworkPolicy``,
-        ``ClusterNetworkPolicy``; None: deleted). Other kinds (``Node``) do not shape the rules
-        and are ignored."""
+        ``ClusterNetworkPolicy``, ``Node``; None: deleted)."""
         if kind == "Pod":
             self.set_pod(key, obj)
         elif kind == "Namespace":
@@ -118,6 +125,8 @@ class NodeRenderer:
             self.set_policy(key, obj)
         elif kind == "ClusterNetworkPolicy":
             self.set_cluster_policy(key, obj)
+        elif kind == "Node":
+            self.set_node(key, obj)
 
     def namespace_labels(self, name: str) -> Mapping[str, str]:
         """A namespace's labels; one without a Namespace object has only its name label."""
@@ -135,7 +144,8 @@ class NodeRenderer:
             return
         if self.tiers.policies and self._local.get(name):  # a subject may start or stop selecting its pods
             for pod in self._local[name].values():
-                self._pod_chains_stale |= self.tiers.update_subjects(pod.key, pod)
+                if self.tiers.update_subjects(pod.key, pod):
+                    self._stale_pods.add(pod.key)
         self.sets.namespace_changed(name)
 
     def set_pod(self, key: str, pod: Pod | None) -> None:
@@ -160,26 +170,35 @@ class NodeRenderer:
         self.sets.pod_changed(key, before, after)
         self._update_local(key, before, after)
         if self.tiers.policies and any(p is not None and self._is_local(p) for p in (before, after)):
-            self._pod_chains_stale |= self.tiers.update_subjects(key, after if after is not None and self._is_local(after) else None)
+            if self.tiers.update_subjects(key, after if after is not None and self._is_local(after) else None):
+                self._stale_pods.add(key)
         families = tuple(f for f in FAMILIES if self._family_pods[f] > 0) or ("ipv4",)
         if families != self.families:
             self.families = families
             for policy_key in list(self.policies.policies):
                 self.policies.render(policy_key, families)
             self.tiers.drop(list(self.tiers.chains))
-            self._pod_chains_stale = True
+            self._all_stale = True
+
+    def set_node(self, name: str, node: Node | None) -> None:
+        """A Node was added or changed (None: deleted): only the elements of the node sets
+        (ClusterNetworkPolicy ``nodes`` peers) that hold or now want its addresses change."""
+        self.sets.node_changed(name, node)
 
     def set_policy(self, key: str, policy: NetworkPolicy | None) -> None:
-        """A NetworkPolicy was added or changed (None: deleted)."""
-        namespace = policy.namespace if policy is not None else None
+        """A NetworkPolicy was added or changed (None: deleted): the pod chains of its
+        namespace's local pods are rebuilt (only they can jump to its chains)."""
+        old = self.policies.policies.get(key)
+        namespace = policy.namespace if policy is not None else old.namespace if old is not None else None
         self.policies.set_policy(key, policy, self._local.get(namespace, {}).values() if namespace else (), self.families)
-        self._pod_chains_stale = True
+        if namespace is not None:
+            self._stale_pods.update(self._local.get(namespace, {}))
 
     def set_cluster_policy(self, key: str, policy: ClusterNetworkPolicy | None) -> None:
         """A ClusterNetworkPolicy was added or changed (None: deleted). Its tier chains are
         rebuilt when the pod chains are next refreshed."""
         self.tiers.set_policy(key, policy, (p for pods in self._local.values() for p in pods.values()))
-        self._pod_chains_stale = True
+        self._all_stale = True
 
     # ---- outputs -------------------------------------------------------------------------
 
@@ -240,7 +259,7 @@ class NodeRenderer:
     def _chains(self) -> dict[str, AnyChain]:
         chains: dict[str, AnyChain] = {c.name: c for c, _ in self.policies.chains.values()}
         chains.update((c.name, c) for c, _ in self.tiers.chains.values())
-        chains.update(self._pod_chains)
+        chains.update((c.name, c) for c in self._pod_chains.values())
         return chains
 
     def _is_local(self, pod: Pod) -> bool:
@@ -259,35 +278,57 @@ class NodeRenderer:
             local[key] = now
         else:
             local.pop(key, None)
-        self._pod_chains_stale = True
+        for ip in was.ips if was is not None else ():
+            self._stale_pods.update(self._local_by_ip.get(ip, ()))  # another pod may take the address over
+            holders = self._local_by_ip.get(ip)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self._local_by_ip[ip]
+        for ip in now.ips if now is not None else ():
+            holders = self._local_by_ip.setdefault(ip, set())
+            holders.add(key)
+            self._stale_pods.update(holders)  # the pods that had it may lose it to this one
+        self._stale_pods.add(key)
         self.policies.local_pod_changed(namespace, was, now, self.families)
 
     def _refresh_pod_chains(self) -> None:
-        """Pod chains of the local pods: which policy chains each direction jumps to."""
-        if not self._pod_chains_stale:
+        """Pod chains of the local pods: which policy chains each direction jumps to. Only the
+        chains of the pods marked stale since the last refresh are rebuilt (all of them after a
+        load, a change of the address families in use or of a ClusterNetworkPolicy): a local pod
+        change costs its own chain, never local pods x policies."""
+        if not (self._all_stale or self._stale_pods):
             return
-        self._pod_chains_stale = False
-        chains: dict[str, PodChain] = {}
-        dispatched: set[str] = set()  # an address reaches one pod chain (Running pods first)
-        local = [p for pods in self._local.values() for p in pods.values()]
+        local = {p.key: p for pods in self._local.values() for p in pods.values()} if self._all_stale else None
+        stale = set(local) | self._pod_chains.keys() if local is not None else self._stale_pods
+        self._all_stale, self._stale_pods = False, set()
         tiers = self.tiers.refresh(self.families)
         tier_policy = {c.name: c.policy for c, _ in self.tiers.chains.values()}
-        for pod in sorted(local, key=lambda p: (p.phase != "Running", p.key)):
-            ips = tuple(ip for ip in pod.ips if ip not in dispatched)
-            dispatched.update(pod.ips)
-            selecting = self.policies.selecting(pod)
-            pod_tiers = tiers.get(pod.key, {})
-            if not (selecting or pod_tiers) or not ips:
-                continue  # not isolated in either direction: nothing to enforce
-            chain = build_pod_chain(pod, ips, selecting, pod_tiers, tier_policy)
-            chains[chain.name] = chain
+        for key in stale:
+            pod = self.pods.get(key)
+            old = self._pod_chains.pop(key, None)
+            chain = None
+            if pod is not None and self._is_local(pod) and pod.enforceable:
+                chain = self._pod_chain(pod, tiers.get(key, {}), tier_policy)
+                if chain is not None:
+                    self._pod_chains[key] = chain
+            if old != chain:
+                name = (chain or old).name  # type: ignore[union-attr]
+                self._chains_before.setdefault(name, old)
         if self.tiers.chains:  # tier chains that no pod chain jumps to go
-            jumped = {n for c in chains.values() for n in (*c.admin_ingress, *c.admin_egress, *c.baseline_ingress, *c.baseline_egress)}
+            jumped = {n for c in self._pod_chains.values() for n in (*c.admin_ingress, *c.admin_egress, *c.baseline_ingress, *c.baseline_egress)}
             self.tiers.drop([k for k, (c, _) in self.tiers.chains.items() if c.name not in jumped])
-        for name in self._pod_chains.keys() | chains.keys():
-            if self._pod_chains.get(name) != chains.get(name) and name not in self._chains_before:
-                self._chains_before[name] = self._pod_chains.get(name)
-        self._pod_chains = chains
+
+    def _pod_chain(self, pod: Pod, pod_tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> PodChain | None:
+        """The chain of local pod ``pod`` (None: not isolated in either direction, or none of its
+        addresses dispatches to it). An address shared by local pods dispatches to one pod
+        chain: the first of them by (not Running, key)."""
+        order = (pod.phase != "Running", pod.key)
+        ips = tuple(ip for ip in pod.ips if all(order <= (self.pods[k].phase != "Running", k) for k in self._local_by_ip.get(ip, ())))
+        selecting, empty = self.policies.selecting(pod)
+        if not (selecting or pod_tiers) or not ips:
+            return None
+        return build_pod_chain(pod, ips, selecting, pod_tiers, tier_policy, empty)
 
 
 def _family_counts(pods: Iterable[Pod]) -> dict[Family, int]:

@@ -72,13 +72,17 @@ class PolicyChains:
             if name is not None and name not in self.journal:
                 self.journal[name] = old[0] if old is not None else None
 
-    def selecting(self, pod: Pod) -> dict[Direction, list[str]]:
-        """The policy chains of each direction whose policy selects local pod ``pod``."""
+    def selecting(self, pod: Pod) -> tuple[dict[Direction, list[str]], set[str]]:
+        """The policy chains of each direction whose policy selects local pod ``pod``, and which
+        of them have no rule."""
         found: dict[Direction, list[str]] = {}
+        empty: set[str] = set()
         for policy_key in self._policies_in.get(pod.namespace, ()):
             if self.policies[policy_key].pod_selector.matches(pod.labels):
                 for direction in DIRECTIONS:
                     entry = self.chains.get((policy_key, direction))
                     if entry is not None:
                         found.setdefault(direction, []).append(entry[0].name)
-        return found
+                        if not entry[0].rules:
+                            empty.add(entry[0].name)
+        return found, empty

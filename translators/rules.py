@@ -153,8 +153,10 @@ class TierChain:
 class PodChain:
     """``KUBE-POD-FW-<hash>`` for one local pod.
 
-    ``ingress``/``egress`` list the policy chains to jump to for that direction; None means no
-    policy isolates the pod in that direction (jump ``KUBE-NWPLCY-DEFAULT``). ``admin_*`` and
+    ``ingress``/``egress`` list the policy chains of the policies that isolate the pod for that
+    direction; None means no policy isolates the pod in that direction (jump
+    ``KUBE-NWPLCY-DEFAULT``). ``empty``: those of them that have no rule (a deny-all policy's: it
+    allows nothing), which the pod chain does not jump to. ``admin_*`` and
     ``baseline_*`` list the tier chains of the ClusterNetworkPolicies that select the pod, in
     evaluation order (``(priority, name)``).
     """
@@ -170,6 +172,7 @@ class PodChain:
     baseline_ingress: tuple[str, ...] = ()
     baseline_egress: tuple[str, ...] = ()
     tier_policies: tuple[tuple[str, str], ...] = ()  # (tier chain, ClusterNetworkPolicy name), for comments
+    empty: tuple[str, ...] = ()
 
     def tiers(self, direction: Direction) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The Admin and Baseline tier chains of one direction."""

@@ -5,12 +5,15 @@ Peer sets are shared **selector sets** (the pattern of Calico's selector IP sets
 after what it selects, not after the policy rule that uses it, so every rule that selects the
 same thing uses one set. Its key (:class:`SetKey`) is a :class:`Scope` of pods (one namespace, or
 the namespaces a namespaceSelector matches; a podSelector; optionally only this node's pods, or
-only addresses inside an ipBlock), or an ipBlock with its excepts, plus the family and, for named
-ports, the port name and protocol. A set appears with its first user and goes with its last
+only addresses inside an ipBlock), an ipBlock with its excepts, or a label selector over Nodes
+(a ClusterNetworkPolicy ``nodes`` peer: the selected Nodes' InternalIP and ExternalIP
+addresses), plus the family and, for named ports, the port name and protocol. A set appears with its first user and goes with its last
 (reference counts: :meth:`SelectorSets.acquire`, :meth:`SelectorSets.release`). Each set keeps
 how many pods give each element, so a pod change adds or deletes only the elements that change,
 in only the sets whose scope holds the pod; a namespace label change moves only the pods of the
-namespaceSelector scopes that start or stop matching it.
+namespaceSelector scopes that start or stop matching it; a Node change (added, gone,
+relabelled, readdressed) moves only that Node's addresses, in only the node sets whose selector
+matched it before or matches it now.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
 
 import orjson
 
-from .model import Family, IPBlock, Pod, Protocol
+from .model import Family, IPBlock, Node, Pod, Protocol
 from .rules import AddressSet, Changes, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
-SetKind = Literal["addr", "interval", "named_port", "domain"]
+SetKind = Literal["addr", "interval", "named_port", "domain", "nodes"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,11 @@ class Scope:
 class SetKey:
     """The identity of a shared set: pod addresses of a scope (``addr``), the networks of an
     ipBlock (``interval``), ``address . protocol . port`` of a scope's pods that have the
-    named container port (``named_port``), or the addresses DNS answers gave for a domainNames
-    peer's ``names`` (``domain``: the agent adds them with a timeout; the translator gives none)."""
+    named container port (``named_port``), the addresses DNS answers gave for a domainNames
+    peer's ``names`` (``domain``: the agent adds them with a timeout; the translator gives none),
+    or the peer addresses of the Nodes that the canonical label selector ``nodes`` matches
+    (``nodes``: :data:`~nftpolicy.translators.selectors.ALL` for every Node; printed as an
+    address set)."""
 
     kind: SetKind
     family: Family
@@ -75,20 +81,23 @@ class SetKey:
     port: str | None = None
     protocol: Protocol | None = None
     names: tuple[str, ...] = ()
+    nodes: LabelSelector | None = None
 
     @functools.cached_property
     def _hash(self) -> int:
-        return hash((self.kind, self.family, self.scope, self.block, self.port, self.protocol, self.names))
+        return hash((self.kind, self.family, self.scope, self.block, self.port, self.protocol, self.names, self.nodes))
 
     def __hash__(self) -> int:  # computed once: set keys key the dictionaries every element count looks up
         return self._hash
 
     @functools.cached_property
     def name(self) -> str:
-        """``KUBE-PODS-``, ``KUBE-NET-`` or ``KUBE-PORT-`` + the hash of the key's fields (with
-        canonical selectors: equal keys, equal names; different keys, different names). The
-        names fit ipset's 31 characters with the iptables variant's ``TMP-`` prefix."""
-        prefix = {"addr": "KUBE-PODS-", "interval": "KUBE-NET-", "named_port": "KUBE-PORT-", "domain": "KUBE-DNS-"}[self.kind]
+        """``KUBE-PODS-``, ``KUBE-NET-``, ``KUBE-PORT-``, ``KUBE-DNS-`` or ``KUBE-NODES-`` + the
+        hash of the key's fields (with canonical selectors: equal keys, equal names; different
+        keys, different names). The names fit ipset's 31 characters with the iptables variant's
+        ``TMP-`` prefix."""
+        prefix = {"addr": "KUBE-PODS-", "interval": "KUBE-NET-", "named_port": "KUBE-PORT-", "domain": "KUBE-DNS-",
+                  "nodes": "KUBE-NODES-"}[self.kind]
         return hashed_name(prefix, orjson.dumps(_identity(self)).decode())
 
     @functools.cached_property
@@ -99,6 +108,8 @@ class SetKey:
             return f"ipBlock {block_text(self.block)}"
         if self.kind == "domain":
             return "DNS answers for " + ", ".join(self.names)
+        if self.kind == "nodes":
+            return f"nodes {selector_text(self.nodes)}"
         assert self.scope is not None
         if self.kind == "named_port":
             return f"port {self.port}/{self.protocol} of {self.scope.text()}"
@@ -107,10 +118,11 @@ class SetKey:
 
 def _identity(value: Any) -> Any:
     """A set key as plain JSON data, fields by name (what its name hashes); a key's empty
-    ``names`` is left out, so the sets that have none keep the names they had before it existed."""
+    ``names`` and unset ``nodes`` are left out, so the sets that have none keep the names they
+    had before those fields existed."""
     if isinstance(value, (SetKey, Scope, IPBlock, LabelSelector, Requirement)):
         return {f: _identity(getattr(value, f)) for f in value.__dataclass_fields__
-                if not (f == "names" and not getattr(value, f))}
+                if not (f == "names" and not getattr(value, f)) and not (f == "nodes" and getattr(value, f) is None)}
     if isinstance(value, (tuple, list)):
         return [_identity(v) for v in value]
     if isinstance(value, frozenset):
@@ -121,6 +133,13 @@ def _identity(value: Any) -> Any:
 def block_text(block: IPBlock) -> str:
     """``10.0.0.0/8 except 10.1.0.0/16``."""
     return str(block.cidr) + (" except " + ", ".join(map(str, block.excepts)) if block.excepts else "")
+
+
+def _node_elements(key: SetKey, node: Node) -> tuple[str, ...]:
+    """The addresses ``node`` gives node set ``key`` (given that its selector matches it): its
+    peer addresses of the key's family."""
+    v6 = key.family == "ipv6"
+    return tuple(ip for ip in node.peer_addresses if (":" in ip) == v6)
 
 
 def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
@@ -170,9 +189,10 @@ class _Set:
 
 
 class SelectorSets:
-    """The live sets of one node and the pod index they draw from: pods that count
+    """The live sets of one node and the indexes they draw from: pods that count
     (enforceable) by namespace and :class:`~nftpolicy.translators.selectors.Labels` (a group is
-    a workload's pods, tested against a selector once). ``is_local`` tells the node's own pods;
+    a workload's pods, tested against a selector once), and the cluster's Nodes by name (for
+    the node sets). ``is_local`` tells the node's own pods;
     ``namespace_labels`` a namespace's labels. Changes to sets and elements are journalled until
     :meth:`take_changes`. Not thread-safe."""
 
@@ -185,6 +205,8 @@ class SelectorSets:
         self._scopes_in: dict[str, set[Scope]] = {}  # namespace -> watched scopes that hold its pods
         self._selector_scopes: dict[Scope, set[str]] = {}  # namespaceSelector scope -> namespaces it matches
         self._block_scopes: set[Scope] = set()
+        self.nodes: dict[str, Node] = {}
+        self._node_sets: dict[LabelSelector, set[SetKey]] = {}  # node selector -> its live node sets
         # changes since take_changes: sets made, sets gone (with what they held then), elements
         self._born: set[SetKey] = set()
         self._dead: dict[SetKey, set[Any]] = {}
@@ -238,6 +260,25 @@ class SelectorSets:
                     self._count(set_key, old, -1)
                     self._count(set_key, new, 1)
 
+    def node_changed(self, name: str, node: Node | None) -> None:
+        """Node ``name`` was added or changed (None: deleted): its addresses leave the node sets
+        whose selector matched it and join those whose selector matches it now (an address it
+        keeps in a set it stays in is no change)."""
+        before = self.nodes.pop(name, None)
+        if node is not None:
+            self.nodes[name] = node
+        for selector, keys in self._node_sets.items():
+            was = before is not None and selector.matches(before.labels)
+            now = node is not None and selector.matches(node.labels)
+            if not was and not now:
+                continue
+            for key in keys:
+                old = _node_elements(key, before) if was else ()  # type: ignore[arg-type]
+                new = _node_elements(key, node) if now else ()  # type: ignore[arg-type]
+                if old != new:
+                    self._count(key, old, -1)
+                    self._count(key, new, 1)
+
     def index(self, pods: Iterable[tuple[str, Pod]]) -> None:
         """Add new pods that count (``(key, pod)``, of known namespaces) while no set exists:
         :meth:`pod_changed` without the sets, which would have no element to count."""
@@ -268,6 +309,8 @@ class SelectorSets:
             live = self._sets[key] = _Set()
             if key.scope is not None:
                 self._watch(key.scope, key)
+            elif key.nodes is not None:
+                self._watch_nodes(key.nodes, key)
             if key in self._dead:  # gone and back within one change window: report the difference
                 held, now = self._dead.pop(key), set(live.counts)
                 if now - held:
@@ -290,6 +333,11 @@ class SelectorSets:
             users.discard(key)
             if not users:
                 self._unwatch(key.scope)
+        elif key.nodes is not None:
+            users = self._node_sets[key.nodes]
+            users.discard(key)
+            if not users:
+                del self._node_sets[key.nodes]
         added, removed = self._added.pop(key, set()), self._removed.pop(key, set())
         if key in self._born:
             self._born.discard(key)
@@ -326,13 +374,14 @@ class SelectorSets:
             elements: tuple[Any, ...] = _block_elements(key)
         elif key.kind == "domain":  # learned by the agent, never rendered
             elements = ()
-        elif ordered and key.kind == "addr":  # addresses of one family: their bytes sort as _element_order does
+        elif ordered and key.kind in ("addr", "nodes"):  # addresses of one family: their bytes sort as _element_order does
             elements = tuple(sorted(self._sets[key].counts, key=_ADDRESS_BYTES[key.family]))
         elif ordered:
             elements = tuple(sorted(self._sets[key].counts, key=_element_order))
         else:
             elements = tuple(self._sets[key].counts)
-        return AddressSet(key.name, key.family, key.kind, elements, comment(key.description))
+        kind = "addr" if key.kind == "nodes" else key.kind  # node addresses: an address set like the pods'
+        return AddressSet(key.name, key.family, kind, elements, comment(key.description))
 
     def _watch(self, scope: Scope, key: SetKey) -> None:
         users = self._scope_sets.setdefault(scope, set())
@@ -358,6 +407,14 @@ class SelectorSets:
                 for pod in members.values():
                     if not scope.local or self.is_local(pod):
                         counts.update(_elements(key, pod))
+
+    def _watch_nodes(self, selector: LabelSelector, key: SetKey) -> None:
+        """Node set ``key`` (new) takes the addresses of the Nodes ``selector`` matches."""
+        self._node_sets.setdefault(selector, set()).add(key)
+        counts = self._sets[key].counts
+        for node in self.nodes.values():
+            if selector.matches(node.labels):
+                counts.update(_node_elements(key, node))
 
     def _unwatch(self, scope: Scope) -> None:
         del self._scope_sets[scope]

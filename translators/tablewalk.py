@@ -87,11 +87,16 @@ class Walk:
     """A packet's walk: ``outcome`` (``through``: no rule decided, the base chain's accept let it
     pass), ``steps`` (every rule evaluated, in order), ``ended_by`` (the step whose verdict ended
     the walk: an accept, drop or reject anywhere, or a ``return`` of the base chain itself; None
-    when the packet went through every rule)."""
+    when the packet went through every rule). What it cost: ``lookups`` (set and verdict-map
+    look-ups evaluated), ``jumps`` (jumps taken, verdict-map dispatches included) and
+    ``counters`` (counter statements reached); every rule evaluated is one of ``steps``."""
 
     outcome: Outcome = "through"
     steps: list[Step] = field(default_factory=list)
     ended_by: Step | None = None
+    lookups: int = 0
+    jumps: int = 0
+    counters: int = 0
 
     @property
     def allowed(self) -> bool:
@@ -189,8 +194,10 @@ class _Walking:
             address = ipaddress.ip_address(p.address(s.field))
             return p.family == s.family and any(address in ipaddress.ip_network(a) for a in s.addresses)
         if isinstance(s, AddressInSet):
+            self.result.lookups += p.family == s.family
             return p.family == s.family and w.contains(s.name, p.address(s.field))
         if isinstance(s, NamedPortInSet):
+            self.result.lookups += p.family == s.family
             return p.family == s.family and w.contains(s.name, (p.destination, p.layout_protocol, p.port))
         if isinstance(s, Protocols):
             return p.layout_protocol in s.names
@@ -223,14 +230,19 @@ class _Walking:
         elif isinstance(s, layout.VerdictStatement):
             return s.kind
         elif isinstance(s, Jump):
+            self.result.jumps += 1
             verdict = self.run(s.target)
             return verdict if verdict != "return" else None
         elif isinstance(s, Dispatch):
-            if s.field not in self.dispatch:
-                return None
+            if s.field not in self.dispatch or s.family != self.packet.family:
+                return None  # the other family's map: nft tests the family before it looks up
+            self.result.lookups += 1
             target = self.walker.dispatch_target(s.family, self.packet.address(s.field))
             if target is None:
                 return None
+            self.result.jumps += 1
             verdict = self.run(target)
             return verdict if verdict != "return" else None
+        elif isinstance(s, CounterStatement):
+            self.result.counters += 1
         return None  # Log, CounterStatement, SetTrace: nothing that changes the verdict

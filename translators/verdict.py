@@ -111,6 +111,7 @@ class DirectionVerdict:
     rules: tuple[RuleSummary, ...] = ()
     cluster_rule: RuleSummary | None = None  # the ClusterNetworkPolicy rule that decided
     cluster_action: str | None = None  # its tier and action: "Admin Deny", "Baseline Accept"
+    peer_node: str | None = None  # the Node whose address the other end is (a nodes peer matches it)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class _Node:
         self.walker = TableWalker(layout.table(model), local)
         self.policy_chains = {chain.name: chain for chain in model.policy_chains}
         self.tier_chains = {chain.name: chain for chain in model.tier_chains}
+        self.pod_chains = {chain.name: chain for chain in model.pod_chains}
         self.sets = {s.name: s for s in model.sets}
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
         self._made_from: dict[str, list[MatchRule]] = {
@@ -190,6 +192,11 @@ class Enforcement:
     def pod_at(self, address: str) -> Endpoint | None:
         """The listed pod that holds ``address``, if any."""
         return self._pod_at.get(canonical(address))
+
+    def node_at(self, address: str) -> str | None:
+        """The name of the node that has ``address``, if any."""
+        address = canonical(address)
+        return next((name for name, addresses in self.node_addresses.items() if address in addresses), None)
 
     def name(self, address: str) -> str:
         """The pod key at ``address``, else the address."""
@@ -246,9 +253,11 @@ class Enforcement:
             return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
         pod_chain = index.walker.dispatch_target(conn.family, address)
         jumps = index.jumps(pod_chain, direction) if pod_chain is not None else ()
-        targets = [index.policy_chains[t] for t in jumps if t in index.policy_chains]
+        isolating = getattr(index.pod_chains[pod_chain], direction) if pod_chain is not None else None
+        targets = [index.policy_chains[t] for t in isolating or ()]  # a deny-all policy's chain too, never jumped to
         isolated = pod_chain is not None and layout.DEFAULT_CHAIN not in jumps
-        side = DirectionVerdict(direction, address, key, node, True, isolated, True, tuple(c.policy for c in targets))
+        side = DirectionVerdict(direction, address, key, node, True, isolated, True, tuple(c.policy for c in targets),
+                                peer_node=self.node_at(peer))
         if address == peer:
             return dataclasses.replace(side, exemption="own address")
         walk = index.walker.walk(conn, self._base_chain(node, direction, conn), ("daddr" if direction == "ingress" else "saddr",))
@@ -383,7 +392,9 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
     if side.cluster_rule is not None and side.cluster_action is not None:
         tier, action = side.cluster_action.split()
         verb = "allowed" if action == "Accept" else "denied"
-        return f"{head}: {verb} by the {tier} tier: ClusterNetworkPolicy {_rule_text(side.cluster_rule, True)}"
+        peer = conn.destination if side.direction == "egress" else conn.source
+        node = f", {peer} is an address of node {side.peer_node}" if side.peer_node is not None else ""
+        return f"{head}: {verb} by the {tier} tier: ClusterNetworkPolicy {_rule_text(side.cluster_rule, True)}{node}"
     if not side.isolated:
         return f"{head}: not isolated (no policy selects it for {side.direction}), allowed"
     isolated = f"isolated by {', '.join(side.policies)}"
@@ -415,17 +426,18 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 # ---- JSON (the agent's debug endpoint) -------------------------------------------------------------
 
-def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Sequence[str] = (),
+def node_json(node: str, model: RuleModel, pods: Iterable[Pod], node_addresses: Mapping[str, Sequence[str]] | None = None,
               learned: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """What one node enforces (:func:`enforcement_json` of its ``model``, the enforceable ones of
-    ``pods`` and ``node_addresses``, its node's: the node-local and node-port exemptions need
-    them): the agent's debug endpoint. ``learned``: domain set -> address -> the DNS name whose
-    answer taught it (the agent's; they become the domain sets' elements)."""
+    ``pods`` and ``node_addresses``, node name -> addresses: its own for the node-local and
+    node-port exemptions, the others' to name the Node a connection goes to): the agent's debug
+    endpoint. ``learned``: domain set -> address -> the DNS name whose answer taught it (the
+    agent's; they become the domain sets' elements)."""
     endpoints = [Endpoint.of(p) for p in pods if p.enforceable]
     if learned:
         model = dataclasses.replace(model, sets=tuple(dataclasses.replace(s, elements=tuple(learned.get(s.name, {})))
                                                       if s.kind == "domain" else s for s in model.sets))
-    return enforcement_json(Enforcement({node: model}, endpoints, {node: node_addresses} if node_addresses else {},
+    return enforcement_json(Enforcement({node: model}, endpoints, {k: v for k, v in (node_addresses or {}).items() if v},
                                         {node: learned} if learned else None))
 
 

@@ -39,16 +39,16 @@ def serve_debug(address: str, snapshot: Callable[[], dict[str, Any] | None]) -> 
 def start_debug(address: str, reconciler: Reconciler) -> ThreadingHTTPServer:
     """:func:`serve_debug` of ``reconciler``'s committed model and pods (taken under its lock,
     between syncs: a few milliseconds; turned into JSON after it, which takes about 0.1 s per
-    10,000 pods) and of the addresses of its Node object, with ``version``: the agent's nftpolicy
-    version, which explain names when it reads another version's model."""
+    10,000 pods) and of the addresses of every Node object (its own and those nodes peers match),
+    with ``version``: the agent's nftpolicy version, which explain names when it reads another
+    version's model."""
     def snapshot() -> dict[str, Any] | None:
-        node = reconciler.store.get("Node", reconciler.node)
         with reconciler.lock:
             renderer = reconciler.renderer
             if renderer is None:
                 return None
             model, pods = renderer.model(ordered=False), list(renderer.pods.values())
+            node_addresses = {name: node.addresses for name, node in renderer.sets.nodes.items()}
         learned = reconciler.learning.taught() if reconciler.learning is not None else {}
-        return {**node_json(reconciler.node, model, pods, node.addresses if node is not None else (), learned),
-                "version": version("nftpolicy")}
+        return {**node_json(reconciler.node, model, pods, node_addresses, learned), "version": version("nftpolicy")}
     return serve_debug(address, snapshot)

@@ -1,8 +1,7 @@
 """Kubernetes Events on what the agent cannot enforce, so that ``kubectl describe`` shows them.
 
-When a NetworkPolicy or ClusterNetworkPolicy fails validation or names a peer nftpolicy does not
-enforce, the agent fails closed on it (:mod:`nftpolicy.agent.daemon.sources`) and records one
-``Warning`` Event on that object; when the ClusterNetworkPolicy CRD is not installed, one
+When a NetworkPolicy or ClusterNetworkPolicy fails validation, the agent fails closed on it
+(:mod:`nftpolicy.agent.daemon.sources`) and records one ``Warning`` Event on that object; when the ClusterNetworkPolicy CRD is not installed, one
 ``Normal`` Event on this node (nothing fails closed: there are none to enforce).
 
 The Events are core ``v1`` Events (``/api/v1/namespaces/{ns}/events``): the API that ``kubectl
@@ -38,7 +37,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, cast
 
-from nftpolicy.translators.clusterpolicy import UnsupportedPeer
 from nftpolicy.translators.validation import InvalidField
 
 from .clock import REAL_TIME, Clock
@@ -60,7 +58,6 @@ RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full")
 
 # Reasons (the Event's ``reason``), one per way the agent falls short of an object.
 INVALID = "InvalidPolicy"  # a field fails validation
-UNSUPPORTED_PEER = "UnsupportedPeer"  # valid, but a peer kind nftpolicy does not enforce (domainNames, nodes)
 CRD_MISSING = "ClusterNetworkPolicyCRDMissing"  # on the Node: the API has no ClusterNetworkPolicies
 
 API_VERSIONS = {"NetworkPolicy": "networking.k8s.io/v1", "ClusterNetworkPolicy": "policy.networking.k8s.io/v1alpha2"}
@@ -214,8 +211,7 @@ class EventRecorder:
         ``enforced``: its fail-closed stand-in is enforced (else nothing of it is: a
         ClusterNetworkPolicy whose tier, priority or subject cannot be read)."""
         effect = FAIL_CLOSED_EFFECT[kind] if enforced else "not enforced: its tier, priority or subject cannot be read"
-        reason = UNSUPPORTED_PEER if isinstance(exc, UnsupportedPeer) else INVALID
-        self.record(Subject.of({**obj, "kind": kind, "apiVersion": API_VERSIONS[kind]}), reason, f"{exc}; {effect}")
+        self.record(Subject.of({**obj, "kind": kind, "apiVersion": API_VERSIONS[kind]}), INVALID, f"{exc}; {effect}")
 
     def crd_missing(self, crd: str) -> None:
         """Record on this node that the API has no ``crd``: ``Normal``, since nothing fails

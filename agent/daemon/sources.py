@@ -143,15 +143,16 @@ class SourceError(RuntimeError):
 
 
 class KubeSource:
-    """List and watch Pods (all namespaces), Namespaces, NetworkPolicies, this Node and, when
-    their CRD is installed, ClusterNetworkPolicies.
+    """List and watch Pods (all namespaces), Namespaces, NetworkPolicies, Nodes (every one: its
+    own for its addresses, the others for ClusterNetworkPolicy ``nodes`` peers) and, when their
+    CRD is installed, ClusterNetworkPolicies.
 
     One thread per kind. ``api_timeout`` bounds every request (seconds, client side; a watch's
     read timeout is ``watch_timeout`` + ``api_timeout``, so a dead connection cannot hang).
     Retry delays, backoff and the seconds since a kind's last success are on ``clock``.
     """
 
-    def __init__(self, store: Store, metrics: Metrics, node: str, kubeconfig: str | None,
+    def __init__(self, store: Store, metrics: Metrics, kubeconfig: str | None,
                  api_timeout: float, watch_timeout: int, stop: threading.Event, clock: Clock = REAL_TIME) -> None:
         configuration = k8s.Configuration()
         try:
@@ -171,7 +172,7 @@ class KubeSource:
             "Namespace": (core.list_namespace, {}),
             "Pod": (core.list_pod_for_all_namespaces, {}),
             "NetworkPolicy": (networking.list_network_policy_for_all_namespaces, {}),
-            "Node": (core.list_node, {"field_selector": f"metadata.name={node}"}),
+            "Node": (core.list_node, {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
             "ClusterNetworkPolicy": (k8s.CustomObjectsApi(api).list_cluster_custom_object,
                                      {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"}),
         }

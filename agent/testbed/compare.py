@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from nftpolicy.translators.kuberouter import Dump
+from nftpolicy.translators.cases import target_address
 from nftpolicy.translators.model import Cluster, Family, NetworkPolicy, Pod, PolicyRule
 from nftpolicy.translators.rules import FAMILIES, Config
 from nftpolicy.translators.verdict import Connection, DirectionVerdict, Enforcement, enforcement_of
@@ -139,9 +140,9 @@ def explain(cluster: Cluster, spec: ProbeSpec, src: str, dst: str, kube_router: 
     if spec.protocol == "ICMP" and kube_router and not ours and icmp_echo_accepted:
         return ICMP_NOTE
     a, b = cluster.pods.get(src), cluster.pods.get(dst)
-    if cluster.cluster_policies and a and b and a.addresses(family) and b.addresses(family) and spec.protocol != "ICMP" \
-            and kube_router != ours:
-        cell = Connection(a.addresses(family)[0], b.addresses(family)[0], spec.protocol, spec.port)  # type: ignore[arg-type]
+    source, destination = target_address(cluster, src, family), target_address(cluster, dst, family)
+    if cluster.cluster_policies and source and destination and spec.protocol != "ICMP" and kube_router != ours:
+        cell = Connection(source, destination, spec.protocol, spec.port)  # type: ignore[arg-type]
         verdict = (engine or enforcement_of(cluster)).verdict(cell)
         tiers = [rule for rule in map(_cluster_rule, (verdict.egress, verdict.ingress)) if rule is not None]
         if tiers:

@@ -53,11 +53,14 @@ class ProbeSpec:
 
 class Prober:
     """Probes between ``pods`` (key -> pod with its addresses), each pod's sockets made in its
-    namespace ``pod_netns[key]``; ``timeout`` (seconds) bounds each probe. :meth:`close` stops
-    the servers."""
+    namespace ``pod_netns[key]``, and from the pods to ``hosts`` (a Node's endpoint: key ->
+    (its network namespace, its addresses), served like a pod, never a source); ``timeout``
+    (seconds) bounds each probe. :meth:`close` stops the servers."""
 
-    def __init__(self, pods: Mapping[str, Pod], pod_netns: Mapping[str, str], timeout: float) -> None:
+    def __init__(self, pods: Mapping[str, Pod], pod_netns: Mapping[str, str], timeout: float,
+                 hosts: Mapping[str, tuple[str, tuple[str, ...]]] | None = None) -> None:
         self.pods, self.pod_netns, self.timeout = pods, pod_netns, timeout
+        self.hosts = dict(hosts or {})
         self.loop = asyncio.new_event_loop()
         self._served: set[ProbeSpec] = set()
         self._servers: list[Any] = []
@@ -80,8 +83,8 @@ class Prober:
 
     def probe(self, specs: Iterable[ProbeSpec], families: Sequence[Family] = ("ipv4", "ipv6"),
               pairs: Iterable[tuple[str, str]] | None = None) -> dict[tuple[ProbeSpec, Family], Matrix]:
-        """Connect from every pod to every pod on each spec, once per address family
-        (``pairs``: only these ``(from, to)`` pod keys).
+        """Connect from every pod to every pod and host on each spec, once per address family
+        (``pairs``: only these ``(from, to)`` keys).
 
         Returns ``{(spec, family): {(from, to): connected}}`` for the families the pods have.
         SCTP specs are left out when the kernel has no SCTP.
@@ -126,14 +129,15 @@ class Prober:
                 self._served.add(spec)
         limit = asyncio.Semaphore(PARALLEL)
         jobs = []
+        destinations = [(key, pod.ips) for key, pod in self.pods.items()] + [(key, ips) for key, (_, ips) in self.hosts.items()]
         for spec in specs:
             for family in families:
-                for src, dst in itertools.product(self.pods.values(), repeat=2):
-                    if wanted is not None and (src.key, dst.key) not in wanted:
+                for src, (dst, ips) in itertools.product(self.pods.values(), destinations):
+                    if wanted is not None and (src.key, dst) not in wanted:
                         continue
-                    targets = dst.addresses(family)
+                    targets = [ip for ip in ips if (":" in ip) == (family == "ipv6")]
                     if src.addresses(family) and targets:
-                        jobs.append(((spec, family), (src.key, dst.key), self._connect(limit, src.key, targets[0], spec)))
+                        jobs.append(((spec, family), (src.key, dst), self._connect(limit, src.key, targets[0], spec)))
         results = await asyncio.gather(*(job for _, _, job in jobs))
         matrices: dict[tuple[ProbeSpec, Family], Matrix] = {}
         for (key, cell, _), ok in zip(jobs, results):
@@ -141,7 +145,8 @@ class Prober:
         return matrices
 
     def _socket(self, pod: str, family: int, kind: int, protocol: str) -> socket.socket:
-        with netns.entered(self.pod_netns[pod]):
+        """A socket in the namespace of pod or host ``pod``."""
+        with netns.entered(self.pod_netns[pod] if pod in self.pod_netns else self.hosts[pod][0]):
             sock = socket.socket(family, kind, SOCKET_PROTO[protocol])
         sock.setblocking(False)
         return sock
@@ -153,7 +158,7 @@ class Prober:
                 netns.write_sysctl(name, "net.ipv4.ping_group_range", "0 2147483647")
             return
         kind = socket.SOCK_DGRAM if spec.protocol == "UDP" else socket.SOCK_STREAM
-        for key in self.pods:
+        for key in [*self.pods, *self.hosts]:
             sock = self._socket(key, socket.AF_INET6, kind, spec.protocol)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -80,8 +80,9 @@ def replay_twins(cases: Sequence[Case], nodes: Sequence[str] = ("node1",), famil
     """
     pods_only = dataclasses.replace(cases[0], policies=(), cluster_policies=())
     skeleton, _ = build_cluster(("case", o) for o in case_manifests(pods_only, {}))
+    served = sorted({name for case in cases for name in case.nodes})  # the cases' Nodes: probe targets too
     with contextlib.ExitStack() as stack:
-        sandboxes = [stack.enter_context(Sandbox(skeleton.pods.values(), nodes, families, None, config, timeout, d))
+        sandboxes = [stack.enter_context(Sandbox(skeleton.pods.values(), nodes, families, None, config, timeout, d, served))
                      for d in dataplanes]
         for other in sandboxes[1:]:
             if {k: p.ips for k, p in other.pods.items()} != {k: p.ips for k, p in sandboxes[0].pods.items()}:

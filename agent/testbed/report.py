@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Callable, Literal, Mapping, Sequence, TextIO, cast
 
-from nftpolicy.translators.cases import Matrix
+from nftpolicy.translators.cases import NODE_TARGET, Matrix, target_address
 from nftpolicy.translators.model import Cluster, Family, Pod, family_of
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
@@ -46,7 +46,8 @@ Denials = dict[tuple[ProbeSpec, Family, str, str], str]  # (spec, family, from, 
 
 @dataclass
 class Section:
-    """One set of matrices: a manifests run, or one case (``title``) with its expected matrices."""
+    """One set of matrices: a manifests run, or one case (``title``) with its expected matrices.
+    ``targets``: the Nodes probed as destinations (``node:<name>`` columns after the pods', no rows)."""
 
     title: str | None
     pods: list[str]
@@ -55,6 +56,7 @@ class Section:
     expected: dict[tuple[ProbeSpec, Family], Matrix]
     selecting: Selecting = field(default_factory=dict)
     denials: Denials = field(default_factory=dict)
+    targets: list[str] = field(default_factory=list)
 
 
 def selecting_policies(cluster: Cluster, config: Config = Config()) -> Selecting:
@@ -84,7 +86,8 @@ def cluster_denials(cluster: Cluster, pods: Mapping[str, Pod], results: Results,
     for (spec, family), matrix in results.items():
         for (src, dst), allowed in matrix.items():
             source = next((ip for ip in pods[src].ips if family_of(ip) == family), None)
-            destination = next((ip for ip in pods[dst].ips if family_of(ip) == family), None)
+            destination = next((ip for ip in pods[dst].ips if family_of(ip) == family), None) if dst in pods else \
+                target_address(cluster, dst, family)
             if allowed or source is None or destination is None:
                 continue
             protocol = cast(ConnectionProtocol, spec.protocol)  # a probe's protocol is one of the engine's
@@ -97,9 +100,10 @@ def cluster_denials(cluster: Cluster, pods: Mapping[str, Pod], results: Results,
     return denials
 
 
-def pod_numbers(pods: Sequence[str], nodes: Mapping[str, str]) -> dict[str, int]:
-    """Pod key -> its number (1..n), in order of node, then namespace, then name."""
-    ordered = sorted(pods, key=lambda p: (nodes.get(p, ""), *p.split("/", 1)))
+def pod_numbers(pods: Sequence[str], nodes: Mapping[str, str], targets: Sequence[str] = ()) -> dict[str, int]:
+    """Pod key -> its number (1..n), in order of node, then namespace, then name; then each
+    Node target (``node:<name>``) in the order given."""
+    ordered = sorted(pods, key=lambda p: (nodes.get(p, ""), *p.split("/", 1))) + list(targets)
     return {pod: i for i, pod in enumerate(ordered, 1)}
 
 
@@ -133,10 +137,14 @@ def legend(section: Section, numbers: Mapping[str, int]) -> list[str]:
     lines: list[str] = []
     groups: dict[tuple[str, str], list[str]] = {}
     for pod in sorted(numbers, key=numbers.__getitem__):
+        if pod in section.targets:
+            continue
         namespace, _, name = pod.partition("/")
         groups.setdefault((section.nodes.get(pod, "?"), namespace), []).append(f"{numbers[pod]} {name}")
     for (node, namespace), names in groups.items():
         lines += _wrapped(f"{node}  {namespace}:", [n + " " for n in names], len(node) + len(namespace) + 4)
+    if section.targets:
+        lines += _wrapped("node addresses (columns only):", [f"{numbers[t]} {t[len(NODE_TARGET):]} " for t in section.targets], 4)
     lines.append("rows: from, columns: to; . allowed  X blocked  ? not probed" + ("  ! differs from the expected" if section.expected else ""))
     return [line.rstrip() for line in lines]
 
@@ -150,7 +158,7 @@ def grid(section: Section, numbers: Mapping[str, int], matrix: Matrix, expected:
     for start in range(0, len(order), per_block):
         columns = order[start:start + per_block]
         lines.append(" " * width + " " + " ".join(str(numbers[c]).rjust(width) for c in columns))
-        for src in order:
+        for src in order[:len(order) - len(section.targets)]:  # a Node target is a column only
             cells = " ".join(_cell(matrix, expected, src, dst).rjust(width) for dst in columns)
             lines.append(f"{str(numbers[src]).rjust(width)} {cells}")
     return lines
@@ -180,7 +188,7 @@ def blocked_pairs(numbers: Mapping[str, int], matrix: Matrix) -> list[str]:
 
 def compact_text(section: Section) -> str:
     """The text output of one section (module docstring); every line at most :data:`WIDTH`."""
-    numbers = pod_numbers(section.pods, section.nodes)
+    numbers = pod_numbers(section.pods, section.nodes, section.targets)
     lines = ([f"== {section.title}"] if section.title else []) + legend(section, numbers)
     for (spec, family), matrix in _sorted_results(section.results):
         lines += ["", f"{spec.protocol}/{spec.port} {family}"]
@@ -197,12 +205,14 @@ def why(section: Section, src: str, dst: str, denied_by: str | None = None) -> s
     def side(pod: str, direction: str) -> str:
         policies = section.selecting.get(pod, {}).get(direction)
         return f"{direction} of {pod}: " + (f"isolated by {', '.join(policies)}" if policies else "no policy selects it (open)")
-    return f"{side(src, 'egress')}\n{side(dst, 'ingress')}" + (f"\ndenied by {denied_by}" if denied_by else "")
+    to = f"{dst}: a Node's address (no ingress policy)" if dst in section.targets else side(dst, 'ingress')
+    return f"{side(src, 'egress')}\n{to}" + (f"\ndenied by {denied_by}" if denied_by else "")
 
 
 def section_json(section: Section) -> dict[str, Any]:
-    """A section as JSON data: pods (number, key, node), policies per pod, and every cell."""
-    numbers = pod_numbers(section.pods, section.nodes)
+    """A section as JSON data: pods (number, key, node; a Node target ``node:<name>`` too),
+    policies per pod, and every cell."""
+    numbers = pod_numbers(section.pods, section.nodes, section.targets)
     matrices = []
     for (spec, family), matrix in _sorted_results(section.results):
         expected = section.expected.get((spec, family), {})
@@ -240,11 +250,11 @@ COUNT_SCRIPT = "document.body.dataset.cells = document.querySelectorAll('td.cell
 
 
 def _html_grid(section: Section, spec: ProbeSpec, family: Family, matrix: Matrix, expected: Matrix | None) -> str:
-    numbers = pod_numbers(section.pods, section.nodes)
+    numbers = pod_numbers(section.pods, section.nodes, section.targets)
     order = sorted(numbers, key=numbers.__getitem__)
     esc = html.escape
     rows = ["<tr><th></th>" + "".join(f'<th class="to" title="{esc(p)}">{numbers[p]}</th>' for p in order) + "</tr>"]
-    for src in order:
+    for src in order[:len(order) - len(section.targets)]:  # a Node target is a column only
         cells = []
         for dst in order:
             symbol = _cell(matrix, expected, src, dst)
@@ -331,8 +341,9 @@ class SandboxOutput:
                  expected: Mapping[tuple[ProbeSpec, Family], Matrix] | None = None, title: str | None = None) -> None:
         """Add one section: the sandbox's pods, the measured matrices, the cluster with the
         sandbox's addresses (for the policies) and, for a case, its expected matrices."""
+        targets = sorted({dst for matrix in results.values() for _, dst in matrix if dst.startswith(NODE_TARGET)})
         section = Section(title, list(pods), {key: pod.node or "" for key, pod in pods.items()}, dict(results), dict(expected or {}),
-                          selecting_policies(cluster, self.config), cluster_denials(cluster, pods, results, self.config))
+                          selecting_policies(cluster, self.config), cluster_denials(cluster, pods, results, self.config), targets)
         self.sections.append(section)
         if self.output == "text":
             print(("\n" if len(self.sections) > 1 else "") + compact_text(section), file=self._stdout)

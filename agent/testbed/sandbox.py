@@ -28,11 +28,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from nftpolicy.translators import transaction
 from nftpolicy.translators.errors import OneLineError
-from nftpolicy.translators.cases import Matrix
+from nftpolicy.translators.cases import NODE_TARGET, Matrix
 from nftpolicy.translators.manifests import ManifestError, object_ref
-from nftpolicy.translators.model import Cluster, Family, Pod, family_of
+from nftpolicy.translators.model import Cluster, Family, Node, Pod, family_of
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import FAMILIES, Config
+from nftpolicy.translators.selectors import labels_of
 from nftpolicy.translators.workloads import PlacementError, place_pods
 
 from nftpolicy.agent.dataplane import netns
@@ -78,12 +79,14 @@ class Sandbox(Started):
     ``pods``: the pods to build, placed by :func:`~nftpolicy.translators.workloads.place_pods`
     (hostNetwork and finished pods are left out; pods with no ``node`` are spread round-robin
     over ``default_nodes``; pods with no addresses get one per family in ``families``). ``timeout`` (seconds) bounds each probe. ``dataplane`` is one of
-    :data:`DATAPLANES`: how :meth:`apply` loads each node's ruleset.
+    :data:`DATAPLANES`: how :meth:`apply` loads each node's ruleset. ``served_nodes``: nodes
+    whose address is a probe target too (``node:<name>``, :data:`~nftpolicy.translators.cases.NODE_TARGET`:
+    a server in the node's namespace, as a host-network endpoint), built even when no pod runs there.
     """
 
     def __init__(self, pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
                  families: Sequence[Family] = ("ipv4",), node_addresses: Mapping[str, Sequence[str]] | None = None,
-                 config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft") -> None:
+                 config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft", served_nodes: Sequence[str] = ()) -> None:
         if dataplane not in DATAPLANES:
             raise SandboxError(f"unknown dataplane {dataplane!r} (one of {', '.join(DATAPLANES)})")
         self.run = netns.run_tag() + secrets.token_hex(3)
@@ -93,17 +96,18 @@ class Sandbox(Started):
             self.pods = place_pods(pods, default_nodes, families)
         except PlacementError as exc:
             raise SandboxError(str(exc)) from None
-        names = sorted({p.node for p in self.pods.values() if p.node})
+        names = sorted({p.node for p in self.pods.values() if p.node} | set(served_nodes))
         self.nodes: dict[str, _Node] = {}
         for i, name in enumerate(names):
-            given = {ipaddress.ip_address(a).version: a for a in (node_addresses or {}).get(name, ())}
+            given = {ipaddress.ip_address(a).version: a for a in reversed((node_addresses or {}).get(name, ()))}  # the first of each family
             self.nodes[name] = _Node(name, f"{self.prefix}n{i}", i, {
                 "ipv4": given.get(4, f"172.31.{i // 250}.{i % 250 + 2}"),
                 "ipv6": given.get(6, f"fd00:172:31::{i + 2:x}"),
             })
         self.pod_netns = {key: f"{self.prefix}p{i}" for i, key in enumerate(self.pods)}
         self.fabric = f"{self.prefix}fabric"
-        self.prober = Prober(self.pods, self.pod_netns, timeout)
+        hosts = {f"{NODE_TARGET}{name}": (self.nodes[name].netns, tuple(self.nodes[name].addresses.values())) for name in served_nodes}
+        self.prober = Prober(self.pods, self.pod_netns, timeout, hosts)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -166,15 +170,22 @@ class Sandbox(Started):
     # ---- rules ---------------------------------------------------------------------------
 
     def with_sandbox_pods(self, cluster: Cluster) -> Cluster:
-        """``cluster`` with every sandbox pod's node and addresses as built here.
+        """``cluster`` with every sandbox pod's node and addresses as built here, and every
+        sandbox node with the addresses built here as its InternalIPs (its labels those of the
+        manifests' Node, else ``kubernetes.io/hostname``, as :meth:`publish` writes it).
 
-        Pods of ``cluster`` that the sandbox did not build keep what the manifests say.
+        Pods and Nodes of ``cluster`` that the sandbox did not build keep what the manifests say.
         """
         pods = dict(cluster.pods)
         for key, built in self.pods.items():
             if key in pods:
                 pods[key] = dataclasses.replace(pods[key], node=built.node, ips=built.ips, phase="Running")
-        return dataclasses.replace(cluster, pods=pods)
+        nodes = dict(cluster.nodes)
+        for name, node in self.nodes.items():
+            addresses = tuple(node.addresses[f] for f in FAMILIES)
+            given = nodes.get(name) or Node(name, labels=labels_of({"kubernetes.io/hostname": name}))
+            nodes[name] = dataclasses.replace(given, addresses=addresses, peer_addresses=addresses)
+        return dataclasses.replace(cluster, pods=pods, nodes=nodes)
 
     def node_dataplane(self, name: str) -> Dataplane:
         """The dataplane of node ``name``'s namespace that :meth:`apply` loads: libnftables, or
@@ -200,23 +211,26 @@ class Sandbox(Started):
     def publish(self, control_plane: ControlPlane, objects: Iterable[tuple[str, Any]]) -> list[ManifestError]:
         """Bring the control plane's cluster to ``objects`` (``(origin, manifest)`` pairs), as
         this sandbox built it: a Node per sandbox node (InternalIP = the node namespace's
-        address), each Pod on its sandbox node with its sandbox addresses, status written through
+        address; labels: ``kubernetes.io/hostname`` and those of its Node in ``objects``), each Pod on its sandbox node with its sandbox addresses, status written through
         the status subresource. Namespaces that pods use are created; NetworkPolicies and Pods
         that ``objects`` no longer has are deleted (a later step replaces an earlier one), and
         ClusterNetworkPolicies likewise.
 
         Returns one error per object the API server refused (its own reason); the rest is applied.
         """
+        objects = list(objects)
         errors: list[ManifestError] = []
         wanted: dict[str, list[tuple[str, dict[str, Any]]]] = {kind: [] for kind in PUBLISHED}
         for origin, obj in objects:
             if isinstance(obj, dict) and obj.get("kind") in wanted:
                 wanted[obj["kind"]].append((origin, obj))
+        labels = {(o.get("metadata") or {}).get("name"): (o.get("metadata") or {}).get("labels") or {}
+                  for _, o in objects if isinstance(o, dict) and o.get("kind") == "Node"}
         for node in self.nodes.values():
             addresses = [{"type": "InternalIP", "address": node.addresses[f]} for f in FAMILIES]
             addresses.append({"type": "Hostname", "address": node.name})
             control_plane.apply({"apiVersion": "v1", "kind": "Node",
-                                 "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name}},
+                                 "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name, **labels.get(node.name, {})}},
                                  "status": {"addresses": addresses}})
         given = {(o.get("metadata") or {}).get("name") for _, o in wanted["Namespace"]}
         for name in sorted({p.namespace for p in self.pods.values()} - given):

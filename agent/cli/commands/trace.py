@@ -273,7 +273,8 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
     cluster = read.cluster
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
-    with Sandbox(cluster.pods.values(), args.node or ["node1"], families, node_addresses, config) as sandbox:
+    # every Node of the manifests answers on its addresses (a host-network server in its namespace)
+    with Sandbox(cluster.pods.values(), args.node or ["node1"], families, node_addresses, config, served_nodes=sorted(cluster.nodes)) as sandbox:
         cluster = sandbox.with_sandbox_pods(cluster)
         sandbox.apply(cluster)
         engine = enforcement_of(cluster, list(sandbox.nodes), config)
@@ -283,7 +284,8 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
             raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")
         if conn.protocol == "SCTP" and not sctp_supported():
             raise UsageError(f"--port {args.port or conn.text().lower()}: this kernel has no SCTP, so the sandbox cannot send it")
-        nodes = list(dict.fromkeys(p.node for p in (source, target) if p is not None and p.node))
+        nodes = list(dict.fromkeys([*(p.node for p in (source, target) if p is not None and p.node),
+                                    *filter(None, [engine.node_at(conn.destination)])]))
         spec = ProbeSpec(conn.port or 0, conn.protocol)
         with contextlib.ExitStack() as stack:
             monitors = {}

@@ -1,6 +1,6 @@
 // Command informers runs -count independent sets of client-go informers, each set as one
-// kube-router-like agent would open them: Pods and NetworkPolicies of all namespaces, Namespaces,
-// and the agent's own Node (field selector metadata.name), every set on its own connection to
+// kube-router-like agent would open them: Pods and NetworkPolicies of all namespaces, Namespaces
+// and Nodes, every set on its own connection to
 // the API server (a transport of its own, as a separate process has). Test tool only, for
 // bench/api_server_cost.py; never shipped.
 //
@@ -23,7 +23,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -33,7 +32,6 @@ import (
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server")
 	count := flag.Int("count", 1, "informer sets (simulated agents)")
-	node := flag.String("node", "node-0", "the Node each set watches")
 	flag.Parse()
 	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -57,13 +55,10 @@ func main() {
 		own.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 		client := kubernetes.NewForConfigOrDie(&own)
 		all := informers.NewSharedInformerFactory(client, 0)
-		nodes := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = "metadata.name=" + *node
-		}))
 		synced := []cache.InformerSynced{}
 		for _, informer := range []cache.SharedIndexInformer{
 			all.Core().V1().Pods().Informer(), all.Core().V1().Namespaces().Informer(),
-			all.Networking().V1().NetworkPolicies().Informer(), nodes.Core().V1().Nodes().Informer(),
+			all.Networking().V1().NetworkPolicies().Informer(), all.Core().V1().Nodes().Informer(),
 		} {
 			if _, err := informer.AddEventHandler(handler); err != nil {
 				panic(err)
@@ -71,7 +66,6 @@ func main() {
 			synced = append(synced, informer.HasSynced)
 		}
 		all.Start(ctx.Done())
-		nodes.Start(ctx.Done())
 		wg.Add(1)
 		go func(agent int) {
 			defer wg.Done()
