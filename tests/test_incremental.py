@@ -171,6 +171,22 @@ def test_a_label_change_of_a_remote_pod_only_moves_elements():
     assert not changes.chains and not changes.sets_added and not changes.sets_removed
 
 
+def test_a_namespace_label_change_only_moves_the_elements_of_the_selectors_it_changes():
+    """A namespace label that no namespaceSelector reads changes nothing; one that makes
+    ``team=ops`` stop matching takes that namespace's pods out of those selectors' sets, and
+    nothing else changes (no set or chain made, dropped or rewritten)."""
+    renderer = NodeRenderer("node1", CONFIG).load(START)
+    renderer.take_changes()
+    ops = START.namespaces["ops"]
+    renderer.set_namespace("ops", Namespace("ops", {**ops.labels, "unrelated": "x"}))
+    assert not renderer.take_changes()
+    renderer.set_namespace("ops", Namespace("ops", {**ops.labels, "team": "none"}))
+    changes = renderer.take_changes()
+    assert changes.elements_removed and not changes.elements_added
+    assert not changes.chains and not changes.sets_added and not changes.sets_removed
+    assert renderer.model() == build_rule_model(_apply(START, "Namespace", "ops", Namespace("ops", {**ops.labels, "team": "none"})), "node1", CONFIG)
+
+
 @pytest.mark.parametrize("change", ["label", "delete", "create"])
 def test_a_local_pod_change_rebuilds_only_its_own_pod_chain(monkeypatch, change):
     """A local pod is relabelled, deleted or created: the renderer builds that pod's chain and no

@@ -23,7 +23,7 @@ import ipaddress
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import orjson
 
@@ -180,6 +180,12 @@ def _element_order(element: Any) -> tuple[Any, ...]:
     return len(packed), packed, int(length or 0)
 
 
+def _sorted_elements(key: SetKey, elements: Iterable[Any]) -> list[Any]:
+    """Elements of set ``key`` in :func:`_element_order` (pod or node addresses of one family:
+    by their bytes, which sort the same, without a Python call per element)."""
+    return sorted(elements, key=_ADDRESS_BYTES[key.family] if key.kind in ("addr", "nodes") else _element_order)
+
+
 @dataclass
 class _Set:
     """A live set: its users and how many pods give each element."""
@@ -203,7 +209,10 @@ class SelectorSets:
         self._sets: dict[SetKey, _Set] = {}
         self._scope_sets: dict[Scope, set[SetKey]] = {}
         self._scopes_in: dict[str, set[Scope]] = {}  # namespace -> watched scopes that hold its pods
-        self._selector_scopes: dict[Scope, set[str]] = {}  # namespaceSelector scope -> namespaces it matches
+        # each namespaceSelector of a watched scope, tested once per namespace however many scopes share it:
+        # the scopes that use it, and the namespaces it matches
+        self._selector_scopes: dict[LabelSelector, set[Scope]] = {}
+        self._selector_matches: dict[LabelSelector, set[str]] = {}
         self._block_scopes: set[Scope] = set()
         self.nodes: dict[str, Node] = {}
         self._node_sets: dict[LabelSelector, set[SetKey]] = {}  # node selector -> its live node sets
@@ -217,24 +226,25 @@ class SelectorSets:
 
     def namespace_changed(self, name: str) -> None:
         """Namespace ``name`` is new or its labels changed: the namespaceSelector scopes that
-        start or stop matching it take in or give up its pods."""
+        start or stop matching it take in or give up its pods. Each distinct namespaceSelector
+        is tested once; only the scopes whose match changed touch their sets."""
         self.known_namespaces.add(name)
         labels = self.namespace_labels(name)
-        for scope, matched in self._selector_scopes.items():
-            assert scope.namespace_selector is not None
-            now = scope.namespace_selector.matches(labels)
+        for selector, scopes in self._selector_scopes.items():
+            matched = self._selector_matches[selector]
+            now = selector.matches(labels)
             if now == (name in matched):
                 continue
+            inside = self._scopes_in.setdefault(name, set())
             if now:
                 matched.add(name)
-                self._scopes_in.setdefault(name, set()).add(scope)
+                inside.update(scopes)
             else:
                 matched.discard(name)
-                self._scopes_in[name].discard(scope)
-            for pod in self.pods_of(name, scope.pod_selector):
-                if self._in_scope(scope, pod):
-                    for key in self._scope_sets.get(scope, ()):
-                        self._count(key, _elements(key, pod), 1 if now else -1)
+                inside.difference_update(scopes)
+            for scope in scopes:
+                for key in self._scope_sets[scope]:
+                    self._count(key, self._scope_elements(key, self._scope_groups(scope, (name,))), 1 if now else -1)
 
     def pod_changed(self, key: str, before: Pod | None, after: Pod | None) -> None:
         """Pod ``key`` that counts changed from ``before`` to ``after`` (None: absent or not
@@ -293,12 +303,6 @@ class SelectorSets:
             if group is None:
                 group = groups[pod.labels] = {}
             group[key] = pod
-
-    def pods_of(self, namespace: str, selector: LabelSelector | None) -> Iterator[Pod]:
-        """The pods that count of ``namespace`` whose labels ``selector`` matches (None: all)."""
-        for labels, group in self.groups.get(namespace, {}).items():
-            if selector is None or selector.matches(labels):
-                yield from group.values()
 
     # ---- sets ----------------------------------------------------------------------------
 
@@ -359,10 +363,10 @@ class SelectorSets:
         changes.sets_removed = sorted(key.name for key in self._dead)
         for key, elements in self._added.items():
             if elements and key not in self._born:  # a new set comes with all its elements
-                changes.elements_added[key.name] = sorted(elements, key=_element_order)
+                changes.elements_added[key.name] = _sorted_elements(key, elements)
         for key, elements in self._removed.items():
             if elements and key not in self._born:
-                changes.elements_removed[key.name] = sorted(elements, key=_element_order)
+                changes.elements_removed[key.name] = _sorted_elements(key, elements)
         self.forget_changes()
 
     def forget_changes(self) -> None:
@@ -374,10 +378,8 @@ class SelectorSets:
             elements: tuple[Any, ...] = _block_elements(key)
         elif key.kind == "domain":  # learned by the agent, never rendered
             elements = ()
-        elif ordered and key.kind in ("addr", "nodes"):  # addresses of one family: their bytes sort as _element_order does
-            elements = tuple(sorted(self._sets[key].counts, key=_ADDRESS_BYTES[key.family]))
         elif ordered:
-            elements = tuple(sorted(self._sets[key].counts, key=_element_order))
+            elements = tuple(_sorted_elements(key, self._sets[key].counts))
         else:
             elements = tuple(self._sets[key].counts)
         kind = "addr" if key.kind == "nodes" else key.kind  # node addresses: an address set like the pods'
@@ -391,22 +393,16 @@ class SelectorSets:
             elif scope.namespace is not None:
                 self._scopes_in.setdefault(scope.namespace, set()).add(scope)
             else:
-                assert scope.namespace_selector is not None
-                matched = {n for n in self.known_namespaces if scope.namespace_selector.matches(self.namespace_labels(n))}
-                self._selector_scopes[scope] = matched
+                selector = scope.namespace_selector
+                assert selector is not None
+                matched = self._selector_matches.get(selector)
+                if matched is None:
+                    matched = self._selector_matches[selector] = {n for n in self.known_namespaces if selector.matches(self.namespace_labels(n))}
+                self._selector_scopes.setdefault(selector, set()).add(scope)
                 for name in matched:
                     self._scopes_in.setdefault(name, set()).add(scope)
         users.add(key)
-        counts = self._sets[key].counts
-        if key.kind == "addr" and scope.block is None and not scope.local:  # the common case, without a call per pod
-            v6 = key.family == "ipv6"
-            counts.update([ip for members in self._scope_groups(scope) for pod in members.values() for ip in pod.ips
-                           if (":" in ip) == v6])
-        else:
-            for members in self._scope_groups(scope):
-                for pod in members.values():
-                    if not scope.local or self.is_local(pod):
-                        counts.update(_elements(key, pod))
+        self._sets[key].counts.update(self._scope_elements(key, self._scope_groups(scope)))
 
     def _watch_nodes(self, selector: LabelSelector, key: SetKey) -> None:
         """Node set ``key`` (new) takes the addresses of the Nodes ``selector`` matches."""
@@ -423,8 +419,25 @@ class SelectorSets:
         elif scope.namespace is not None:
             self._scopes_in[scope.namespace].discard(scope)
         else:
-            for name in self._selector_scopes.pop(scope):
+            selector = scope.namespace_selector
+            assert selector is not None
+            for name in self._selector_matches[selector]:
                 self._scopes_in[name].discard(scope)
+            users = self._selector_scopes[selector]
+            users.discard(scope)
+            if not users:
+                del self._selector_scopes[selector], self._selector_matches[selector]
+
+    def _scope_elements(self, key: SetKey, groups: list[dict[str, Pod]]) -> list[Any]:
+        """The elements the pods of ``groups`` (in the namespaces and podSelector of the key's
+        scope) give set ``key``, one per pod that gives it (``local`` applied here)."""
+        scope = key.scope
+        assert scope is not None
+        if key.kind == "addr" and scope.block is None and not scope.local:  # the common case, without a call per pod
+            v6 = key.family == "ipv6"
+            return [ip for members in groups for pod in members.values() for ip in pod.ips if (":" in ip) == v6]
+        return [element for members in groups for pod in members.values() if not scope.local or self.is_local(pod)
+                for element in _elements(key, pod)]
 
     def _in_scope(self, scope: Scope, pod: Pod) -> bool:
         """True when ``pod`` (of a namespace the scope covers) is in ``scope``."""
@@ -432,15 +445,18 @@ class SelectorSets:
             return False
         return scope.pod_selector is None or scope.pod_selector.matches(pod.labels)
 
-    def _scope_groups(self, scope: Scope) -> list[dict[str, Pod]]:
-        """The pod groups of the namespaces ``scope`` covers whose labels its podSelector
-        matches (``local`` is not applied)."""
-        if scope.block is not None:
-            namespaces: Iterable[str] = list(self.groups)
+    def _scope_groups(self, scope: Scope, namespaces: Iterable[str] | None = None) -> list[dict[str, Pod]]:
+        """The pod groups of the namespaces ``scope`` covers (or of ``namespaces``, which it
+        covers) whose labels its podSelector matches (``local`` is not applied)."""
+        if namespaces is not None:
+            pass
+        elif scope.block is not None:
+            namespaces = list(self.groups)
         elif scope.namespace is not None:
             namespaces = (scope.namespace,)
         else:
-            namespaces = self._selector_scopes[scope]
+            assert scope.namespace_selector is not None
+            namespaces = self._selector_matches[scope.namespace_selector]
         selector, groups = scope.pod_selector, self.groups
         return [members for namespace in namespaces if namespace in groups for labels, members in groups[namespace].items()
                 if selector is None or selector.matches(labels)]

@@ -59,8 +59,10 @@ class Store:
         self._invalid: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
         self._listed: set[str] = set()
         # (kind, key) -> the model object now (None: gone), for every object that changed since
-        # the last take: what an incremental sync feeds the renderer
+        # the last take: what an incremental sync feeds the renderer. Kept from the first take()
+        # on: before it every sync is a full one (the first lists would leave a tuple per object)
         self._changes: dict[tuple[str, str], Any] = {}
+        self._taken = False
         self.changed = threading.Event()
         self.pending_since: float | None = None
         self.failed_closed: FailedClosed | None = None
@@ -109,9 +111,10 @@ class Store:
         with self._lock:
             self._invalid[kind] = invalid
             old = self._objects[kind]
-            for key in old.keys() | converted.keys():
-                if old.get(key) != converted.get(key):
-                    self._changes[(kind, key)] = converted.get(key)
+            if self._taken:
+                for key in old.keys() | converted.keys():
+                    if old.get(key) != converted.get(key):
+                        self._changes[(kind, key)] = converted.get(key)
             self._objects[kind] = converted
             self._listed.add(kind)
             self._touch()
@@ -128,7 +131,8 @@ class Store:
                 self._objects[kind].pop(key, None)
             else:
                 self._objects[kind][key] = model
-            self._changes[(kind, key)] = model
+            if self._taken:
+                self._changes[(kind, key)] = model
             self._touch()
 
     def get(self, kind: str, key: str) -> Any:
@@ -148,7 +152,8 @@ class Store:
 
     def take_changes(self) -> tuple[list[tuple[str, str, Any]], float | None]:
         """Every object that changed since the last take, as ``(kind, key, model or None)``
-        (the latest state of each), and the time of the oldest change among them."""
+        (the latest state of each; none before the first :meth:`take`), and the time of the oldest
+        change among them."""
         with self._lock:
             self.changed.clear()
             since, self.pending_since = self.pending_since, None
@@ -161,7 +166,7 @@ class Store:
         with self._lock:
             self.changed.clear()
             since, self.pending_since = self.pending_since, None
-            self._changes = {}
+            self._changes, self._taken = {}, True
             objects = self._objects
             return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
                            policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"]),

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Churn at 150,000 pods: does a real ``nftpolicy agent`` keep up with pods coming and going?
+
+Usage (as root)::
+
+    .venv/bin/python bench/churn.py                              # this tree's agent, 150k pods, 60 s
+    .venv/bin/python bench/churn.py --baseline /work/main        # and another tree's agent, side by side
+    .venv/bin/python bench/churn.py --size 10k --duration 20
+
+The synthetic cluster (``synthetic.py``, as ``scale.py`` builds it) is served by the in-repo fake
+API server in this process; each agent is a real ``nftpolicy agent`` process (the tree's own
+``.venv/bin/nftpolicy``) listing and watching it and committing through libnftables into a
+network namespace made here. Once it is ready, this script writes, for ``--duration`` seconds,
+``--rate`` pod creates and as many deletes per second (a new pod copies a random pod's namespace,
+labels, node and ports, with a fresh address; a delete takes a random pod of the original
+cluster) and ``--label-rate`` pod label changes per second (a pod's ``app`` label takes another
+app of its namespace, as in ``scale.py``). It prints, per agent, side by side:
+
+* event to kernel, as the agent measures it (``nftpolicy_event_to_kernel_seconds``: one
+  observation per sync, from the oldest change it carries reaching the agent's store to the end of
+  the commit, so it is the worst event of each sync): p50 and p99 as histogram bucket bounds,
+  overall and per 10 s window (a growing backlog shows as a growing window p99);
+* syncs, the agent's CPU seconds over the churn and its CPU per event (milliseconds), and the
+  catch-up: from the last write to the end of the last sync that carried a write;
+* resident memory after the first sync and after the churn.
+
+The load average is printed with the figures: the machine may be shared.
+
+Safety: every nft command runs in the ``nftp-b<tag>-*`` network namespaces this script creates,
+deleted in a ``finally`` (also on Ctrl-C and SIGTERM); each agent is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+import synthetic  # noqa: E402
+from scale import SIZES, pod_changes, serve  # noqa: E402
+
+from nftpolicy.agent.dataplane import netns  # noqa: E402
+from nftpolicy.translators.model import Cluster  # noqa: E402
+
+WINDOW = 10.0  # seconds per latency window
+TICKS = 100  # writes are spread over this many ticks a second
+FRESH = ipaddress.IPv4Network("100.64.0.0/10")  # addresses of the created pods: no synthetic pod has one
+
+
+def metrics(port: int) -> dict[str, float]:
+    """The agent's Prometheus samples (name with labels -> value)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60).read().decode()
+    return {name: float(value) for name, _, value in (line.rpartition(" ") for line in text.splitlines() if line and not line.startswith("#"))}
+
+
+def histogram(samples: dict[str, float], name: str) -> dict[float, float]:
+    """A histogram's cumulative buckets, upper bound (seconds) -> count."""
+    prefix = f'{name}_bucket{{le="'
+    return {float(k[len(prefix):-2]): v for k, v in samples.items() if k.startswith(prefix)}
+
+
+def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The upper bound of the bucket holding quantile ``q`` of the observations between two
+    readings of a histogram (inf: beyond the last bound; nan: no observation)."""
+    counts = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    if not total:
+        return float("nan")
+    return next(le for le, n in counts.items() if n >= q * total)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
+
+
+def churn(cluster: Cluster, tree: Path, ns: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One agent of ``tree`` against a fresh fake API server holding ``cluster``, through the churn."""
+    api = serve(cluster)
+    port = 19600 + secrets.randbelow(300)
+    kubeconfig = api.kubeconfig(tempfile.mktemp(suffix=".json"))
+    proc = subprocess.Popen([str(tree / ".venv" / "bin" / "nftpolicy"), "agent", "--kubeconfig", kubeconfig, "--node", synthetic.NODE,
+                             "--netns", ns, "--http-address", f"127.0.0.1:{port}", "--api-timeout", "60",
+                             "--min-sync-interval", str(args.min_sync_interval)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"the agent of {tree} did not become ready") from None
+                time.sleep(0.2)
+        time.sleep(2)
+        figures: dict[str, Any] = {"rss_ready_mib": rss_mib(proc.pid)}
+        rng = random.Random(args.seed)
+        originals = list(cluster.pods)
+        rng.shuffle(originals)
+        deleted: set[str] = set()
+        templates = [p for p in cluster.pods.values() if p.enforceable and not p.host_network]
+        labels = pod_changes(cluster, int(args.label_rate * args.duration) + 1, rng)
+        addresses = FRESH.hosts()
+        per_tick = args.rate / TICKS, args.label_rate / TICKS
+        owed = [0.0, 0.0]
+        events = 0
+        windows: list[tuple[float, dict[float, float], float]] = []
+        name = "nftpolicy_event_to_kernel_seconds"
+        samples = metrics(port)
+        start_hist, start_cpu, start_syncs = histogram(samples, name), cpu_seconds(proc.pid), samples.get(f"{name}_count", 0.0)
+        started = time.monotonic()
+        next_window, next_compact, tick = started + WINDOW, started + 2.0, 0
+        last_hist = start_hist
+        while (now := time.monotonic()) < started + args.duration:
+            owed[0] += per_tick[0]
+            owed[1] += per_tick[1]
+            while owed[0] >= 1:
+                owed[0] -= 1
+                template = rng.choice(templates)
+                new = dataclasses.replace(template, name=f"churn-{events}", ips=(str(next(addresses)),))
+                api.put(synthetic.pod_object(new))
+                gone = cluster.pods[originals.pop()]
+                deleted.add(gone.key)
+                api.delete("Pod", gone.name, gone.namespace)
+                events += 2
+            while owed[1] >= 1 and labels:
+                owed[1] -= 1
+                key, new_labels = labels.pop()
+                pod = cluster.pods[key]
+                if key not in deleted:
+                    api.put(synthetic.pod_object(dataclasses.replace(pod, labels=new_labels)))
+                    events += 1
+            if now >= next_compact:  # the watches are past it: keep the fake server's history short
+                api.compact()
+                next_compact = now + 2.0
+            if now >= next_window:
+                hist = histogram(metrics(port), name)
+                windows.append((now - started, hist, quantile(last_hist, hist, 0.99)))
+                last_hist, next_window = hist, next_window + WINDOW
+            tick += 1
+            time.sleep(max(0.0, started + tick / TICKS - time.monotonic()))
+        ended = time.monotonic()
+        # caught up: the last sync that carried a write (none for a second after it)
+        count, changed_at = metrics(port).get(f"{name}_count", 0.0), time.monotonic()
+        while time.monotonic() < changed_at + 1.0 and time.monotonic() < ended + 60:
+            time.sleep(0.02)
+            now_count = metrics(port).get(f"{name}_count", 0.0)
+            if now_count != count:
+                count, changed_at = now_count, time.monotonic()
+        caught_up = max(0.0, changed_at - ended)
+        samples = metrics(port)
+        hist, cpu = histogram(samples, name), cpu_seconds(proc.pid) - start_cpu
+        figures.update(events=events, seconds=ended - started, syncs=samples.get(f"{name}_count", 0.0) - start_syncs,
+                       p50_ms=quantile(start_hist, hist, 0.5) * 1000, p99_ms=quantile(start_hist, hist, 0.99) * 1000,
+                       windows=[(round(t), p * 1000) for t, _, p in windows], cpu_s=cpu, cpu_per_event_ms=cpu / max(1, events) * 1000,
+                       caught_up_s=caught_up, rss_after_mib=rss_mib(proc.pid))
+        return figures
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        api.stop()
+
+
+ROWS = [
+    ("agent RSS after the first sync (MiB)", "rss_ready_mib", "{:.0f}"),
+    ("events written (creates + deletes + label changes)", "events", "{:,}"),
+    ("  over (s)", "seconds", "{:.1f}"),
+    ("syncs", "syncs", "{:,.0f}"),
+    ("event to kernel p50 (ms, bucket bound)", "p50_ms", "<= {:g}"),
+    ("event to kernel p99 (ms, bucket bound; target 100)", "p99_ms", "<= {:g}"),
+    ("agent CPU over the churn (s)", "cpu_s", "{:.1f}"),
+    ("agent CPU per event (ms)", "cpu_per_event_ms", "{:.2f}"),
+    ("last sync carrying a write, after the last write (s)", "caught_up_s", "{:.2f}"),
+    ("agent RSS after the churn (MiB)", "rss_after_mib", "{:.0f}"),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="150k", choices=list(SIZES))
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of churn (default %(default)s)")
+    parser.add_argument("--rate", type=float, default=100.0, help="pod creates per second, and as many deletes (default %(default)s)")
+    parser.add_argument("--label-rate", type=float, default=20.0, help="pod label changes per second (default %(default)s)")
+    parser.add_argument("--min-sync-interval", type=float, default=0.05, help="the agents' --min-sync-interval (default %(default)s)")
+    parser.add_argument("--baseline", type=Path, action="append", default=[], help="another tree whose agent runs first (repeatable)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tag = f"b{secrets.token_hex(2)}"
+    os.environ[netns.RUN_TAG_ENV] = tag
+    trees = [*args.baseline, ROOT]
+    names = [f"nftp-{tag}-churn{i}" for i in range(len(trees))]
+    pods, policies, namespaces = SIZES[args.size]
+    cluster = synthetic.generate(pods=pods, policies=policies, namespaces=namespaces, seed=args.seed).cluster
+    results = {}
+    try:
+        netns.create(names)
+        for tree, ns in zip(trees, names):
+            print(f"[{tree}] churn ...", file=sys.stderr, flush=True)
+            results[str(tree)] = churn(cluster, tree, ns, args)
+    finally:
+        netns.delete(names)
+    width = 54
+    print(f"churn at {args.size} pods: {args.rate:g} creates + {args.rate:g} deletes + {args.label_rate:g} label changes per second "
+          f"for {args.duration:g} s, --min-sync-interval {args.min_sync_interval:g} ({os.cpu_count()} CPUs, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print("".ljust(width) + "".join(f"{Path(t).name:>18}" for t in results))
+    for label, key, fmt in ROWS:
+        print(label.ljust(width) + "".join(f"{fmt.format(r[key]):>18}" for r in results.values()))
+    if len(results) > 1:
+        first, last = list(results.values())[0], list(results.values())[-1]
+        for label, key in (("CPU per event, ratio to the first", "cpu_per_event_ms"), ("RSS after the first sync, ratio", "rss_ready_mib")):
+            print(label.ljust(width) + f"{last[key] / first[key]:>18.2f}")
+    for tree, r in results.items():
+        print(f"{Path(tree).name}: p99 per {WINDOW:g} s window (ms): " + ", ".join(f"{t}s <= {p:g}" for t, p in r["windows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
