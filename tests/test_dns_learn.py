@@ -61,7 +61,10 @@ def test_records_outside_the_chain_are_not_learned():
 
 
 @pytest.mark.parametrize("name, learned", [("img.cdn.example", True), ("a.b.cdn.example", True), ("cdn.example", False),
-                                           ("other.example", False), ("API.Partner.Example", True)])
+                                           ("other.example", False), ("API.Partner.Example", True),
+                                           ("evilcdn.example", False), ("cdn.example.evil", False),
+                                           # one label 'x.cdn' under 'example' (written 'x\\.cdn.example'): no child of cdn.example
+                                           ("x\\.cdn.example", False), ("x.y\\.cdn.example", False), ("api\\.partner.example", False)])
 def test_wildcard_depth_and_case(name, learned):
     got = learner().learn(POD, answer(name, (name + ".", 60, "A", "192.0.2.20")), now=0)
     assert bool(got) is learned
@@ -105,7 +108,21 @@ def test_bounds_per_set_and_per_pod_drop_and_count():
 def test_full_replace_readds_what_is_held_with_the_time_left():
     made = learner()
     made.learn(POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10")), now=0)
-    assert [(x.set_name, x.address, x.timeout) for x in made.held(now=45.5)] == [("KUBE-DNS-A", "192.0.2.10", 14)]
+    assert [(x.set_name, x.address, x.timeout) for x in made.held(now=45.5)] == [("KUBE-DNS-A", "192.0.2.10", 15)]
+
+
+@pytest.mark.parametrize("now", [0.2, 45.5, 59.9])
+def test_a_full_replace_never_ends_an_element_before_the_learner_does(now):
+    """The learner skips a repeated answer that its element outlives (a caching resolver's
+    answer, its TTL counting down to the same end): the element a full replace re-adds must
+    then live at least as long, or the pod's connection in the gap is refused."""
+    made = learner(floor=1)
+    wire = answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"))
+    made.learn(POD, wire, now=0)
+    [again] = made.held(now=now)
+    assert now + again.timeout >= 60
+    cached = answer("api.partner.example", ("api.partner.example.", 60 - int(now), "A", "192.0.2.10"))
+    assert made.learn(POD, cached, now=int(now)) == []  # skipped: the kernel's element outlives it
 
 
 def test_a_set_that_goes_forgets_its_addresses():
@@ -125,6 +142,14 @@ def test_dns_over_tcp_reads_each_length_prefixed_message():
     two = answer("a.cdn.example", ("a.cdn.example.", 60, "A", "192.0.2.11"))
     segment = len(one).to_bytes(2, "big") + one + len(two).to_bytes(2, "big") + two
     assert [x.address for x in learner().learn(POD, segment, now=0, tcp=True)] == ["192.0.2.10", "192.0.2.11"]
+
+
+def test_tcp_segments_without_data_are_no_message_and_count_nothing():
+    """A DNS server's SYN-ACK, ACKs and FIN come from port 53 too (each is held): none is a DNS
+    message, malformed or otherwise."""
+    made = learner()
+    assert made.learn(POD, b"", now=0, tcp=True) == []
+    assert made.counts == dict.fromkeys(made.counts, 0)
 
 
 @pytest.mark.parametrize("payload, tcp", [

@@ -9,6 +9,7 @@ Each test takes a few seconds: TTLs are short, waits are polls."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import secrets
 import socket
 import subprocess
@@ -18,10 +19,14 @@ from pathlib import Path
 
 import yaml
 import dns.exception
+import dns.message
+import dns.rrset
 import dns.resolver
 import pytest
-from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment
+from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment, hold_rules
 from nftpolicy.agent.daemon.dnslearn import DomainLearner
+from nftpolicy.agent.daemon.domainlearning import DomainLearning
+from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.dataplane import iptables as xt
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import NftDataplane
@@ -33,7 +38,7 @@ from nftpolicy.translators.rules import TimedAddress
 
 from nftpolicy.agent.testbed.controlplane import free_port
 
-from .conftest import OURS, eventually, http_get
+from .conftest import OURS, eventually, http_get, nft
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
 
@@ -49,11 +54,12 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
     "brief.partner.example": ("10.0.2.40", None, 2),
     "first.cdn.example": ("10.0.2.50", None, 60),
     "moving.cdn.example": ("10.0.2.60", None, 2),
+    "zero.cdn.example": ("10.0.2.90", None, 0),
     **{f"n{i}.cdn.example": (f"10.0.2.{100 + i}", None, 60) for i in range(20)},
 }
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
-OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61", "10.0.2.70"]  # where moving.cdn.example moves; local.cdn.example
+OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61", "10.0.2.70", "10.0.2.80"]  # where moving.cdn.example moves; local.cdn.example; a forged answer's
 
 NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}}
 POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "shop", "labels": {"app": "client"}},
@@ -256,6 +262,48 @@ def test_wildcard_depth_cname_ipv6_and_tcp(bed):
     assert bed.connects(v4)
 
 
+def test_the_hold_skips_no_rule_of_the_nodes_own_iptables_filter_chains(bed):
+    """An operator's (or a CNI's, kube-proxy's) iptables-nft rule in filter FORWARD still sees the
+    DNS answers: the queue's verdict ends the chain it is queued from, so it must not be one
+    of theirs."""
+    rule = ["FORWARD", "-p", "udp", "--sport", "53", "-d", f"{POD4}/32", "-m", "comment", "--comment", "operator"]
+    xt.run(bed.node, ["iptables-nft", "-w", "-t", "filter", "-A", *rule])
+    try:
+        bed.resolve("n8.cdn.example")
+        counted = [line.split()[0] for line in xt.run(bed.node, ["iptables-nft", "-w", "-t", "filter", "-L", "FORWARD", "-v", "-x", "-n"]).splitlines()
+                   if "operator" in line]
+        assert counted == ["1"]
+    finally:
+        xt.run(bed.node, ["iptables-nft", "-w", "-t", "filter", "-D", *rule])
+
+
+def test_an_answer_with_ttl_0_is_learned_for_the_floor(bed):
+    """TTL 0 (do not cache): the pod connects right after its answer; the element lives for
+    --dns-ttl-floor (1 s here)."""
+    [address] = bed.resolve("zero.cdn.example")
+    assert bed.connects(address)
+    time.sleep(1.2)
+    assert not bed.connects(address)
+
+
+def test_answers_over_ipv6_are_held_and_learned(bed):
+    """The DNS server asked over IPv6 (ip6tables-nft's hold chain, the reply of the pod's flow)."""
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.lifetime, resolver.cache = [DNS6], 3.0, None
+    with netns.entered(bed.pod):
+        [address] = [r.address for r in resolver.resolve("n6.cdn.example", "A").rrset]
+        [v6] = [r.address for r in resolver.resolve("api.partner.example", "AAAA", tcp=True).rrset]
+    assert bed.connects(address) and bed.connects(v6)
+
+
+def test_a_lookup_over_tcp_counts_no_malformed_message(bed):
+    """The server's SYN-ACK, ACKs and FIN are held too (TCP from port 53): they carry no message."""
+    before = bed.learner.counts["malformed"]
+    [address] = bed.resolve("n4.cdn.example", tcp=True)
+    assert bed.connects(address)
+    assert bed.learner.counts["malformed"] == before
+
+
 def test_a_record_that_changes_address(bed):
     [old] = bed.resolve("moving.cdn.example")  # TTL 2 s
     assert bed.connects(old)
@@ -292,6 +340,109 @@ def test_an_address_expires_with_its_record(bed):
     assert not bed.connects(address)
     bed.resolve("brief.partner.example")
     assert bed.connects(address)
+
+
+def test_an_answer_the_pod_did_not_ask_for_teaches_nothing(bed):
+    """A DNS response sent from port 53 of any host to a subject pod, not as the reply to a query
+    the pod sent (no conntrack flow from the pod): learning it would let anyone who can send the
+    pod a packet open its egress to any address."""
+    forged = dns.message.make_response(dns.message.make_query("n19.cdn.example", "A"))
+    forged.answer.append(dns.rrset.from_text("n19.cdn.example.", 60, "IN", "A", "10.0.2.80"))
+    with netns.entered(bed.out):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind(("10.0.2.11", 53))
+        for port in (33333, 53):
+            s.sendto(forged.to_wire(), (POD4, port))
+    finally:
+        s.close()
+    [address] = bed.resolve("n1.cdn.example")  # a real answer after the forged ones: they were read by now
+    assert bed.connects(address)
+    assert not bed.learner.why("10.0.2.80", time.monotonic())
+    assert not bed.connects("10.0.2.80")
+
+
+def test_a_burst_of_answers_while_the_agent_is_slow_neither_stops_the_hold_nor_drops_answers(bed):
+    """More answers at once than the queue's socket holds (its buffer cut to what a node with
+    the kernel's default net.core.rmem_max gives, the reader busy in a slow commit): in bypass
+    mode the overflow passes unheld, and the hold goes on reading (ENOBUFS is no stop)."""
+    hold = bed.hold
+    assert hold is not None and hold._queue is not None
+    hold._queue.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 15)
+    with netns.entered(bed.pod):
+        pod = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    pod.settimeout(3)
+    pod.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # the pod's own buffer holds the whole burst
+    query = dns.message.make_query("other.example", "A")
+    pod.sendto(query.to_wire(), (DNS4, 53))  # the flow the burst replies in
+    pod.recv(4096)
+    port = pod.getsockname()[1]
+    answer = dns.message.make_response(query).to_wire()
+    udp = (53).to_bytes(2, "big") + port.to_bytes(2, "big") + (8 + len(answer)).to_bytes(2, "big") + b"\0\0" + answer
+    commit = hold.commit
+
+    def slow(segment: DnsSegment) -> None:
+        hold.commit = commit
+        time.sleep(0.5)
+        commit(segment)
+
+    hold.commit = slow
+    with netns.entered(bed.out):
+        raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+    try:
+        raw.bind((DNS4, 0))
+        sent = 2000
+        for _ in range(sent):
+            raw.sendto(udp, (POD4, 0))
+        received = 0
+        with contextlib.suppress(TimeoutError):
+            while received < sent:
+                pod.recv(4096)
+                received += 1
+    finally:
+        raw.close()
+        pod.close()
+        hold.commit = commit
+    assert received == sent
+    [address] = bed.resolve("n2.cdn.example")
+    assert bed.connects(address)
+
+
+def test_cleanup_removes_the_hold_chain_a_stopped_agent_left_and_makes_nothing_where_there_was_none(make_netns):
+    """An agent's shutdown leaves the chain (its mode applies while it is away): after an
+    uninstall with fail-closed, a chain left would drop every DNS answer the node forwards."""
+    left, clean = make_netns(), make_netns()
+    hold = DnsHold(lambda segment: None, bypass=False, netns_name=left)
+    hold.start()
+    hold.close(remove_chain=False)
+    for argv in hold_rules(5300, bypass=False):  # where an agent before the move to 'security' left it
+        xt.run(left, ["iptables-nft", "-w", "-t", "filter", *argv])
+    assert nft(left, "list", "ruleset").count(f"chain {HOLD_CHAIN}") == 3  # ip security, ip6 security, ip filter
+    out = subprocess.run([NFTPOLICY, "cleanup", "--netns", left], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy", f"removed chain {HOLD_CHAIN} (iptables-nft)"], out
+    assert HOLD_CHAIN not in nft(left, "list", "ruleset")
+    out = subprocess.run([NFTPOLICY, "cleanup", "--netns", clean], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.splitlines() == ["no table inet nftpolicy"], out
+    assert nft(clean, "list", "ruleset").strip() == ""
+
+
+@pytest.mark.parametrize("mode, sets", [("off", True), ("fail-closed", False), ("bypass", False)])
+def test_an_agent_that_will_not_hold_removes_the_chain_an_earlier_one_left(make_netns, mode, sets):
+    """An earlier agent (fail-closed) stopped and left its chain; the next one runs with
+    ``--dns-hold off``, or no domainNames peer is left: nobody will read the queue, so the
+    chain must go (with fail-closed it drops every DNS answer the node forwards)."""
+    ns = make_netns()
+    earlier = DnsHold(lambda segment: None, bypass=False, netns_name=ns)
+    earlier.start()
+    earlier.close(remove_chain=False)
+    cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+    assert not errors
+    learning = DomainLearning(DomainLearner(1, 3600, 1000, 1000), lambda elements: None, Metrics(), mode, 5300, ns)
+    try:
+        learning.sets_changed(domain_sets(cluster, ("ipv4",)) if sets else ())
+        assert HOLD_CHAIN not in nft(ns, "list", "ruleset")
+    finally:
+        learning.close()
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +505,7 @@ def test_answers_to_many_questions_at_once_are_each_held_until_committed(agent_b
 def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):
     agent_bed.agent.terminate()
     agent_bed.agent.wait(timeout=20)
-    assert HOLD_CHAIN in xt.run(agent_bed.node, ["iptables-nft", "-S"])
+    assert HOLD_CHAIN in nft(agent_bed.node, "list", "ruleset")
     assert agent_bed.resolve("n3.cdn.example") == ["10.0.2.103"]  # unheld: answered, not learned
     assert not agent_bed.connects("10.0.2.103")
 

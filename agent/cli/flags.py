@@ -415,7 +415,7 @@ def parser() -> argparse.ArgumentParser:
                        help="learned addresses the answers to one pod add at most; more are dropped and counted (default %(default)s)")
     add_config_arguments(agent)
 
-    cleanup = sub.add_parser("cleanup", help="remove our table (and nothing else)")
+    cleanup = sub.add_parser("cleanup", help="remove our table and the DNS hold chain (and nothing else)")
     cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
     cleanup.add_argument("--netns", help="inside this named network namespace (default: the current one)")
 

@@ -1,13 +1,18 @@
 """The hold of DNS answers to pods: each answer waits in an nfqueue until what it teaches is in
 the kernel, so the first connection after an answer is never refused (docs/domain-names.md).
 
-Where the answers are queued: a chain of our own, ``NFTPOLICY-DNS-HOLD``, in the ``filter``
+Where the answers are queued: a chain of our own, ``NFTPOLICY-DNS-HOLD``, in the ``security``
 table of ``iptables-nft`` and ``ip6tables-nft`` (xt ``NFQUEUE`` through nft's compat layer,
 jumped to from ``FORWARD``), which queues every UDP and TCP segment from port 53 to queue
 ``queue`` (jumped to from ``OUTPUT`` too, for a DNS server on the node's own network). nft's
 own ``queue`` statement would do the same in our table, but needs
 ``nft_queue`` (CONFIG_NFT_QUEUE), which some kernels lack while the xt target
-(CONFIG_NETFILTER_XT_TARGET_NFQUEUE) is there: the xt path works on both.
+(CONFIG_NETFILTER_XT_TARGET_NFQUEUE) is there: the xt path works on both. Why ``security``:
+the queue's verdict (accept) ends the base chain the packet was queued from, so queued from
+``filter`` (where kube-proxy, CNIs and operators keep their rules) an answer skipped every
+rule after the jump; ``security`` (priority 150, after ``filter`` and our own table) is the
+table hardly anyone uses (SELinux ``SECMARK``), and an answer reaches it only when the others
+let it through.
 
 When the agent is not reading the queue (down, restarting): with ``bypass`` (the default) the
 kernel lets answers through unheld, so DNS keeps working and what they would teach is not
@@ -41,10 +46,14 @@ from nftpolicy.agent.dataplane import netns
 log = logging.getLogger("nftpolicy.dnshold")
 
 HOLD_CHAIN = "NFTPOLICY-DNS-HOLD"
+HOLD_TABLE = "security"  # iptables-nft's table of the hold chain (module docstring)
+EARLIER_TABLES = ("filter",)  # where an agent before this one may have left it
+TOOLS = ("iptables-nft", "ip6tables-nft")
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
 NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG = 0, 1, 2
-NFQA_CFG_CMD, NFQA_CFG_PARAMS = 1, 2
+NFQA_CFG_CMD, NFQA_CFG_PARAMS, NFQA_CFG_MASK, NFQA_CFG_FLAGS = 1, 2, 4, 5
+NFQA_CFG_F_FAIL_OPEN = 1
 NFQNL_CFG_CMD_BIND, NFQNL_CFG_CMD_UNBIND = 1, 2
 NFQNL_COPY_PACKET = 2
 NFQA_PACKET_HDR, NFQA_VERDICT_HDR, NFQA_PAYLOAD = 1, 2, 10
@@ -88,13 +97,51 @@ def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
     """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it from
     ``FORWARD`` (answers the node routes to its pods) and ``OUTPUT`` (answers a DNS server on the
     node's own network sends them: a node-local cache, a host-network CoreDNS; never through
-    ``lo``, so the node's own lookups are not held); the ``FORWARD`` jump comes last."""
+    ``lo``, so the node's own lookups are not held); the ``FORWARD`` jump comes last.
+
+    Only a reply of a flow that the pod began is queued (conntrack: ``ESTABLISHED`` in the
+    ``REPLY`` direction): a DNS message that anybody sends from port 53 to a pod unasked is
+    no answer to the pod's question and teaches nothing (it passes unheld and unread)."""
     target = ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
+    replies = ["-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY"]
     return [["-N", HOLD_CHAIN],
-            ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *target],
-            ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *target],
+            ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *replies, *target],
+            ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *replies, *target],
             ["-I", "OUTPUT", "1", "!", "-o", "lo", "-j", HOLD_CHAIN],
             ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
+
+
+def _xt(netns_name: str | None, command: list[str]) -> str:
+    """Run an iptables ``command`` in ``netns_name`` (None: this process's namespace); its
+    stdout. Raises IptablesError (the tool failed) or OSError (the tool is absent)."""
+    if netns_name is not None:
+        return xt.run(netns_name, command)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise xt.IptablesError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def remove_hold_chain(netns_name: str | None) -> bool:
+    """Remove the hold chain and its jumps from each family's :data:`HOLD_TABLE` (and
+    :data:`EARLIER_TABLES`) of iptables-nft in ``netns_name`` (None: this process's) where it
+    is; True when it was somewhere. Where it is not, nothing is run that would make the table
+    (``iptables-nft -D FORWARD`` makes ``table ip filter`` with its base chains); without the
+    tools there is no chain to remove (False)."""
+    found = False
+    for tool in TOOLS:
+        for table in (HOLD_TABLE, *EARLIER_TABLES):
+            try:
+                if f":{HOLD_CHAIN} " not in _xt(netns_name, [f"{tool}-save", "-t", table]):
+                    continue
+            except (xt.IptablesError, OSError):
+                continue
+            found = True
+            for argv in (["-D", "FORWARD", "-j", HOLD_CHAIN], ["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN],
+                         ["-F", HOLD_CHAIN], ["-X", HOLD_CHAIN]):
+                with contextlib.suppress(xt.IptablesError):  # a jump someone removed already
+                    _xt(netns_name, [tool, "-w", "-t", table, *argv])
+    return found
 
 
 def _nlmsg(kind: int, flags: int, family: int, res_id: int, attrs: Sequence[tuple[int, bytes]], seq: int = 0) -> bytes:
@@ -119,16 +166,22 @@ def _attrs(data: bytes) -> dict[int, bytes]:
 class NfQueue:
     """One nfnetlink queue, bound in the network namespace this thread is in when it is made
     (a socket keeps its namespace). :meth:`packets` yields ``(packet id, packet)``; every
-    packet needs its :meth:`accept`."""
+    packet needs its :meth:`accept`. ``fail_open``: a packet that finds the queue full (1024
+    waiting) or the socket's buffer full passes unheld instead of being dropped.
+    :attr:`overruns` counts the reads that found packets lost that way (ENOBUFS)."""
 
-    def __init__(self, queue: int) -> None:
+    def __init__(self, queue: int, fail_open: bool = False) -> None:
         self.queue = queue
+        self.overruns = 0
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
         self.sock.bind((0, 0))
         self.sock.settimeout(POLL)
         self._request([(NFQA_CFG_CMD, struct.pack("=BB", NFQNL_CFG_CMD_BIND, 0) + struct.pack(">H", socket.AF_UNSPEC))])
         self._request([(NFQA_CFG_PARAMS, struct.pack(">IB", COPY_RANGE, NFQNL_COPY_PACKET))])
+        if fail_open:
+            self._request([(NFQA_CFG_MASK, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN)),
+                           (NFQA_CFG_FLAGS, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN))])
 
     def _request(self, attrs: Sequence[tuple[int, bytes]]) -> None:
         self.sock.send(_nlmsg(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, socket.AF_UNSPEC, self.queue, attrs))
@@ -144,6 +197,11 @@ class NfQueue:
         try:
             data = self.sock.recv(1 << 18)
         except TimeoutError:
+            return []
+        except OSError as exc:  # the socket's buffer overflowed: those packets passed or dropped (fail_open)
+            if exc.errno != errno.ENOBUFS:
+                raise
+            self.overruns += 1
             return []
         found, offset = [], 0
         while offset + 16 <= len(data):
@@ -183,28 +241,18 @@ class DnsHold:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
-    def _iptables(self, argv: list[str], check: bool = True) -> None:
-        for tool in ("iptables-nft", "ip6tables-nft"):
-            command = [tool, "-w", "-t", "filter", *argv]
-            try:
-                if self.netns is not None:
-                    xt.run(self.netns, command)
-                else:
-                    result = subprocess.run(command, capture_output=True, text=True)
-                    if result.returncode != 0:
-                        raise xt.IptablesError(f"{' '.join(command)} failed: {result.stderr.strip()}")
-            except xt.IptablesError:
-                if check:
-                    raise
+    def _iptables(self, argv: list[str]) -> None:
+        for tool in TOOLS:
+            _xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain
         (made anew: an earlier agent's is removed first)."""
         with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
-            self._queue = NfQueue(self.queue_num)
+            self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
         self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
         self._thread.start()
-        self._remove_chain()
+        remove_hold_chain(self.netns)
         for argv in hold_rules(self.queue_num, self.bypass):
             self._iptables(argv)
 
@@ -222,18 +270,12 @@ class DnsHold:
                     self._queue.accept(packet_id)
                     self.held += 1
 
-    def _remove_chain(self) -> None:
-        self._iptables(["-D", "FORWARD", "-j", HOLD_CHAIN], check=False)
-        self._iptables(["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN], check=False)
-        self._iptables(["-F", HOLD_CHAIN], check=False)
-        self._iptables(["-X", HOLD_CHAIN], check=False)
-
     def close(self, remove_chain: bool = True) -> None:
         """Stop reading and close the queue; with ``remove_chain`` remove the hold chain first
         (without: it stays, and the kernel passes or drops answers as its bypass says, which is
         what an agent that stops for a restart leaves)."""
         if remove_chain:
-            self._remove_chain()
+            remove_hold_chain(self.netns)
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()

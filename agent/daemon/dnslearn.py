@@ -18,10 +18,12 @@ Deliberate choices (each counted in ``nftpolicy_dns_answers_total`` by its ``res
   (truncated mid-record, bad compression pointers): ``malformed``, never an exception;
 * an answer with the TC bit (truncated: the resolver asks again over TCP): its records are
   still learned (they are true, only not all of them), the full answer comes by TCP;
-* DNS over TCP: a segment holds a two-byte length and then the message; only a segment that
+* DNS over TCP: a segment holds a two-byte length and then the message; a segment without
+  data (the server's SYN-ACK, ACKs, FIN) is no message and counts nothing; only a segment that
   carries whole messages is read (a message split over segments is ``malformed``, as the
   resolver's UDP answer usually came first);
-* an answer to a pod that no domain set has as a client, or for a name no set matches:
+* an answer to a pod that no domain set has as a client, or for a name no set matches (a
+  name with a label that holds a dot or another byte its text escapes matches none):
   ``ignored`` (nobody asked for it under a policy: nothing is learned);
 * an error response (NXDOMAIN, SERVFAIL) or one without A/AAAA records: ``empty``;
 * a set that holds ``max_per_set`` live addresses, or a pod that gave ``max_per_pod``:
@@ -32,6 +34,7 @@ Deliberate choices (each counted in ``nftpolicy_dns_answers_total`` by its ``res
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -105,6 +108,8 @@ class DomainLearner:
         addresses to add (new ones, and known ones whose expiry moves later). Never raises on
         bad input: it is counted (:attr:`counts`)."""
         self.expire(now)
+        if tcp and not payload:  # the server's SYN-ACK, ACKs, FIN: no message at all
+            return []
         sets = self._by_client.get(client)
         messages = _tcp_messages(payload) if tcp else [payload]
         if messages is None:
@@ -126,7 +131,9 @@ class DomainLearner:
     def _answer(self, client: str, message: dns.message.Message, sets: list[DomainSet], now: float) -> list[Learned]:
         question = message.question[0].name
         asked = question.to_text(omit_final_dot=True).lower()
-        matched = [(s, p) for s in sets for p in (s.matches(asked),) if p is not None]
+        # a label with a dot in it is escaped ('x\\.cdn.example': one label under 'example'), which
+        # a pattern's text would match as labels ('*.cdn.example'): no API name has an escape
+        matched = [] if "\\" in asked else [(s, p) for s in sets for p in (s.matches(asked),) if p is not None]
         if not matched:
             self.counts["ignored"] += 1
             return []
@@ -185,9 +192,10 @@ class DomainLearner:
             del self._per_pod[entry.client]
 
     def held(self, now: float) -> list[Learned]:
-        """Every live address with the timeout left (whole seconds, at least 1): what a full
-        replace of the table must add again."""
-        return [Learned(set_name, address, max(1, int(entry.expires - now)), entry.name, entry.pattern, entry.client)
+        """Every live address with the timeout left (whole seconds, rounded up: the element a
+        full replace adds again must not end before this learner's copy, which skips answers
+        that end no later): what a full replace of the table must add again."""
+        return [Learned(set_name, address, math.ceil(entry.expires - now), entry.name, entry.pattern, entry.client)
                 for set_name, held in self._held.items() for address, entry in held.items() if entry.expires > now]
 
     def why(self, address: str, now: float) -> list[tuple[str, str, str]]:

@@ -21,7 +21,7 @@ from nftpolicy.translators.rules import TimedAddress
 
 from nftpolicy.agent.dataplane.iptables import IptablesError
 
-from .dnshold import DnsHold, DnsSegment
+from .dnshold import DnsHold, DnsSegment, remove_hold_chain
 from .dnslearn import RESULTS, DomainLearner
 from .metrics import Metrics
 
@@ -46,13 +46,22 @@ class DomainLearning:
         self._hold: DnsHold | None = None
         self._counted = dict.fromkeys(RESULTS, 0)
         self.failure: str | None = None  # why the hold could not start (then it is not tried again)
+        self._left_checked = False  # whether a chain an earlier agent left was looked for
 
     def sets_changed(self, sets: Sequence[DomainSet]) -> None:
-        """The domain sets of the committed model: the learner follows, the hold starts or stops."""
+        """The domain sets of the committed model: the learner follows, the hold starts or stops.
+        The first time no hold is to run (``off``, or no domain set), a hold chain that an
+        earlier agent left is removed: nobody would read its queue (and with ``fail-closed``
+        it would drop every DNS answer the node forwards)."""
         with self.lock:
             self.learner.update(sets)
             self.metrics.dns_learned_elements.set(self.learner.size())
-        if sets and self._hold is None and self.hold_mode != "off" and self.failure is None:
+        holds = bool(sets) and self.hold_mode != "off" and self.failure is None
+        if not holds and self._hold is None and not self._left_checked:  # nobody will read the queue
+            self._left_checked = True
+            if remove_hold_chain(self.netns):
+                log.info("removed the hold chain of DNS answers that an earlier agent left: this one holds none")
+        if holds and self._hold is None:
             hold = DnsHold(self.commit, self.queue, bypass=self.hold_mode == "bypass", netns_name=self.netns)
             try:
                 hold.start()
