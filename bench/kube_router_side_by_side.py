@@ -39,6 +39,11 @@ Measured, per daemon:
    (nftpolicy: first committed sync; kube-router: end of its first sync), with the daemon's own
    figure ("sync full in X ms"; "sync iptables took X").
 
+   Then nftpolicy's restart apart, each part alone against the same API: a new interpreter
+   importing what ``nftpolicy agent`` imports, and its API source listing every kind into a Store
+   (lists, decoding, conversion); with the sync's own figure (render and commit) they show where
+   the restart's time goes.
+
 3. **CPU and memory.** CPU seconds are utime+stime of the daemon's process from
    ``/proc/PID/stat`` from its start until it has settled (load: the whole run from the empty
    cluster; full sync: from the restart; for the full sync also until rules complete, from
@@ -632,6 +637,7 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
             f["full_rss_mib"], f["full_hwm_mib"] = usage["rss"], usage["hwm"]
             daemon.stop()
             print(f"{tag} {daemon.name} full sync: {f['full_s']:.2f} s", file=sys.stderr)
+        figures["nftpolicy"].update(startup_breakdown(cp))
         return figures
     except BaseException:
         for daemon in daemons:
@@ -646,6 +652,30 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
             relay.wait(timeout=10)
 
 
+def startup_breakdown(cp: ControlPlane) -> dict[str, float]:
+    """Where nftpolicy's restart -> rules complete goes, each part measured alone: a new
+    interpreter importing what ``nftpolicy agent`` imports (``imports_s``: start to exit), and
+    its API source listing every kind into a Store in a process of its own (``list_s``: the lists
+    with their decoding and conversion, after its imports); the sync's own figure is the render
+    and the commit."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import nftpolicy.agent.cli.main, nftpolicy.agent.cli.commands.agent, "
+                    "nftpolicy.agent.daemon.main"], check=True)
+    imports = time.monotonic() - started
+    lister = ("import os, threading, time\n"
+              "from nftpolicy.agent.daemon.metrics import Metrics\n"
+              "from nftpolicy.agent.daemon.sources import KubeSource\n"
+              "from nftpolicy.agent.daemon.store import Store\n"
+              "metrics = Metrics(); store = Store(metrics)\n"
+              f"source = KubeSource(store, metrics, {cp.kubeconfig!r}, 60.0, 300, threading.Event())\n"
+              "t = time.monotonic(); source.start()\n"
+              "while not store.listed(): time.sleep(0.002)\n"
+              "print(time.monotonic() - t, flush=True)\n"
+              "os._exit(0)\n")  # not the interpreter's exit under the watch threads
+    listed = float(subprocess.run([sys.executable, "-c", lister], check=True, capture_output=True, text=True).stdout)
+    return {"imports_s": imports, "list_s": listed}
+
+
 # ---- output -------------------------------------------------------------------------------------
 
 ROWS: list[tuple[str, str, str]] = [
@@ -657,6 +687,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("RSS after the load, VmRSS / VmHWM (MiB)", "load_rss_mib", "{:.0f}"),
     ("full sync: restart -> rules complete (s)", "full_s", "{:.2f}"),
     ("full sync: the daemon's own figure (ms)", "full_own_ms", "{:.0f}"),
+    ("  restart, alone: Python start + imports (s)", "imports_s", "{:.2f}"),
+    ("  restart, alone: lists, decoded into the store (s)", "list_s", "{:.2f}"),
     ("CPU s, restart -> rules complete", "full_cpu_complete_s", "{:.1f}"),
     ("CPU s, restart until settled", "full_cpu_s", "{:.1f}"),
     ("  of which child processes (iptables/ipset)", "full_cpu_children_s", "{:.1f}"),
@@ -690,7 +722,7 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
         row = [label]
         for figures in results.values():
             kr, nft = figures["kube-router"], figures["nftpolicy"]
-            row += [cell(kr, key, fmt), cell(nft, key, fmt), "" if "children" in key else ratio(nft.get(key), kr.get(key))]
+            row += [cell(kr, key, fmt), cell(nft, key, fmt), "" if "children" in key or "alone" in label else ratio(nft.get(key), kr.get(key))]
         rows.append(row)
     for row in rows:
         print("| " + " | ".join(row) + " |")

@@ -5,9 +5,7 @@ cluster (part of ``.ci/e2e``, after the upstream Netpol suite).
 module's suite (v0.2.0, ``policy.networking.k8s.io/v1alpha2``, the API nftpolicy implements):
 its tests and its ``utils/suite`` unchanged, run as the module's ``TestConformance`` runs them,
 with the features nftpolicy supports (``ClusterNetworkPolicy``,
-``ClusterNetworkPolicyNamedPorts``; not yet ``ClusterNetworkPolicyEgressNodePeers``: nftpolicy
-enforces node peers now, but the suite's two node-peer tests, with their host-network pods, have
-not been run on the real nodes yet, so the suite skips them itself). This kernel has no SCTP:
+``ClusterNetworkPolicyNamedPorts``, ``ClusterNetworkPolicyEgressNodePeers``). This kernel has no SCTP:
 the four SCTP tests are left out with ``-test.skip``, and the SCTP servers are taken out of the
 suite's base manifests at build time (``tools/npapi/manifests.py``), or no pod of the suite
 would ever become Ready. The sub-tests of other tests that probe SCTP stay in, and fail here.
@@ -29,8 +27,8 @@ from nftpolicy.agent.testbed.controlplane import CRD_MODULE, CRD_PATH
 from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError
 
 CRD_NAME = "clusternetworkpolicies.policy.networking.k8s.io"
-# conformance/utils/suite/features.go: what this run asks for (node peers: see the module docstring).
-FEATURES = "ClusterNetworkPolicy,ClusterNetworkPolicyNamedPorts"
+# conformance/utils/suite/features.go: what this run asks for, every feature nftpolicy supports.
+FEATURES = "ClusterNetworkPolicy,ClusterNetworkPolicyNamedPorts,ClusterNetworkPolicyEgressNodePeers"
 # The SCTP tests (conformance/tests/*-sctp-rules.go); this kernel has no SCTP.
 SKIP = r"^TestConformance/.*SCTP$"
 SKIPPED_SCTP = ("CNPAdminTierEgressSCTP", "CNPAdminTierIngressSCTP", "CNPBaselineTierEgressSCTP",

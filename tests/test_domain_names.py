@@ -445,6 +445,53 @@ def test_an_agent_that_will_not_hold_removes_the_chain_an_earlier_one_left(make_
         learning.close()
 
 
+def test_a_hold_that_cannot_start_leaves_the_other_agents_chain_and_is_tried_again_later(make_netns, caplog):
+    """The queue is still bound by an agent that is stopping (a rolling update): the new agent's
+    hold fails without touching that agent's chain, and starts at the first sync
+    HOLD_RETRY_SECONDS later, not before and not only at a restart."""
+    from nftpolicy.agent.daemon.domainlearning import HOLD_RETRY_SECONDS
+
+    from .fakeclock import FakeClock
+    ns = make_netns()
+    earlier = DnsHold(lambda segment: None, bypass=False, netns_name=ns)
+    earlier.start()
+    cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+    assert not errors
+    sets = domain_sets(cluster, ("ipv4",))
+    clock = FakeClock()
+    learning = DomainLearning(DomainLearner(1, 3600, 1000, 1000), lambda elements: None, Metrics(), "fail-closed", 5300, ns, clock)
+    try:
+        learning.sets_changed(sets)
+        assert learning.failure is not None and "nfqueue 5300" in learning.failure
+        assert HOLD_CHAIN in nft(ns, "list", "ruleset")  # the earlier agent's chain, left as it was
+        assert [r.getMessage() for r in caplog.records if "cannot hold" in r.getMessage()][0].startswith(
+            "cannot hold DNS answers, domainNames peers learn nothing until it can (tried again at the first sync 30 s from now)")
+        earlier.close(remove_chain=False)  # it stops; its chain stays, fail-closed, until someone reads the queue
+        clock.advance(HOLD_RETRY_SECONDS - 1)
+        learning.sets_changed(sets)
+        assert learning._hold is None and learning.failure is not None
+        clock.advance(1)
+        learning.sets_changed(sets)
+        assert learning._hold is not None and learning.failure is None
+        assert HOLD_CHAIN in nft(ns, "list", "ruleset")
+    finally:
+        learning.close()
+        earlier.close()
+
+
+def test_failing_commits_log_one_line_a_minute_with_their_count(caplog):
+    """A dataplane that fails every commit must not log a traceback per DNS answer."""
+    hold = DnsHold(lambda segment: None, netns_name=None)
+    for _ in range(100):
+        hold._failed(RuntimeError("nft:\n  no such table"))
+    hold._logged_at -= 61
+    hold._failed(RuntimeError("still"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "nftpolicy.dnshold"]
+    assert hold.failed == 101 and all(r.exc_info is None for r in caplog.records)
+    assert lines == ["could not commit what 1 DNS answer taught, let through unlearned: RuntimeError: nft: no such table",
+                     "could not commit what 100 DNS answers taught, let through unlearned: RuntimeError: still"]
+
+
 @pytest.fixture(scope="module")
 def agent_bed(module_netns, tmp_path_factory):
     """The same bed, with the agent enforcing and learning."""

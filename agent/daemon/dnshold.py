@@ -37,6 +37,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -62,6 +63,7 @@ NLMSG_ERROR = 2
 NF_ACCEPT = 1
 COPY_RANGE = 65535
 POLL = 0.2  # seconds a read waits before the reader looks whether it should stop
+FAILURE_LOG_SECONDS = 60.0  # at most one log line about failed commits this often
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,9 @@ class DnsHold:
                  *, netns_name: str | None) -> None:
         self.commit, self.queue_num, self.bypass, self.netns = commit, queue, bypass, netns_name
         self.held = 0  # answers released after their commit
+        self.failed = 0  # answers whose commit raised (let through all the same)
+        self._logged_at = -FAILURE_LOG_SECONDS  # when a failed commit was last logged (time.monotonic)
+        self._failed_since = 0  # self.failed when that line was logged
         self._queue: NfQueue | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -247,14 +252,20 @@ class DnsHold:
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain
-        (made anew: an earlier agent's is removed first)."""
+        (made anew: an earlier agent's is removed first). Raises OSError when the queue cannot
+        be bound (another process holds it: nothing is changed) and IptablesError when the chain
+        cannot be made (what was made of it is removed again)."""
         with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
             self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
         self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
         self._thread.start()
         remove_hold_chain(self.netns)
-        for argv in hold_rules(self.queue_num, self.bypass):
-            self._iptables(argv)
+        try:
+            for argv in hold_rules(self.queue_num, self.bypass):
+                self._iptables(argv)
+        except Exception:
+            remove_hold_chain(self.netns)
+            raise
 
     def _run(self) -> None:
         assert self._queue is not None
@@ -264,11 +275,22 @@ class DnsHold:
                 try:
                     if segment is not None:
                         self.commit(segment)
-                except Exception:  # noqa: BLE001 - an answer is never kept from its pod by our failure
-                    log.exception("could not commit what a DNS answer teaches; letting it through")
+                except Exception as exc:  # noqa: BLE001 - an answer is never kept from its pod by our failure
+                    self._failed(exc)
                 finally:
                     self._queue.accept(packet_id)
                     self.held += 1
+
+    def _failed(self, exc: Exception) -> None:
+        """Count a failed commit; log one line for it at most every :data:`FAILURE_LOG_SECONDS`
+        (a failing dataplane would otherwise log one traceback per DNS answer), with how many
+        failed since the last line."""
+        self.failed += 1
+        now = time.monotonic()
+        if now - self._logged_at >= FAILURE_LOG_SECONDS:
+            self._logged_at, since, self._failed_since = now, self.failed - self._failed_since, self.failed
+            log.error("could not commit what %d DNS %s taught, let through unlearned: %s: %s", since,
+                      "answer" if since == 1 else "answers", type(exc).__name__, " ".join(str(exc).split()))
 
     def close(self, remove_chain: bool = True) -> None:
         """Stop reading and close the queue; with ``remove_chain`` remove the hold chain first

@@ -4,7 +4,10 @@ domain sets (docs/domain-names.md).
 
 The reconcile loop calls :meth:`DomainLearning.sets_changed` after each committed sync with
 the model's domain sets: the hold runs while there is one (so a node without domainNames
-policies queues no DNS answer), and stops when the last goes. A full replace of the table
+policies queues no DNS answer), and stops when the last goes; a hold that cannot start (its
+queue still bound by an agent that is stopping, iptables-nft failing) is tried again at the first
+sync :data:`HOLD_RETRY_SECONDS` later (a periodic resync comes at least every
+``--resync-interval``). A full replace of the table
 carries what is learned (:meth:`DomainLearning.learned`, under :attr:`DomainLearning.lock`, so
 no answer's commit falls between the snapshot and the replace).
 """
@@ -21,6 +24,7 @@ from nftpolicy.translators.rules import TimedAddress
 
 from nftpolicy.agent.dataplane.iptables import IptablesError
 
+from .clock import REAL_TIME, Clock
 from .dnshold import DnsHold, DnsSegment, remove_hold_chain
 from .dnslearn import RESULTS, DomainLearner
 from .metrics import Metrics
@@ -29,6 +33,7 @@ log = logging.getLogger("nftpolicy.domainnames")
 
 HoldMode = Literal["off", "bypass", "fail-closed"]
 HOLD_MODES: tuple[HoldMode, ...] = ("off", "bypass", "fail-closed")
+HOLD_RETRY_SECONDS = 30.0  # a hold that could not start is tried again at the first sync this much later
 
 
 class DomainLearning:
@@ -36,16 +41,18 @@ class DomainLearning:
     :meth:`~nftpolicy.agent.dataplane.nftables.NftDataplane.add_timed_elements`). ``hold``:
     ``off`` (nothing is learned: domainNames rules match nothing), ``bypass`` or
     ``fail-closed`` (what the kernel does with answers while the agent does not read them);
-    ``queue``: the nfqueue number; ``netns_name``: as the dataplane's."""
+    ``queue``: the nfqueue number; ``netns_name``: as the dataplane's; ``clock``: when a hold
+    that failed to start is tried again (:mod:`.clock`; tests give their own)."""
 
     def __init__(self, learner: DomainLearner, add_elements: Callable[[Sequence[tuple[str, TimedAddress]]], None],
-                 metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None) -> None:
+                 metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None, clock: Clock = REAL_TIME) -> None:
         self.learner, self.add_elements, self.metrics = learner, add_elements, metrics
-        self.hold_mode, self.queue, self.netns = hold, queue, netns_name
+        self.hold_mode, self.queue, self.netns, self.clock = hold, queue, netns_name, clock
         self.lock = threading.RLock()
         self._hold: DnsHold | None = None
         self._counted = dict.fromkeys(RESULTS, 0)
-        self.failure: str | None = None  # why the hold could not start (then it is not tried again)
+        self.failure: str | None = None  # why the hold could not start last time (None: it did, or was not tried)
+        self._failed_at = 0.0  # when, on the clock
         self._left_checked = False  # whether a chain an earlier agent left was looked for
 
     def sets_changed(self, sets: Sequence[DomainSet]) -> None:
@@ -56,8 +63,9 @@ class DomainLearning:
         with self.lock:
             self.learner.update(sets)
             self.metrics.dns_learned_elements.set(self.learner.size())
-        holds = bool(sets) and self.hold_mode != "off" and self.failure is None
-        if not holds and self._hold is None and not self._left_checked:  # nobody will read the queue
+        wants = bool(sets) and self.hold_mode != "off"
+        holds = wants and (self.failure is None or self.clock.now() - self._failed_at >= HOLD_RETRY_SECONDS)
+        if not wants and self._hold is None and not self._left_checked:  # nobody will read the queue
             self._left_checked = True
             if remove_hold_chain(self.netns):
                 log.info("removed the hold chain of DNS answers that an earlier agent left: this one holds none")
@@ -66,11 +74,12 @@ class DomainLearning:
             try:
                 hold.start()
             except (IptablesError, OSError) as exc:  # enforcement goes on; domainNames rules match no address
-                hold.close()
-                self.failure = " ".join(str(exc).split())
-                log.error("cannot hold DNS answers, domainNames peers learn nothing until the agent restarts: %s", self.failure)
+                hold.close(remove_chain=False)  # start left no chain of its own; one that is there is another agent's
+                self.failure, self._failed_at = " ".join(str(exc).split()), self.clock.now()
+                log.error("cannot hold DNS answers, domainNames peers learn nothing until it can (tried again at the first "
+                          "sync %.0f s from now): %s", HOLD_RETRY_SECONDS, self.failure)
                 return
-            self._hold = hold
+            self._hold, self.failure = hold, None
             log.info("holding DNS answers in nfqueue %d until what they teach is committed (%s while the agent is away)",
                      self.queue, self.hold_mode)
         elif not sets and self._hold is not None:

@@ -37,11 +37,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, cast
 
-from kubernetes import client as k8s
-
 from nftpolicy.translators.validation import InvalidField
 
 from .clock import REAL_TIME, Clock
+from .kubeclient import client as k8s
 from .metrics import Metrics
 from .sources import describe
 

@@ -42,38 +42,14 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     code: 1 when the kernel lacks an nft feature we need or the HTTP address cannot be bound
     (after a signal, :func:`nftpolicy.agent.cli.main.main` exits with the signal's code instead)."""
     setup_logging(args.log_format, args.log_level)
-    dataplane = NftDataplane(config.table, args.netns)
-    missing = dataplane.missing_features()
-    if missing:
-        for feature in missing:
-            log.error("nftables feature missing: %s", feature)
-        log.error("this kernel or libnftables cannot run nftpolicy; nothing was changed")
-        return 1
-    stop = threading.Event()
-    metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
-    store = Store(metrics)
     if args.dns_ttl_floor > args.dns_ttl_cap:
         log.error("--dns-ttl-floor (%d) must not exceed --dns-ttl-cap (%d)", args.dns_ttl_floor, args.dns_ttl_cap)
         return 2
-    learner = DomainLearner(args.dns_ttl_floor, args.dns_ttl_cap, args.dns_max_per_set, args.dns_max_per_pod)
-    learning = DomainLearning(learner, dataplane.add_timed_elements, metrics, args.dns_hold, args.dns_queue, args.netns)
-    learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
-    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,
-                            learning=learning)
-    metrics.registry.register(RuleCounters(dataplane, reconciler.chain_owners))  # read from the kernel at each scrape
-    health.unlisted = store.unlisted
-    try:
-        server = serve_http(args.http_address, metrics, health)
-    except OSError as exc:
-        log.error("cannot serve HTTP on %s: %s", args.http_address, exc)
-        return 1
-
-    def shutdown(signum: int) -> None:
-        log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)
-        stop.set()
-        store.changed.set()
-
-    interrupts.guard().stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
+    stop = threading.Event()
+    metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
+    store = Store(metrics)
+    # The sources start first: the lists (most of a restart at scale) run while the kernel's
+    # nft features are probed (0.3-0.7 s here); nothing is synced before the probe has passed.
     if args.manifests:
         ManifestsSource(store, args.manifests, stop).start()
         source = f"manifests {args.manifests}"
@@ -84,6 +60,34 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         events.start(stop)
         kube.start()
         source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
+    dataplane = NftDataplane(config.table, args.netns)
+    missing = dataplane.missing_features()
+    if missing:
+        stop.set()
+        for feature in missing:
+            log.error("nftables feature missing: %s", feature)
+        log.error("this kernel or libnftables cannot run nftpolicy; nothing was changed")
+        return 1
+    learner = DomainLearner(args.dns_ttl_floor, args.dns_ttl_cap, args.dns_max_per_set, args.dns_max_per_pod)
+    learning = DomainLearning(learner, dataplane.add_timed_elements, metrics, args.dns_hold, args.dns_queue, args.netns)
+    learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
+    reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,
+                            learning=learning)
+    metrics.registry.register(RuleCounters(dataplane, reconciler.chain_owners))  # read from the kernel at each scrape
+    health.unlisted = store.unlisted
+    try:
+        server = serve_http(args.http_address, metrics, health)
+    except OSError as exc:
+        stop.set()
+        log.error("cannot serve HTTP on %s: %s", args.http_address, exc)
+        return 1
+
+    def shutdown(signum: int) -> None:
+        log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)
+        stop.set()
+        store.changed.set()
+
+    interrupts.guard().stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
     log.info("nftpolicy %s agent for node %s: source %s, table inet %s, http %s:%d; settings: %s", version("nftpolicy"),
              args.node, source, config.table, *server.server_address[:2], settings(args, config))
     debug = None

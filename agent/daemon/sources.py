@@ -28,11 +28,11 @@ import orjson
 import tenacity
 import urllib3
 import yaml
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.watch.watch import iter_resp_lines
 
 from .clock import REAL_TIME, Clock
+from .kubeclient import client as k8s
+from .kubeclient import config as k8s_config
+from .kubeclient import iter_resp_lines
 from .manifestfiles import manifest_files, read_objects
 from .metrics import Metrics
 from .store import KINDS, Store
@@ -328,6 +328,8 @@ class KubeSource:
             while True:
                 # No resourceVersion: a consistent list, which the API server paginates (served
                 # from its watch cache since 1.34; with resourceVersion "0" it ignores limit).
+                # Not a streaming list (sendInitialEvents): on kube-apiserver 1.36 it cost the
+                # API server 1.2-1.3x the CPU of these pages (bench/api_server_cost.py, docs/benchmarks.md).
                 try:
                     response = call(limit=LIST_PAGE, _continue=token, _preload_content=False,
                                     _request_timeout=self.api_timeout, **kwargs)
