@@ -94,7 +94,7 @@ def report_skipped(errors: list[ManifestError], strict: bool) -> None:
 
 
 def _empty_line(paths: Sequence[str]) -> str:
-    return f"no Pod, Namespace, NetworkPolicy, Node or workload found in {', '.join(paths)}"
+    return f"no Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Node or workload found in {', '.join(paths)}"
 
 
 def finish(args: argparse.Namespace, code: int, skipped: Sequence[ManifestError], empty: Sequence[str] = ()) -> int:
