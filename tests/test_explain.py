@@ -71,8 +71,10 @@ def test_json_output(capsys):
 @pytest.mark.parametrize("args, message", [
     ("--from shop/nothing --to shop/db", "nftpolicy: --from shop/nothing: no running pod with an address of that name"),
     ("--from shop/frontend --to 10.0.0.300/8", "nftpolicy: --to 10.0.0.300/8: not NS/POD, an address or a CIDR"),
-    ("--from shop/frontend --to shop/db --port tcp/70000", "nftpolicy: invalid --port 'tcp/70000' (expected [TCP|UDP|SCTP/]PORT or icmp)"),
-    ("--from shop/frontend --to shop/db --port gre/1", "nftpolicy: invalid --port 'gre/1' (expected [TCP|UDP|SCTP/]PORT or icmp)"),
+    ("--from shop/frontend --to shop/db --port tcp/70000", "nftpolicy: --port tcp/70000: a port number is 1-65535"),
+    ("--from shop/frontend --to shop/db --port 0", "nftpolicy: --port 0: a port number is 1-65535"),
+    ("--from shop/frontend --to shop/db --port gre/1",
+     "nftpolicy: --port gre/1: expected [TCP|UDP|SCTP/]PORT, a container port's name or icmp"),
     ("--from shop/ --to shop/db", "nftpolicy: --from shop/: not NS/POD, an address or a CIDR"),
     ("--from shop/frontend --to fd00::1", "nftpolicy: shop/frontend and fd00::1 have no address family in common"),
 ])

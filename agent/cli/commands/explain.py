@@ -46,8 +46,10 @@ def parse_port(text: str) -> tuple[ConnectionProtocol, int | None]:
         return "ICMP", None
     if not port:
         protocol, port = "TCP", protocol
-    if protocol not in ("TCP", "UDP", "SCTP") or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UsageError(f"invalid --port {text!r} (expected [TCP|UDP|SCTP/]PORT or icmp)")
+    if protocol not in ("TCP", "UDP", "SCTP") or not port.isdigit():
+        raise UsageError(f"--port {text}: expected [TCP|UDP|SCTP/]PORT, a container port's name or icmp")
+    if not 1 <= int(port) <= 65535:
+        raise UsageError(f"--port {text}: a port number is 1-65535")
     return protocol, int(port)  # type: ignore[return-value]
 
 
