@@ -84,6 +84,31 @@ def test_bad_input_gets_one_line_and_exit_2(capsys, args, message):
     assert captured.err.splitlines() == [message] and captured.out == ""
 
 
+def test_an_agent_address_without_the_debug_endpoint_says_where_it_is(capsys):
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b"not found")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert main(["explain", "--from", "shop/frontend", "--to", "shop/db", "--agent", url]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capsys.readouterr().err == (f"nftpolicy: agent {url}: 404 not found: nothing serves /debug/model there (the agent "
+                                       "serves it on its --debug-address, default 127.0.0.1:9479, not on its --http-address)\n")
+
+
 def test_an_unreachable_agent_gets_one_line_and_exit_2(capsys):
     port = free_port()
     assert main(["explain", "--from", "shop/frontend", "--to", "shop/db", "--agent", f"http://127.0.0.1:{port}"]) == 2
