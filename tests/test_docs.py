@@ -126,3 +126,15 @@ def test_commands_md_lists_every_command_and_flag_and_no_other():
         actual = {option for action in sub._actions for option in action.option_strings
                   if option.startswith("--") and option != "--help"}
         assert documented == actual, (name, "undocumented:", actual - documented, "no such flag:", documented - actual)
+
+
+def test_operations_md_names_every_value_of_the_chart():
+    """docs/operations.md names every top-level value of charts/nftpolicy/values.yaml and every
+    ``agent.*`` value (one per agent flag), so a value added to the chart shows up here."""
+    import yaml
+
+    values = yaml.safe_load((REPO / "charts" / "nftpolicy" / "values.yaml").read_text())
+    text = (REPO / "docs" / "operations.md").read_text()
+    named = {name.rstrip(".") for name in re.findall(r"`([A-Za-z][\w.]*)", text)}  # `rbac.create` names rbac
+    keys = {key for key in values if key != "agent"} | {f"agent.{key}" for key in values["agent"]}
+    assert sorted(key for key in keys if not any(n == key or n.startswith(f"{key}.") for n in named)) == []

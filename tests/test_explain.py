@@ -71,8 +71,10 @@ def test_json_output(capsys):
 @pytest.mark.parametrize("args, message", [
     ("--from shop/nothing --to shop/db", "nftpolicy: --from shop/nothing: no running pod with an address of that name"),
     ("--from shop/frontend --to 10.0.0.300/8", "nftpolicy: --to 10.0.0.300/8: not NS/POD, an address or a CIDR"),
-    ("--from shop/frontend --to shop/db --port tcp/70000", "nftpolicy: invalid --port 'tcp/70000' (expected [TCP|UDP|SCTP/]PORT or icmp)"),
-    ("--from shop/frontend --to shop/db --port gre/1", "nftpolicy: invalid --port 'gre/1' (expected [TCP|UDP|SCTP/]PORT or icmp)"),
+    ("--from shop/frontend --to shop/db --port tcp/70000", "nftpolicy: --port tcp/70000: a port number is 1-65535"),
+    ("--from shop/frontend --to shop/db --port 0", "nftpolicy: --port 0: a port number is 1-65535"),
+    ("--from shop/frontend --to shop/db --port gre/1",
+     "nftpolicy: --port gre/1: expected [TCP|UDP|SCTP/]PORT, a container port's name or icmp"),
     ("--from shop/ --to shop/db", "nftpolicy: --from shop/: not NS/POD, an address or a CIDR"),
     ("--from shop/frontend --to fd00::1", "nftpolicy: shop/frontend and fd00::1 have no address family in common"),
 ])
@@ -80,6 +82,31 @@ def test_bad_input_gets_one_line_and_exit_2(capsys, args, message):
     assert main(["explain", *args.split(), SHOP]) == 2
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [message] and captured.out == ""
+
+
+def test_an_agent_address_without_the_debug_endpoint_says_where_it_is(capsys):
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b"not found")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert main(["explain", "--from", "shop/frontend", "--to", "shop/db", "--agent", url]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capsys.readouterr().err == (f"nftpolicy: agent {url}: 404 not found: nothing serves /debug/model there (the agent "
+                                       "serves it on its --debug-address, default 127.0.0.1:9479, not on its --http-address)\n")
 
 
 def test_an_unreachable_agent_gets_one_line_and_exit_2(capsys):

@@ -219,12 +219,12 @@ def test_empty_input_ends_in_a_summary_and_exit_3(tmp_path, make):
     if make == "comments only":
         (tmp_path / "x.yaml").write_text("# nothing\n")
     out = run("render", str(tmp_path))
-    assert (out.returncode, out.stderr) == (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n")
+    assert (out.returncode, out.stderr) == (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n")
     assert run("render", "--accept-skipped", str(tmp_path)).returncode == 0
     for command in ("explain", "trace"):  # before they look for the pods
         out = run(command, "--from", "a/b", "--to", "c/d", str(tmp_path))
         assert (out.returncode, out.stderr, out.stdout) == \
-            (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n", "")
+            (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n", "")
     out = run("explain", "--accept-skipped", "--from", "a/b", "--to", "c/d", str(tmp_path))
     assert (out.returncode, out.stderr) == (2, "nftpolicy: --from a/b: no running pod with an address of that name\n")
 
@@ -401,6 +401,23 @@ def test_ipv6_on_an_ipv4_cluster_is_refused_before_anything_is_built():
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr == ("nftpolicy: nothing to probe: --ipv6 asks for ipv6 addresses and the manifests give the pods ipv4 ones "
                           "(pods keep the addresses their manifests give; see --dual-stack)\n")
+
+
+@pytest.mark.kernel
+def test_a_sandbox_of_pods_without_container_ports_is_refused_before_anything_is_built():
+    example = str(REPO / "examples" / "domain-names")  # its pods declare no port
+    out = run("sandbox", example)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == (f"nftpolicy: nothing to probe: no pod in {example} has a container port "
+                          "(the sandbox probes the ports of spec.containers[].ports; explain and trace take --port)\n")
+
+
+def test_help_names_every_exit_code_of_the_documented_table():
+    table = (REPO / "docs" / "commands.md").read_text().split("## Mistakes and exit codes")[1].split("## Every flag")[0]
+    documented = {code for row in re.findall(r"^\| ([0-9, ]+) \|", table, re.M) for code in row.split(", ")}
+    assert documented == {"0", "1", "2", "3", "130", "143", "141"}
+    epilog = " ".join(run("--help").stdout.split("exit codes:")[1].split())
+    assert {code for code in documented if not re.search(rf"(^|[;,] ){code} ", epilog)} == set(), epilog
 
 
 def test_help_shows_the_dataplanes_once_and_explain_only_the_flags_it_uses():

@@ -53,6 +53,15 @@ def load(cp, objects) -> None:
         cp.apply({**obj, "spec": {k: v for k, v in obj["spec"].items() if v is not None}} if obj["kind"] == "Pod" else obj)
 
 
+def test_a_kubeconfig_that_is_not_there_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    missing = str(tmp_path / "nope")
+    assert run(capsys, plugin, ["status", "--kubeconfig", missing]) == \
+        (2, "", f"kubectl nftpolicy: cannot use the kubeconfig {missing}: no such file\n")
+    monkeypatch.setenv("KUBECONFIG", missing)  # kubectl's own variable names the file when the flag does not
+    assert run(capsys, plugin, ["explain", "x/a", "x/b"]) == (2, "", f"kubectl nftpolicy: cannot use the kubeconfig {missing}: "
+                                                                    "no such file (--kubeconfig, $KUBECONFIG, else ~/.kube/config)\n")
+
+
 def test_port_syntax():
     assert split_port("x/a:80/TCP") == ("x/a", "80/TCP")
     assert split_port("svc/x/web") == ("svc/x/web", None)

@@ -535,6 +535,12 @@ def test_unknown_kinds_are_ignored_silently(obj):
     ({"kind": "Pods", "metadata": {"name": "p"}}, "Pods p: unknown kind 'Pods', did you mean Pod?"),
     ({"kind": "Deploymnet", "metadata": {"name": "d"}}, "Deploymnet d: unknown kind 'Deploymnet', did you mean Deployment?"),
     ({"kind": "Namespaces", "metadata": {"name": "n"}}, "Namespaces n: unknown kind 'Namespaces', did you mean Namespace?"),
+    ({"apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy", "metadata": {"name": "old"}},
+     "AdminNetworkPolicy old: a kind of network-policy-api before v1alpha2, which nftpolicy does not read: write it as a "
+     "ClusterNetworkPolicy of policy.networking.k8s.io/v1alpha2 with tier: Admin"),
+    ({"kind": "BaselineAdminNetworkPolicy", "metadata": {"name": "default"}},
+     "BaselineAdminNetworkPolicy default: a kind of network-policy-api before v1alpha2, which nftpolicy does not read: write it "
+     "as a ClusterNetworkPolicy of policy.networking.k8s.io/v1alpha2 with tier: Baseline"),
 ])
 def test_missing_or_miscased_kind_is_reported(obj, text):
     cluster, errors = build(obj, namespace("x"))

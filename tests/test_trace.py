@@ -296,3 +296,30 @@ def test_what_the_plugin_runs_in_the_agent_pods_names_the_policy_while_the_clien
             for server_ in debug.values():
                 server_.shutdown()
                 server_.server_close()
+
+
+def test_a_rule_that_matched_a_learned_address_names_the_dns_name_that_taught_it():
+    """trace --agent: the agent's debug model carries what it learned from DNS answers; the
+    domainNames rule that matched the traced destination says which name's answer put it there."""
+    from nftpolicy.translators import layout
+    from nftpolicy.translators.manifests import build_cluster
+    from nftpolicy.translators.noderender import build_rule_model
+    from nftpolicy.agent.cli.commands.trace import listed_rules, rule_text
+    from nftpolicy.translators.verdict import Connection
+
+    from .test_domain_names import NAMESPACE, POD, POLICY
+
+    cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+    assert not errors
+    model = build_rule_model(cluster, "node-1")
+    [domain_set] = [s.name for s in model.sets if s.kind == "domain" and s.family == "ipv4"]
+    listing = [{"rule": {"chain": chain.name, "handle": 10 + i * 100 + j, "comment": rule.comment}}
+               for i, chain in enumerate(layout.table(model).chains) for j, rule in enumerate(chain.rules)]
+    learned = {domain_set: {"203.0.113.7": "edge.cdnhost.net (www.partner.example)"}}
+    source = POD["status"]["podIP"]
+    found = listed_rules(listing, model, learned, Connection(source, "203.0.113.7", "TCP", 443))
+    taught = [rule_text(listed) for listed in found.values() if listed.taught]
+    assert len(taught) == 1 and taught[0].endswith("; 203.0.113.7 learned from the DNS answer for edge.cdnhost.net (www.partner.example)")
+    assert "partner" in taught[0]
+    other = listed_rules(listing, model, learned, Connection(source, "203.0.113.8", "TCP", 443))
+    assert not any(listed.taught for listed in other.values())  # an address nobody's answer taught

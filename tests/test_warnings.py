@@ -17,6 +17,18 @@ metadata: {namespace: ops, name: p, labels: {app: p}}
 spec: {nodeName: node1, containers: [{name: c}]}
 status: {phase: Running, podIP: 10.244.1.50}
 """
+POD_ON_A_NODE_TYPO = """
+apiVersion: v1
+kind: List
+items:
+  - {apiVersion: v1, kind: Node, metadata: {name: node1}}
+  - {apiVersion: v1, kind: Namespace, metadata: {name: ops}}
+  - apiVersion: v1
+    kind: Pod
+    metadata: {namespace: ops, name: p, labels: {app: p}}
+    spec: {nodeName: nodee1, containers: [{name: c}]}
+    status: {phase: Running, podIP: 10.244.1.50}
+"""
 NAMESPACE_NOTE = ("their labels are unknown, so a namespaceSelector sees only kubernetes.io/metadata.name "
                   "(add the Namespace objects to the manifests)")
 
@@ -24,6 +36,8 @@ NAMESPACE_NOTE = ("their labels are unknown, so a namespaceSelector sees only ku
 @pytest.mark.parametrize(("args", "stdin", "warning"), [
     (["--node", "node7", str(SHOP)], None, "no pod runs on node node7 (--node) and no Node object has that name; the nodes named: node1, node2"),
     (["-"], POD_IN_OPS, f"pods in namespaces without a Namespace object: ops; {NAMESPACE_NOTE}"),
+    (["-"], POD_ON_A_NODE_TYPO, "pods run on nodes that no Node object names: nodee1 (spec.nodeName); the Node objects: "
+                                "node1; such a node has no labels or addresses for a nodes peer"),
 ])
 def test_render_warns_and_strict_refuses(args, stdin, warning):
     out = run("render", *args, stdin=stdin)

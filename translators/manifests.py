@@ -256,6 +256,10 @@ def unread_object(obj: Any, origin: str) -> ManifestError | None:
         return ManifestError("object", _ref("object", obj), "kind: required", origin)
     if not isinstance(kind, str):
         return None  # no kind of ours
+    if kind in _REPLACED_KINDS and str(obj.get("apiVersion", POLICY_GROUP)).startswith(POLICY_GROUP):
+        return ManifestError(kind, _ref(kind, obj), "a kind of network-policy-api before v1alpha2, which nftpolicy does not "
+                             f"read: write it as a ClusterNetworkPolicy of {CLUSTER_POLICY_API_VERSION} with tier: "
+                             f"{_REPLACED_KINDS[kind]}", origin)
     near = difflib.get_close_matches(kind.lower(), _KINDS_BY_LOWER, n=1, cutoff=_TYPO_CUTOFF)
     if near:
         return ManifestError(kind, _ref(kind, obj), f"unknown kind {kind!r}, did you mean {_KINDS_BY_LOWER[near[0]]}?", origin)
@@ -263,6 +267,11 @@ def unread_object(obj: Any, origin: str) -> ManifestError | None:
 
 
 _KINDS_BY_LOWER = {kind.lower(): kind for kind in API_VERSIONS}
+# network-policy-api's kinds before v1alpha2 (v0.1.x), which ClusterNetworkPolicy replaces: the
+# tier each one became. Ignoring them would enforce nothing an operator migrating expects.
+# (A kind of that name in another API group is another project's: ignored like any other.)
+_REPLACED_KINDS = {"AdminNetworkPolicy": "Admin", "BaselineAdminNetworkPolicy": "Baseline"}
+POLICY_GROUP = "policy.networking.k8s.io/"
 _CLUSTER_SCOPED = ("Namespace", "Node", "ClusterNetworkPolicy")
 
 

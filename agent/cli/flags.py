@@ -445,9 +445,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-EXIT_CODES = """exit codes: 0 success; 1 a difference was found (sandbox, compare), or the agent cannot run
-(a missing nftables feature, the HTTP address cannot be bound); 2 bad input: a flag or NFTPOLICY_*
-variable, a file that cannot be read, an invalid object with --strict; 130 interrupted (SIGINT),
-143 terminated (SIGTERM); 141 the reader of the output went away (| head)"""
+EXIT_CODES = """exit codes: 0 success; 1 a difference was found (sandbox, compare), a connection is not
+allowed (explain), the packet was refused or never seen (trace), or the agent cannot run (a missing
+nftables feature, the HTTP address cannot be bound); 2 bad input: a flag or NFTPOLICY_* variable, a
+file that cannot be read, an invalid object with --strict; 3 incomplete input: an object, document
+or file was skipped, or no object was found (--accept-skipped: the code it would give otherwise);
+130 interrupted (SIGINT), 143 terminated (SIGTERM); 141 the reader of the output went away (| head)"""
 
 

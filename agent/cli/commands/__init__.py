@@ -94,7 +94,7 @@ def report_skipped(errors: list[ManifestError], strict: bool) -> None:
 
 
 def _empty_line(paths: Sequence[str]) -> str:
-    return f"no Pod, Namespace, NetworkPolicy, Node or workload found in {', '.join(paths)}"
+    return f"no Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Node or workload found in {', '.join(paths)}"
 
 
 def finish(args: argparse.Namespace, code: int, skipped: Sequence[ManifestError], empty: Sequence[str] = ()) -> int:
@@ -118,8 +118,10 @@ def finish(args: argparse.Namespace, code: int, skipped: Sequence[ManifestError]
 def cluster_warnings(cluster: Cluster, nodes: list[str]) -> list[str]:
     """What a command given these manifests should be told: a node in ``nodes`` that nothing
     names (no Node object, no pod runs on it: a typo, most likely; a Node object that runs no pod
-    yet is a fresh node, no mistake), pods in namespaces that have no Namespace object (their
-    labels are unknown, so a namespaceSelector sees only the automatic name label)."""
+    yet is a fresh node, no mistake), pods whose ``spec.nodeName`` no Node object names when the
+    manifests hold Node objects (a typo, most likely: such a node has no labels or addresses, so
+    no ``nodes`` peer selects it), pods in namespaces that have no Namespace object (their labels
+    are unknown, so a namespaceSelector sees only the automatic name label)."""
     warnings = []
     on = {pod.node for pod in cluster.pods.values()}
     for node in nodes:
@@ -127,6 +129,10 @@ def cluster_warnings(cluster: Cluster, nodes: list[str]) -> list[str]:
             known = sorted({*(n for n in on if n), *cluster.nodes})
             warnings.append(f"no pod runs on node {node} (--node) and no Node object has that name; "
                             f"the nodes named: {', '.join(known) or 'none'}")
+    unnamed = sorted(n for n in on if n and n not in cluster.nodes) if cluster.nodes else []
+    if unnamed:
+        warnings.append(f"pods run on nodes that no Node object names: {', '.join(unnamed)} (spec.nodeName); the Node "
+                        f"objects: {', '.join(sorted(cluster.nodes))}; such a node has no labels or addresses for a nodes peer")
     missing = sorted({pod.namespace for pod in cluster.pods.values()} - cluster.namespaces.keys())
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")

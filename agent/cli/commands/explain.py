@@ -46,8 +46,10 @@ def parse_port(text: str) -> tuple[ConnectionProtocol, int | None]:
         return "ICMP", None
     if not port:
         protocol, port = "TCP", protocol
-    if protocol not in ("TCP", "UDP", "SCTP") or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UsageError(f"invalid --port {text!r} (expected [TCP|UDP|SCTP/]PORT or icmp)")
+    if protocol not in ("TCP", "UDP", "SCTP") or not port.isdigit():
+        raise UsageError(f"--port {text}: expected [TCP|UDP|SCTP/]PORT, a container port's name or icmp")
+    if not 1 <= int(port) <= 65535:
+        raise UsageError(f"--port {text}: a port number is 1-65535")
     return protocol, int(port)  # type: ignore[return-value]
 
 
@@ -98,7 +100,9 @@ def _agent(url: str) -> Enforcement:
                          f"{version('nftpolicy')} ({exc}): run explain of the agent's version, "
                          "or kubectl nftpolicy explain, which reads the API server") from None
     except urllib.error.HTTPError as exc:
-        raise UsageError(f"agent {url}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
+        hint = (f": nothing serves {DEBUG_PATH} there (the agent serves it on its --debug-address, default "
+                "127.0.0.1:9479, not on its --http-address)") if exc.code == 404 else ""
+        raise UsageError(f"agent {url}: {exc.code} {exc.read().decode(errors='replace').strip()}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise UsageError(f"cannot reach the agent at {url}: {getattr(exc, 'reason', exc)}") from None
     except (ValueError, KeyError, TypeError) as exc:

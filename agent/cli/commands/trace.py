@@ -157,16 +157,22 @@ def traced(dataplane: NftDataplane, config: Config, conn: Connection) -> Any:
 @dataclass(frozen=True)
 class Listed:
     """A rule of our table as the kernel lists it: ``chain``, ``comment`` and, when the model
-    the table was made from is known, the layout ``rule`` at its place (with its origin)."""
+    the table was made from is known, the layout ``rule`` at its place (with its origin);
+    ``taught``: for a rule that matches the traced address in a domainNames peer's set, the DNS
+    name whose answer put it there (the agent's, from ``--agent``)."""
 
     chain: str
     comment: str
     rule: layout.Rule | None = None
+    taught: str = ""
 
 
-def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None) -> dict[int, Listed]:
+def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
+                 learned: Mapping[str, Mapping[str, str]] | None = None, conn: Connection | None = None) -> dict[int, Listed]:
     """Rule handle -> :class:`Listed` for the rules of a kernel listing; a chain's rules are
-    matched to ``model``'s layout by place, where the chain has as many rules as its layout."""
+    matched to ``model``'s layout by place, where the chain has as many rules as its layout.
+    ``learned`` (domain set -> address -> DNS name) and ``conn``: the traced connection, whose
+    address a rule matching a domain set was taught by that name."""
     chains = {c.name: c.rules for c in layout.table(model).chains} if model is not None else {}
     by_chain: dict[str, list[dict[str, Any]]] = {}
     for item in listing:
@@ -176,8 +182,23 @@ def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None) -> 
     for chain, rules in by_chain.items():
         decided = chains.get(chain, ())
         for i, rule in enumerate(rules):
-            found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided[i] if len(decided) == len(rules) else None)
+            decided_rule = decided[i] if len(decided) == len(rules) else None
+            found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided_rule, _taught(decided_rule, learned, conn))
     return found
+
+
+def _taught(rule: layout.Rule | None, learned: Mapping[str, Mapping[str, str]] | None, conn: Connection | None) -> str:
+    """``93.184.216.34 learned from the DNS answer for api.example`` when ``rule`` tests the
+    traced connection's address in a set the agent learned it into, else ``""``."""
+    if rule is None or not learned or conn is None:
+        return ""
+    for statement in rule.statements:
+        if isinstance(statement, layout.AddressInSet) and statement.name in learned:
+            address = conn.destination if statement.field == "daddr" else conn.source
+            name = learned[statement.name].get(address)
+            if name is not None:
+                return f"{address} learned from the DNS answer for {name}"
+    return ""
 
 
 def rule_text(listed: Listed | None) -> str:
@@ -190,7 +211,7 @@ def rule_text(listed: Listed | None) -> str:
         return f"policy {origin.policy} {origin.direction} rule {origin.index} (allows)"
     if listed.chain.startswith(tuple(POD_CHAIN_PREFIX.values())):
         return f"pod {listed.comment}"
-    return listed.comment or "a rule"
+    return f"{listed.comment or 'a rule'}; {listed.taught}" if listed.taught else listed.comment or "a rule"
 
 
 def _unmatched(target: str, owners: Mapping[str, ChainOwner]) -> str:
@@ -243,9 +264,10 @@ def step_text(step: Step) -> str:
 
 
 def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, token: str, timeout: float,
-           model: RuleModel | None) -> list[Step]:
+           model: RuleModel | None, learned: Mapping[str, Mapping[str, str]] | None = None,
+           conn: Connection | None = None) -> list[Step]:
     owners = chain_owners(model) if model is not None else {}
-    return follow(monitor.lines(timeout), table, token, listed_rules(dataplane.listing(), model), owners)
+    return follow(monitor.lines(timeout), table, token, listed_rules(dataplane.listing(), model, learned, conn), owners)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -320,10 +342,12 @@ def _trace_node(args: argparse.Namespace, config: Config) -> int:
     dataplane = NftDataplane(config.table, args.netns)
     if not dataplane.has_table():
         raise UsageError(f"no table inet {config.table}{' in ' + args.netns if args.netns else ''}: nothing to trace")
-    model = next(iter(_agent(args.agent).models.values()), None) if args.agent else None
+    enforcement = _agent(args.agent) if args.agent else None
+    model = next(iter(enforcement.models.values()), None) if enforcement is not None else None
+    learned = next(iter(enforcement.learned.values()), None) if enforcement is not None else None
     with traced(dataplane, config, conn) as token, TraceMonitor(args.netns) as monitor:
         print(f"waiting up to {args.timeout:g} s for {conn.source} -> {conn.destination} {conn.text()}", file=sys.stderr)
-        steps = _steps(monitor, dataplane, config.table, token, args.timeout, model)
+        steps = _steps(monitor, dataplane, config.table, token, args.timeout, model, learned, conn)
     _print(f"TRACE  {conn.source} -> {conn.destination} {conn.text()}", args.netns or "(this node)", steps)
     passed = bool(steps) and steps[-1].verdict not in ("drop",)
     return 0 if passed else 1

@@ -11,6 +11,7 @@ every listed item (a list's items lack them).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -75,11 +76,15 @@ class Api:
 
     def __init__(self, kubeconfig: str | None, context: str | None, timeout: float = REQUEST_TIMEOUT) -> None:
         configuration = k8s.Configuration()
+        source = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"  # kubectl's order
+        if not any(os.path.exists(os.path.expanduser(path)) for path in source.split(os.pathsep) if path):
+            raise PluginError(f"cannot use the kubeconfig {source}: no such file"
+                              f"{'' if kubeconfig else ' (--kubeconfig, $KUBECONFIG, else ~/.kube/config)'}")
         try:
             k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
         except (k8s_config.ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
-            raise PluginError(f"cannot use the kubeconfig{' ' + kubeconfig if kubeconfig else ''}: {reason}") from None
+            raise PluginError(f"cannot use the kubeconfig {source}: {reason}") from None
         configuration.retries = False
         self.configuration = configuration
         self.server: str = configuration.host
