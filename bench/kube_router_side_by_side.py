@@ -600,7 +600,7 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
         loaded = cluster_from_api(cp)
         want = build_rule_model(loaded, NODE, CONFIG)
         expected = lister.expected(NODE, loaded)
-        want_chains = {"pod": len(local_pods(loaded)), "isolated": len(want.pod_chains)}
+        want_chains = {"pod": len(local_pods(loaded)), "isolated": len({c.pod for c in want.pod_chains})}  # ours: a chain per isolated direction
         figures: dict[str, Any] = {"load": load, "want": want_chains, "want_policy_chains": len(want.policy_chains),
                                    "kube-router": {}, "nftpolicy": {}}
 

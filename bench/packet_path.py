@@ -45,14 +45,14 @@ time, and everything is removed at the end, also on Ctrl-C and SIGTERM.
 Beside the rates (a 3 s rate varies by +-15 % between rounds on a shared machine), the
 deterministic cost of one new connection, counted by walking the decided table
 (:mod:`nftpolicy.translators.tablewalk`) from ``KUBE-ROUTER-FORWARD``: rules evaluated, set and
-verdict-map look-ups, jumps taken and counters reached, for the ingress (the server's pod chain,
-dispatch on the destination) and the egress (the client's, on the source) each walked alone (the
+verdict-map look-ups, jumps taken and counters reached, for the ingress (the server's ingress
+chain, dispatch on the destination) and the egress (the client's egress chain, on the source) each walked alone (the
 base chain's rules count in both), and for the whole walk the kernel does. The iptables
 variant's cost is the same walk over the table as ``translators/iptables.py`` prints it: the
 dispatch one rule per local pod address, a rule per address and protocol, a mark-and-return as
 MARK then a mark-matching RETURN, no "allowed" returns, and the jump from ``FORWARD``; its
-dispatch rules serve both directions, so only its whole walk is counted, and it has no counter
-statements (iptables counts every rule).
+dispatch is rules, not verdict-map look-ups the walk can limit to one direction, so only its
+whole walk is counted, and it has no counter statements (iptables counts every rule).
 """
 
 from __future__ import annotations
@@ -103,14 +103,12 @@ def choose_pair(cluster, model: RuleModel) -> tuple[str, str, int]:
     """(client pod, server pod, TCP port): both isolated by policies in the direction they are used,
     and allowed by both (the verdict engine on the node's model), first in name order."""
     engine = Enforcement({None: model})
-    pods = {c.pod: c for c in model.pod_chains}
-    for server_key in sorted(pods):
-        if not pods[server_key].ingress:
-            continue
+    isolated = {(c.pod, c.direction) for c in model.pod_chains if c.policies}
+    for server_key in sorted({pod for pod, direction in isolated if direction == "ingress"}):
         dst = cluster.pods[server_key].addresses("ipv4")[0]
         ports = sorted({p.port for p in cluster.pods[server_key].ports if p.protocol == "TCP"})
-        for client_key in sorted(pods):
-            if client_key == server_key or not pods[client_key].egress:
+        for client_key in sorted({pod for pod, direction in isolated if direction == "egress"}):
+            if client_key == server_key:
                 continue
             src = cluster.pods[client_key].addresses("ipv4")[0]
             for port in ports:

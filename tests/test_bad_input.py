@@ -53,12 +53,12 @@ def test_bad_input_is_named_and_the_rest_loads(name, make_netns):
 
 def test_a_broken_document_keeps_the_policy_beside_it():
     out = run("render", str(BAD / "r8-multidoc-syntax.yaml"))
-    assert "KUBE-POD-FW-" in out.stdout  # the deny-all in document 2 still isolates its pod
+    assert "KUBE-POD-IN-" in out.stdout  # the deny-all in document 2 still isolates its pod
 
 
 def test_duplicate_ip_dispatches_to_the_running_pod():
     out = run("render", str(BAD / "r5-dup-ip.yaml"))
-    assert out.stdout.count(": jump KUBE-POD-FW-") == 1
+    assert out.stdout.count(": jump KUBE-POD-IN-") == 1
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -195,6 +195,10 @@ def test_a_dual_stack_dump_saved_from_a_node(make_netns):
     prefixes = {"KUBE-PODS-": "KUBE-SRC-", "KUBE-NET-": "KUBE-DST-", "KUBE-PORT-": "KUBE-DST-"}
 
     def kube_router_names(text: str) -> str:
+        # kube-router has one KUBE-POD-FW- chain per pod, ours one per direction with the same hash: the egress
+        # chain gets the hash reversed, so that the two stay two chains
+        text = re.sub(r"KUBE-POD-IN-(?=[A-Z2-7]{16}\b)", "KUBE-POD-FW-", text)
+        text = re.sub(r"KUBE-POD-EG-([A-Z2-7]{16})\b", lambda m: f"KUBE-POD-FW-{m.group(1)[::-1]}", text)
         return re.sub(r"KUBE-(?:PODS|NET|PORT)-(?=[A-Z2-7]{16}\b)", lambda m: prefixes[m.group(0)], text)
 
     dump = select({f: kube_router_names(t) for f, t in saved.items()}, kube_router_names(ipset_save))

@@ -545,7 +545,7 @@ def test_render_says_which_pods_it_leaves_out_for_want_of_an_address(tmp_path, t
     out = run("render", "--accept-skipped", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert out.stderr.splitlines()[-1] == line
-    assert "chain KUBE-POD-FW-" not in out.stdout
+    assert "chain KUBE-POD-" not in out.stdout
 
 
 def test_render_says_nothing_of_addresses_when_every_pod_has_one():

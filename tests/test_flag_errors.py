@@ -103,8 +103,8 @@ def test_only_the_agent_reads_the_environment(clean_env):
     assert flags.parser().parse_args(["trace", *REST["trace"]]).timeout == 30.0
     out = subprocess.run([NFTPOLICY, "render", SHOP], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "NFTPOLICY_NODE": "node2"})
-    every, node2 = (run("render", *flags, SHOP).stdout.count(": jump KUBE-POD-FW-") for flags in ([], ["--node", "node2"]))
-    assert out.returncode == 0 and out.stdout.count(": jump KUBE-POD-FW-") == every > node2
+    every, node2 = (run("render", *flags, SHOP).stdout.count(": jump KUBE-POD-") for flags in ([], ["--node", "node2"]))
+    assert out.returncode == 0 and out.stdout.count(": jump KUBE-POD-") == every > node2
 
 
 @pytest.mark.parametrize(("name", "line"), [

@@ -44,5 +44,5 @@ def test_golden_names_follow_the_hashing_rule():
     text = (GOLDEN / "shop-node1.nft").read_text()
     from nftpolicy.translators.rules import hashed_name
     assert hashed_name("KUBE-NWPLCY-", "shop", "api-ingress", "ingress") in text
-    assert hashed_name("KUBE-POD-FW-", "shop", "api-5f6b7c9d4-q8w2n") in text
+    assert hashed_name("KUBE-POD-IN-", "shop", "api-5f6b7c9d4-q8w2n") in text
     assert "meta mark set meta mark & 0xfffeffff" in text and "meta mark set 0x" not in text

@@ -188,8 +188,8 @@ def test_a_namespace_label_change_only_moves_the_elements_of_the_selectors_it_ch
 
 
 @pytest.mark.parametrize("change", ["label", "delete", "create"])
-def test_a_local_pod_change_rebuilds_only_its_own_pod_chain(monkeypatch, change):
-    """A local pod is relabelled, deleted or created: the renderer builds that pod's chain and no
+def test_a_local_pod_change_rebuilds_only_its_own_pod_chains(monkeypatch, change):
+    """A local pod is relabelled, deleted or created: the renderer builds that pod's chains and no
     other (the cost does not grow with local pods x policies); the model still equals a render
     from scratch."""
     from nftpolicy.translators import noderender
@@ -200,8 +200,8 @@ def test_a_local_pod_change_rebuilds_only_its_own_pod_chain(monkeypatch, change)
     renderer = NodeRenderer("node1", CONFIG).load(start)
     renderer.take_changes()
     built: list[str] = []
-    real = noderender.build_pod_chain
-    monkeypatch.setattr(noderender, "build_pod_chain", lambda p, *a: built.append(p.key) or real(p, *a))
+    real = noderender.build_pod_chains
+    monkeypatch.setattr(noderender, "build_pod_chains", lambda p, *a: built.append(p.key) or real(p, *a))
     new = {"label": dataclasses.replace(pod, labels={**pod.labels, "app": "api"}), "delete": None, "create": pod}[change]
     renderer.set_pod(pod.key, new)
     renderer.take_changes()
@@ -235,9 +235,9 @@ def test_the_fake_refuses_an_address_mapped_to_another_pod_chain_as_the_kernel_d
     table = FakeTable().apply(transaction.full(model))
     first, second = model.pod_chains[0], model.pod_chains[1]
     same = Transaction(model.config.table, model.config.priority)
-    same.add(Elements(POD_MAPS["ipv4"], (MapElement(first.ips[0], first.name, first.pod),)))
+    same.add(Elements(POD_MAPS[first.direction]["ipv4"], (MapElement(first.ips[0], first.name, first.pod),)))
     table.apply(same)  # the same mapping again: nft accepts it
     other = Transaction(model.config.table, model.config.priority)
-    other.add(Elements(POD_MAPS["ipv4"], (MapElement(first.ips[0], second.name, second.pod),)))
+    other.add(Elements(POD_MAPS[first.direction]["ipv4"], (MapElement(first.ips[0], second.name, second.pod),)))
     with pytest.raises(FakeNftError, match=f"{first.ips[0]} is mapped to {first.name} already"):
         table.apply(other)

@@ -53,7 +53,7 @@ def test_render_output_loads_reloads_and_drops_stale_sets(make_netns, loader):
     # node2 again after node1: node1's chains and sets are gone (full table replace + destroy).
     empty = build_rule_model(dataclasses.replace(cluster, policies={}), "node1")
     iptables.IptablesDataplane(ns, loader).run(transaction.full(empty))
-    assert "KUBE-POD-FW-" not in sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
+    assert "KUBE-POD-" not in sh(ns, f"iptables-{loader}-save", "-t", "filter").stdout
     assert [n for n in iptables.set_list(ns) if n.startswith("KUBE-")] == []
 
 

@@ -95,12 +95,15 @@ def test_example_renders_kube_routers_topology():
     table = layout.table(model)
     text, sets = iptables.to_restore(table, "ipv4"), iptables.to_ipset(table)
     _check_table(text, sets)
-    api = next(p for p in model.pod_chains if p.pod.endswith("api-5f6b7c9d4-q8w2n"))
-    ingress = api.ingress[0]
-    assert "-A KUBE-ROUTER-FORWARD -d 10.244.1.11/32" in text and "-A KUBE-ROUTER-INPUT -s 10.244.1.11/32" in text
-    # Direction: the ingress policy chain only for traffic to the pod, DEFAULT for its egress.
-    assert re.search(rf"-A {api.name} -d 10.244.1.11/32 .* -j {ingress}$", text, re.M)
-    assert re.search(rf"-A {api.name} -s 10.244.1.11/32 .* -j KUBE-NWPLCY-DEFAULT$", text, re.M)
+    (api,) = (p for p in model.pod_chains if p.pod.endswith("api-5f6b7c9d4-q8w2n"))  # isolated for ingress only
+    (frontend,) = (p for p in model.pod_chains if p.pod.endswith("frontend-7d9c8b6f5-x2k4p"))  # for egress only
+    assert (api.direction, frontend.direction) == ("ingress", "egress")
+    # Direction: a chain per direction, entered on -d for ingress and -s for egress, with that direction's policy chains.
+    assert re.search(rf"-A KUBE-ROUTER-FORWARD -d 10.244.1.11/32 .* -j {api.name}$", text, re.M)
+    assert re.search(rf"-A KUBE-ROUTER-INPUT -s 10.244.1.10/32 .* -j {frontend.name}$", text, re.M)
+    assert "-s 10.244.1.11/32" not in text and "-d 10.244.1.10/32" not in text
+    assert re.search(rf"-A {api.name} .* -j {api.policies[0]}$", text, re.M)
+    assert re.search(rf"-A {frontend.name} .* -j {frontend.policies[0]}$", text, re.M)
     assert "-j MARK --set-xmark 0x10000/0x10000" in text and "-j MARK --set-xmark 0x0/0x10000" in text
     assert "-j NFLOG --nflog-group 100" in text and "--reject-with icmp-port-unreachable" in text
     assert "--icmp-type echo-request" not in text and "KUBE-NWPLCY-TAIL" not in text

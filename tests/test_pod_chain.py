@@ -1,8 +1,10 @@
-"""The pod chain's walk (translators/layout.py ``pod_chain``), packet by packet through the decided
-table (the table walk, translators/tablewalk.py): the verdicts, and what a new connection costs. "The first allow
-ends the walk": once a direction's policies set the mark the packet leaves the pod chain, so it
-never walks another policy chain, the other direction's jumps, the node check or the rejects; a
-policy chain without rules (a deny-all policy's) is never jumped to.
+"""The pod chains' walk (translators/layout.py ``pod_chain``: one chain per pod and isolated
+direction), packet by packet through the decided table (the table walk, translators/tablewalk.py):
+the verdicts, and what a new connection costs. "The first allow ends the walk": once a
+direction's policies set the mark the packet leaves that pod chain, so it never walks another
+policy chain, the node check or the rejects; a policy chain without rules (a deny-all policy's) is
+never jumped to. A pod reaching itself through a Service (hairpin: after DNAT its address is both
+source and destination) walks its ingress chain and then its egress chain: both directions decide.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from nftpolicy.translators import layout
+from nftpolicy.translators.chainbuilders import POD_CHAIN_PREFIX
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.tablewalk import Connection, TableWalker, Walk
 
@@ -72,7 +75,7 @@ def pod_chain_walks(walked: Walk) -> list[tuple[list[str], int, set[str]]]:
     hashes, so it is left out."""
     walks: list[tuple[list[str], int, set[str]]] = []
     for chain, comment in ((step.chain, step.rule.comment) for step in walked.steps):
-        if chain.startswith("KUBE-POD-FW-"):
+        if chain.startswith(tuple(POD_CHAIN_PREFIX.values())):
             kind = comment.split(" ", 1)[1]
             if kind == "common":
                 walks.append(([], 0, set()))
@@ -121,3 +124,25 @@ def test_the_walk_counts_what_a_new_connection_costs():
     verdict, walked = walk(allow("in"))
     assert verdict
     assert (walked.lookups, walked.jumps, walked.counters) == (3, 3, 1)
+
+
+def test_hairpin_walks_the_ingress_chain_then_the_egress_chain():
+    """The server reaching itself through a Service (after the DNAT its address is both source and
+    destination): its ingress chain allows and returns, then its egress chain refuses. With one
+    chain for both directions the ingress "allowed" return ended the walk (tests/test_hairpin.py
+    has it with real packets)."""
+    table = layout.table(build_rule_model(cluster_from_yaml(PODS + """
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: x, name: in-all-egress-dns}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress, Egress]
+  ingress: [{}]
+  egress: [{ports: [{port: 53, protocol: UDP}]}]
+"""), "node1"))
+    walked = TableWalker(table).walk(Connection("10.0.0.2", "10.0.0.2", "TCP", 80))
+    entered = [step.chain for step in walked.steps if step.rule.comment.endswith(" common")]
+    assert [c[:len("KUBE-POD-IN-")] for c in entered] == ["KUBE-POD-IN-", "KUBE-POD-EG-"]
+    assert not walked.allowed and walked.ended_by.rule.comment == "x/server reject egress"

@@ -212,5 +212,5 @@ def test_the_fake_prints_its_table():
     model = build_rule_model(_cluster(objects), NODE)
     for chain in model.pod_chains:
         assert f"\tchain {chain.name} {{" in text
-    assert "ip daddr vmap @KUBE-POD-FW-MAP4" in text
+    assert "ip daddr vmap @KUBE-POD-IN-MAP4" in text and "ip saddr vmap @KUBE-POD-EG-MAP4" in text
     assert dataplane.remove() and dataplane.text() == "" and not dataplane.remove()

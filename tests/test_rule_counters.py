@@ -106,7 +106,7 @@ def test_a_missing_table_gives_no_samples(make_netns):
     assert all(not f.samples for f in families)
 
 
-def test_labels_come_from_the_chain_owners_and_the_address_match():
+def test_labels_come_from_the_chain_owners_and_the_pod_chain_names():
     def rule(chain, comment, field, packets, reject=True):
         expr = [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": field}}, "right": "10.0.0.1"}},
                 {"counter": {"packets": packets, "bytes": 60 * packets}}]
@@ -115,12 +115,12 @@ def test_labels_come_from_the_chain_owners_and_the_address_match():
 
     long_policy = "shop/" + "a-name-longer-than-the-128-bytes-nft-keeps-of-a-comment-" * 4
     assert len(long_policy) > 128
-    owners = {"KUBE-POD-FW-X": ChainOwner(pod="shop/api-0"), "KUBE-NWPLCY-P": ChainOwner("shop/api-ingress", "ingress"),
+    owners = {"KUBE-POD-IN-X": ChainOwner(direction="ingress", pod="shop/api-0"), "KUBE-POD-EG-X": ChainOwner(direction="egress", pod="shop/api-0"), "KUBE-NWPLCY-P": ChainOwner("shop/api-ingress", "ingress"),
               "KUBE-NWPLCY-Q": ChainOwner(long_policy, "egress")}
     sums = tally([
-        rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 2),
-        rule("KUBE-POD-FW-X", "shop/api-0 reject ingress", "daddr", 3),  # the tcp reset and the other reject add up
-        rule("KUBE-POD-FW-X", "shop/api-0 reject egress", "saddr", 1),
+        rule("KUBE-POD-IN-X", "shop/api-0 reject ingress", "daddr", 2),
+        rule("KUBE-POD-IN-X", "shop/api-0 reject ingress", "daddr", 3),  # the tcp reset and the other reject add up
+        rule("KUBE-POD-EG-X", "shop/api-0 reject egress", "saddr", 1),
         rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 0", "saddr", 4, reject=False),
         rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 1", "saddr", 5, reject=False),
         rule("KUBE-NWPLCY-Q", long_policy[:128], "daddr", 6, reject=False),  # the comment nft keeps: cut

@@ -124,9 +124,9 @@ TIER_GUARD = CONFIG.policy_mark | CONFIG.pass_mark
 def test_admin_before_networkpolicy_and_no_baseline_where_a_networkpolicy_isolates():
     t = table(NETPOL, cnp("admin", "Admin", 1, ingress=[{"action": "Pass", "from": FROM_Y}]),
               cnp("base", "Baseline", 1, ingress=[{"action": "Deny", "from": FROM_Y}]))
-    (pod_chain,) = chain(t, "KUBE-POD-FW-")
-    assert _jumps(pod_chain) == [("KUBE-ANP", TIER_GUARD), ("clear pass", None), ("KUBE-NWPLCY", CONFIG.policy_mark),
-                                 ("KUBE-NWPLCY", CONFIG.policy_mark)]  # the ingress policy, then egress DEFAULT
+    (pod_chain,) = chain(t, "KUBE-POD-IN-")
+    assert _jumps(pod_chain) == [("KUBE-ANP", TIER_GUARD), ("clear pass", None), ("KUBE-NWPLCY", CONFIG.policy_mark)]  # the ingress policy
+    assert not chain(t, "KUBE-POD-EG-")  # nothing isolates its egress
     assert not chain(t, "KUBE-BANP-")  # it selects x/a only, whose ingress a NetworkPolicy isolates
 
 
@@ -134,11 +134,12 @@ def test_baseline_where_no_networkpolicy_isolates_then_default():
     t = table(cnp("admin", "Admin", 1, egress=[{"action": "Pass", "to": FROM_Y}]),
               cnp("base-b", "Baseline", 2, ingress=[{"action": "Deny", "from": FROM_Y}]),
               cnp("base-a", "Baseline", 2, ingress=[{"action": "Accept", "from": FROM_Y}]))
-    (pod_chain,) = chain(t, "KUBE-POD-FW-")
+    (pod_chain,) = chain(t, "KUBE-POD-IN-")
+    (egress_chain,) = chain(t, "KUBE-POD-EG-")
     names = {c.name: c for c in t.chains}
     assert _jumps(pod_chain) == [("KUBE-BANP", TIER_GUARD), ("KUBE-BANP", TIER_GUARD), ("clear pass", None),
-                                 ("KUBE-NWPLCY", CONFIG.policy_mark),  # ingress DEFAULT
-                                 ("KUBE-ANP", TIER_GUARD), ("clear pass", None), ("KUBE-NWPLCY", CONFIG.policy_mark)]
+                                 ("KUBE-NWPLCY", CONFIG.policy_mark)]  # ingress DEFAULT
+    assert _jumps(egress_chain) == [("KUBE-ANP", TIER_GUARD), ("clear pass", None), ("KUBE-NWPLCY", CONFIG.policy_mark)]  # egress DEFAULT
     banp = [r.statements[-1].target for r in pod_chain.rules if isinstance(r.statements[-1], Jump) and "BANP" in r.statements[-1].target]
     assert [names[b].rules[0].comment.split()[0] for b in banp] == ["base-a", "base-b"]  # (priority, name)
     assert pod_chain.rules[1].statements == (ClearMark(CONFIG.policy_mark | CONFIG.pass_mark),)
@@ -146,13 +147,14 @@ def test_baseline_where_no_networkpolicy_isolates_then_default():
 
 def test_a_pod_only_a_cluster_policy_selects_gets_a_pod_chain_and_its_dispatch():
     t = table(cnp("deny-y", "Admin", 1, ingress=[{"action": "Deny", "from": FROM_Y}]))
-    (pod_chain,) = chain(t, "KUBE-POD-FW-")
-    assert [(e.address, e.chain) for m in t.maps for e in m.elements] == [("10.0.0.1", pod_chain.name)]
+    (pod_chain,) = chain(t, "KUBE-POD-IN-")
+    assert not chain(t, "KUBE-POD-EG-")
+    assert [(m.name, e.address, e.chain) for m in t.maps for e in m.elements] == [("KUBE-POD-IN-MAP4", "10.0.0.1", pod_chain.name)]
 
 
 def test_a_cluster_policy_without_a_local_subject_renders_nothing():
     t = table(cnp("far", "Admin", 1, namespace="z", ingress=[{"action": "Deny", "from": FROM_Y}]))
-    assert not chain(t, "KUBE-ANP-") and not chain(t, "KUBE-POD-FW-")
+    assert not chain(t, "KUBE-ANP-") and not chain(t, "KUBE-POD-")
 
 
 def test_a_remote_cluster_policy_change_touches_no_chain():

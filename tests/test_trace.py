@@ -36,7 +36,7 @@ def test_an_allowed_packet_shows_the_policy_rules_that_allowed_it():
     assert result.returncode == 0, result.stderr
     assert lines[:2] == ["TRACE  ops/prometheus-0 -> shop/api-5f6b7c9d4-q8w2n TCP/9090: connected", "node node1:"]
     assert "  KUBE-NWPLCY-DMGOM57662FD7PZ3: policy shop/api-ingress ingress rule 1 (allows) -> return" in lines
-    assert "  KUBE-POD-FW-PAL6TE76LJVQCTZ2: pod shop/api-5f6b7c9d4-q8w2n ingress -> jump KUBE-NWPLCY-DMGOM57662FD7PZ3" in lines
+    assert "  KUBE-POD-IN-PAL6TE76LJVQCTZ2: pod shop/api-5f6b7c9d4-q8w2n ingress -> jump KUBE-NWPLCY-DMGOM57662FD7PZ3" in lines
     assert lines[-1] == "  KUBE-ROUTER-FORWARD: end of chain, policy -> accept"
 
 
@@ -46,7 +46,7 @@ def test_a_denied_packet_shows_the_reject():
     assert result.returncode == 1, result.stderr
     assert lines[0] == "TRACE  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 TCP/5432: refused"
     assert "  KUBE-NWPLCY-VHTYM5YFL6X3MAZN: policy shop/frontend-egress egress: no rule matched -> return" in lines
-    reject = lines.index("  KUBE-POD-FW-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject egress -> drop")
+    reject = lines.index("  KUBE-POD-EG-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject egress -> drop")
     assert lines[reject + 1:] == ["node node2:", "  (no packet of it in our table here)"]  # refused before it left node1
 
 

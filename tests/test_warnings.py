@@ -77,7 +77,7 @@ def test_strict_renders_a_fresh_node_that_runs_no_pod_yet(tmp_path):
     fresh.write_text("apiVersion: v1\nkind: Node\nmetadata: {name: node3}\n")
     out = run("render", "--strict", "--node", "node3", str(SHOP), str(fresh))
     assert (out.returncode, out.stderr) == (0, "")
-    assert "table inet nftpolicy" in out.stdout and "chain KUBE-POD-FW-" not in out.stdout
+    assert "table inet nftpolicy" in out.stdout and "chain KUBE-POD-" not in out.stdout
     unnamed = run("render", "--strict", "--node", "node4", str(SHOP), str(fresh))
     assert (unnamed.returncode, unnamed.stderr) == (
         2, "nftpolicy: warning: no pod runs on node node4 (--node) and no Node object has that name; "

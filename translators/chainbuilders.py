@@ -1,7 +1,7 @@
 """The chains of the rule model, built: a NetworkPolicy's ``KUBE-NWPLCY-<hash>`` and a
 ClusterNetworkPolicy's tier chain (``KUBE-ANP-<hash>`` for the Admin tier, ``KUBE-BANP-<hash>``
 for the Baseline tier), one per policy and direction, built the same way; and a local pod's
-``KUBE-POD-FW-<hash>``, which jumps to them.
+``KUBE-POD-IN-<hash>`` and ``KUBE-POD-EG-<hash>``, one per direction, which jump to them.
 
 What such a chain says depends only on the policy (and the address families in use): one
 :class:`~nftpolicy.translators.rules.MatchRule` per (peer, port) of each policy rule, whose peers
@@ -86,27 +86,34 @@ def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tu
     return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"))
 
 
-def build_pod_chain(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction, list[str]],
-                    tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str], empty: Iterable[str] = ()) -> PodChain:
-    """The ``KUBE-POD-FW-<hash>`` chain of local pod ``pod`` for its addresses ``ips`` (those
-    that dispatch to it): ``policies``, the policy chains of each direction whose policy selects
-    it (a direction absent: no NetworkPolicy isolates it); ``tiers``, the tier chains by pod
-    chain field (``admin_ingress``, ...) in evaluation order; ``tier_policy``: tier chain ->
-    its ClusterNetworkPolicy; ``empty``: policy chains that have no rule (of those listed or
-    any others)."""
-    ingress, egress = policies.get("ingress"), policies.get("egress")
-    return PodChain(name=hashed_name("KUBE-POD-FW-", pod.namespace, pod.name), pod=pod.key,
-                    ips=tuple(sorted(set(ips), key=address_order)),
-                    ingress=tuple(sorted(ingress)) if ingress is not None else None,
-                    egress=tuple(sorted(egress)) if egress is not None else None,
-                    comment=comment(f"{pod.key} pod"),
-                    admin_ingress=tuple(tiers.get("admin_ingress", ())),
-                    admin_egress=tuple(tiers.get("admin_egress", ())),
-                    # the Baseline tier only where no NetworkPolicy isolates the pod
-                    baseline_ingress=tuple(tiers.get("baseline_ingress", ())) if ingress is None else (),
-                    baseline_egress=tuple(tiers.get("baseline_egress", ())) if egress is None else (),
-                    tier_policies=tuple(sorted({(n, tier_policy[n]) for v in tiers.values() for n in v})),
-                    empty=tuple(sorted(set(empty) & {n for v in policies.values() for n in v})))
+POD_CHAIN_PREFIX: dict[Direction, str] = {"ingress": "KUBE-POD-IN-", "egress": "KUBE-POD-EG-"}  # as long as kube-router's KUBE-POD-FW-
+
+
+def build_pod_chains(pod: Pod, ips: tuple[str, ...], policies: Mapping[Direction, list[str]],
+                     tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str], empty: Iterable[str] = ()) -> tuple[PodChain, ...]:
+    """The chains of local pod ``pod`` for its addresses ``ips`` (those that dispatch to it), one
+    per direction it is isolated in (ingress first; none: not isolated): ``KUBE-POD-IN-<hash>``
+    and ``KUBE-POD-EG-<hash>``, the hash of the pod's namespace and name. ``policies``, the
+    policy chains of each direction whose policy selects it (a direction absent: no
+    NetworkPolicy isolates it); ``tiers``, the tier chains by direction and tier
+    (``admin_ingress``, ...) in evaluation order; ``tier_policy``: tier chain -> its
+    ClusterNetworkPolicy; ``empty``: policy chains that have no rule (of those listed or any
+    others)."""
+    addresses = tuple(sorted(set(ips), key=address_order))
+    chains = []
+    for direction in ("ingress", "egress"):
+        selecting = policies.get(direction)
+        admin = tuple(tiers.get(f"admin_{direction}", ()))
+        # the Baseline tier only where no NetworkPolicy isolates the pod
+        baseline = tuple(tiers.get(f"baseline_{direction}", ())) if selecting is None else ()
+        if selecting is None and not admin and not baseline:
+            continue
+        chains.append(PodChain(name=hashed_name(POD_CHAIN_PREFIX[direction], pod.namespace, pod.name), pod=pod.key, direction=direction,
+                               ips=addresses, policies=tuple(sorted(selecting)) if selecting is not None else None,
+                               comment=comment(f"{pod.key} pod {direction}"), admin=admin, baseline=baseline,
+                               tier_policies=tuple(sorted({(n, tier_policy[n]) for n in admin + baseline})),
+                               empty=tuple(sorted(set(empty) & set(selecting or ())))))
+    return tuple(chains)
 
 
 def tier_chain_name(policy: ClusterNetworkPolicy, direction: Direction) -> str:

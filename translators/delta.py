@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import layout
 from .layout import POD_MAPS
-from .model import Family, family_of
+from .model import family_of
 from .rules import AnyChain, Changes, Config, PodChain, PolicyChain, TierChain
 from .transaction import ChainRule, Elements, OurTable, SetName, Transaction
 
@@ -50,22 +50,19 @@ def delta_transaction(config: Config, changes: Changes) -> Transaction:
                 tx.flush(layout.Chain(name, ()))
             for rule in decided_chain(config, after).rules:
                 tx.add(ChainRule(name, rule))
-    stale: dict[Family, list[str]] = {"ipv4": [], "ipv6": []}
-    fresh: dict[Family, list[layout.MapElement]] = {"ipv4": [], "ipv6": []}
+    stale: dict[str, list[str]] = {}  # verdict map -> addresses to delete
+    fresh: dict[str, list[layout.MapElement]] = {}  # verdict map -> elements to add
     for name, (before, after) in changes.chains.items():
-        old = {ip: name for ip in before.ips} if isinstance(before, PodChain) else {}
-        new = {ip: after for ip in after.ips} if isinstance(after, PodChain) else {}
-        for ip in old:
-            if ip not in new:
-                stale[family_of(ip)].append(ip)
-        for ip in new.keys() - old.keys():
-            fresh[family_of(ip)].append(layout.MapElement(ip, name, new[ip].pod))
-    for family, ips in stale.items():  # deletions first: an address may move to another pod chain
-        if ips:
-            tx.delete(Elements(POD_MAPS[family], tuple(sorted(ips))))
-    for family, elements in fresh.items():
-        if elements:
-            tx.add(Elements(POD_MAPS[family], tuple(sorted(elements, key=lambda e: e.address))))
+        old = set(before.ips) if isinstance(before, PodChain) else set()
+        new = set(after.ips) if isinstance(after, PodChain) else set()
+        for ip in old - new:
+            stale.setdefault(POD_MAPS[before.direction][family_of(ip)], []).append(ip)  # type: ignore[union-attr]
+        for ip in new - old:
+            fresh.setdefault(POD_MAPS[after.direction][family_of(ip)], []).append(layout.MapElement(ip, name, after.pod))  # type: ignore[union-attr]
+    for pod_map, ips in sorted(stale.items()):  # deletions first: an address may move to another pod chain
+        tx.delete(Elements(pod_map, tuple(sorted(ips))))
+    for pod_map, elements in sorted(fresh.items()):
+        tx.add(Elements(pod_map, tuple(sorted(elements, key=lambda e: e.address))))
     removed = sorted(changes.chains.items(), key=lambda kv: not isinstance(kv[1][0], PodChain))  # pod chains first: they jump to the others
     for name, (before, after) in removed:
         if after is None:

@@ -17,18 +17,17 @@ Shape of one family's filter table (``to_restore(table, "ipv4")``; ``"ipv6"`` is
     -A INPUT -j KUBE-ROUTER-INPUT            (FORWARD, OUTPUT: their KUBE-ROUTER-* chain)
     -A KUBE-ROUTER-INPUT -d <service cidr> -j RETURN
     -A KUBE-ROUTER-INPUT -p tcp -m addrtype --dst-type LOCAL -m multiport --dports 30000:32767 -j RETURN   (udp, sctp)
-    -A KUBE-ROUTER-INPUT -s <pod ip> -j KUBE-POD-FW-<hash>                       (one rule per local pod address)
-    -A KUBE-ROUTER-FORWARD -d <pod ip> -j KUBE-POD-FW-<hash>, then -s <pod ip> ... (OUTPUT the same)
-    -A KUBE-POD-FW-<hash> -j KUBE-NWPLCY-COMMON
-    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x0/0x10000                        (start unmarked)
-    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -j KUBE-NWPLCY-<ingress hash>   (or KUBE-NWPLCY-DEFAULT)
-    -A KUBE-POD-FW-<hash> -s <pod ip> -m mark ! --mark 0x10000/0x10000 -j KUBE-NWPLCY-<egress hash>    (or KUBE-NWPLCY-DEFAULT)
-    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -m addrtype --src-type LOCAL -j ACCEPT   (the node itself)
-    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -m limit --limit 10/min --limit-burst 10 -j NFLOG --nflog-group 100
-    -A KUBE-POD-FW-<hash> -d <pod ip> -p tcp -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with tcp-reset
-    -A KUBE-POD-FW-<hash> -d <pod ip> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable
-    (the same three with -s for egress)
-    -A KUBE-POD-FW-<hash> -j MARK --set-xmark 0x20000/0x30000                    (clear the policy mark, set passed)
+    -A KUBE-ROUTER-INPUT -s <pod ip> -j KUBE-POD-EG-<hash>                       (one rule per address of a pod isolated for egress)
+    -A KUBE-ROUTER-FORWARD -d <pod ip> -j KUBE-POD-IN-<hash>, then -s <pod ip> -j KUBE-POD-EG-<hash> ... (OUTPUT the same)
+    -A KUBE-POD-IN-<hash> -j KUBE-NWPLCY-COMMON
+    -A KUBE-POD-IN-<hash> -j MARK --set-xmark 0x0/0x10000                        (start unmarked)
+    -A KUBE-POD-IN-<hash> -m mark ! --mark 0x10000/0x10000 -j KUBE-NWPLCY-<ingress hash>   (or KUBE-NWPLCY-DEFAULT)
+    -A KUBE-POD-IN-<hash> -m mark ! --mark 0x10000/0x10000 -m addrtype --src-type LOCAL -j ACCEPT   (the node itself)
+    -A KUBE-POD-IN-<hash> -m mark ! --mark 0x10000/0x10000 -m limit --limit 10/min --limit-burst 10 -j NFLOG --nflog-group 100
+    -A KUBE-POD-IN-<hash> -p tcp -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with tcp-reset
+    -A KUBE-POD-IN-<hash> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable
+    -A KUBE-POD-IN-<hash> -j MARK --set-xmark 0x20000/0x30000                    (clear the policy mark, set passed)
+    (KUBE-POD-EG-<hash> the same for egress, without the node's ACCEPT)
     -A KUBE-NWPLCY-<hash> [-p tcp] -m set --match-set KUBE-PODS-<hash> src [-m tcp --dport 80[:90]] -j MARK --set-xmark 0x10000/0x10000
     -A KUBE-NWPLCY-<hash> <the same matches> -m mark --mark 0x10000/0x10000 -j RETURN
     COMMIT
@@ -37,8 +36,10 @@ Sources: the layout, the two-rule MARK/RETURN pairs, the ``--set-xmark`` marks, 
 and REJECT are kube-router's network policy controller (``pkg/controllers/netpol``); the match and
 target options are iptables-extensions(8) (``set``, ``mark``, ``addrtype``, ``multiport``,
 ``conntrack``, ``icmp``/``icmp6``, ``limit``, ``comment``; ``MARK``, ``NFLOG``, ``REJECT``).
-Deliberately unlike kube-router, and like our nft ruleset: a policy chain is jumped only for its
-own direction (``-d`` for ingress, ``-s`` for egress, also for policies with both types), ICMP echo
+Deliberately unlike kube-router, and like our nft ruleset: a pod has a chain per direction
+(``KUBE-POD-IN-``/``KUBE-POD-EG-``, as long as kube-router's ``KUBE-POD-FW-``, so names stay
+within 28 characters), entered on ``-d`` for ingress and ``-s`` for egress, so a policy chain is
+jumped only for its own direction (also for policies with both types), ICMP echo
 is left to the policies, the KUBE-ROUTER-* chains end without kube-router's ``KUBE-NWPLCY-TAIL``
 ACCEPT (we only ever reject; everything else is left to the rest of the table), and there are no
 ``physdev`` rules (pods are routed, not bridged). The nft ruleset's "allowed" returns (a marked

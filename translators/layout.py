@@ -2,7 +2,7 @@
 
 Every chain, rule, verdict map, constant and comment of our table is decided here (DESIGN.md
 section 2, kube-router's ``KUBE-ROUTER-*`` -> ``KUBE-POD-FW-<hash>`` -> ``KUBE-NWPLCY-<hash>``
-topology) as frozen values: :class:`Table` holds :class:`Chain` objects of :class:`Rule` objects,
+topology, with a pod chain per direction: ``KUBE-POD-IN-<hash>``, ``KUBE-POD-EG-<hash>``) as frozen values: :class:`Table` holds :class:`Chain` objects of :class:`Rule` objects,
 each a tuple of statements (matches, then actions) and a comment, plus the shared sets of the
 rule model and the dispatch :class:`VerdictMap` objects. :mod:`nftpolicy.translators.nft` prints
 them as libnftables JSON and nft text, :mod:`nftpolicy.translators.iptables` as
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from .model import Direction, Family, family_of
-from .rules import FAMILIES, AddressSet, Config, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
+from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
 
 Field = Literal["saddr", "daddr"]
 Hook = Literal["input", "forward", "output"]
@@ -30,7 +30,13 @@ BASE_CHAINS: dict[str, Hook] = {"KUBE-ROUTER-INPUT": "input", "KUBE-ROUTER-FORWA
 INPUT_CHAIN = "KUBE-ROUTER-INPUT"
 COMMON_CHAIN = "KUBE-NWPLCY-COMMON"
 DEFAULT_CHAIN = "KUBE-NWPLCY-DEFAULT"
-POD_MAPS: dict[Family, str] = {"ipv4": "KUBE-POD-FW-MAP4", "ipv6": "KUBE-POD-FW-MAP6"}
+# The verdict maps of each direction: a local isolated pod's address -> its chain of that
+# direction (KUBE-POD-IN-<hash>, KUBE-POD-EG-<hash>: chainbuilders.POD_CHAIN_PREFIX).
+POD_MAPS: dict[Direction, dict[Family, str]] = {"ingress": {"ipv4": "KUBE-POD-IN-MAP4", "ipv6": "KUBE-POD-IN-MAP6"},
+                                                "egress": {"ipv4": "KUBE-POD-EG-MAP4", "ipv6": "KUBE-POD-EG-MAP6"}}
+# The address each direction's chains are dispatched on: the destination's for ingress, the source's for egress.
+DIRECTION_FIELD: dict[Direction, Field] = {"ingress": "daddr", "egress": "saddr"}
+FIELD_DIRECTION: dict[Field, Direction] = {"daddr": "ingress", "saddr": "egress"}
 # Which addresses each base chain dispatches on: INPUT sees traffic from local pods to the node;
 # FORWARD and OUTPUT traffic to a local pod (its ingress) and from one (its egress).
 DISPATCH: dict[str, tuple[Field, ...]] = {"KUBE-ROUTER-INPUT": ("saddr",), "KUBE-ROUTER-FORWARD": ("daddr", "saddr"),
@@ -249,7 +255,7 @@ class Chain:
 
 @dataclass(frozen=True)
 class MapElement:
-    """A dispatch element: local pod ``pod``'s ``address`` -> its pod chain ``chain``."""
+    """A dispatch element: local pod ``pod``'s ``address`` -> its pod chain ``chain`` (of the map's direction)."""
 
     address: str
     chain: str
@@ -258,9 +264,12 @@ class MapElement:
 
 @dataclass(frozen=True)
 class VerdictMap:
-    """``KUBE-POD-FW-MAP4``/``6``: local isolated pods' addresses of ``family`` -> pod chain."""
+    """``KUBE-POD-IN-MAP4``/``6`` (``direction`` ingress) and ``KUBE-POD-EG-MAP4``/``6``
+    (egress): the addresses of ``family`` of the local pods isolated for ``direction`` -> their
+    pod chain of that direction."""
 
     name: str
+    direction: Direction
     family: Family
     elements: tuple[MapElement, ...]
     comment: str
@@ -334,11 +343,6 @@ def policy_chain(config: Config, chain: PolicyChain) -> Chain:
     return Chain(chain.name, tuple(allow_rule(config, chain, allow) for allow in chain.rules))
 
 
-def _pod_addresses(pod: PodChain) -> dict[Family, tuple[str, ...]]:
-    by_family = {f: tuple(ip for ip in pod.ips if family_of(ip) == f) for f in FAMILIES}
-    return {f: ips for f, ips in by_family.items() if ips}
-
-
 def log_prefix(direction: str, pod: str) -> str:
     """The NFLOG prefix of a packet rejected for ``direction`` (``ingress``/``egress``) of pod
     ``pod`` (``namespace/name``): ``nftpolicy reject ingress shop/api-0: ``. The direction comes
@@ -395,88 +399,80 @@ def tier_chain(config: Config, chain: TierChain) -> Chain:
 
 
 def pod_chain(config: Config, pod: PodChain) -> Chain:
-    """``KUBE-POD-FW-<hash>`` of one isolated local pod (DESIGN.md section 2), in order: common
-    chain; start unmarked; for each direction, the tiers of that direction only, each jump only
-    while no earlier one has set the policy mark: the Admin tier chains (and while no Pass rule
-    has set the pass mark), then the NetworkPolicy chains, or where no NetworkPolicy isolates the
-    pod the Baseline tier chains (the same way) and ``KUBE-NWPLCY-DEFAULT``; the pass mark is
-    cleared after each tier. Once a direction's jumps have set the policy mark the packet is
-    allowed: clear it, set the passed mark and return (the first allow ends the walk, and no
-    reject below could match a marked packet). Then, for each isolated direction (``ip daddr``
-    of the pod: ingress, ``ip saddr``: egress), NFLOG and a counted reject of what nothing
-    allowed; clear the policy mark and set the passed mark.
+    """``KUBE-POD-IN-<hash>`` or ``KUBE-POD-EG-<hash>``: one direction of one isolated local pod
+    (DESIGN.md section 2), entered from that direction's verdict map only (ingress: the pod's
+    address is the destination, egress: the source), so no rule here tests the address. In
+    order: common chain; start unmarked; the tiers of the direction, each jump only while no
+    earlier one has set the policy mark: the Admin tier chains (and while no Pass rule has set
+    the pass mark), then the NetworkPolicy chains, or where no NetworkPolicy isolates the pod
+    the Baseline tier chains (the same way) and ``KUBE-NWPLCY-DEFAULT``; the pass mark is
+    cleared after each tier. Once the jumps have set the policy mark the packet is allowed for
+    this direction: clear the mark, set the passed mark and return (the first allow ends the
+    walk, and no reject below could match a marked packet); the base chain then dispatches the
+    other direction, so a packet between two addresses of one pod (hairpin through a Service)
+    is decided by both. Then, where NetworkPolicies isolate the direction, NFLOG and a counted
+    reject of what nothing allowed; clear the policy mark and set the passed mark.
 
     The node itself may always reach its pods (kubelet probes; the NetworkPolicy concepts page:
-    "traffic to and from the node where a Pod is running is always allowed"): that accept comes
-    after the policies, just before the rejects, so a packet a policy allowed has returned without
-    the address lookup. The verdict is the one an accept before the policies gives: a
-    NetworkPolicy only allows, and the ingress peers of a ClusterNetworkPolicy are namespaces and
-    pods (a hostNetwork pod is never a peer), so no rule before it refuses the node's traffic. It
-    takes unmarked packets only: a packet a policy allowed, where a printer leaves the "allowed"
-    returns out (iptables), goes on to the tail, which clears the policy mark.
+    "traffic to and from the node where a Pod is running is always allowed"): in the ingress
+    chain that accept comes after the policies, just before the rejects, so a packet a policy
+    allowed has returned without the address lookup. The verdict is the one an accept before the
+    policies gives: a NetworkPolicy only allows, and the ingress peers of a ClusterNetworkPolicy
+    are namespaces and pods (a hostNetwork pod is never a peer), so no rule before it refuses the
+    node's traffic. It takes unmarked packets only: a packet a policy allowed, where a printer
+    leaves the "allowed" return out (iptables), goes on to the tail, which clears the policy mark.
 
     A policy chain without rules (a deny-all policy's) is not jumped to: it could only return
-    the packet unmarked. A direction without any jump has no "allowed" return either: nothing in
-    it could set the mark.
+    the packet unmarked. A chain without any jump has no "allowed" return either: nothing in it
+    could set the mark.
 
     A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
     the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no
-    reject; every packet dispatched here has one of the pod's addresses as its source or
-    destination, so the rejects cover all that was left unmarked."""
+    reject."""
     unmarked = Unmarked(config.policy_mark)
-    tiered = any(pod.tiers("ingress") + pod.tiers("egress"))
     in_tier = Unmarked(config.policy_mark | config.pass_mark)
     policies = dict(pod.tier_policies)
-    addresses = _pod_addresses(pod)
     passed = ClearAndSetMark(config.policy_mark, config.passed_mark)
+    direction = pod.direction
     rules = [Rule((Jump(COMMON_CHAIN),), f"{pod.pod} common"),
-             Rule((ClearMark(config.policy_mark | config.pass_mark if tiered else config.policy_mark),), f"{pod.pod} start unmarked")]
-    directions: tuple[tuple[Direction, tuple[str, ...] | None, Field], ...] = (
-        ("ingress", pod.ingress, "daddr"), ("egress", pod.egress, "saddr"))
+             Rule((ClearMark(config.policy_mark | config.pass_mark if pod.admin or pod.baseline else config.policy_mark),),
+                  f"{pod.pod} start unmarked")]
 
-    def tier(direction: Direction, name: str, chains: tuple[str, ...], field: Field) -> list[Rule]:
-        jumps = [Rule((AddressIs(family, field, ips), in_tier, Jump(target)), f"{pod.pod} {direction} {name} tier: {policies[target]}")
-                 for target in chains for family, ips in addresses.items()]
+    def tier(name: str, chains: tuple[str, ...]) -> list[Rule]:
+        jumps = [Rule((in_tier, Jump(target)), f"{pod.pod} {direction} {name} tier: {policies[target]}") for target in chains]
         return jumps + [Rule((ClearMark(config.pass_mark),), f"{pod.pod} {direction} end of {name} tier")] if jumps else []
 
-    for direction, chains, field in directions:
-        before = len(rules)
-        admin, baseline = pod.tiers(direction)
-        rules += tier(direction, "admin", admin, field)
-        if chains is None:
-            rules += tier(direction, "baseline", baseline, field)
-        for target in chains if chains is not None else (DEFAULT_CHAIN,):
-            if target not in pod.empty:
-                rules += [Rule((AddressIs(family, field, ips), unmarked, Jump(target)), f"{pod.pod} {direction}")
-                          for family, ips in addresses.items()]
-        if len(rules) > before:
-            rules.append(Rule((Marked(config.policy_mark), passed, VerdictStatement("return")), f"{pod.pod} {direction} allowed"))
-    rules += [Rule((AddressIs(family, "daddr", ips), unmarked, LocalAddress("saddr"), VerdictStatement("accept")), f"{pod.pod} from the local node")
-              for family, ips in addresses.items()]
-    for direction, chains, field in directions:
-        if chains is None:
-            continue
-        for family, ips in addresses.items():
-            this_pod = AddressIs(family, field, ips)
-            rules += [
-                Rule((this_pod, unmarked, Limit(*LOG_RATE), Log(log_prefix(direction, pod.pod), config.nflog_group)),
-                     f"{pod.pod} log rejected {direction}"),
-                Rule((this_pod, unmarked, Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
-                Rule((this_pod, unmarked, CounterStatement(), Reject()), f"{pod.pod} reject {direction}"),
-            ]
+    before = len(rules)
+    rules += tier("admin", pod.admin)
+    if pod.policies is None:
+        rules += tier("baseline", pod.baseline)
+    rules += [Rule((unmarked, Jump(target)), f"{pod.pod} {direction}")
+              for target in (pod.policies if pod.policies is not None else (DEFAULT_CHAIN,)) if target not in pod.empty]
+    if len(rules) > before:
+        rules.append(Rule((Marked(config.policy_mark), passed, VerdictStatement("return")), f"{pod.pod} {direction} allowed"))
+    if direction == "ingress":
+        rules.append(Rule((unmarked, LocalAddress("saddr"), VerdictStatement("accept")), f"{pod.pod} from the local node"))
+    if pod.policies is not None:
+        rules += [
+            Rule((unmarked, Limit(*LOG_RATE), Log(log_prefix(direction, pod.pod), config.nflog_group)), f"{pod.pod} log rejected {direction}"),
+            Rule((unmarked, Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
+            Rule((unmarked, CounterStatement(), Reject()), f"{pod.pod} reject {direction}"),
+        ]
     rules.append(Rule((passed,), f"{pod.pod} passed"))
     return Chain(pod.name, tuple(rules))
 
 
 def dispatch_maps(pods: tuple[PodChain, ...]) -> tuple[VerdictMap, ...]:
-    """``KUBE-POD-FW-MAP4`` and ``KUBE-POD-FW-MAP6``: every address of every isolated local pod
-    -> its pod chain (one lookup per packet, O(1) in the number of pods)."""
-    return tuple(VerdictMap(name, family, tuple(map_elements(pods, family)), f"local isolated pods ({family}) -> KUBE-POD-FW chain")
-                 for family, name in POD_MAPS.items())
+    """``KUBE-POD-IN-MAP4``/``6`` and ``KUBE-POD-EG-MAP4``/``6``: every address of every local
+    pod isolated for the map's direction -> its pod chain of that direction (one lookup per
+    packet and direction, O(1) in the number of pods)."""
+    return tuple(VerdictMap(name, direction, family, tuple(map_elements([p for p in pods if p.direction == direction], family)),
+                            f"local pods isolated for {direction} ({family}) -> their {direction} chain")
+                 for direction, names in POD_MAPS.items() for family, name in names.items())
 
 
 def map_elements(pods: tuple[PodChain, ...] | list[PodChain], family: Family) -> list[MapElement]:
-    """The dispatch elements of ``pods`` for one family, in pod order."""
+    """The dispatch elements of ``pods`` (chains of one direction) for one family, in pod order."""
     return [MapElement(ip, p.name, p.pod) for p in pods for ip in p.ips if family_of(ip) == family]
 
 
@@ -498,7 +494,7 @@ def base_chains(config: Config) -> list[Chain]:
     """``KUBE-ROUTER-INPUT/FORWARD/OUTPUT``: INPUT's exemptions, then established and related
     connections accepted (conntrack decides known connections, as kube-router; here, before any
     pod chain, so no pod chain tests them), then dispatch to the local pods' chains on the address
-    of each direction."""
+    of each direction: the destination's ingress chain, then the source's egress chain."""
     chains = []
     for name, hook in BASE_CHAINS.items():
         rules = input_exemptions(config) if name == INPUT_CHAIN else []
@@ -506,7 +502,7 @@ def base_chains(config: Config) -> list[Chain]:
         for field in DISPATCH[name]:
             what = "to" if field == "daddr" else "from"
             rules += [Rule((Dispatch(family, field, pod_map),), f"traffic {what} local isolated pods ({family})")
-                      for family, pod_map in POD_MAPS.items()]
+                      for family, pod_map in POD_MAPS[FIELD_DIRECTION[field]].items()]
         chains.append(Chain(name, tuple(rules), hook))
     return chains
 

@@ -86,7 +86,7 @@ def rule_text(rule: Json) -> str:
 
 def element_text(element: Any) -> str:
     """One set or map element (libnftables JSON) in nft syntax: ``10.0.0.1``, ``10.0.0.0/8``,
-    ``10.0.0.1 . tcp . 80`` or ``10.0.0.1 : jump KUBE-POD-FW-...``."""
+    ``10.0.0.1 . tcp . 80`` or ``10.0.0.1 : jump KUBE-POD-IN-...``."""
     if isinstance(element, list):
         return f"{_value(element[0])} : {_value(element[1])}"
     return _value(element)

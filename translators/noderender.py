@@ -1,7 +1,7 @@
 """One node's rule model, kept up to date object by object: a change costs what it touches.
 
 :class:`NodeRenderer` holds the cluster as indexes (pods by namespace and label set, policies by
-namespace) and the node's desired rule model (DESIGN.md section 2: ``KUBE-POD-FW-<hash>`` ->
+namespace) and the node's desired rule model (DESIGN.md section 2: ``KUBE-POD-IN-/EG-<hash>`` ->
 ``KUBE-NWPLCY-<hash>``, semantics section 3). It takes one object at a time (:meth:`set_pod`,
 :meth:`set_namespace`, :meth:`set_policy`, :meth:`set_cluster_policy`, :meth:`set_node`) and records what that changed in the model, which
 :meth:`take_changes` hands out; :meth:`model` is the whole model (a full render is
@@ -39,7 +39,7 @@ from .rules import (
 from .layout import counted_origins
 from .setstore import SelectorSets
 from .domainnames import DomainSet, domain_sets
-from .chainbuilders import build_pod_chain
+from .chainbuilders import build_pod_chains
 from .policychains import PolicyChains
 from .tierchains import TierChains
 
@@ -61,7 +61,7 @@ class NodeRenderer:
         self._chains_before: dict[str, AnyChain | None] = {}
         self.policies = PolicyChains(self.sets, self._chains_before)
         self.tiers = TierChains(self.sets, self._chains_before, self.namespace_labels)
-        self._pod_chains: dict[str, PodChain] = {}  # local pod key -> its pod chain (isolated pods only)
+        self._pod_chains: dict[str, tuple[PodChain, ...]] = {}  # local pod key -> its pod chains, one per isolated direction (isolated pods only)
         self._stale_pods: set[str] = set()  # local pods whose chain is rebuilt at the next refresh
         self._all_stale = False  # every local pod's chain is rebuilt at the next refresh
         self._local_by_ip: dict[str, set[str]] = {}  # address -> the local pods that have it
@@ -218,16 +218,16 @@ class NodeRenderer:
             config=self.config,
             sets=tuple(sorted(self.sets.address_sets(ordered), key=lambda s: s.name)),
             policy_chains=tuple(sorted((c for c, _ in self.policies.chains.values()), key=lambda c: c.name)),
-            pod_chains=tuple(sorted(self._pod_chains.values(), key=lambda c: c.name)),
+            pod_chains=tuple(sorted((c for chains in self._pod_chains.values() for c in chains), key=lambda c: c.name)),
             tier_chains=tuple(sorted((c for c, _ in self.tiers.chains.values()), key=lambda c: c.name)),
         )
 
     def counts(self) -> dict[str, int]:
         """Sizes of the model for metrics: ``sets``, ``elements`` (in every set), ``policy chains``
-        and ``pod chains``."""
+        and ``pod chains`` (one per local pod and direction it is isolated in)."""
         self._refresh_pod_chains()
         sets, elements = self.sets.counts()
-        return {"sets": sets, "elements": elements, "policy chains": len(self.policies.chains), "pod chains": len(self._pod_chains)}
+        return {"sets": sets, "elements": elements, "policy chains": len(self.policies.chains), "pod chains": sum(len(chains) for chains in self._pod_chains.values())}
 
     def local_pods(self) -> int:
         """How many pods that count (running, with an address, not hostNetwork) run on the node."""
@@ -259,7 +259,7 @@ class NodeRenderer:
     def _chains(self) -> dict[str, AnyChain]:
         chains: dict[str, AnyChain] = {c.name: c for c, _ in self.policies.chains.values()}
         chains.update((c.name, c) for c, _ in self.tiers.chains.values())
-        chains.update((c.name, c) for c in self._pod_chains.values())
+        chains.update((c.name, c) for chains in self._pod_chains.values() for c in chains)
         return chains
 
     def _is_local(self, pod: Pod) -> bool:
@@ -296,7 +296,7 @@ class NodeRenderer:
         """Pod chains of the local pods: which policy chains each direction jumps to. Only the
         chains of the pods marked stale since the last refresh are rebuilt (all of them after a
         load, a change of the address families in use or of a ClusterNetworkPolicy): a local pod
-        change costs its own chain, never local pods x policies."""
+        change costs its own chains, never local pods x policies."""
         if not (self._all_stale or self._stale_pods):
             return
         local = {p.key: p for pods in self._local.values() for p in pods.values()} if self._all_stale else None
@@ -306,29 +306,30 @@ class NodeRenderer:
         tier_policy = {c.name: c.policy for c, _ in self.tiers.chains.values()}
         for key in stale:
             pod = self.pods.get(key)
-            old = self._pod_chains.pop(key, None)
-            chain = None
+            old = {c.name: c for c in self._pod_chains.pop(key, ())}
+            chains: tuple[PodChain, ...] = ()
             if pod is not None and self._is_local(pod) and pod.enforceable:
-                chain = self._pod_chain(pod, tiers.get(key, {}), tier_policy)
-                if chain is not None:
-                    self._pod_chains[key] = chain
-            if old != chain:
-                name = (chain or old).name  # type: ignore[union-attr]
-                self._chains_before.setdefault(name, old)
+                chains = self._built_pod_chains(pod, tiers.get(key, {}), tier_policy)
+                if chains:
+                    self._pod_chains[key] = chains
+            new = {c.name: c for c in chains}
+            for name in sorted(old.keys() | new.keys()):
+                if old.get(name) != new.get(name):
+                    self._chains_before.setdefault(name, old.get(name))
         if self.tiers.chains:  # tier chains that no pod chain jumps to go
-            jumped = {n for c in self._pod_chains.values() for n in (*c.admin_ingress, *c.admin_egress, *c.baseline_ingress, *c.baseline_egress)}
+            jumped = {n for chains in self._pod_chains.values() for c in chains for n in (*c.admin, *c.baseline)}
             self.tiers.drop([k for k, (c, _) in self.tiers.chains.items() if c.name not in jumped])
 
-    def _pod_chain(self, pod: Pod, pod_tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> PodChain | None:
-        """The chain of local pod ``pod`` (None: not isolated in either direction, or none of its
-        addresses dispatches to it). An address shared by local pods dispatches to one pod
+    def _built_pod_chains(self, pod: Pod, pod_tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> tuple[PodChain, ...]:
+        """The chains of local pod ``pod``, one per direction it is isolated in (none: not
+        isolated, or none of its addresses dispatches to it). An address shared by local pods dispatches to one pod
         chain: the first of them by (not Running, key)."""
         order = (pod.phase != "Running", pod.key)
         ips = tuple(ip for ip in pod.ips if all(order <= (self.pods[k].phase != "Running", k) for k in self._local_by_ip.get(ip, ())))
         selecting, empty = self.policies.selecting(pod)
         if not (selecting or pod_tiers) or not ips:
-            return None
-        return build_pod_chain(pod, ips, selecting, pod_tiers, tier_policy, empty)
+            return ()
+        return build_pod_chains(pod, ips, selecting, pod_tiers, tier_policy, empty)
 
 
 def _family_counts(pods: Iterable[Pod]) -> dict[Family, int]:

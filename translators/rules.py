@@ -4,10 +4,12 @@ The rule model names every chain and set and says what each rule allows, without
 syntax; :mod:`nftpolicy.translators.noderender` builds it from the cluster (and keeps it up to
 date object by object), :mod:`nftpolicy.translators.nft` turns it into an nftables ruleset. The layout is
 DESIGN.md section 2 (kube-router's ``KUBE-ROUTER-*`` -> ``KUBE-POD-FW-<hash>`` ->
-``KUBE-NWPLCY-<hash>``), the semantics section 3 (the NetworkPolicy API reference):
+``KUBE-NWPLCY-<hash>``, with a pod chain per direction: ``KUBE-POD-IN-<hash>``,
+``KUBE-POD-EG-<hash>``), the semantics section 3 (the NetworkPolicy API reference):
 
-* a pod is isolated for a direction when a policy of that type selects it; its chain then jumps
-  to the policy chains of that direction only, else to ``KUBE-NWPLCY-DEFAULT``;
+* a pod is isolated for a direction when a policy of that type selects it; its chain of that
+  direction then jumps to the policy chains of that direction, else (a ClusterNetworkPolicy
+  tier only) to ``KUBE-NWPLCY-DEFAULT``;
 * a policy chain has one :class:`MatchRule` per allowed (peers, port) tuple;
 * peers are shared sets, named after what they select: pod addresses (``addr``), an ipBlock
   minus its own excepts (``interval``), or ``address . protocol . port`` triples where a named
@@ -151,34 +153,29 @@ class TierChain:
 
 @dataclass(frozen=True)
 class PodChain:
-    """``KUBE-POD-FW-<hash>`` for one local pod.
+    """One direction's chain of one local pod: ``KUBE-POD-IN-<hash>`` (ingress, entered by the
+    pod's addresses as destination) or ``KUBE-POD-EG-<hash>`` (egress, by them as source); both
+    of a pod share the hash. A pod has a chain only for a direction it is isolated in (a policy
+    of that direction or a ClusterNetworkPolicy tier chain of it selects it).
 
-    ``ingress``/``egress`` list the policy chains of the policies that isolate the pod for that
-    direction; None means no policy isolates the pod in that direction (jump
-    ``KUBE-NWPLCY-DEFAULT``). ``empty``: those of them that have no rule (a deny-all policy's: it
-    allows nothing), which the pod chain does not jump to. ``admin_*`` and
-    ``baseline_*`` list the tier chains of the ClusterNetworkPolicies that select the pod, in
-    evaluation order (``(priority, name)``).
+    ``policies`` lists the policy chains of the NetworkPolicies that isolate the pod for
+    ``direction``; None means no NetworkPolicy does (jump ``KUBE-NWPLCY-DEFAULT``, after the
+    Baseline tier). ``empty``: those of them that have no rule (a deny-all policy's: it allows
+    nothing), which the pod chain does not jump to. ``admin`` and ``baseline`` list the tier
+    chains of the ClusterNetworkPolicies that select the pod for ``direction``, in evaluation
+    order (``(priority, name)``).
     """
 
     name: str
     pod: str
+    direction: Direction
     ips: tuple[str, ...]
-    ingress: tuple[str, ...] | None
-    egress: tuple[str, ...] | None
+    policies: tuple[str, ...] | None
     comment: str
-    admin_ingress: tuple[str, ...] = ()
-    admin_egress: tuple[str, ...] = ()
-    baseline_ingress: tuple[str, ...] = ()
-    baseline_egress: tuple[str, ...] = ()
+    admin: tuple[str, ...] = ()
+    baseline: tuple[str, ...] = ()
     tier_policies: tuple[tuple[str, str], ...] = ()  # (tier chain, ClusterNetworkPolicy name), for comments
     empty: tuple[str, ...] = ()
-
-    def tiers(self, direction: Direction) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The Admin and Baseline tier chains of one direction."""
-        if direction == "ingress":
-            return self.admin_ingress, self.baseline_ingress
-        return self.admin_egress, self.baseline_egress
 
 
 @dataclass(frozen=True)
@@ -213,7 +210,7 @@ class ChainOwner:
 def owner_of(chain: AnyChain) -> ChainOwner:
     """The :class:`ChainOwner` of a policy, tier or pod chain."""
     if isinstance(chain, PodChain):
-        return ChainOwner(pod=chain.pod)
+        return ChainOwner(direction=chain.direction, pod=chain.pod)
     return ChainOwner(chain.policy, chain.direction, chain.tier if isinstance(chain, TierChain) else None)
 
 

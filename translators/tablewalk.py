@@ -28,7 +28,7 @@ from .layout import (
     AddressInSet, AddressIs, ClearAndSetMark, ClearMark, ConntrackState, CounterStatement, DestinationPorts, Dispatch, Field, IcmpTypes,
     Jump, Limit, LocalAddress, Log, Marked, NamedPortInSet, Protocols, Reject, SetMark, SetTrace, Statement, Unmarked,
 )
-from .model import Family, family_of
+from .model import Direction, Family, family_of
 
 Outcome = Literal["accept", "drop", "reject", "through"]
 _ACTIONS = (SetMark, ClearMark, ClearAndSetMark, Log, CounterStatement, Reject, layout.VerdictStatement, Jump, Dispatch, SetTrace)
@@ -142,9 +142,10 @@ class TableWalker:
             return any(address.version == net.version and address in net for net in members)
         return element in members
 
-    def dispatch_target(self, family: Family, address: str) -> str | None:
-        """The pod chain that the verdict map of ``family`` gives ``address``, if any."""
-        return self.maps[layout.POD_MAPS[family]].get(canonical(address)) if family_of(address) == family else None
+    def dispatch_target(self, direction: Direction, address: str) -> str | None:
+        """The pod chain of ``direction`` that the verdict map of that direction and the address's
+        family gives ``address``, if any (None: the pod is not isolated for ``direction``)."""
+        return self.maps[layout.POD_MAPS[direction][family_of(address)]].get(canonical(address))
 
     def walk(self, packet: Connection, chain: str = "KUBE-ROUTER-FORWARD", dispatch: tuple[Field, ...] = ("daddr", "saddr")) -> Walk:
         """Walk ``packet`` from base chain ``chain``. ``dispatch`` limits the verdict-map look-ups
@@ -237,7 +238,7 @@ class _Walking:
             if s.field not in self.dispatch or s.family != self.packet.family:
                 return None  # the other family's map: nft tests the family before it looks up
             self.result.lookups += 1
-            target = self.walker.dispatch_target(s.family, self.packet.address(s.field))
+            target = self.walker.maps[s.map].get(self.packet.address(s.field))
             if target is None:
                 return None
             self.result.jumps += 1

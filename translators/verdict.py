@@ -12,8 +12,9 @@ action) that decided. What the table does (DESIGN.md section 2):
   its destination pod's node through that pod's chain (its **ingress**); the rule model of the
   source's node decides the egress, the destination's node's model the ingress, and the
   connection passes when both allow it;
-* a pod without a ``KUBE-POD-FW-`` chain on its node, or whose chain has no policy chains for a
-  direction, is not isolated for that direction (the API reference: only a policy of that type
+* a pod without a chain of a direction on its node (``KUBE-POD-IN-`` for ingress,
+  ``KUBE-POD-EG-`` for egress), or whose chain of it has no policy chains, is not isolated for
+  that direction (the API reference: only a policy of that type
   selecting the pod isolates it);
 * a connection from an address to itself never leaves the pod (its loopback), so no chain sees
   it: allowed in both directions, as upstream's conformance tests expect of a pod's own address;
@@ -154,13 +155,11 @@ class _Node:
         chain = self.policy_chains.get(step.chain) or self.tier_chains[step.chain]
         return chain, self._made_from[step.chain][step.position]
 
-    def jumps(self, pod_chain: str, direction: Direction) -> tuple[str, ...]:
-        """The chains that pod chain ``pod_chain`` jumps to for ``direction`` (its tier chains,
-        policy chains or ``KUBE-NWPLCY-DEFAULT``), in order."""
-        field = "daddr" if direction == "ingress" else "saddr"
-        targets = [s.target for rule in self.walker.chains[pod_chain].rules
-                   if any(isinstance(s, layout.AddressIs) and s.field == field for s in rule.statements)
-                   for s in rule.statements if isinstance(s, layout.Jump)]
+    def jumps(self, pod_chain: str) -> tuple[str, ...]:
+        """The chains that pod chain ``pod_chain`` jumps to (its tier chains, policy chains or
+        ``KUBE-NWPLCY-DEFAULT``; the common chain aside), in order."""
+        targets = [s.target for rule in self.walker.chains[pod_chain].rules for s in rule.statements
+                   if isinstance(s, layout.Jump) and s.target != layout.COMMON_CHAIN]
         return tuple(dict.fromkeys(targets))
 
     def describe(self, name: str) -> str:
@@ -251,9 +250,9 @@ class Enforcement:
         key = pod.key if pod is not None else index.pods.get(address) if index is not None else None
         if not known or index is None:
             return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
-        pod_chain = index.walker.dispatch_target(conn.family, address)
-        jumps = index.jumps(pod_chain, direction) if pod_chain is not None else ()
-        isolating = getattr(index.pod_chains[pod_chain], direction) if pod_chain is not None else None
+        pod_chain = index.walker.dispatch_target(direction, address)
+        jumps = index.jumps(pod_chain) if pod_chain is not None else ()
+        isolating = index.pod_chains[pod_chain].policies if pod_chain is not None else None
         targets = [index.policy_chains[t] for t in isolating or ()]  # a deny-all policy's chain too, never jumped to
         isolated = pod_chain is not None and layout.DEFAULT_CHAIN not in jumps
         side = DirectionVerdict(direction, address, key, node, True, isolated, True, tuple(c.policy for c in targets),

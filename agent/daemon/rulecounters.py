@@ -28,7 +28,7 @@ Labels come from the chain owners of the model the agent committed
 chain's policy and direction, a tier chain's tier, policy, direction and the origin of each of
 its counted rules in chain order, which the kernel lists in the same order; never from a rule
 comment or an NFLOG prefix, which only describe and which nft cuts at 128 bytes), the reject's
-direction from its address match (``daddr``: ingress, ``saddr``: egress). A chain the committed
+direction from its pod chain's name (``KUBE-POD-IN-``: ingress, ``KUBE-POD-EG-``: egress). A chain the committed
 model does not know (our table changed by hand), or a tier chain whose counted rules are not the
 model's, is counted under its own name with direction (and rule) ``unknown``.
 """
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nftpolicy.translators.chainbuilders import TIER_CHAIN_PREFIX
+from nftpolicy.translators.chainbuilders import POD_CHAIN_PREFIX, TIER_CHAIN_PREFIX
 from nftpolicy.translators.layout import COMMON_CHAIN, DEFAULT_CHAIN
 from nftpolicy.translators.rules import ChainOwner
 
@@ -65,15 +65,6 @@ class CountedRules(Protocol):
 
 def _packets(rule: dict[str, Any]) -> int:
     return sum(int(e["counter"].get("packets", 0)) for e in rule["expr"] if isinstance(e.get("counter"), dict))
-
-
-def _direction(rule: dict[str, Any]) -> str:
-    """``ingress`` for a rule that matches the pod as destination, ``egress`` as source."""
-    for e in rule["expr"]:
-        left = e.get("match", {}).get("left")
-        if isinstance(left, dict) and left.get("payload", {}).get("field") in ("daddr", "saddr"):
-            return "ingress" if left["payload"]["field"] == "daddr" else "egress"
-    return "unknown"
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -100,9 +91,10 @@ def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tall
     for rule in rules:
         chain = rule.get("chain", "")
         owner = owners.get(chain)
-        if chain.startswith("KUBE-POD-FW-"):
+        direction = next((d for d, prefix in POD_CHAIN_PREFIX.items() if chain.startswith(prefix)), None)
+        if direction is not None:  # a pod chain: its direction is in its name
             if any("reject" in e for e in rule["expr"]):
-                sums.denied[(*_split(owner.pod if owner is not None and owner.pod else chain), _direction(rule))] += _packets(rule)
+                sums.denied[(*_split(owner.pod if owner is not None and owner.pod else chain), direction)] += _packets(rule)
         elif chain.startswith(tuple(TIER_CHAIN_PREFIX.values())):
             tier_rules.setdefault(chain, []).append(rule)
         elif chain.startswith("KUBE-NWPLCY-") and chain not in (COMMON_CHAIN, DEFAULT_CHAIN):

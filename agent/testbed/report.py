@@ -67,9 +67,8 @@ def selecting_policies(cluster: Cluster, config: Config = Config()) -> Selecting
     policy_of = {c.name: c.policy for c in model.policy_chains}
     selecting: Selecting = {}
     for chain in model.pod_chains:
-        for direction, chains in (("ingress", chain.ingress), ("egress", chain.egress)):
-            if chains is not None:
-                selecting.setdefault(chain.pod, {})[direction] = sorted(policy_of[c] for c in chains)
+        if chain.policies is not None:
+            selecting.setdefault(chain.pod, {})[chain.direction] = sorted(policy_of[c] for c in chain.policies)
     return selecting
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from nftpolicy.translators import layout
+from nftpolicy.translators.chainbuilders import POD_CHAIN_PREFIX
 from nftpolicy.translators.model import family_of
 from nftpolicy.translators.rules import ChainOwner, Config, RuleModel, chain_owners
 from nftpolicy.translators.transaction import ChainRule, Transaction
@@ -208,7 +209,7 @@ def rule_text(listed: Listed | None) -> str:
     origin = listed.rule.origin if listed.rule is not None else None
     if origin is not None and origin.tier is None:
         return f"policy {origin.policy} {origin.direction} rule {origin.index} (allows)"
-    if listed.chain.startswith("KUBE-POD-FW-"):
+    if listed.chain.startswith(tuple(POD_CHAIN_PREFIX.values())):
         return f"pod {listed.comment}"
     return f"{listed.comment or 'a rule'}; {listed.taught}" if listed.taught else listed.comment or "a rule"
 
