@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import statistics
 import sys
 import tempfile
 import time

@@ -3,13 +3,14 @@ network namespace the test created (and always deletes)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -55,20 +56,30 @@ def _found(tool: str) -> bool:
     return True
 
 
-@pytest.fixture
-def make_netns():
-    """Factory: ``make_netns()`` creates an empty namespace and returns its name; all are deleted
-    after the test, whatever happened."""
+@contextlib.contextmanager
+def netns_factory(tag: str) -> Iterator[Callable[[], str]]:
+    """``make()`` creates an empty namespace (``<OURS><tag><random>``) and returns its name; all
+    are deleted when the context ends, whatever happened."""
     created: list[str] = []
 
     def make() -> str:
-        name = f"{OURS}test{secrets.token_hex(3)}"
+        name = f"{OURS}{tag}{secrets.token_hex(3)}"
         created.append(name)
         netns.create([name])
         return name
 
-    yield make
-    netns.delete(created)
+    try:
+        yield make
+    finally:
+        netns.delete(created)
+
+
+@pytest.fixture
+def make_netns():
+    """Factory: ``make_netns()`` creates an empty namespace and returns its name; all are deleted
+    after the test, whatever happened."""
+    with netns_factory("test") as make:
+        yield make
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import secrets
 import socket
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from nftpolicy.translators.rules import TimedAddress
 
 from nftpolicy.agent.testbed.controlplane import free_port
 
-from .conftest import OURS, eventually, http_get, nft
+from .conftest import eventually, http_get, netns_factory, nft
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
 
@@ -209,16 +208,8 @@ class Bed:
 @pytest.fixture(scope="module")
 def module_netns():
     """:func:`conftest.make_netns` for a module: the namespaces go after its last test."""
-    created: list[str] = []
-
-    def make() -> str:
-        name = f"{OURS}dns{secrets.token_hex(3)}"
-        created.append(name)
-        netns.create([name])
-        return name
-
-    yield make
-    netns.delete(created)
+    with netns_factory("dns") as make:
+        yield make
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,6 @@ def test_on_a_node_the_trace_chains_go_away_after_a_timeout_and_after_sigterm(ma
     assert nft(ns, "list", "table", "inet", "nftpolicy") == before
     proc = subprocess.Popen([NFTPOLICY, "trace", "--from", "10.244.1.10", "--to", "10.244.2.10", "--netns", ns, "--timeout", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
     wait_for_trace_chains(ns, proc, 3)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 143

@@ -24,7 +24,7 @@ import dataclasses
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Direction, Family, Namespace, NetworkPolicy, Node, Pod
+from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Family, Namespace, NetworkPolicy, Node, Pod
 from .rules import (
     FAMILIES,
     AnyChain,

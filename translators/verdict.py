@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from . import layout
-from .model import Cluster, Direction, Family, Pod, family_of
+from .model import Cluster, Direction, Pod, family_of
 from .noderender import build_rule_model
 from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
 from .tablewalk import Connection as Connection, ConnectionProtocol as ConnectionProtocol  # the engine's input, named here too
