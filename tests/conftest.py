@@ -108,13 +108,13 @@ def nft(ns: str, *args: str, stdin: str | None = None) -> str:
     return result.stdout
 
 
-def connect_from_node(sandbox, node: str, address: str, port: int) -> bool:
-    """One TCP connection from sandbox node ``node``'s own namespace (so from its own address) to
-    ``address``:``port``; True when it connected within the sandbox's probe timeout."""
+def tcp_connects(ns: str, address: str, port: int, timeout: float) -> bool:
+    """One TCP connection from namespace ``ns`` to ``address``:``port``; True when it connected
+    within ``timeout`` seconds."""
     family = socket.AF_INET if family_of(address) == "ipv4" else socket.AF_INET6
-    with netns.entered(sandbox.node_netns(node)):
+    with netns.entered(ns):
         sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.settimeout(sandbox.timeout)
+    sock.settimeout(timeout)
     try:
         sock.connect((address, port))
         return True
@@ -122,6 +122,12 @@ def connect_from_node(sandbox, node: str, address: str, port: int) -> bool:
         return False
     finally:
         sock.close()
+
+
+def connect_from_node(sandbox, node: str, address: str, port: int) -> bool:
+    """One TCP connection from sandbox node ``node``'s own namespace (so from its own address) to
+    ``address``:``port``; True when it connected within the sandbox's probe timeout."""
+    return tcp_connects(sandbox.node_netns(node), address, port, sandbox.timeout)
 
 
 def http_get(url: str) -> tuple[int, str]:

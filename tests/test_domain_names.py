@@ -37,7 +37,7 @@ from nftpolicy.translators.rules import TimedAddress
 
 from nftpolicy.agent.testbed.controlplane import free_port
 
-from .conftest import eventually, http_get, netns_factory, nft
+from .conftest import eventually, http_get, netns_factory, nft, tcp_connects
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
 
@@ -170,16 +170,7 @@ class Bed:
 
     def connects(self, address: str) -> bool:
         """True when a TCP connection from the pod to ``address``:8080 is accepted."""
-        with netns.entered(self.pod):
-            s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(2)
-        try:
-            s.connect((address, PORT))
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
+        return tcp_connects(self.pod, address, PORT, 2)
 
     def wait_until_served(self) -> None:
         """Until dnsmasq answers the pod and the listeners accept (from the node)."""

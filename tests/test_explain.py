@@ -99,14 +99,21 @@ def test_an_agent_address_without_the_debug_endpoint_says_where_it_is(capsys):
 
     server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = explain_at_agent(server)
+    assert capsys.readouterr().err == (f"nftpolicy: agent {url}: 404 not found: nothing serves /debug/model there (the agent "
+                                       "serves it on its --debug-address, default 127.0.0.1:9479, not on its --http-address)\n")
+
+
+def explain_at_agent(server: http.server.HTTPServer) -> str:
+    """Run explain with ``--agent`` at ``server`` (serving), which must exit 2; the server is shut
+    down after. Returns the agent's URL."""
     try:
-        url = f"http://127.0.0.1:{server.server_port}"
+        url = f"http://127.0.0.1:{server.server_address[1]}"
         assert main(["explain", "--from", "shop/frontend", "--to", "shop/db", "--agent", url]) == 2
     finally:
         server.shutdown()
         server.server_close()
-    assert capsys.readouterr().err == (f"nftpolicy: agent {url}: 404 not found: nothing serves /debug/model there (the agent "
-                                       "serves it on its --debug-address, default 127.0.0.1:9479, not on its --http-address)\n")
+    return url
 
 
 def test_an_unreachable_agent_gets_one_line_and_exit_2(capsys):
@@ -123,13 +130,8 @@ def test_an_agent_of_another_version_gets_one_line_naming_both_versions(capsys):
 
     from nftpolicy.agent.daemon.debughttp import serve_debug
     from nftpolicy.translators.verdict import MODEL_SHAPE
-    server = serve_debug("127.0.0.1:0", lambda: {"shape": "0123456789ab", "version": "0.1.0", "models": [], "pods": []})
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        assert main(["explain", "--from", "shop/frontend", "--to", "shop/db", "--agent", url]) == 2
-    finally:
-        server.shutdown()
-        server.server_close()
+    url = explain_at_agent(serve_debug("127.0.0.1:0", lambda: {"shape": "0123456789ab", "version": "0.1.0", "models": [],
+                                                                "pods": []}))
     assert capsys.readouterr().err.splitlines() == [
         f"nftpolicy: agent {url} runs nftpolicy 0.1.0 and this explain is {version('nftpolicy')} (its model has shape "
         f"0123456789ab, this nftpolicy reads shape {MODEL_SHAPE}): run explain of the agent's version, "
