@@ -30,6 +30,7 @@ import urllib3
 import yaml
 
 from .clock import REAL_TIME, Clock
+from .kubeclient import Collection
 from .kubeclient import client as k8s
 from .kubeclient import config as k8s_config
 from .kubeclient import iter_resp_lines
@@ -167,14 +168,12 @@ class KubeSource:
         configuration.retries = False  # tenacity decides
         configuration.socket_options = keepalive_options()
         api = k8s.ApiClient(configuration)
-        core, networking = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)
         self.calls: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-            "Namespace": (core.list_namespace, {}),
-            "Pod": (core.list_pod_for_all_namespaces, {}),
-            "NetworkPolicy": (networking.list_network_policy_for_all_namespaces, {}),
-            "Node": (core.list_node, {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
-            "ClusterNetworkPolicy": (k8s.CustomObjectsApi(api).list_cluster_custom_object,
-                                     {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"}),
+            "Namespace": (Collection(api, "/api/v1/namespaces"), {}),
+            "Pod": (Collection(api, "/api/v1/pods"), {}),
+            "NetworkPolicy": (Collection(api, "/apis/networking.k8s.io/v1/networkpolicies"), {}),
+            "Node": (Collection(api, "/api/v1/nodes"), {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
+            "ClusterNetworkPolicy": (Collection(api, "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"), {}),
         }
         self.store, self.metrics, self.stop = store, metrics, stop
         self.clock = clock  # every pause and every "how long since" (tests give their own)
@@ -331,7 +330,7 @@ class KubeSource:
                 # Not a streaming list (sendInitialEvents): on kube-apiserver 1.36 it cost the
                 # API server 1.2-1.3x the CPU of these pages (bench/api_server_cost.py, docs/benchmarks.md).
                 try:
-                    response = call(limit=LIST_PAGE, _continue=token, _preload_content=False,
+                    response = call(limit=LIST_PAGE, _continue=token,
                                     _request_timeout=self.api_timeout, **kwargs)
                 except k8s.ApiException as exc:
                     if exc.status == 410 and token:  # the continue token expired: list again now
@@ -360,7 +359,7 @@ class KubeSource:
         version = self.versions[kind]
         try:
             response = call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
-                            _preload_content=False, _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
+                            _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
         except k8s.ApiException as exc:
             if exc.status == 410:
                 raise RelistNeeded(f"resourceVersion {version} is gone") from None
