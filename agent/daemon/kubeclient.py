@@ -56,14 +56,14 @@ def request(api: client.ApiClient, method: str, path: str, timeout: Any, query: 
             body: Any = None, content_type: str | None = None) -> Any:
     """``method`` on ``path`` (``/api/v1/pods``) through ``api`` (its configuration: server,
     TLS, credentials, default headers), with ``query`` (the generated methods' keywords, None
-    values left out, in their order: the API's names sorted), ``body`` (sent as JSON with
-    ``content_type``, else ``application/json``) and ``timeout`` (seconds, or a (connect, read)
+    values left out, in their order: the API's names sorted), ``body`` (sent as JSON, with
+    ``content_type`` if given, else the client's ``application/json``) and ``timeout`` (seconds, or a (connect, read)
     pair). Returns the urllib3 response, its body unread (read it, or stream it and
     ``release_conn()``). Raises ``ApiException`` for an answer outside 2xx (its status, reason,
     headers and body), and with status 0 when there is no answer, as the generated methods do."""
     headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = content_type or "application/json"
+    if content_type is not None:
+        headers["Content-Type"] = content_type
     params = sorted((query_name(k), v) for k, v in (query or {}).items() if v is not None)
     serialized = api.param_serialize(method, path, query_params=params, header_params=headers, body=body,
                                      auth_settings=["BearerToken"])

@@ -19,10 +19,11 @@ import functools
 import json
 import logging
 import math
+import queue
 import socket
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import orjson
 import tenacity
@@ -39,6 +40,7 @@ from .metrics import Metrics
 from .store import KINDS, Store
 
 log = logging.getLogger("nftpolicy.sources")
+T = TypeVar("T")
 
 # Kinds whose resource only exists when its CRD is installed: a 404 on the list means "none".
 OPTIONAL = {"ClusterNetworkPolicy": "clusternetworkpolicies.policy.networking.k8s.io"}
@@ -136,6 +138,45 @@ def _retry_after(state: tenacity.RetryCallState) -> float | None:
             return None
         return min(seconds, MAX_BACKOFF) if math.isfinite(seconds) and seconds >= 0 else None
     return None
+
+
+def read_ahead(source: Iterator[T], name: str) -> Iterator[T]:
+    """``source``'s items, each made by a daemon thread (called ``name``) while the caller uses
+    the one before: one item ahead, no more. What ``source`` raises is raised here, in place of
+    the item it failed to make. When the caller stops early (an exception, ``close()``), the
+    thread ends before making another item."""
+    made: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    wanted = threading.Semaphore(1)  # a token per item the caller is ready for
+    abandoned = threading.Event()
+
+    def produce() -> None:
+        try:
+            while True:
+                while not wanted.acquire(timeout=0.1):
+                    if abandoned.is_set():
+                        return
+                if abandoned.is_set():
+                    return
+                item = next(source, made)  # ``made``: a sentinel no source yields
+                if item is made:
+                    made.put((False, None))
+                    return
+                made.put((True, item))
+        except BaseException as exc:  # handed to the caller, raised there
+            made.put((False, exc))
+
+    threading.Thread(target=produce, name=name, daemon=True).start()
+    try:
+        while True:
+            more, value = made.get()
+            if not more:
+                if value is not None:
+                    raise value
+                return
+            wanted.release()  # the next one is made while the caller uses this one
+            yield value
+    finally:
+        abandoned.set()
 
 
 class SourceError(RuntimeError):
@@ -316,13 +357,14 @@ class KubeSource:
         self._pause(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
-        """List ``kind`` in pages of :data:`LIST_PAGE` objects; each page is converted to model
-        objects before the next is fetched, so the agent never holds a whole cluster of API
+        """List ``kind`` in pages of :data:`LIST_PAGE` objects. The next page is fetched while
+        one is converted to model objects (:func:`read_ahead`: the API server answers on
+        another core meanwhile), and no further, so the agent never holds a whole cluster of API
         objects (150,000 pods are about a gigabyte of them)."""
         call, kwargs = self.calls[kind]
         pages: dict[str, Any] = {"count": 0, "version": ""}  # what the pages said, for the log
 
-        def items() -> Iterator[Any]:
+        def bodies() -> Iterator[Any]:
             token = None
             while True:
                 # No resourceVersion: a consistent list, which the API server paginates (served
@@ -341,12 +383,12 @@ class KubeSource:
                 meta = body.get("metadata") or {}
                 pages["count"] += 1
                 pages["version"] = meta.get("resourceVersion") or pages["version"]
-                yield from body.get("items") or ()
+                yield body
                 token = meta.get("continue")
                 if not token:
                     return
 
-        count = self.store.replace(kind, items())
+        count = self.store.replace(kind, (item for body in read_ahead(bodies(), f"list-{kind}") for item in body.get("items") or ()))
         if kind in self.absent:
             self.absent.discard(kind)
             log.info("the API has %s now: watching %ss", OPTIONAL[kind], kind, extra={"kind": kind})
