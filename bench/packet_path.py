@@ -63,21 +63,23 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import synthetic  # noqa: E402
 
 from nftpolicy.agent.dataplane import netns  # noqa: E402
-from nftpolicy.agent.dataplane.nftables import NftDataplane  # noqa: E402
+from nftpolicy.agent.dataplane.nftables import NftDataplane, TraceMonitor  # noqa: E402
 from nftpolicy.agent.testbed.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators import layout  # noqa: E402
@@ -202,6 +204,132 @@ def path_cost(table: layout.Table, source: str, destination: str, port: int, sta
         assert walked.allowed, (name, walked.outcome)
         cost[name] = {"rules": len(walked.steps), "lookups": walked.lookups, "jumps": walked.jumps, "counters": walked.counters}
     return cost
+
+
+# ---- the cost of a real ruleset: one packet traced by the kernel ------------------------------
+
+TRACE_TABLE = "nftpolicy-bench-trace"  # the table that marks the traced packet (never counted)
+_TRACE_EVENT = re.compile(r"^trace id (?P<id>\S+) (?P<family>\S+) (?P<table>\S+) (?P<chain>\S+) (?P<rest>.*)$")
+_TRACE_RULE = re.compile(r"^rule .* # handle (?P<handle>\d+) \(verdict (?P<verdict>[^)]*)\)\s*$")
+ChainKey = tuple[str, str, str]  # (family, table, chain)
+
+
+def listed_chains(listing: list[dict[str, Any]]) -> dict[ChainKey, list[dict[str, Any]]]:
+    """(family, table, chain) -> that chain's rules in order, from the kernel's JSON listing
+    (``nft -j list ruleset``: each ``{"rule": {...}}`` with its ``handle`` and ``expr``)."""
+    chains: dict[ChainKey, list[dict[str, Any]]] = {}
+    for item in listing:
+        if "chain" in item:
+            c = item["chain"]
+            chains.setdefault((c["family"], c["table"], c["name"]), [])
+        elif "rule" in item:
+            r = item["rule"]
+            chains.setdefault((r["family"], r["table"], r["chain"]), []).append(r)
+    return chains
+
+
+def set_lookups(rule: dict[str, Any]) -> int:
+    """The set and map look-ups in a listed rule: iptables' ``-m set`` matches (``xt match set``)
+    and nft's ``@set`` references, each counted once per rule evaluated (a look-up behind a match
+    that failed first is counted too: an upper bound)."""
+    text = json.dumps(rule["expr"])
+    return text.count('{"xt": {"type": "match", "name": "set"}}') + text.count('"@')
+
+
+def traced_cost(lines: Iterable[str], chains: dict[ChainKey, list[dict[str, Any]]], skip_tables: Iterable[str] = (TRACE_TABLE,)) -> dict[str, int]:
+    """The cost of the first packet in ``lines`` (``nft monitor trace`` output, handles on), in
+    every table but ``skip_tables``: rules evaluated, set look-ups in those rules
+    (:func:`set_lookups`), jumps taken and counters reached (rules that matched with a
+    ``counter``: iptables-nft gives every rule one).
+
+    The kernel reports only the rules that matched; in each visit of a chain the rules evaluated
+    are those up to the last one that matched when it ended the visit (a verdict: ``accept``,
+    ``drop``, ``return``) and every rule of the chain when the packet fell off its end (no event:
+    the next one is in a calling chain, or the base chain's ``policy``). ``chains``:
+    :func:`listed_chains` of the same ruleset (handles identify the rules)."""
+    skip = set(skip_tables)
+    cost = {"rules": 0, "lookups": 0, "jumps": 0, "counters": 0}
+    stack: list[list[Any]] = []  # [chain key, rules evaluated so far in this visit]
+
+    def leave(fell_off: bool = True) -> None:
+        key, pos = stack.pop()
+        rules = chains[key] if fell_off else chains[key][:pos]
+        cost["rules"] += len(rules)
+        cost["lookups"] += sum(set_lookups(r) for r in rules)
+
+    packet = None
+    for line in lines:
+        event = _TRACE_EVENT.match(line)
+        if event is None or event["table"] in skip:
+            continue
+        if packet is None:
+            packet = event["id"]
+        if event["id"] != packet:
+            continue
+        key: ChainKey = (event["family"], event["table"], event["chain"])
+        rest = event["rest"]
+        rule = _TRACE_RULE.match(rest)
+        if rest.startswith("policy "):
+            while stack and stack[-1][0] != key:
+                leave()  # fell off the end
+            if stack:
+                leave()
+            continue
+        if rule is None:
+            continue
+        while stack and stack[-1][0] != key:
+            leave()
+        if not stack:
+            stack.append([key, 0])
+        handles = [r["handle"] for r in chains[key]]
+        stack[-1][1] = handles.index(int(rule["handle"])) + 1
+        cost["counters"] += any("counter" in e for e in chains[key][stack[-1][1] - 1]["expr"])
+        verdict = rule["verdict"].split()
+        if verdict[0] in ("jump", "goto"):
+            cost["jumps"] += 1
+            if verdict[0] == "goto":
+                leave(fell_off=False)
+            stack.append([(key[0], key[1], verdict[1]), 0])
+        elif verdict[0] == "return":
+            leave(fell_off=False)
+        elif verdict[0] in ("accept", "drop"):
+            while stack:
+                leave(fell_off=False)
+    while stack:
+        leave()
+    return cost
+
+
+def netns_ruleset(netns_name: str) -> list[dict[str, Any]]:
+    """``nft -j list ruleset`` inside ``netns_name`` (iptables-nft's tables included)."""
+    listed = subprocess.run(["ip", "netns", "exec", netns_name, "nft", "-j", "list", "ruleset"], capture_output=True, text=True, check=True)
+    return json.loads(listed.stdout)["nftables"]
+
+
+def trace_new_connection(sandbox: Sandbox, node: str, client: str, server: str, port: int) -> dict[str, int]:
+    """The cost of one new connection's first packet (the SYN ``client`` -> ``server``:``port``)
+    through every ruleset of ``node``'s namespace, traced by the kernel (:func:`traced_cost`): a
+    table of ours marks that SYN for ``nft monitor trace`` at prerouting, before any other
+    chain, and goes again after."""
+    ns = sandbox.node_netns(node)
+    src, dst = (sandbox.pods[k].addresses("ipv4")[0] for k in (client, server))
+    chains = listed_chains(netns_ruleset(ns))
+    marker = (f"add table ip {TRACE_TABLE}\n"
+              f"add chain ip {TRACE_TABLE} syn {{ type filter hook prerouting priority -400; }}\n"
+              f"add rule ip {TRACE_TABLE} syn ip saddr {src} ip daddr {dst} tcp dport {port} tcp flags & (syn | ack) == syn meta nftrace set 1\n")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=marker, text=True, check=True)
+    try:
+        with TraceMonitor(ns) as monitor:
+            with netns.entered(sandbox.pod_netns[client]), socket.socket() as sock:
+                sock.settimeout(2.0)
+                with contextlib.suppress(OSError):  # no server listens: the SYN is what counts
+                    sock.connect((dst, port))
+            lines = list(monitor.lines(0.5))
+    finally:
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "delete", "table", "ip", TRACE_TABLE], check=True)
+    if not any(f" {TRACE_TABLE} " in line for line in lines):
+        raise RuntimeError(f"the SYN {src} -> {dst}:{port} was not traced in {ns}")
+    return traced_cost(lines, chains)
 
 
 # ---- load ----------------------------------------------------------------------------------------
