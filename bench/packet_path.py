@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Benchmark: the packet path. New TCP connections per second between two sandbox pods on one
 node, with no rules, with connection tracking only, with the nft ruleset (one policy and 50
-selecting the server) and with the iptables variant (iptables-nft and iptables-legacy), side by
-side in one run.
+selecting the server), with the iptables variant (iptables-nft and iptables-legacy) and with
+the real kube-router v2.1.0's own rules for the same cluster, side by side in one run.
 
 Usage (as root)::
 
     .venv/bin/python bench/packet_path.py                 # table on stdout
     .venv/bin/python bench/packet_path.py --json          # + JSON on stdout (the table goes to stderr)
     .venv/bin/python bench/packet_path.py --seconds 2 --rounds 3
+    .venv/bin/python bench/packet_path.py --no-kube-router  # no control plane (about 2 minutes less)
+
+A run at the defaults takes about 7 minutes on this project's 2-core machine: 8 sandboxes of
+110 pods, the cluster loaded through kube-router's API server (1-1.5 minutes), 7 rounds of 8
+variants of 3.5 s.
 
 The cluster is ``synthetic.generate(10,000 pods, 1,000 policies, 100 namespaces)`` with 110 pods
 on ``node-0`` (see ``synthetic.py``). One sandbox per variant is built with the same 110 local pods
@@ -25,7 +30,14 @@ builds them):
 * ``nft-50-policies``: the same with 49 more policies that select the server and allow the pair
   (the first allow ends the walk through the pod chain);
 * ``iptables-nft`` and ``iptables-legacy``: the iptables variant of the same rule model, with its
-  ipsets, loaded with that ``iptables-restore``.
+  ipsets, loaded with that ``iptables-restore``;
+* ``kube-router``: the real kube-router v2.1.0 (``.tools/bin/kube-router``, built by ``bash
+  .ci/install --test``) writes its own iptables rules (iptables-nft) and ipsets for the same
+  cluster into the sandbox node's namespace (:func:`kube_router_rules`: etcd and kube-apiserver
+  hold the whole cluster, loaded through the API as ``kube_router_side_by_side.py`` loads it;
+  kube-router runs as ``nftpolicy sandbox --dataplane kube-router`` runs it until its rules are
+  complete, then it and the control plane stop and its rules stay, as on a node whose
+  kube-router restarts). ``--no-kube-router`` leaves it out.
 
 The client and the server are two local pods that policies isolate in both directions
 and that a policy allows on a TCP port, so every new connection walks the dispatch, both pods'
@@ -53,6 +65,18 @@ dispatch one rule per local pod address, a rule per address and protocol, a mark
 MARK then a mark-matching RETURN, no "allowed" returns, and the jump from ``FORWARD``; its
 dispatch is rules, not verdict-map look-ups the walk can limit to one direction, so only its
 whole walk is counted, and it has no counter statements (iptables counts every rule).
+
+The loaded rulesets of ``nft``, ``iptables-nft`` and ``kube-router`` are also counted from the
+kernel (the "traced" rows, :func:`trace_connection`): one connection of the pair, every packet of
+it marked for ``nft monitor trace`` in the node's namespace, each packet's walk counted against
+the ruleset's listing (:func:`traced_costs`: the kernel reports the rules that matched, so a
+chain visit evaluated the rules up to its last match when that ended the visit, else the whole
+chain). The first packet is the new connection's walk, counted as the table walk counts it (for
+``nft`` and ``iptables-nft`` the two agree, a check of both); set look-ups are the evaluated
+rules' set references, an upper bound (one behind a match that failed is counted too); counters
+are the matched rules that have one (iptables-nft gives every rule one). The later packets
+(SYN-ACK, ACK, reset) show what each packet of an established connection costs: kube-router
+accepts them in the pod's chain, after the dispatch rules before it.
 """
 
 from __future__ import annotations
