@@ -9,11 +9,11 @@ Usage (as root)::
     .venv/bin/python bench/packet_path.py                 # table on stdout
     .venv/bin/python bench/packet_path.py --json          # + JSON on stdout (the table goes to stderr)
     .venv/bin/python bench/packet_path.py --seconds 2 --rounds 3
-    .venv/bin/python bench/packet_path.py --no-kube-router  # no control plane (about 2 minutes less)
+    .venv/bin/python bench/packet_path.py --no-kube-router  # no control plane (2-3 minutes less)
 
-A run at the defaults takes about 7 minutes on this project's 2-core machine: 8 sandboxes of
-110 pods, the cluster loaded through kube-router's API server (1-1.5 minutes), 7 rounds of 8
-variants of 3.5 s.
+A run at the defaults takes 6-8 minutes on this project's 2-core machine (8 min 11 s at load
+average 11-27): 8 sandboxes of 110 pods, the cluster loaded through kube-router's API server
+(1-2 minutes) and its sync (15-25 s), 7 rounds of 8 variants of 3.5 s.
 
 The cluster is ``synthetic.generate(10,000 pods, 1,000 policies, 100 namespaces)`` with 110 pods
 on ``node-0`` (see ``synthetic.py``). One sandbox per variant is built with the same 110 local pods
@@ -563,10 +563,12 @@ def print_table(out, report: dict[str, Any]) -> None:
           f"({'beats' if t['beats'] else 'does NOT beat'} the iptables variant)", file=out)
     if "nft_vs_kube_router" in t:
         kr, ours = r["costs"]["kube-router (traced)"]["both"], r["costs"]["nft (traced)"]["both"]
-        print(f"beside the real kube-router v2.1.0 ({r['kube_router']['rules']} iptables rules, loaded by it in "
-              f"{r['kube_router']['sync_s']:.1f} s): nft / kube-router = {t['nft_vs_kube_router']:.2f}x the new-connection rate "
+        print(f"beside the real kube-router v2.1.0 ({r['kube_router']['rules']} iptables rules, complete "
+              f"{r['kube_router']['sync_s']:.1f} s after its start): nft / kube-router = {t['nft_vs_kube_router']:.2f}x the new-connection rate "
               f"({spread(t['nft_vs_kube_router_paired'])}); a new connection's first packet evaluates {ours['rules']} rules on nft "
-              f"against {kr['rules']} on kube-router ({kr['rules'] / ours['rules']:.1f}x), {ours['jumps']} jumps against {kr['jumps']}", file=out)
+              f"against {kr['rules']} on kube-router ({kr['rules'] / ours['rules']:.1f}x), {ours['jumps']} jumps against {kr['jumps']}; "
+              f"each later packet {max(r['costs']['nft (traced)']['later'])} against {min(r['costs']['kube-router (traced)']['later'])}-"
+              f"{max(r['costs']['kube-router (traced)']['later'])}", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -578,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (the table goes to stderr)")
     ap.add_argument("--costs-only", action="store_true", help="print the deterministic costs of our rule model only (no sandbox, no load)")
-    ap.add_argument("--no-kube-router", action="store_true", help="leave the real kube-router out (no control plane: about 3 minutes less)")
+    ap.add_argument("--no-kube-router", action="store_true", help="leave the real kube-router out (no control plane: 2-3 minutes less)")
     ap.add_argument("--workers", type=int, default=8, help="threads that load the cluster into kube-router's API server (default %(default)s)")
     args = ap.parse_args(argv)
     variants = tuple(v for v in VARIANTS if not (args.no_kube_router and v == "kube-router"))
