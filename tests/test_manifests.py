@@ -27,6 +27,7 @@ from nftpolicy.translators.manifests import (
     unread_object,
 )
 from nftpolicy.translators.validation import InvalidField, selector_from
+from nftpolicy.agent.daemon.manifestfiles import CHUNK, read_objects, stream_objects
 from nftpolicy.translators.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
@@ -799,6 +800,18 @@ def test_a_malformed_item_is_named_with_its_line_and_column():
             given.append(pair)
     assert given == [("l.json", {"kind": "Namespace"})]  # the caller drops them and reads the file whole
     assert str(refused.value.error) == "document #1: not valid JSON in item #2: expecting ',' delimiter at line 3, column 24 (l.json)"
+
+
+def test_a_json_file_larger_than_a_chunk_streams_as_it_reads_whole(tmp_path):
+    """Through the file reader: chunks of CHUNK bytes cut inside items and inside multi-byte
+    UTF-8 characters give the objects the whole read gives."""
+    items = [pod("x", f"p{i}", labels={"app": f"a{i % 7}"}) | {"metadata": {"name": f"p{i}", "namespace": "x",
+             "annotations": {"note": "\u00e9\u2603" * (i % 5)}}} for i in range(12000)]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [namespace("x"), *items]}, ensure_ascii=False))
+    assert path.stat().st_size > 2 * CHUNK
+    errors: list = []
+    assert list(stream_objects([str(path)], errors)) == read_objects([str(path)])[0] and errors == []
 
 
 # --------------------------------------------------------------------------- namespaces
