@@ -27,8 +27,8 @@ INCOMPLETE = 3  # exit code: part of the input was left out (see finish())
 @dataclass
 class Manifests:
     """What a command read from its paths: the ``cluster``, the ``objects`` it was built from
-    (workloads already replaced by their Pods), what was ``skipped`` (one error each) and the
-    workloads that stand in Pods."""
+    (workloads already replaced by their Pods; empty unless :func:`read_manifests` was asked to
+    keep them), what was ``skipped`` (one error each) and the workloads that stand in Pods."""
 
     paths: list[str]
     cluster: Cluster
@@ -64,8 +64,8 @@ def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_i
     The objects are read one at a time (a JSON List item by item) and dropped once in the
     cluster, unless ``keep_objects`` (:attr:`Manifests.objects`, else empty): a 150,000-pod
     dump parsed whole is about 800 MB, its cluster a fraction of that."""
-    try:
-        read = _read_manifests(args, nodes, report_invalid, keep_objects, stream_objects)
+    try:  # stdin cannot be read twice: with it among the paths, every file is read whole
+        read = _read_manifests(args, nodes, report_invalid, keep_objects, _whole_objects if "-" in args.paths else stream_objects)
     except NotStreamable as refused:  # a file read item by item that reads otherwise whole: read again, whole
         read = _read_manifests(args, nodes, report_invalid, keep_objects, _whole_objects)
         if refused.error is not None:  # the item that is not valid JSON, rather than the whole read's line and column
