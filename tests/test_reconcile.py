@@ -204,6 +204,38 @@ def test_a_burst_of_changes_is_coalesced_into_one_transaction():
     assert len(dataplane.transactions) == 2  # the full sync, then the burst in one
 
 
+def _status_only(obj: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """``obj`` with only fields of its status changed (what a heartbeat or a probe writes)."""
+    changed = copy.deepcopy(obj)
+    changed["metadata"]["resourceVersion"] = "999"
+    changed["status"] = {**changed.get("status", {}), **status}
+    return changed
+
+
+def test_a_heartbeat_or_status_only_update_wakes_no_sync_and_commits_nothing():
+    objects, clock = _objects(), FakeClock()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane, clock=clock)
+    stop, thread = _run(reconciler)
+    try:
+        eventually(lambda: reconciler.health.ready, clock=clock)
+        heartbeat = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-02T01:00:00Z"}]
+        store.apply("Node", "MODIFIED", _status_only(objects["Node"][0], conditions=heartbeat))
+        store.apply("Pod", "MODIFIED", _status_only(objects["Pod"][0], conditions=heartbeat))
+        assert not store.changed.is_set() and store.pending_since is None
+        waits = len(clock.waited)
+        eventually(lambda: len(clock.waited) >= waits + 5, clock=clock)  # the loop looked again and again
+        assert len(dataplane.transactions) == 1  # the first full sync only
+        _relabel(store, objects, "prometheus-0", app="other")  # a change the translator reads still commits
+        eventually(lambda: dataplane.state.state() == _fresh_state(objects), clock=clock)
+    finally:
+        stop.set()
+        store.changed.set()
+        thread.join(5)
+    assert not thread.is_alive()
+    assert len(dataplane.transactions) == 2
+
+
 def test_the_fake_prints_its_table():
     objects = _objects()
     store, dataplane = _store(objects), FakeNftDataplane()
