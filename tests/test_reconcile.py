@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from nftpolicy.agent.dataplane.fake import FakeNftDataplane, FakeTable
+from nftpolicy.agent.dataplane.nftables import NftDataplane, NftError
 from nftpolicy.agent.daemon.clock import REAL_TIME, Clock
 from nftpolicy.agent.daemon.health import Health
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -25,6 +26,7 @@ from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
 from .conftest import REPO, eventually
+from .test_api_recovery import normalized
 from .fakeclock import FakeClock
 
 NODE = "node1"
@@ -53,7 +55,7 @@ def _fresh_state(objects: dict[str, list[dict[str, Any]]]) -> Any:
     return FakeTable().apply(transaction.full(build_rule_model(_cluster(objects), NODE))).state()
 
 
-def _reconciler(store: Store, dataplane: FakeNftDataplane, clock: Clock = REAL_TIME, min_interval: float = 0.0) -> Reconciler:
+def _reconciler(store: Store, dataplane: FakeNftDataplane | NftDataplane, clock: Clock = REAL_TIME, min_interval: float = 0.0) -> Reconciler:
     return Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), min_interval, 3600.0, dataplane, clock)
 
 
@@ -234,6 +236,29 @@ def test_a_heartbeat_or_status_only_update_wakes_no_sync_and_commits_nothing():
         thread.join(5)
     assert not thread.is_alive()
     assert len(dataplane.transactions) == 2
+
+
+def test_incremental_commits_share_one_libnftables_context_and_land_as_a_full_replace_would(make_netns):
+    objects = _objects()
+    store, dataplane = _store(objects), NftDataplane(Config().table, make_netns())
+    reconciler = _reconciler(store, dataplane)
+    assert reconciler.sync(full=True)
+    kept = []
+    for value in ("other", "prometheus", "other"):
+        _relabel(store, objects, "prometheus-0", app=value)
+        assert reconciler.sync(full=False)
+        kept.append(dataplane._delta_ctx)
+    assert kept[0] is not None and kept.count(kept[0]) == 3  # made once, by the first incremental commit
+    bad = transaction.Transaction(Config().table, Config().priority)
+    bad.delete(transaction.SetName("no-such-set"))
+    with pytest.raises(NftError):
+        dataplane.run(bad)
+    assert dataplane._delta_ctx is None  # a refused commit drops it
+    _relabel(store, objects, "prometheus-0", app="prometheus")
+    assert reconciler.sync(full=False)
+    incremental = normalized(dataplane.listing())
+    assert reconciler.sync(full=True)
+    assert normalized(dataplane.listing()) == incremental
 
 
 def test_the_fake_prints_its_table():
