@@ -108,6 +108,21 @@ def test_no_change_commits_nothing():
     assert len(dataplane.transactions) == 1
 
 
+def test_an_incremental_sync_logs_where_its_oldest_events_time_went(caplog):
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    reconciler.sync(full=True)
+    _relabel(store, objects, "prometheus-0", app="other")
+    with caplog.at_level("INFO", logger="nftpolicy.reconcile"):
+        assert reconciler.sync(full=False)
+    (line,) = [r for r in caplog.records if getattr(r, "mode", None) == "incremental"]
+    fields = {k: getattr(line, k) for k in ("event_to_kernel_ms", "waited_ms", "render_ms", "commit_ms", "cpu_ms")}
+    assert all(value >= 0 for value in fields.values()), fields
+    assert fields["event_to_kernel_ms"] >= fields["waited_ms"] + fields["render_ms"] + fields["commit_ms"] - 0.05  # rounding
+    assert reconciler.metrics.event_to_kernel._sum.get() * 1000 >= fields["event_to_kernel_ms"] - 0.01  # the same figure
+
+
 def test_a_refused_transaction_keeps_the_table_and_the_next_sync_is_full():
     objects = _objects()
     store, dataplane = _store(objects), FakeNftDataplane()
