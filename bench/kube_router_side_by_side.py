@@ -219,6 +219,23 @@ def pod_api_object(pod: Pod, cluster: Cluster) -> dict[str, Any]:
     return obj
 
 
+def kube_router_chains(saved: str) -> dict[str, int]:
+    """In kube-router's ``iptables-save`` (filter table): ``pod`` KUBE-POD-FW-* chains,
+    ``isolated`` those that jump to a policy chain (not only KUBE-NWPLCY-DEFAULT), ``policy``
+    KUBE-NWPLCY-* chains."""
+    pod, isolated, policy = set(), set(), set()
+    for line in saved.splitlines():
+        if line.startswith(":KUBE-POD-FW-"):
+            pod.add(line[1:].split()[0])
+        elif line.startswith(":KUBE-NWPLCY-") and not line.startswith(":KUBE-NWPLCY-DEFAULT "):
+            policy.add(line[1:].split()[0])
+        elif line.startswith("-A KUBE-POD-FW-"):
+            target = line.rpartition(" -j ")[2].split()[0]
+            if target.startswith("KUBE-NWPLCY-") and target != "KUBE-NWPLCY-DEFAULT":
+                isolated.add(line.split()[1])
+    return {"pod": len(pod), "isolated": len(isolated & pod), "policy": len(policy)}
+
+
 # ---- processes ----------------------------------------------------------------------------------
 
 def proc_cpu(pid: int) -> tuple[float, float]:
@@ -369,21 +386,9 @@ class KubeRouter(Daemon):
                 self.syncs[-1][2] = go_duration_ms(message.removeprefix(KUBE_ROUTER_SYNC_END).strip())
 
     def chains(self) -> dict[str, int]:
-        """In the namespace's filter table: ``pod`` KUBE-POD-FW-* chains, ``isolated`` those that
-        jump to a policy chain (not only KUBE-NWPLCY-DEFAULT), ``policy`` KUBE-NWPLCY-* chains."""
-        out = subprocess.run(["ip", "netns", "exec", self.ns, "iptables-save", "-t", "filter"],
-                             capture_output=True, text=True, check=True).stdout
-        pod, isolated, policy = set(), set(), set()
-        for line in out.splitlines():
-            if line.startswith(":KUBE-POD-FW-"):
-                pod.add(line[1:].split()[0])
-            elif line.startswith(":KUBE-NWPLCY-") and not line.startswith(":KUBE-NWPLCY-DEFAULT "):
-                policy.add(line[1:].split()[0])
-            elif line.startswith("-A KUBE-POD-FW-"):
-                target = line.rpartition(" -j ")[2].split()[0]
-                if target.startswith("KUBE-NWPLCY-") and target != "KUBE-NWPLCY-DEFAULT":
-                    isolated.add(line.split()[1])
-        return {"pod": len(pod), "isolated": len(isolated & pod), "policy": len(policy)}
+        """:func:`kube_router_chains` of the namespace's filter table."""
+        return kube_router_chains(subprocess.run(["ip", "netns", "exec", self.ns, "iptables-save", "-t", "filter"],
+                                                 capture_output=True, text=True, check=True).stdout)
 
     def settled(self) -> bool:
         self.read()

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Benchmark: the packet path. New TCP connections per second between two sandbox pods on one
 node, with no rules, with connection tracking only, with the nft ruleset (one policy and 50
-selecting the server) and with the iptables variant (iptables-nft and iptables-legacy), side by
-side in one run.
+selecting the server), with the iptables variant (iptables-nft and iptables-legacy) and with
+the real kube-router v2.1.0's own rules for the same cluster, side by side in one run.
 
 Usage (as root)::
 
     .venv/bin/python bench/packet_path.py                 # table on stdout
     .venv/bin/python bench/packet_path.py --json          # + JSON on stdout (the table goes to stderr)
     .venv/bin/python bench/packet_path.py --seconds 2 --rounds 3
+    .venv/bin/python bench/packet_path.py --no-kube-router  # no control plane (2-3 minutes less)
+
+A run at the defaults takes 6-8 minutes on this project's 2-core machine (8 min 11 s at load
+average 11-27): 8 sandboxes of 110 pods, the cluster loaded through kube-router's API server
+(1-2 minutes) and its sync (15-25 s), 7 rounds of 8 variants of 3.5 s.
 
 The cluster is ``synthetic.generate(10,000 pods, 1,000 policies, 100 namespaces)`` with 110 pods
 on ``node-0`` (see ``synthetic.py``). One sandbox per variant is built with the same 110 local pods
@@ -25,7 +30,14 @@ builds them):
 * ``nft-50-policies``: the same with 49 more policies that select the server and allow the pair
   (the first allow ends the walk through the pod chain);
 * ``iptables-nft`` and ``iptables-legacy``: the iptables variant of the same rule model, with its
-  ipsets, loaded with that ``iptables-restore``.
+  ipsets, loaded with that ``iptables-restore``;
+* ``kube-router``: the real kube-router v2.1.0 (``.tools/bin/kube-router``, built by ``bash
+  .ci/install --test``) writes its own iptables rules (iptables-nft) and ipsets for the same
+  cluster into the sandbox node's namespace (:func:`kube_router_rules`: etcd and kube-apiserver
+  hold the whole cluster, loaded through the API as ``kube_router_side_by_side.py`` loads it;
+  kube-router runs as ``nftpolicy sandbox --dataplane kube-router`` runs it until its rules are
+  complete, then it and the control plane stop and its rules stay, as on a node whose
+  kube-router restarts). ``--no-kube-router`` leaves it out.
 
 The client and the server are two local pods that policies isolate in both directions
 and that a policy allows on a TCP port, so every new connection walks the dispatch, both pods'
@@ -53,6 +65,18 @@ dispatch one rule per local pod address, a rule per address and protocol, a mark
 MARK then a mark-matching RETURN, no "allowed" returns, and the jump from ``FORWARD``; its
 dispatch is rules, not verdict-map look-ups the walk can limit to one direction, so only its
 whole walk is counted, and it has no counter statements (iptables counts every rule).
+
+The loaded rulesets of ``nft``, ``iptables-nft`` and ``kube-router`` are also counted from the
+kernel (the "traced" rows, :func:`trace_connection`): one connection of the pair, every packet of
+it marked for ``nft monitor trace`` in the node's namespace, each packet's walk counted against
+the ruleset's listing (:func:`traced_costs`: the kernel reports the rules that matched, so a
+chain visit evaluated the rules up to its last match when that ended the visit, else the whole
+chain). The first packet is the new connection's walk, counted as the table walk counts it (for
+``nft`` and ``iptables-nft`` the two agree, a check of both); set look-ups are the evaluated
+rules' set references, an upper bound (one behind a match that failed is counted too); counters
+are the matched rules that have one (iptables-nft gives every rule one). The later packets
+(SYN-ACK, ACK, reset) show what each packet of an established connection costs: kube-router
+accepts them in the pod's chain, after the dispatch rules before it.
 """
 
 from __future__ import annotations
@@ -63,21 +87,23 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import synthetic  # noqa: E402
 
 from nftpolicy.agent.dataplane import netns  # noqa: E402
-from nftpolicy.agent.dataplane.nftables import NftDataplane  # noqa: E402
+from nftpolicy.agent.dataplane.nftables import NftDataplane, TraceMonitor  # noqa: E402
 from nftpolicy.agent.testbed.sandbox import Sandbox  # noqa: E402
 from nftpolicy.translators import iptables as iptables_render  # noqa: E402
 from nftpolicy.translators import layout  # noqa: E402
@@ -87,7 +113,8 @@ from nftpolicy.translators.tablewalk import TableWalker  # noqa: E402
 from nftpolicy.translators.transaction import ChainRule, OurTable, Transaction, replacing  # noqa: E402
 from nftpolicy.translators.verdict import Connection, Enforcement  # noqa: E402
 
-VARIANTS = ("none", "conntrack", "nft", "nft-no-counters", "nft-50-policies", "iptables-nft", "iptables-legacy")
+VARIANTS = ("none", "conntrack", "nft", "nft-no-counters", "nft-50-policies", "iptables-nft", "iptables-legacy", "kube-router")
+TRACED = ("nft", "iptables-nft", "kube-router")  # variants whose loaded ruleset is also traced
 BENCH_TABLE = "nftpolicy-bench-conntrack"
 TARGET_RATIO = 0.98  # of the conntrack-only rate
 POLICIES_TARGET = 0.98  # 50 policies selecting the destination, against one
@@ -204,6 +231,195 @@ def path_cost(table: layout.Table, source: str, destination: str, port: int, sta
     return cost
 
 
+# ---- the cost of a real ruleset: one packet traced by the kernel ------------------------------
+
+TRACE_TABLE = "nftpolicy-bench-trace"  # the table that marks the traced packet (never counted)
+_TRACE_EVENT = re.compile(r"^trace id (?P<id>\S+) (?P<family>\S+) (?P<table>\S+) (?P<chain>\S+) (?P<rest>.*)$")
+_TRACE_RULE = re.compile(r"^rule .* # handle (?P<handle>\d+) \(verdict (?P<verdict>[^)]*)\)\s*$")
+ChainKey = tuple[str, str, str]  # (family, table, chain)
+
+
+def listed_chains(listing: list[dict[str, Any]]) -> dict[ChainKey, list[dict[str, Any]]]:
+    """(family, table, chain) -> that chain's rules in order, from the kernel's JSON listing
+    (``nft -j list ruleset``: each ``{"rule": {...}}`` with its ``handle`` and ``expr``)."""
+    chains: dict[ChainKey, list[dict[str, Any]]] = {}
+    for item in listing:
+        if "chain" in item:
+            c = item["chain"]
+            chains.setdefault((c["family"], c["table"], c["name"]), [])
+        elif "rule" in item:
+            r = item["rule"]
+            chains.setdefault((r["family"], r["table"], r["chain"]), []).append(r)
+    return chains
+
+
+def set_lookups(rule: dict[str, Any]) -> int:
+    """The set and map look-ups in a listed rule: iptables' ``-m set`` matches (``xt match set``)
+    and nft's ``@set`` references, each counted once per rule evaluated (a look-up behind a match
+    that failed first is counted too: an upper bound)."""
+    text = json.dumps(rule["expr"])
+    return text.count('{"xt": {"type": "match", "name": "set"}}') + text.count('"@')
+
+
+def traced_costs(lines: Iterable[str], chains: dict[ChainKey, list[dict[str, Any]]], marker: str = TRACE_TABLE) -> list[dict[str, int]]:
+    """The cost of each packet in ``lines`` (``nft monitor trace`` output, handles on), in the
+    order they came: rules evaluated, set look-ups in those rules (:func:`set_lookups`), jumps
+    taken and counters reached (rules that matched with a ``counter``: iptables-nft gives every
+    rule one), in every table but ``marker``, the table whose chain marks the packets for the
+    trace before any other chain sees them.
+
+    A packet starts with its ``packet:`` event in ``marker`` (the kernel reuses a trace id for a
+    later packet of the same flow; events of packets in flight at once differ by id). The kernel
+    reports only the rules that matched; in each visit of a chain the rules evaluated are those
+    up to the last one that matched when it ended the visit (a verdict: ``accept``, ``drop``,
+    ``return``) and every rule of the chain when the packet fell off its end (no event: the next
+    one is in a calling chain, or the base chain's ``policy``). ``chains``:
+    :func:`listed_chains` of the same ruleset (handles identify the rules)."""
+    packets: list[list[tuple[ChainKey, str]]] = []
+    current: dict[str, int] = {}  # trace id -> its packet's index in packets
+    for line in lines:
+        event = _TRACE_EVENT.match(line)
+        if event is None:
+            continue
+        if event["table"] == marker:
+            if event["rest"].startswith("packet:"):
+                current[event["id"]] = len(packets)
+                packets.append([])
+        elif event["id"] in current:
+            packets[current[event["id"]]].append(((event["family"], event["table"], event["chain"]), event["rest"]))
+    return [_packet_cost(events, chains) for events in packets]
+
+
+def _packet_cost(events: list[tuple[ChainKey, str]], chains: dict[ChainKey, list[dict[str, Any]]]) -> dict[str, int]:
+    """:func:`traced_costs` of one packet's events (chain, the event after the chain's name)."""
+    cost = {"rules": 0, "lookups": 0, "jumps": 0, "counters": 0}
+    stack: list[list[Any]] = []  # [chain key, rules evaluated so far in this visit]
+
+    def leave(fell_off: bool = True) -> None:
+        key, pos = stack.pop()
+        rules = chains[key] if fell_off else chains[key][:pos]
+        cost["rules"] += len(rules)
+        cost["lookups"] += sum(set_lookups(r) for r in rules)
+
+    for key, rest in events:
+        rule = _TRACE_RULE.match(rest)
+        if rest.startswith("policy "):
+            while stack and stack[-1][0] != key:
+                leave()  # fell off the end
+            if stack:
+                leave()
+            continue
+        if rule is None:
+            continue
+        while stack and stack[-1][0] != key:
+            leave()
+        if not stack:
+            stack.append([key, 0])
+        handles = [r["handle"] for r in chains[key]]
+        stack[-1][1] = handles.index(int(rule["handle"])) + 1
+        cost["counters"] += any("counter" in e for e in chains[key][stack[-1][1] - 1]["expr"])
+        verdict = rule["verdict"].split()
+        if verdict[0] in ("jump", "goto"):
+            cost["jumps"] += 1
+            if verdict[0] == "goto":
+                leave(fell_off=False)
+            stack.append([(key[0], key[1], verdict[1]), 0])
+        elif verdict[0] == "return":
+            leave(fell_off=False)
+        elif verdict[0] in ("accept", "drop"):
+            while stack:
+                leave(fell_off=False)
+    while stack:
+        leave()
+    return cost
+
+
+def netns_ruleset(netns_name: str) -> list[dict[str, Any]]:
+    """``nft -j list ruleset`` inside ``netns_name`` (iptables-nft's tables included)."""
+    listed = subprocess.run(["ip", "netns", "exec", netns_name, "nft", "-j", "list", "ruleset"], capture_output=True, text=True, check=True)
+    return json.loads(listed.stdout)["nftables"]
+
+
+def trace_connection(sandbox: Sandbox, node: str, client: str, server: str, port: int) -> dict[str, Any]:
+    """What one connection ``client`` -> ``server``:``port`` (connect, then close with a reset,
+    as the load does) costs in every ruleset of ``node``'s namespace, traced by the kernel
+    (:func:`traced_costs`): ``first``, its first packet's cost (the SYN: the new connection's
+    walk); ``later``, the rules each later packet evaluated, in order. A table of ours marks the
+    pair's packets for ``nft monitor trace`` at prerouting, before any other chain, and goes
+    again after. Raises RuntimeError when the first packet was not traced."""
+    ns = sandbox.node_netns(node)
+    src, dst = (sandbox.pods[k].addresses("ipv4")[0] for k in (client, server))
+    chains = listed_chains(netns_ruleset(ns))
+    marker = (f"add table ip {TRACE_TABLE}\n"
+              f"add chain ip {TRACE_TABLE} pair {{ type filter hook prerouting priority -400; }}\n"
+              f"add rule ip {TRACE_TABLE} pair ip saddr {src} ip daddr {dst} tcp dport {port} meta nftrace set 1\n"
+              f"add rule ip {TRACE_TABLE} pair ip saddr {dst} ip daddr {src} tcp sport {port} meta nftrace set 1\n")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=marker, text=True, check=True)
+    try:
+        with netns.entered(sandbox.pod_netns[server]):
+            listener = socket.create_server(("0.0.0.0", port))
+        with listener, TraceMonitor(ns) as monitor:
+            with netns.entered(sandbox.pod_netns[client]):
+                sock = socket.socket()
+            with sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.settimeout(2.0)
+                sock.connect((dst, port))
+                listener.settimeout(2.0)
+                listener.accept()[0].close()
+            lines = list(monitor.lines(0.5))
+    finally:
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "delete", "table", "ip", TRACE_TABLE], check=True)
+    costs = traced_costs(lines, chains)
+    if not costs:
+        raise RuntimeError(f"no packet {src} -> {dst}:{port} was traced in {ns}")
+    return {"first": costs[0], "later": [c["rules"] for c in costs[1:]]}
+
+
+# ---- the real kube-router's rules --------------------------------------------------------------
+
+def kube_router_rules(sandbox: Sandbox, cluster, model: RuleModel, workers: int, timeout: float = 900.0) -> dict[str, float]:
+    """Have the real kube-router (v2.1.0, built by ``bash .ci/install --test``) write its own
+    rules for ``cluster`` into ``sandbox``'s node namespace, as on a node: a control plane holds
+    the whole cluster (created through the API by ``workers`` threads, as
+    ``kube_router_side_by_side.py`` loads it: every pod with ``status.hostIP`` its node's
+    address, the sandbox node's being the one built here), kube-router starts against it and
+    runs until its rules are complete (every local pod has its ``KUBE-POD-FW-*`` chain and every
+    pod a policy selects jumps to a policy chain), then it and the control plane stop; its
+    iptables rules and ipsets stay. Returns the seconds each step took. Raises ControlPlaneError
+    when kube-router does not get there within ``timeout`` seconds."""
+    from kube_router_side_by_side import Api, create_all, kube_router_chains, namespace_object, node_object, pod_api_object
+
+    from nftpolicy.agent.testbed.controlplane import ControlPlane, ControlPlaneError
+    from nftpolicy.agent.testbed.nodedaemons import KubeRouters
+
+    want = {"pod": sum(1 for p in sandbox.pods.values() if p.node == synthetic.NODE), "isolated": len({c.pod for c in model.pod_chains})}
+    took: dict[str, float] = {}
+    with ControlPlane() as cp:
+        api = Api(cp)
+        took["load_s"] = sum((create_all(api, [node_object(n) for n in cluster.nodes.values()], workers),
+                              create_all(api, [namespace_object(n) for n in cluster.namespaces.values()], workers),
+                              create_all(api, [synthetic.policy_object(p) for p in cluster.policies.values()], workers),
+                              create_all(api, [pod_api_object(p, cluster) for p in cluster.pods.values()], workers)))
+        log(f"kube-router: {len(cluster.pods)} pods and {len(cluster.policies)} policies loaded through the API in {took['load_s']:.0f} s")
+        routers = KubeRouters(sandbox, cp)
+        started = time.monotonic()
+        try:
+            routers.start()
+            while True:
+                routers.wait_synced(timeout=timeout)
+                chains = kube_router_chains(routers.iptables_save(synthetic.NODE))
+                if (chains["pod"], chains["isolated"]) == (want["pod"], want["isolated"]):
+                    break
+                if time.monotonic() - started > timeout:
+                    raise ControlPlaneError(f"kube-router's chains {chains} are not {want} after {timeout:.0f} s")
+        finally:
+            routers.close()
+        took["sync_s"] = time.monotonic() - started
+        log(f"kube-router: rules complete {took['sync_s']:.1f} s after its start ({want['pod']} pod chains, {want['isolated']} with a policy)")
+    return took
+
+
 # ---- load ----------------------------------------------------------------------------------------
 
 def _fork(body) -> tuple[int, int]:
@@ -308,12 +524,15 @@ def machine() -> dict[str, Any]:
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version()}
 
 
-def print_costs(out, costs: dict[str, dict[str, dict[str, int]]]) -> None:
-    print("cost of one new connection (the table walk): rules evaluated / set and map look-ups / jumps / counters", file=out)
-    print(f"  {'ruleset':<22} {'ingress':>16} {'egress':>16} {'whole walk':>16}", file=out)
+def print_costs(out, costs: dict[str, dict[str, Any]]) -> None:
+    print("cost of one new connection (the table walk; \"traced\": the loaded ruleset, traced by the kernel): "
+          "rules evaluated / set and map look-ups / jumps / counters; and the rules each later packet of it evaluates", file=out)
+    print(f"  {'ruleset':<26} {'ingress':>12} {'egress':>12} {'whole walk':>12} {'later packets':>14}", file=out)
     for name, cost in costs.items():
         cells = ["{rules}/{lookups}/{jumps}/{counters}".format(**cost[d]) if d in cost else "-" for d in ("ingress", "egress", "both")]
-        print(f"  {name:<22} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16}", file=out)
+        later = cost.get("later")
+        cells.append("-" if not later else f"{min(later)}" if min(later) == max(later) else f"{min(later)}-{max(later)}")
+        print(f"  {name:<26} {cells[0]:>12} {cells[1]:>12} {cells[2]:>12} {cells[3]:>14}", file=out)
 
 
 def print_table(out, report: dict[str, Any]) -> None:
@@ -342,6 +561,14 @@ def print_table(out, report: dict[str, Any]) -> None:
           f"(target {POLICIES_TARGET:.0%}: {'met' if t['fifty_kept'] else 'MISSED'}; {spread(t['fifty_vs_one_paired'])}); "
           f"nft / iptables-nft = {t['nft_vs_iptables_nft']:.2f}x, nft / iptables-legacy = {t['nft_vs_iptables_legacy']:.2f}x "
           f"({'beats' if t['beats'] else 'does NOT beat'} the iptables variant)", file=out)
+    if "nft_vs_kube_router" in t:
+        kr, ours = r["costs"]["kube-router (traced)"]["both"], r["costs"]["nft (traced)"]["both"]
+        print(f"beside the real kube-router v2.1.0 ({r['kube_router']['rules']} iptables rules, complete "
+              f"{r['kube_router']['sync_s']:.1f} s after its start): nft / kube-router = {t['nft_vs_kube_router']:.2f}x the new-connection rate "
+              f"({spread(t['nft_vs_kube_router_paired'])}); a new connection's first packet evaluates {ours['rules']} rules on nft "
+              f"against {kr['rules']} on kube-router ({kr['rules'] / ours['rules']:.1f}x), {ours['jumps']} jumps against {kr['jumps']}; "
+              f"each later packet {max(r['costs']['nft (traced)']['later'])} against {min(r['costs']['kube-router (traced)']['later'])}-"
+              f"{max(r['costs']['kube-router (traced)']['later'])}", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,9 +579,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="client processes (default: cores - 1)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (the table goes to stderr)")
-    ap.add_argument("--costs-only", action="store_true", help="print the deterministic costs only (no sandbox, no load)")
+    ap.add_argument("--costs-only", action="store_true", help="print the deterministic costs of our rule model only (no sandbox, no load)")
+    ap.add_argument("--no-kube-router", action="store_true", help="leave the real kube-router out (no control plane: 2-3 minutes less)")
+    ap.add_argument("--workers", type=int, default=8, help="threads that load the cluster into kube-router's API server (default %(default)s)")
     args = ap.parse_args(argv)
-    variants = VARIANTS
+    variants = tuple(v for v in VARIANTS if not (args.no_kube_router and v == "kube-router"))
     if args.seconds * args.rounds * len(variants) > 600:
         ap.error("keep the run under 10 minutes of load (seconds x rounds x variants <= 600)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -392,9 +621,14 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         sandboxes = {}
         for variant in variants:
-            dataplane = variant if variant.startswith("iptables-") else "nft"
+            dataplane = variant if variant.startswith(("iptables-", "kube-router")) else "nft"
             sandbox = stack.enter_context(Sandbox(local, (synthetic.NODE,), ("ipv4",), node_addresses, timeout=1.0, dataplane=dataplane))
-            if variant == "nft-50-policies":
+            if variant == "kube-router":
+                report["kube_router"] = kube_router_rules(sandbox, cluster, model, args.workers)
+                saved = subprocess.run(["ip", "netns", "exec", sandbox.node_netns(synthetic.NODE), "iptables-save"],
+                                       capture_output=True, text=True, check=True).stdout
+                report["kube_router"]["rules"] = sum(line.startswith("-A ") for line in saved.splitlines())
+            elif variant == "nft-50-policies":
                 sandbox.apply(with_selecting_policies(cluster, model, client, server, port, 50))
             elif variant in ("nft", "iptables-nft", "iptables-legacy"):
                 sandbox.apply(cluster)
@@ -408,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
             netns.write_sysctl(sandbox.pod_netns[server], "net.core.somaxconn", "65535")
             sandboxes[variant] = sandbox
             log(f"built sandbox {variant} ({len(local)} pods){'' if variant == 'none' else ', ruleset loaded'}")
+            if variant in TRACED:
+                traced = trace_connection(sandbox, synthetic.NODE, client, server, port)
+                costs[f"{variant} (traced)"] = {"both": traced["first"], "later": traced["later"]}
+                log(f"{variant}: one connection traced: its first packet {traced['first']}, the rules of each later one {traced['later']}")
         for i in range(args.rounds):
             order = variants[i % len(variants):] + variants[:i % len(variants)]
             for variant in order:
@@ -433,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
         "nft_vs_iptables_nft": med["nft"] / med["iptables-nft"], "nft_vs_iptables_legacy": med["nft"] / med["iptables-legacy"],
         "beats": med["nft"] > max(med["iptables-nft"], med["iptables-legacy"]),
     }
+    if "kube-router" in variants:
+        report["target"]["nft_vs_kube_router"] = med["nft"] / med["kube-router"]
+        report["target"]["nft_vs_kube_router_paired"] = paired(runs, "nft", "kube-router")
     print_table(out, report)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
