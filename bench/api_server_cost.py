@@ -3,12 +3,14 @@
 One control plane (``ControlPlane``: etcd and the test bed's kube-apiserver v1.36 on loopback)
 is loaded through the API (``tools/k8s/loader``: client-go, protobuf, ``--workers`` requests at
 once) with a ``synthetic.generate`` cluster of ``--pods`` pods (with their status, as a kubelet
-writes it), ``--policies`` NetworkPolicies in 100 namespaces, plus one Node per simulated agent. Then, for each client, ``--agents`` simulated agents, each its own process with
-its own connections, watch it:
+writes it), ``--policies`` NetworkPolicies in 100 namespaces, plus one Node per simulated agent.
+Then, for each client, ``--agents`` simulated agents, each its own process with its own
+connections, watch it:
 
 * ``nftpolicy``: the agent's real API source, ``KubeSource`` (list + watch of Pods,
   Namespaces, NetworkPolicies, ClusterNetworkPolicies and Nodes) feeding a ``Store``, without
-  the renderer: consistent lists in pages of 500, then watches;
+  the renderer: consistent lists in pages of 500, then watches (``nftpolicy limit=N``: the same
+  with pages of N objects, a candidate page size);
 * ``client-go``: ``tools/k8s/informers`` (``.tools/bin/informers``), one set of client-go
   v0.36 informers per agent (Pods, Namespaces, NetworkPolicies, Nodes), each on its own
   connection: kube-router's way; client-go v0.36 lists with streaming lists (WatchListClient);
