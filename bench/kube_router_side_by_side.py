@@ -62,7 +62,10 @@ sync lands in a measurement; nftpolicy keeps ``--min-sync-interval`` 0.2 s, kube
 by itself (one queued full sync). During the load both run at once on the same machine as the API
 server and the loader; the full syncs run one daemon at a time.
 
-Run as root: ``.venv/bin/python bench/kube_router_side_by_side.py [--sizes 1000/100,10000/1000]``.
+Run as root: ``.venv/bin/python bench/kube_router_side_by_side.py [--sizes 1000/100,10000/1000]``;
+``--python OTHER/.venv/bin/python`` runs another tree's agent (e.g. main's, to compare a branch
+with the same bench code, one run after the other). The load average is printed at the start and
+the end (other work on the machine slows both daemons).
 Safety: ``NFTPOLICY_RUN_TAG`` is set to ``b<4 hex>`` for this process; every iptables, ipset and
 nft command runs inside the ``nftp-<tag>...`` namespaces created here; processes, namespaces and
 files created here are removed in ``finally`` blocks (also on Ctrl-C and SIGTERM); processes
@@ -427,14 +430,14 @@ class Agent(Daemon):
 
     name = "nftpolicy"
 
-    def __init__(self, logdir: Path, ns: str, cp: ControlPlane, lister: NftpolicyAgents) -> None:
+    def __init__(self, logdir: Path, ns: str, cp: ControlPlane, lister: NftpolicyAgents, python: str) -> None:
         super().__init__(logdir)
-        self.ns, self.cp, self.lister = ns, cp, lister
+        self.ns, self.cp, self.lister, self.python = ns, cp, lister, python
         self.port = 0
 
     def argv(self) -> list[str]:
         self.port = free_port()
-        return [*AGENT_COMMAND, "agent", "--kubeconfig", self.cp.kubeconfig, "--node", NODE, "--netns", self.ns,
+        return [self.python, *AGENT_COMMAND[1:], "agent", "--kubeconfig", self.cp.kubeconfig, "--node", NODE, "--netns", self.ns,
                 "--http-address", f"127.0.0.1:{self.port}", "--log-format", "json", "--resync-interval", RESYNC,
                 *config_flags(CONFIG)]
 
@@ -576,7 +579,7 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
                                      nodes={NODE: types.SimpleNamespace(name=NODE, netns=names["nft"])})
         lister = NftpolicyAgents(stub, cp)  # type: ignore[arg-type]  # its expected()/actual() only
         kr = KubeRouter(logdir, names["kr"], cp)
-        agent = Agent(logdir, names["nft"], cp, lister)
+        agent = Agent(logdir, names["nft"], cp, lister, args.python)
         daemons += [kr, agent]
 
         nodes = [node_object(n) for n in cluster.nodes.values()]
@@ -642,7 +645,7 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
             f["full_rss_mib"], f["full_hwm_mib"] = usage["rss"], usage["hwm"]
             daemon.stop()
             print(f"{tag} {daemon.name} full sync: {f['full_s']:.2f} s", file=sys.stderr)
-        figures["nftpolicy"].update(startup_breakdown(cp))
+        figures["nftpolicy"].update(startup_breakdown(cp, args.python))
         return figures
     except BaseException:
         for daemon in daemons:
@@ -657,14 +660,14 @@ def measure(cp: ControlPlane, cluster: Cluster, last_key: str, names: dict[str, 
             relay.wait(timeout=10)
 
 
-def startup_breakdown(cp: ControlPlane) -> dict[str, float]:
-    """Where nftpolicy's restart -> rules complete goes, each part measured alone: a new
-    interpreter importing what ``nftpolicy agent`` imports (``imports_s``: start to exit), and
-    its API source listing every kind into a Store in a process of its own (``list_s``: the lists
-    with their decoding and conversion, after its imports); the sync's own figure is the render
-    and the commit."""
+def startup_breakdown(cp: ControlPlane, python: str) -> dict[str, float]:
+    """Where nftpolicy's restart -> rules complete goes, each part measured alone with interpreter
+    ``python``: a new interpreter importing what ``nftpolicy agent`` imports (``imports_s``: start
+    to exit), and its API source listing every kind into a Store in a process of its own
+    (``client_s``: making the API source, its client included, after the imports; ``list_s``: the
+    lists with their decoding and conversion); the sync's own figure is the render and the commit."""
     started = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import nftpolicy.agent.cli.main, nftpolicy.agent.cli.commands.agent, "
+    subprocess.run([python, "-c", "import nftpolicy.agent.cli.main, nftpolicy.agent.cli.commands.agent, "
                     "nftpolicy.agent.daemon.main"], check=True)
     imports = time.monotonic() - started
     lister = ("import os, threading, time\n"
@@ -672,13 +675,15 @@ def startup_breakdown(cp: ControlPlane) -> dict[str, float]:
               "from nftpolicy.agent.daemon.sources import KubeSource\n"
               "from nftpolicy.agent.daemon.store import Store\n"
               "metrics = Metrics(); store = Store(metrics)\n"
+              "t = time.monotonic()\n"
               f"source = KubeSource(store, metrics, {cp.kubeconfig!r}, 60.0, 300, threading.Event())\n"
+              "made = time.monotonic() - t\n"
               "t = time.monotonic(); source.start()\n"
               "while not store.listed(): time.sleep(0.002)\n"
-              "print(time.monotonic() - t, flush=True)\n"
+              "print(made, time.monotonic() - t, flush=True)\n"
               "os._exit(0)\n")  # not the interpreter's exit under the watch threads
-    listed = float(subprocess.run([sys.executable, "-c", lister], check=True, capture_output=True, text=True).stdout)
-    return {"imports_s": imports, "list_s": listed}
+    made, listed = map(float, subprocess.run([python, "-c", lister], check=True, capture_output=True, text=True).stdout.split())
+    return {"imports_s": imports, "client_s": made, "list_s": listed}
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -693,6 +698,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("full sync: restart -> rules complete (s)", "full_s", "{:.2f}"),
     ("full sync: the daemon's own figure (ms)", "full_own_ms", "{:.0f}"),
     ("  restart, alone: Python start + imports (s)", "imports_s", "{:.2f}"),
+    ("  restart, alone: API source and its client made (s)", "client_s", "{:.2f}"),
     ("  restart, alone: lists, decoded into the store (s)", "list_s", "{:.2f}"),
     ("CPU s, restart -> rules complete", "full_cpu_complete_s", "{:.1f}"),
     ("CPU s, restart until settled", "full_cpu_s", "{:.1f}"),
@@ -750,6 +756,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs (path printed)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs nftpolicy (another tree's .venv/bin/python measures that tree's agent; default this one)")
     args = parser.parse_args()
     sizes = []
     for text in args.sizes.split(","):
@@ -762,7 +770,7 @@ def main() -> int:
     os.environ[netns.RUN_TAG_ENV] = f"b{secrets.token_hex(2)}"
     created: list[str] = []
     results: dict[str, dict[str, Any]] = {}
-    started = time.monotonic()
+    started, load_before = time.monotonic(), os.getloadavg()[0]
     try:
         for pods, policies in sizes:
             t = time.monotonic()
@@ -774,7 +782,8 @@ def main() -> int:
     finally:
         netns.delete(created)  # only what run_size did not remove itself
     print_table(results)
-    print(f"total {time.monotonic() - started:.0f} s")
+    print(f"total {time.monotonic() - started:.0f} s; nftpolicy run by {args.python}; load average (1 min) "
+          f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         print(json.dumps(results, indent=1))
     return 0

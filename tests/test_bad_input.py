@@ -92,3 +92,17 @@ def test_yaml_is_read_with_the_c_loader_when_pyyaml_has_it():
 
     assert YAML_LOADER is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
     assert yaml.__with_libyaml__  # Debian's python3-yaml and PyPI's wheels both have libyaml
+
+
+def test_a_malformed_item_of_a_json_list_is_named_and_the_file_skipped(tmp_path):
+    """A JSON List is read item by item; an item that is not valid JSON is named by its number
+    and place (the file is then read whole, as any broken document: it is left out, exit 3)."""
+    path = tmp_path / "list.json"
+    path.write_text('{"apiVersion": "v1", "kind": "List", "items": [\n'
+                    '  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}},\n'
+                    '  {"apiVersion": "v1", "kind": "Namespace" "metadata": {"name": "b"}}\n]}\n')
+    out = run("render", str(path))
+    assert out.returncode == 3
+    assert out.stderr.splitlines() == [
+        f"nftpolicy: skipped document #1: not valid JSON in item #2: expecting ',' delimiter at line 3, column 44 ({path})",
+        "nftpolicy: 1 skipped: document #1 (exit 3; --accept-skipped accepts this)"]

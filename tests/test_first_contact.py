@@ -87,7 +87,9 @@ spec:
 
 
 def _objects(text: str, nodes=("node1", "node2")):
-    return stand_in_pods([("w.yaml", o) for o in yaml.safe_load_all(text)], nodes)
+    stood, errors = [], []
+    objects = list(stand_in_pods([("w.yaml", o) for o in yaml.safe_load_all(text)], nodes, stood, errors))
+    return objects, stood, errors
 
 
 # ---- item 2: workloads and Services --------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 from nftpolicy.translators.manifests import (
+    NotStreamable,
+    json_list_objects,
     API_VERSIONS,
     ManifestError,
     build_cluster,
@@ -25,6 +27,7 @@ from nftpolicy.translators.manifests import (
     unread_object,
 )
 from nftpolicy.translators.validation import InvalidField, selector_from
+from nftpolicy.agent.daemon.manifestfiles import CHUNK, read_objects, stream_objects
 from nftpolicy.translators.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
@@ -730,6 +733,85 @@ def test_a_non_mapping_after_a_broken_document_keeps_its_number():
 def test_empty_text():
     assert parse_documents("") == ([], [])
     assert parse_documents("---\n---\n") == ([], [])
+
+
+# --------------------------------------------------------------------------- a JSON List read item by item
+
+
+def chunked(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+EVERY_KIND = [
+    namespace("x", team="a"), pod("x", "a", labels={"app": "a"}), netpol(egress=[{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}]),
+    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]}},
+    {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "c"}},
+    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "x"}},
+    {"kind": "ConfigMap", "metadata": {"name": "ignored"}, "data": {"k": "caf\u00e9 \\ \"q\" \u2603", "n": [1.5, -2, 0, True, None]}},
+    {"apiVersion": "v1", "kind": "List", "items": [namespace("y"), "not an object"]},
+    7, [namespace("z")], {"metadata": {"name": "no-kind"}}, {},
+]
+
+
+@pytest.mark.parametrize("envelope", [
+    pytest.param(lambda items: {"apiVersion": "v1", "kind": "List", "items": items}, id="kind-first"),
+    pytest.param(lambda items: {"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}}, id="kubectl-order"),
+    pytest.param(lambda items: {"kind": "PodList", "metadata": {}, "items": items}, id="api-list"),
+])
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("size", [1, 7, 64, 1 << 20])
+def test_a_json_list_read_item_by_item_gives_what_the_whole_read_gives(envelope, indent, size):
+    """Items of every kind (and not objects, and nested Lists) in chunks cut anywhere, also inside
+    strings, escapes and numbers: the same objects and errors as :func:`parse_documents`."""
+    text = json.dumps(envelope(EVERY_KIND), indent=indent, ensure_ascii=False)
+    errors: list = []
+    assert (list(json_list_objects(chunked(text, size), "l.json", errors)), errors) == parse_documents(text, "l.json")
+    assert errors and all(e.origin == "l.json" for e in errors)
+
+
+@pytest.mark.parametrize("text", ['{"kind": "Namespace", "metadata": {"name": "x"}}', '{"kind": "List"}', '{}',
+                                  '{"kind": "Pod", "items": [{"kind": "Namespace"}], "metadata": {"name": "p"}}'])
+def test_a_json_object_without_items_to_stream_is_one_object(text):
+    errors: list = []
+    assert (list(json_list_objects(chunked(text, 5), "o.json", errors)), errors) == parse_documents(text, "o.json")
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ('{"items": [{"kind": "Namespace"}], "kind": "Pod"}', "an object of kind 'Pod' with items, not a List"),
+    ('{"items": [{"kind": "Namespace"}]}', "an object of kind None with items, not a List"),
+    ('{"kind": "List", "items": [{"a": NaN}]}', "NaN is not JSON"),
+    ('{"kind": "List", "items": [{"a": 1e999}]}', "1e999 is too large for a double"),
+    ('{"kind": "List", "items": [{"a": 18446744073709551616}]}', "18446744073709551616 is an integer beyond 64 bits"),
+    ('{"kind": "List", "items": [{"a": "\\ud800"}]}', "a \\u escape of a UTF-16 surrogate at line 1, column 35"),
+    ('{"kind": "List", "items": []} {}', "text after the object at line 1, column 31"),
+    ('{kind: List, items: []}', "expecting a value at line 1, column 2"),
+])
+def test_what_the_whole_read_may_read_otherwise_is_not_streamed(text, reason):
+    with pytest.raises(NotStreamable) as refused:
+        list(json_list_objects(chunked(text, 3), "l.json", []))
+    assert str(refused.value) == reason
+
+
+def test_a_malformed_item_is_named_with_its_line_and_column():
+    text = '{"kind": "List", "items": [\n  {"kind": "Namespace"},\n  {"kind": "Namespace" "metadata": {}}\n]}'
+    given = []
+    with pytest.raises(NotStreamable) as refused:
+        for pair in json_list_objects(chunked(text, 4), "l.json", []):
+            given.append(pair)
+    assert given == [("l.json", {"kind": "Namespace"})]  # the caller drops them and reads the file whole
+    assert str(refused.value.error) == "document #1: not valid JSON in item #2: expecting ',' delimiter at line 3, column 24 (l.json)"
+
+
+def test_a_json_file_larger_than_a_chunk_streams_as_it_reads_whole(tmp_path):
+    """Through the file reader: chunks of CHUNK bytes cut inside items and inside multi-byte
+    UTF-8 characters give the objects the whole read gives."""
+    items = [pod("x", f"p{i}", labels={"app": f"a{i % 7}"}) | {"metadata": {"name": f"p{i}", "namespace": "x",
+             "annotations": {"note": "\u00e9\u2603" * (i % 5)}}} for i in range(12000)]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [namespace("x"), *items]}, ensure_ascii=False))
+    assert path.stat().st_size > 2 * CHUNK
+    errors: list = []
+    assert list(stream_objects([str(path)], errors)) == read_objects([str(path)])[0] and errors == []
 
 
 # --------------------------------------------------------------------------- namespaces

@@ -3,6 +3,7 @@ through the official client. No kernel needed: these check the in-memory store."
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -491,3 +492,102 @@ def test_an_unreadable_manifest_at_start_holds_the_first_sync_until_it_parses(tm
         assert set(store.take()[0].namespaces) == {"x", "y"}
     finally:
         stop.set()
+
+
+class _Recorded(Exception):
+    """Raised by :func:`_recording`'s ``call_api`` once it has recorded a request."""
+
+
+def _recording(api, seen: list) -> None:
+    def call_api(method, url, header_params=None, body=None, post_params=None, _request_timeout=None):
+        seen.append((method, url, header_params, body, _request_timeout))
+        raise _Recorded
+
+    api.call_api = call_api
+
+
+GENERATED = [  # (generated client's API class and method, keywords, our path)
+    ("CoreV1Api", "list_pod_for_all_namespaces", {"limit": 500, "_continue": "t1"}, "/api/v1/pods"),
+    ("CoreV1Api", "list_namespace", {"watch": True, "resource_version": "7", "allow_watch_bookmarks": True, "timeout_seconds": 300},
+     "/api/v1/namespaces"),
+    ("CoreV1Api", "list_node", {"limit": 500}, "/api/v1/nodes"),
+    ("NetworkingV1Api", "list_network_policy_for_all_namespaces", {"limit": 500, "resource_version": "0", "resource_version_match": "NotOlderThan"},
+     "/apis/networking.k8s.io/v1/networkpolicies"),
+    ("CustomObjectsApi", "list_cluster_custom_object", {"watch": True, "resource_version": "9", "allow_watch_bookmarks": True},
+     "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"),
+]
+
+
+@pytest.mark.parametrize("api_class, method, keywords, path", GENERATED, ids=[g[1] for g in GENERATED])
+def test_requests_are_the_ones_the_generated_client_makes(tmp_path, api_class, method, keywords, path):
+    """kubeclient.Collection (which spares the agent importing the generated API classes) sends
+    the generated methods' request: method, URL with its query, headers (Accept, credentials)."""
+    from kubernetes import client
+
+    from nftpolicy.agent.daemon.kubeclient import Collection
+
+    server = FakeApiServer()
+    source = KubeSource(Store(Metrics()), Metrics(), server.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
+    ours: list = []
+    theirs: list = []
+    _recording(source.api, ours)
+    with pytest.raises(_Recorded):
+        Collection(source.api, path)(_request_timeout=(2.0, 32.0), **keywords)
+    generated = client.ApiClient(source.api.configuration)
+    _recording(generated, theirs)
+    extra = {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"} if api_class == "CustomObjectsApi" else {}
+    with pytest.raises(_Recorded):
+        getattr(getattr(client, api_class)(generated), method)(_preload_content=False, _request_timeout=(2.0, 32.0), **extra, **keywords)
+    assert ours == theirs
+
+
+def test_event_requests_are_the_ones_the_generated_client_makes(tmp_path):
+    from kubernetes import client
+
+    from nftpolicy.agent.daemon.events import KubeEventWriter
+
+    server = FakeApiServer()
+    source = KubeSource(Store(Metrics()), Metrics(), server.kubeconfig(str(tmp_path / "kc.json")), 2.0, 30, threading.Event())
+    body = {"metadata": {"name": "e1", "namespace": "x"}, "involvedObject": {"kind": "NetworkPolicy", "namespace": "x", "name": "p"},
+            "reason": "Invalid", "message": "m", "type": "Warning", "count": 2}
+    ours: list = []
+    theirs: list = []
+    _recording(source.api, ours)
+    writer = KubeEventWriter(source.api, 5.0)
+    for write in (lambda: writer.create("x", body), lambda: writer.patch("x", "e1", body)):
+        with pytest.raises(_Recorded):
+            write()
+    generated = client.ApiClient(source.api.configuration)
+    _recording(generated, theirs)
+    core = client.CoreV1Api(generated)
+    with pytest.raises(_Recorded):
+        core.create_namespaced_event("x", body, _request_timeout=5.0)
+    with pytest.raises(_Recorded):
+        core.patch_namespaced_event("e1", "x", body, _request_timeout=5.0, _content_type="application/merge-patch+json")
+    assert ours == theirs
+
+
+def test_read_ahead_takes_one_item_ahead_and_hands_errors_over_where_they_happened():
+    from nftpolicy.agent.daemon.sources import read_ahead
+
+    taken: list[int] = []
+
+    def source():
+        for i in range(3):
+            taken.append(i)
+            yield i
+        raise ApiException(status=500)
+
+    items = read_ahead(source(), "test")
+    assert next(items) == 0
+    eventually(lambda: taken, [0, 1])  # the next one is fetched meanwhile, and no more
+    time.sleep(0.05)
+    assert taken == [0, 1]
+    assert list(itertools.islice(items, 2)) == [1, 2]
+    with pytest.raises(ApiException):
+        next(items)
+
+    stopped = read_ahead(iter(range(10)), "test")
+    assert next(stopped) == 0
+    stopped.close()  # the caller gives up: the thread ends instead of waiting to hand over the next
+    eventually(lambda: any(t.name == "test" for t in threading.enumerate()), False)

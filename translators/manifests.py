@@ -22,10 +22,12 @@ from __future__ import annotations
 import difflib
 import functools
 import ipaddress
+import json
+import math
 import re
 import sys
 from dataclasses import dataclass
-from collections.abc import Iterable, Mapping  # collections.abc: isinstance on typing's alias is slow
+from collections.abc import Iterable, Iterator, Mapping  # collections.abc: isinstance on typing's alias is slow
 from typing import Any
 
 import orjson
@@ -172,10 +174,16 @@ def parse_documents(text: str | bytes, origin: str = "<input>") -> tuple[list[tu
             docs, errors = ([(1, orjson.loads(text))], []) if text.lstrip()[:1] in ("{", "[") else _load_yaml(text, origin)
         except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
             docs, errors = _load_yaml(text, origin)
-    objects: list[tuple[str, Any]] = []
-    # A stack, next document last (each document is handled once), with where each one is:
-    # "#2" (the file's second document), "#2 item #3" (an item of its list).
-    pending = [(doc, f"#{i}") for i, doc in reversed(docs)]
+    objects = [pair for number, doc in docs for pair in _flattened(doc, f"#{number}", origin, errors)]
+    return objects, errors
+
+
+def _flattened(doc: Any, where: str, origin: str, errors: list[ManifestError]) -> Iterator[tuple[str, Any]]:
+    """The ``(origin, object)`` pairs of document ``doc`` (``where``: ``"#2"``, the file's second
+    document), ``kind: List``/``<Kind>List`` and arrays flattened in order (``"#2 item #3"``:
+    an item of its list); one error in ``errors`` per part that is not an object."""
+    # A stack, next part last (each part is handled once), with where each one is.
+    pending = [(doc, where)]
     while pending:
         doc, where = pending.pop()
         if isinstance(doc, Mapping) and isinstance(doc.get("kind"), str) and doc["kind"].endswith("List"):
@@ -189,8 +197,192 @@ def parse_documents(text: str | bytes, origin: str = "<input>") -> tuple[list[tu
         elif not isinstance(doc, Mapping):
             errors.append(ManifestError("document", where, f"not a mapping (a {type(doc).__name__})", origin))
         else:
-            objects.append((origin, doc))
-    return objects, errors
+            yield origin, doc
+
+
+class NotStreamable(ValueError):
+    """A JSON document that :func:`json_list_objects` cannot read item by item exactly as
+    :func:`parse_documents` reads it whole (not valid JSON, constants such as ``NaN``, text after
+    the object, an ``items`` array of an object whose kind turns out not to be a List): the
+    caller reads the file whole instead. ``str()``: where and why, one line. :attr:`error`:
+    when an item is not valid JSON, the error naming it (``document #1: not valid JSON in item
+    #7: expecting ',' delimiter at line 1, column 4021``), for the caller to give instead of the
+    whole read's error for the document (which names only a line and column)."""
+
+    error: ManifestError | None = None
+
+
+# The stdlib's C JSON scanner: it parses one value at a given index of a str and says where it
+# ends, which is what reading a List's items one at a time needs (orjson parses only whole
+# documents). What orjson reads otherwise ends the item-by-item read: NaN and Infinity, numbers
+# too large for a double (refused) and integers beyond 64 bits (a float for orjson).
+def _refuse_constant(name: str) -> Any:
+    raise NotStreamable(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise NotStreamable(f"{text} is too large for a double")
+    return value
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 64:
+        raise NotStreamable(f"{text} is an integer beyond 64 bits")
+    return value
+
+
+_SCAN = json.scanner.make_scanner(json.JSONDecoder(  # type: ignore[attr-defined]
+    parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_int64))
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+# orjson refuses a lone surrogate, which the stdlib reads: any surrogate escape, paired or not
+# (rare in Kubernetes objects), sends the document to the whole read.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class _ChunkedText:
+    """JSON text arriving in chunks (str), read from position :attr:`pos` of :attr:`text` (the
+    part not read yet); text before it is dropped as the next chunk comes. :meth:`value`
+    parses one JSON value at :attr:`pos`; a value cut by a chunk's end is parsed again once the
+    next chunk is there. Errors say where, as the line and column of the whole text."""
+
+    # A parse error this close to the end of the text may be a value cut short by the chunk's end
+    # (a literal, a number or an escape is at most this long), as may an unterminated string.
+    CUT = 32
+
+    def __init__(self, chunks: Iterable[str]) -> None:
+        self.chunks = iter(chunks)
+        self.text = ""
+        self.pos = 0
+        self.line = 1  # of the text's first character, in the whole text
+        self.line_start = 0  # where that line starts, relative to the text (<= 0)
+
+    def more(self) -> bool:
+        """Append the next chunk, dropping what was read; False at the end of the input."""
+        chunk = next(self.chunks, None)
+        if chunk is None:
+            return False
+        read = self.text[:self.pos]
+        newlines = read.count("\n")
+        if newlines:
+            self.line += newlines
+            self.line_start = read.rindex("\n") + 1 - self.pos
+        else:
+            self.line_start -= self.pos
+        self.text, self.pos = self.text[self.pos:] + chunk, 0
+        return True
+
+    def peek(self) -> str:
+        """The next character that is not whitespace (:attr:`pos` moves to it), "" at the end."""
+        while True:
+            self.pos = _WHITESPACE.match(self.text, self.pos).end()  # type: ignore[union-attr]
+            if self.pos < len(self.text):
+                return self.text[self.pos]
+            if not self.more():
+                return ""
+
+    def expect(self, chars: str, what: str) -> str:
+        """The next character that is not whitespace, one of ``chars``, consumed. Raises NotStreamable."""
+        char = self.peek()
+        if not char or char not in chars:
+            raise NotStreamable(self.where(self.pos, f"expecting {what}"))
+        self.pos += 1
+        return char
+
+    def value(self) -> Any:
+        """The JSON value at :attr:`pos` (after whitespace), consumed. Raises NotStreamable."""
+        self.peek()
+        while True:
+            try:
+                value, end = _SCAN(self.text, self.pos)
+            except StopIteration as stop:
+                at, problem = stop.value, "expecting a value"
+            except json.JSONDecodeError as exc:
+                at, problem = exc.pos, exc.msg
+            else:
+                if end < len(self.text) or not self.more():  # else a number may go on in the next chunk
+                    escape = self.text.find("\\u", self.pos, end)  # the fast test first: str.find
+                    if escape >= 0 and _SURROGATE_ESCAPE.search(self.text, escape, end):
+                        raise NotStreamable(self.where(escape, "a \\u escape of a UTF-16 surrogate"))
+                    self.pos = end
+                    return value
+                continue
+            cut = at >= len(self.text) - self.CUT or problem.startswith("Unterminated string")
+            if not (cut and self.more()):
+                raise NotStreamable(self.where(at, problem[:1].lower() + problem[1:].removesuffix(" at")))
+
+    def where(self, at: int, problem: str) -> str:
+        """``problem at line L, column C`` (of the whole text, from 1)."""
+        newlines = self.text.count("\n", 0, at)
+        start = self.text.rindex("\n", 0, at) + 1 if newlines else self.line_start
+        return f"{problem} at line {self.line + newlines}, column {at - start + 1}"
+
+
+def json_list_objects(chunks: Iterable[str], origin: str, errors: list[ManifestError]) -> Iterator[tuple[str, Any]]:
+    """The objects of one JSON document whose text comes in ``chunks``, as :func:`parse_documents`
+    gives them (``(origin, object)`` pairs, errors of parts that are not objects appended to
+    ``errors``), but with the items of its top-level ``items`` array parsed and given one at a
+    time: the memory held is one item and a chunk, not the whole parsed document (a 150,000-pod
+    ``kubectl get -o json`` List is 92 MB of text, and about 800 MB parsed whole).
+
+    The document must be one JSON object: its other fields (``kind`` may come after ``items``, as
+    kubectl prints them) are checked as the items go by. Raises :class:`NotStreamable` when
+    reading the document whole could give another result: the text is not one JSON object, an
+    item is not valid JSON, or the object's kind is not a List (its ``items`` were then no list
+    of objects); objects given before that must be dropped by the caller.
+    """
+    text = _ChunkedText(chunks)
+    text.expect("{", "an object")
+    envelope: dict[str, Any] = {}
+    streamed = False
+    if text.peek() == "}":
+        text.pos += 1
+    else:
+        while True:
+            key = text.value()
+            if not isinstance(key, str):
+                raise NotStreamable(text.where(text.pos, "expecting a property name"))
+            text.expect(":", "':'")
+            kind = envelope.get("kind")
+            if key == "items" and not streamed and text.peek() == "[" and (kind is None or isinstance(kind, str) and kind.endswith("List")):
+                text.pos += 1
+                streamed = True
+                number = 0
+                if text.peek() == "]":
+                    text.pos += 1
+                else:
+                    while True:
+                        number += 1
+                        try:
+                            item = text.value()
+                            end = text.expect(",]", "',' or ']' after an item")
+                        except NotStreamable as exc:
+                            exc.error = ManifestError("document", "#1", f"not valid JSON in item #{number}: {exc}", origin)
+                            raise
+                        kind = item.get("kind") if type(item) is dict else None
+                        if kind is not None and not (type(kind) is str and kind.endswith("List")):
+                            yield origin, item  # the common case, without _flattened's generator
+                        else:
+                            yield from _flattened(item, f"#1 item #{number}", origin, errors)
+                        if end == "]":
+                            break
+            elif key == "items" and streamed:
+                raise NotStreamable("items given twice")
+            else:
+                envelope[key] = text.value()
+            if text.expect(",}", "',' or '}'") == "}":
+                break
+    if text.peek():
+        raise NotStreamable(text.where(text.pos, "text after the object"))
+    kind = envelope.get("kind")
+    if not streamed:
+        yield from _flattened(envelope, "#1", origin, errors)
+    elif not (isinstance(kind, str) and kind.endswith("List")):
+        raise NotStreamable(f"an object of kind {kind!r} with items, not a List")
+    elif "items" in envelope:
+        raise NotStreamable("items given twice")
 
 
 def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[ManifestError]]:

@@ -236,6 +236,17 @@ def list_json(table: str, chain: str | None = None) -> Json:
     return {"nftables": [{"list": {"chain": {**_table_ref(table), "name": chain}}}]}
 
 
+def list_sets_json(table: str) -> Json:
+    """The libnftables JSON query that lists the sets of ``inet <table>`` (with their elements
+    unless the listing is terse)."""
+    return {"nftables": [{"list": {"sets": _table_ref(table)}}]}
+
+
+def list_set_json(table: str, name: str) -> Json:
+    """The libnftables JSON query that lists set ``name`` of ``inet <table>``."""
+    return {"nftables": [{"list": {"set": {**_table_ref(table), "name": name}}}]}
+
+
 def to_json(model: RuleModel) -> str:
     """The full replace of ``model``'s table (:func:`transaction.full`) as indented libnftables
     JSON text (input for ``nft -j -f``)."""

@@ -32,7 +32,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from .manifests import ManifestError, unread_object
 from .validation import InvalidField, generated_suffix
@@ -114,41 +114,53 @@ def _pods(obj: Mapping[str, Any], nodes: Sequence[str]) -> list[dict[str, Any]]:
     return pods
 
 
-def stand_in_pods(objects: Iterable[tuple[str, Any]], nodes: Sequence[str] = ()) -> tuple[list[tuple[str, Any]], list[StandIn], list[ManifestError]]:
+def stand_in_pods(objects: Iterable[tuple[str, Any]], nodes: Sequence[str], stood: list[StandIn],
+                  errors: list[ManifestError]) -> Iterator[tuple[str, Any]]:
     """``(origin, object)`` pairs with every workload replaced by the Pods it stands in for (their
-    origin names the workload too: ``shop.yaml, Deployment shop/api``). A DaemonSet runs one Pod
-    on each node: ``nodes`` (the command's), the Node objects and the Pods' ``spec.nodeName``
-    (none of them: ``node1``, the sandbox's default node).
-    Returns the objects, one :class:`StandIn` per workload read, and one error per workload left
-    out; other objects pass unchanged."""
-    objects = list(objects)
-    found = {str((o.get("metadata") or {}).get("name")) if o.get("kind") == "Node" else (o.get("spec") or {}).get("nodeName")
-             for _, o in objects if isinstance(o, Mapping) and o.get("kind") in ("Node", "Pod")
-             and isinstance(o.get("metadata") or {}, Mapping) and isinstance(o.get("spec") or {}, Mapping)}
-    nodes = sorted({*nodes, *(n for n in found if isinstance(n, str) and n)}) or ["node1"]
-    out: list[tuple[str, Any]] = []
-    stood: list[StandIn] = []
-    errors: list[ManifestError] = []
+    origin names the workload too: ``shop.yaml, Deployment shop/api``), in order, one object at a
+    time. A DaemonSet runs one Pod on each node: ``nodes`` (the command's), the Node objects and
+    the Pods' ``spec.nodeName`` (none of them: ``node1``, the sandbox's default node), known only
+    once every object is read, so from the first DaemonSet on the objects are held and given at
+    the end. Appends one :class:`StandIn` per workload read to ``stood`` and one error per
+    workload left out to ``errors``, as the objects go by; other objects pass unchanged."""
+    found: set[str] = set()
+    held: list[tuple[str, Any]] | None = None
     for origin, obj in objects:
-        if not (isinstance(obj, Mapping) and obj.get("kind") in WORKLOAD_KINDS):
-            out.append((origin, obj))
-            continue
-        unread = unread_object(obj, origin)  # an apiVersion that is not the workload's
-        if unread is not None:
-            errors.append(unread)
-            continue
-        meta = obj.get("metadata")
-        meta = meta if isinstance(meta, Mapping) else {}
-        ref = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-        try:
-            pods = _pods(obj, nodes)
-        except InvalidField as exc:
-            errors.append(ManifestError(obj["kind"], ref, str(exc), origin))
-            continue
-        where = f"{origin}, {obj['kind']} {ref}" if origin else f"{obj['kind']} {ref}"
-        out.extend((where, pod) for pod in pods)
-        stood.append(StandIn(obj["kind"], ref, tuple(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods)))
-    return out, stood, errors
+        if isinstance(obj, Mapping) and obj.get("kind") in ("Node", "Pod") and isinstance(obj.get("metadata") or {}, Mapping) \
+                and isinstance(obj.get("spec") or {}, Mapping):
+            node = str((obj.get("metadata") or {}).get("name")) if obj["kind"] == "Node" else (obj.get("spec") or {}).get("nodeName")
+            if isinstance(node, str) and node:
+                found.add(node)
+        if held is None and isinstance(obj, Mapping) and obj.get("kind") == "DaemonSet":
+            held = []
+        if held is None:
+            yield from _stood_in(origin, obj, (), stood, errors)
+        else:
+            held.append((origin, obj))
+    every_node = sorted({*nodes, *found}) or ["node1"]
+    for origin, obj in held or ():
+        yield from _stood_in(origin, obj, every_node, stood, errors)
+
+
+def _stood_in(origin: str, obj: Any, nodes: Sequence[str], stood: list[StandIn], errors: list[ManifestError]) -> list[tuple[str, Any]]:
+    """``obj`` itself, or the Pods of workload ``obj`` (on ``nodes``: a DaemonSet's), for :func:`stand_in_pods`."""
+    if not (isinstance(obj, Mapping) and obj.get("kind") in WORKLOAD_KINDS):
+        return [(origin, obj)]
+    unread = unread_object(obj, origin)  # an apiVersion that is not the workload's
+    if unread is not None:
+        errors.append(unread)
+        return []
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    ref = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+    try:
+        pods = _pods(obj, nodes)
+    except InvalidField as exc:
+        errors.append(ManifestError(obj["kind"], ref, str(exc), origin))
+        return []
+    where = f"{origin}, {obj['kind']} {ref}" if origin else f"{obj['kind']} {ref}"
+    stood.append(StandIn(obj["kind"], ref, tuple(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods)))
+    return [(where, pod) for pod in pods]
 
 
 class PlacementError(ValueError):

@@ -35,12 +35,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, cast
+from typing import Any, Mapping, Protocol
+from urllib.parse import quote
 
 from nftpolicy.translators.validation import InvalidField
 
 from .clock import REAL_TIME, Clock
 from .kubeclient import client as k8s
+from .kubeclient import request
 from .metrics import Metrics
 from .sources import describe
 
@@ -282,21 +284,22 @@ class EventRecorder:
 
 class KubeEventWriter:
     """:class:`EventWriter` through the official client (an ``ApiClient`` the API source made):
-    core v1 ``create`` and merge ``patch``, each bounded by ``timeout`` seconds."""
+    core v1 ``create`` and merge ``patch`` (:func:`~.kubeclient.request`, the requests of
+    ``CoreV1Api.create_namespaced_event`` and ``patch_namespaced_event``), each bounded by
+    ``timeout`` seconds; each answer is read whole (its connection goes back to the pool)."""
 
     def __init__(self, api: Any, timeout: float) -> None:
-        self.core, self.timeout = k8s.CoreV1Api(api), timeout
+        self.api, self.timeout = api, timeout
 
     def create(self, namespace: str, body: dict[str, Any]) -> None:
         """POST ``body`` to ``namespace``'s Events."""
-        # the client sends a dict as it is (its typed CoreV1Event would need snake_case fields)
-        self.core.create_namespaced_event(namespace, cast(Any, body), _request_timeout=self.timeout)
+        request(self.api, "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", self.timeout, body=body).read()
 
     def patch(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         """Merge-patch Event ``name``; :class:`EventGone` on 404."""
         try:
-            self.core.patch_namespaced_event(name, namespace, body, _request_timeout=self.timeout,
-                                             _content_type="application/merge-patch+json")
+            request(self.api, "PATCH", f"/api/v1/namespaces/{quote(namespace, safe='')}/events/{quote(name, safe='')}", self.timeout,
+                    body=body, content_type="application/merge-patch+json").read()
         except k8s.ApiException as exc:
             if exc.status == 404:
                 raise EventGone(name) from None

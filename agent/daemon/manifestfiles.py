@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import codecs
 import sys
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, BinaryIO, Iterable, Iterator, TextIO
 
-from nftpolicy.translators.manifests import ManifestError, build_cluster, parse_documents
+from nftpolicy.translators.manifests import ManifestError, NotStreamable, build_cluster, json_list_objects, parse_documents
 from nftpolicy.translators.model import Cluster
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -45,6 +46,47 @@ def read_objects(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[list[
         objects.extend(docs)
         errors.extend(errs)
     return objects, errors
+
+
+CHUNK = 1 << 20  # bytes read at a time from a JSON file read item by item
+
+
+def stream_objects(paths: Iterable[str], errors: list[ManifestError]) -> Iterator[tuple[str, Any]]:
+    """:func:`read_objects`, one object at a time: a file that starts with ``{`` (one JSON object:
+    a List as ``kubectl get -o json`` prints it) is read in chunks of :data:`CHUNK` bytes and its
+    items parsed one by one (:func:`~nftpolicy.translators.manifests.json_list_objects`), so that
+    a consumer that keeps only what it makes of each object holds one item's dict at a time; other
+    files and stdin are read whole. ``errors`` gets what :func:`read_objects` returns.
+
+    Raises :class:`~nftpolicy.translators.manifests.NotStreamable` when a file read item by item
+    would read otherwise whole (not valid JSON, or not a List): the caller drops what it made and
+    calls :func:`read_objects`."""
+    for name in manifest_files(paths):
+        if name != "-":
+            with open(name, "rb") as file:
+                if file.read(CHUNK).lstrip()[:1] == b"{":  # whitespace longer than a chunk: read whole
+                    file.seek(0)
+                    yield from json_list_objects(_decoded_chunks(file), name, errors)
+                    continue
+        objects, errs = read_objects([name])
+        yield from objects
+        errors.extend(errs)
+
+
+def _decoded_chunks(file: BinaryIO) -> Iterator[str]:
+    """The UTF-8 text of ``file`` in chunks of :data:`CHUNK` bytes. A byte that is not UTF-8
+    raises NotStreamable (the whole read reports it with its position)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    while True:
+        data = file.read(CHUNK)
+        try:
+            text = decoder.decode(data, final=not data)
+        except UnicodeDecodeError as exc:
+            raise NotStreamable(f"not UTF-8 text: {exc.reason}") from None
+        if text:
+            yield text
+        if not data:
+            return
 
 
 def load_cluster(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[Cluster, list[ManifestError]]:

@@ -19,10 +19,11 @@ import functools
 import json
 import logging
 import math
+import queue
 import socket
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import orjson
 import tenacity
@@ -30,6 +31,7 @@ import urllib3
 import yaml
 
 from .clock import REAL_TIME, Clock
+from .kubeclient import Collection
 from .kubeclient import client as k8s
 from .kubeclient import config as k8s_config
 from .kubeclient import iter_resp_lines
@@ -38,6 +40,7 @@ from .metrics import Metrics
 from .store import KINDS, Store
 
 log = logging.getLogger("nftpolicy.sources")
+T = TypeVar("T")
 
 # Kinds whose resource only exists when its CRD is installed: a 404 on the list means "none".
 OPTIONAL = {"ClusterNetworkPolicy": "clusternetworkpolicies.policy.networking.k8s.io"}
@@ -137,6 +140,45 @@ def _retry_after(state: tenacity.RetryCallState) -> float | None:
     return None
 
 
+def read_ahead(source: Iterator[T], name: str) -> Iterator[T]:
+    """``source``'s items, each made by a daemon thread (called ``name``) while the caller uses
+    the one before: one item ahead, no more. What ``source`` raises is raised here, in place of
+    the item it failed to make. When the caller stops early (an exception, ``close()``), the
+    thread ends before making another item."""
+    made: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    wanted = threading.Semaphore(1)  # a token per item the caller is ready for
+    abandoned = threading.Event()
+
+    def produce() -> None:
+        try:
+            while True:
+                while not wanted.acquire(timeout=0.1):
+                    if abandoned.is_set():
+                        return
+                if abandoned.is_set():
+                    return
+                item = next(source, made)  # ``made``: a sentinel no source yields
+                if item is made:
+                    made.put((False, None))
+                    return
+                made.put((True, item))
+        except BaseException as exc:  # handed to the caller, raised there
+            made.put((False, exc))
+
+    threading.Thread(target=produce, name=name, daemon=True).start()
+    try:
+        while True:
+            more, value = made.get()
+            if not more:
+                if value is not None:
+                    raise value
+                return
+            wanted.release()  # the next one is made while the caller uses this one
+            yield value
+    finally:
+        abandoned.set()
+
+
 class SourceError(RuntimeError):
     """The API source cannot start: the kubeconfig cannot be read, or there is no in-cluster
     configuration (the message says which, on one line)."""
@@ -167,14 +209,12 @@ class KubeSource:
         configuration.retries = False  # tenacity decides
         configuration.socket_options = keepalive_options()
         api = k8s.ApiClient(configuration)
-        core, networking = k8s.CoreV1Api(api), k8s.NetworkingV1Api(api)
         self.calls: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-            "Namespace": (core.list_namespace, {}),
-            "Pod": (core.list_pod_for_all_namespaces, {}),
-            "NetworkPolicy": (networking.list_network_policy_for_all_namespaces, {}),
-            "Node": (core.list_node, {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
-            "ClusterNetworkPolicy": (k8s.CustomObjectsApi(api).list_cluster_custom_object,
-                                     {"group": "policy.networking.k8s.io", "version": "v1alpha2", "plural": "clusternetworkpolicies"}),
+            "Namespace": (Collection(api, "/api/v1/namespaces"), {}),
+            "Pod": (Collection(api, "/api/v1/pods"), {}),
+            "NetworkPolicy": (Collection(api, "/apis/networking.k8s.io/v1/networkpolicies"), {}),
+            "Node": (Collection(api, "/api/v1/nodes"), {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
+            "ClusterNetworkPolicy": (Collection(api, "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"), {}),
         }
         self.store, self.metrics, self.stop = store, metrics, stop
         self.clock = clock  # every pause and every "how long since" (tests give their own)
@@ -317,13 +357,14 @@ class KubeSource:
         self._pause(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
-        """List ``kind`` in pages of :data:`LIST_PAGE` objects; each page is converted to model
-        objects before the next is fetched, so the agent never holds a whole cluster of API
+        """List ``kind`` in pages of :data:`LIST_PAGE` objects. The next page is fetched while
+        one is converted to model objects (:func:`read_ahead`: the API server answers on
+        another core meanwhile), and no further, so the agent never holds a whole cluster of API
         objects (150,000 pods are about a gigabyte of them)."""
         call, kwargs = self.calls[kind]
         pages: dict[str, Any] = {"count": 0, "version": ""}  # what the pages said, for the log
 
-        def items() -> Iterator[Any]:
+        def bodies() -> Iterator[Any]:
             token = None
             while True:
                 # No resourceVersion: a consistent list (at least as new as anything seen before
@@ -338,7 +379,7 @@ class KubeSource:
                 # a streaming list (sendInitialEvents) cost it 1.2-1.3x these pages. Measured with
                 # bench/api_server_cost.py: docs/benchmarks.md.
                 try:
-                    response = call(limit=LIST_PAGE, _continue=token, _preload_content=False,
+                    response = call(limit=LIST_PAGE, _continue=token,
                                     _request_timeout=self.api_timeout, **kwargs)
                 except k8s.ApiException as exc:
                     if exc.status == 410 and token:  # the continue token expired: list again now
@@ -349,12 +390,12 @@ class KubeSource:
                 meta = body.get("metadata") or {}
                 pages["count"] += 1
                 pages["version"] = meta.get("resourceVersion") or pages["version"]
-                yield from body.get("items") or ()
+                yield body
                 token = meta.get("continue")
                 if not token:
                     return
 
-        count = self.store.replace(kind, items())
+        count = self.store.replace(kind, (item for body in read_ahead(bodies(), f"list-{kind}") for item in body.get("items") or ()))
         if kind in self.absent:
             self.absent.discard(kind)
             log.info("the API has %s now: watching %ss", OPTIONAL[kind], kind, extra={"kind": kind})
@@ -367,7 +408,7 @@ class KubeSource:
         version = self.versions[kind]
         try:
             response = call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
-                            _preload_content=False, _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
+                            _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
         except k8s.ApiException as exc:
             if exc.status == 410:
                 raise RelistNeeded(f"resourceVersion {version} is gone") from None

@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from nftpolicy.translators.manifests import ManifestError, build_cluster
+from nftpolicy.translators.manifests import ManifestError, NotStreamable, build_cluster
 from nftpolicy.translators.model import NAMESPACE_NAME_LABEL, Cluster
 from nftpolicy.translators.workloads import StandIn, stand_in_pods
 
-from nftpolicy.agent.daemon.manifestfiles import read_objects
+from nftpolicy.agent.daemon.manifestfiles import read_objects, stream_objects
 
 INCOMPLETE = 3  # exit code: part of the input was left out (see finish())
 
@@ -27,8 +27,8 @@ INCOMPLETE = 3  # exit code: part of the input was left out (see finish())
 @dataclass
 class Manifests:
     """What a command read from its paths: the ``cluster``, the ``objects`` it was built from
-    (workloads already replaced by their Pods), what was ``skipped`` (one error each) and the
-    workloads that stand in Pods."""
+    (workloads already replaced by their Pods; empty unless :func:`read_manifests` was asked to
+    keep them), what was ``skipped`` (one error each) and the workloads that stand in Pods."""
 
     paths: list[str]
     cluster: Cluster
@@ -53,23 +53,51 @@ class Manifests:
         return finish(args, code, [*self.skipped, *skipped], self.empty)
 
 
-def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_invalid: bool = True) -> Manifests:
+def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_invalid: bool = True,
+                   keep_objects: bool = False) -> Manifests:
     """The manifests in ``args.paths``: workloads stand in their Pods (``nodes``: where a
     DaemonSet runs, besides the nodes the manifests name), said in one line; each object,
     document or file left out is one ``nftpolicy: skipped ...`` line (``report_invalid=False``:
     objects that fail validation are kept for an API server to judge, only unreadable input is
-    reported). With ``--strict`` anything left out ends the command (exit 2)."""
-    objects, unreadable = read_objects(args.paths)
-    objects, stand_ins, bad = stand_in_pods(objects, nodes)
-    cluster, invalid = build_cluster(objects)
-    read = Manifests(list(args.paths), cluster, objects, unreadable + bad + (invalid if report_invalid else []), stand_ins)
+    reported). With ``--strict`` anything left out ends the command (exit 2).
+
+    The objects are read one at a time (a JSON List item by item) and dropped once in the
+    cluster, unless ``keep_objects`` (:attr:`Manifests.objects`, else empty): a 150,000-pod
+    dump parsed whole is about 800 MB, its cluster a fraction of that."""
+    try:  # stdin cannot be read twice: with it among the paths, every file is read whole
+        read = _read_manifests(args, nodes, report_invalid, keep_objects, _whole_objects if "-" in args.paths else stream_objects)
+    except NotStreamable as refused:  # a file read item by item that reads otherwise whole: read again, whole
+        read = _read_manifests(args, nodes, report_invalid, keep_objects, _whole_objects)
+        if refused.error is not None:  # the item that is not valid JSON, rather than the whole read's line and column
+            origin = refused.error.origin
+            read.skipped = [refused.error if (e.kind, e.ref, e.origin) == ("document", "#1", origin)
+                            and e.message.startswith("not valid YAML/JSON") else e for e in read.skipped]
     report_skipped(read.skipped, args.strict)
-    if stand_ins:
-        print(f"nftpolicy: {stand_in_line(stand_ins)}", file=sys.stderr)
+    if read.stand_ins:
+        print(f"nftpolicy: {stand_in_line(read.stand_ins)}", file=sys.stderr)
     if read.empty and args.strict:
         print(f"nftpolicy: {_empty_line(read.paths)}", file=sys.stderr)
         raise SystemExit(2)
     return read
+
+
+def _read_manifests(args: argparse.Namespace, nodes: Sequence[str], report_invalid: bool, keep_objects: bool,
+                    reader: Callable[[Iterable[str], list[ManifestError]], Iterable[tuple[str, Any]]]) -> Manifests:
+    """:func:`read_manifests`' reading, with ``reader`` (:func:`stream_objects` or :func:`_whole_objects`)."""
+    unreadable: list[ManifestError] = []
+    stand_ins: list[StandIn] = []
+    bad: list[ManifestError] = []
+    objects = stand_in_pods(reader(args.paths, unreadable), nodes, stand_ins, bad)
+    kept = list(objects) if keep_objects else []
+    cluster, invalid = build_cluster(kept if keep_objects else objects)
+    return Manifests(list(args.paths), cluster, kept, unreadable + bad + (invalid if report_invalid else []), stand_ins)
+
+
+def _whole_objects(paths: Iterable[str], errors: list[ManifestError]) -> list[tuple[str, Any]]:
+    """:func:`read_objects` with :func:`stream_objects`' signature."""
+    objects, unreadable = read_objects(paths)
+    errors.extend(unreadable)
+    return objects
 
 
 def plural(count: int, one: str, many: str) -> str:

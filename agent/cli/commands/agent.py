@@ -7,10 +7,14 @@ import sys
 
 from nftpolicy.agent import interrupts
 from nftpolicy.agent.cli.flags import check_exists, config_from
+from nftpolicy.agent.daemon.memory import gc_paused
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    with interrupts.deferred():  # imports the Kubernetes client only for this command
+    # Imports the Kubernetes client only for this command; without the cyclic garbage collector:
+    # the imports make objects that all stay alive, and collections over them took a fifth of the
+    # imports' CPU (0.15-0.2 s of every start here).
+    with interrupts.deferred(), gc_paused():
         from nftpolicy.agent.daemon.main import run_agent
         from nftpolicy.agent.daemon.sources import SourceError
 

@@ -200,7 +200,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return _answer(args, enforcement, connections(enforcement, args.source, args.destination, args.port or ()))
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
-    read = read_manifests(args)
+    read = read_manifests(args, keep_objects=True)
     stop = read.stop_when_empty(args)
     return stop if stop is not None else explain_objects(args, read)
 

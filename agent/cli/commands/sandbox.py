@@ -96,7 +96,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
                        nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...],
                        out: report.SandboxOutput) -> int:
-    read = read_manifests(args, nodes, report_invalid=control_plane is None)
+    read = read_manifests(args, nodes, report_invalid=control_plane is None, keep_objects=True)
     cluster = read.cluster
     warn(cluster_warnings(cluster, []), args.strict)
     if read.empty:
