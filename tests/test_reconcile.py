@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from nftpolicy.agent.dataplane.fake import FakeNftDataplane, FakeTable
+from nftpolicy.agent.dataplane.nftables import NftDataplane, NftError
 from nftpolicy.agent.daemon.clock import REAL_TIME, Clock
 from nftpolicy.agent.daemon.health import Health
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -25,6 +26,7 @@ from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
 from .conftest import REPO, eventually
+from .test_api_recovery import normalized
 from .fakeclock import FakeClock
 
 NODE = "node1"
@@ -53,7 +55,7 @@ def _fresh_state(objects: dict[str, list[dict[str, Any]]]) -> Any:
     return FakeTable().apply(transaction.full(build_rule_model(_cluster(objects), NODE))).state()
 
 
-def _reconciler(store: Store, dataplane: FakeNftDataplane, clock: Clock = REAL_TIME, min_interval: float = 0.0) -> Reconciler:
+def _reconciler(store: Store, dataplane: FakeNftDataplane | NftDataplane, clock: Clock = REAL_TIME, min_interval: float = 0.0) -> Reconciler:
     return Reconciler(store, Config(), NODE, Metrics(), Health(window=30.0), min_interval, 3600.0, dataplane, clock)
 
 
@@ -104,6 +106,21 @@ def test_no_change_commits_nothing():
     reconciler.sync(full=True)
     assert reconciler.sync(full=False)
     assert len(dataplane.transactions) == 1
+
+
+def test_an_incremental_sync_logs_where_its_oldest_events_time_went(caplog):
+    objects = _objects()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    reconciler.sync(full=True)
+    _relabel(store, objects, "prometheus-0", app="other")
+    with caplog.at_level("INFO", logger="nftpolicy.reconcile"):
+        assert reconciler.sync(full=False)
+    (line,) = [r for r in caplog.records if getattr(r, "mode", None) == "incremental"]
+    fields = {k: getattr(line, k) for k in ("event_to_kernel_ms", "waited_ms", "render_ms", "commit_ms", "cpu_ms")}
+    assert all(value >= 0 for value in fields.values()), fields
+    assert fields["event_to_kernel_ms"] >= fields["waited_ms"] + fields["render_ms"] + fields["commit_ms"] - 0.05  # rounding
+    assert reconciler.metrics.event_to_kernel._sum.get() * 1000 >= fields["event_to_kernel_ms"] - 0.01  # the same figure
 
 
 def test_a_refused_transaction_keeps_the_table_and_the_next_sync_is_full():
@@ -202,6 +219,61 @@ def test_a_burst_of_changes_is_coalesced_into_one_transaction():
         store.changed.set()
         thread.join(5)
     assert len(dataplane.transactions) == 2  # the full sync, then the burst in one
+
+
+def _status_only(obj: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """``obj`` with only fields of its status changed (what a heartbeat or a probe writes)."""
+    changed = copy.deepcopy(obj)
+    changed["metadata"]["resourceVersion"] = "999"
+    changed["status"] = {**changed.get("status", {}), **status}
+    return changed
+
+
+def test_a_heartbeat_or_status_only_update_wakes_no_sync_and_commits_nothing():
+    objects, clock = _objects(), FakeClock()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane, clock=clock)
+    stop, thread = _run(reconciler)
+    try:
+        eventually(lambda: reconciler.health.ready, clock=clock)
+        heartbeat = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-12-02T01:00:00Z"}]
+        store.apply("Node", "MODIFIED", _status_only(objects["Node"][0], conditions=heartbeat))
+        store.apply("Pod", "MODIFIED", _status_only(objects["Pod"][0], conditions=heartbeat))
+        assert not store.changed.is_set() and store.pending_since is None
+        waits = len(clock.waited)
+        eventually(lambda: len(clock.waited) >= waits + 5, clock=clock)  # the loop looked again and again
+        assert len(dataplane.transactions) == 1  # the first full sync only
+        _relabel(store, objects, "prometheus-0", app="other")  # a change the translator reads still commits
+        eventually(lambda: dataplane.state.state() == _fresh_state(objects), clock=clock)
+    finally:
+        stop.set()
+        store.changed.set()
+        thread.join(5)
+    assert not thread.is_alive()
+    assert len(dataplane.transactions) == 2
+
+
+def test_incremental_commits_share_one_libnftables_context_and_land_as_a_full_replace_would(make_netns):
+    objects = _objects()
+    store, dataplane = _store(objects), NftDataplane(Config().table, make_netns())
+    reconciler = _reconciler(store, dataplane)
+    assert reconciler.sync(full=True)
+    kept = []
+    for value in ("other", "prometheus", "other"):
+        _relabel(store, objects, "prometheus-0", app=value)
+        assert reconciler.sync(full=False)
+        kept.append(dataplane._delta_ctx)
+    assert kept[0] is not None and kept.count(kept[0]) == 3  # made once, by the first incremental commit
+    bad = transaction.Transaction(Config().table, Config().priority)
+    bad.delete(transaction.SetName("no-such-set"))
+    with pytest.raises(NftError):
+        dataplane.run(bad)
+    assert dataplane._delta_ctx is None  # a refused commit drops it
+    _relabel(store, objects, "prometheus-0", app="prometheus")
+    assert reconciler.sync(full=False)
+    incremental = normalized(dataplane.listing())
+    assert reconciler.sync(full=True)
+    assert normalized(dataplane.listing()) == incremental
 
 
 def test_the_fake_prints_its_table():

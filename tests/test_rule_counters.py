@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from nftpolicy.agent.daemon import rulecounters
 from nftpolicy.agent.daemon.rulecounters import RuleCounters, tally
 from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.translators.rules import ChainOwner, RuleOrigin
@@ -104,6 +105,19 @@ def test_a_missing_table_gives_no_samples(make_netns):
     families = list(collector.collect())
     assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets", "nftpolicy_cluster_denied_packets"]
     assert all(not f.samples for f in families)
+
+
+def test_each_scrape_gives_the_listings_memory_back(monkeypatch):
+    class Listing:
+        def counted_rules(self):
+            return [{"chain": "KUBE-NWPLCY-X", "expr": [{"counter": {"packets": 3, "bytes": 180}}, {"accept": None}]}]
+
+    trims = []
+    monkeypatch.setattr(rulecounters, "release_memory", lambda: trims.append(len(trims)))
+    collector = RuleCounters(Listing(), dict)
+    for scrape in range(3):
+        assert [s.value for f in collector.collect() for s in f.samples] == [3]
+        assert len(trims) == scrape + 1
 
 
 def test_labels_come_from_the_chain_owners_and_the_pod_chain_names():

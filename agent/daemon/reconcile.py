@@ -114,29 +114,34 @@ class Reconciler:
             return self._sync(full)
 
     def _sync(self, full: bool) -> bool:
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         tx: Transaction | None
         if full or self.renderer is None:
             mode = "full"
             if self.learning is not None:
                 with self.learning.lock:  # no learned element is committed between its snapshot and the replace
                     tx, since, renderer = self._full_transaction()
-                    return self._commit(tx, since, renderer, mode, started)
+                    return self._commit(tx, since, renderer, mode, started, cpu)
             tx, since, renderer = self._full_transaction()
         else:
             mode, renderer = "incremental", self.renderer
             tx, since = self._delta_transaction()
-        return self._commit(tx, since, renderer, mode, started)
+        return self._commit(tx, since, renderer, mode, started, cpu)
 
-    def _commit(self, tx: Transaction | None, since: float | None, renderer: NodeRenderer, mode: str, started: float) -> bool:
+    def _commit(self, tx: Transaction | None, since: float | None, renderer: NodeRenderer, mode: str, started: float,
+                cpu: float) -> bool:
+        """Commit ``tx`` (rendered from ``started`` on, monotonic seconds, and from ``cpu`` on,
+        this thread's CPU seconds) and account for it: metrics, the sync's log line."""
         if tx is None:
             if since is not None:
                 self.metrics.event_to_kernel.observe(time.monotonic() - since)
             return True
         changed = tx.summary()
         commands = sum(changed.values())
+        rendered = time.monotonic()
         try:
             self.dataplane.run(tx)
+            committed = time.monotonic()
             del tx  # committed: its objects go before the collection and the trim below
         except (DataplaneError, OSError) as exc:
             self.failures += 1
@@ -148,7 +153,7 @@ class Reconciler:
             log.error("sync failed, the kernel keeps the previous ruleset: %s", str(exc).strip(),
                       extra={"mode": mode, "commands": commands})
             return False
-        took = time.monotonic() - started
+        took = committed - started
         self.failures = 0
         self.health.sync_failure = None
         self.renderer, self._owners = renderer, None
@@ -159,8 +164,12 @@ class Reconciler:
         counts = renderer.counts()
         for kind, value in counts.items():
             self.metrics.table_objects.labels(kind).set(value)
+        # Where an event's time goes (the log line's fields): waiting (for the minimum interval,
+        # or a sync under way), render (the renderer, the transaction), commit (libnftables).
+        timings = {"render_ms": round((rendered - started) * 1000, 2), "commit_ms": round((committed - rendered) * 1000, 2)}
         if since is not None:
-            self.metrics.event_to_kernel.observe(time.monotonic() - since)
+            self.metrics.event_to_kernel.observe(committed - since)
+            timings.update(event_to_kernel_ms=round((committed - since) * 1000, 2), waited_ms=round((started - since) * 1000, 2))
         if self.learning is not None:
             self.learning.sets_changed(renderer.domain_sets())
         if (why := empty_table_reason(renderer, counts["pod chains"])) != self.empty_reason and why:
@@ -175,7 +184,8 @@ class Reconciler:
         log.info("sync %s in %.1f ms: %s; table has %d pod chains, %d policy chains, %d sets, %d set elements", mode,
                  took * 1000, ", ".join(f"{n} {what}" for what, n in sorted(changed.items())), counts["pod chains"],
                  counts["policy chains"], counts["sets"], counts["elements"],
-                 extra={"mode": mode, "commands": commands, "duration_ms": round(took * 1000, 1)})
+                 extra={"mode": mode, "commands": commands, "duration_ms": round(took * 1000, 1),
+                        "cpu_ms": round((time.thread_time() - cpu) * 1000, 2), **timings})
         return True
 
     def run(self, stop: threading.Event) -> None:

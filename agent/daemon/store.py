@@ -66,6 +66,9 @@ class Store:
         self.changed = threading.Event()
         self.pending_since: float | None = None
         self.failed_closed: FailedClosed | None = None
+        for kind in KINDS:  # every series from the start; then each kind's when it changes
+            metrics.watched_objects.labels(kind).set(0)
+            metrics.invalid_objects.labels(kind).set(0)
 
     def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
         """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
@@ -87,12 +90,12 @@ class Store:
                 self.failed_closed(kind, obj, exc, stand_in is not None)
             return stand_in
 
-    def _touch(self) -> None:
+    def _touch(self, kind: str) -> None:
+        """A change of ``kind``: its gauges, the oldest pending change's time, the wake-up."""
         if self.pending_since is None:
             self.pending_since = time.monotonic()
-        for kind in KINDS:
-            self.metrics.watched_objects.labels(kind).set(len(self._objects[kind]))
-            self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
+        self.metrics.watched_objects.labels(kind).set(len(self._objects[kind]))
+        self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
         self.changed.set()
 
     def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> int:
@@ -117,23 +120,28 @@ class Store:
                         self._changes[(kind, key)] = converted.get(key)
             self._objects[kind] = converted
             self._listed.add(kind)
-            self._touch()
+            self._touch(kind)
         return count
 
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
-        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``."""
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``. An event whose
+        model object equals the one held (a Node's status heartbeat, a Pod's condition or
+        container status: fields the translator does not read) changes nothing and wakes no sync."""
         key = object_ref(kind, obj)
         with self._lock:
+            invalid_before = len(self._invalid[kind])
             model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind])
             if event == "DELETED":
                 self._invalid[kind].pop(key, None)
+            if model == self._objects[kind].get(key) and len(self._invalid[kind]) == invalid_before:
+                return
             if model is None:
                 self._objects[kind].pop(key, None)
             else:
                 self._objects[kind][key] = model
             if self._taken:
                 self._changes[(kind, key)] = model
-            self._touch()
+            self._touch(kind)
 
     def get(self, kind: str, key: str) -> Any:
         """The model object of ``kind`` called ``key`` (``ns/name`` or ``name``), or None."""

@@ -12,6 +12,7 @@ import ctypes
 import os
 import select
 import signal
+import threading
 import time
 from contextlib import nullcontext
 from typing import Any, Iterator, Sequence
@@ -22,7 +23,7 @@ import orjson
 from nftpolicy.translators import nft
 from nftpolicy.translators.nft import Json
 from nftpolicy.translators.rules import TimedAddress
-from nftpolicy.translators.transaction import Transaction, removing
+from nftpolicy.translators.transaction import Replace, Transaction, removing
 
 from . import DataplaneError, netns
 
@@ -70,6 +71,8 @@ class NftDataplane:
     def __init__(self, table: str, netns_name: str | None = None) -> None:
         self.table, self.netns = table, netns_name
         self._elements_ctx: Any = None  # the DNS hold's own context, made once (in the namespace: its socket stays there)
+        self._delta_ctx: Any = None  # the context of the commits that do not replace the table (see run)
+        self._delta_lock = threading.Lock()  # a libnftables context serves one command at a time
 
     def __repr__(self) -> str:
         return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
@@ -79,8 +82,26 @@ class NftDataplane:
 
     def run(self, tx: Transaction) -> None:
         """Commit ``tx`` (printed by :func:`nft.transaction_json`); raises NftError with
-        libnftables' reason."""
-        self._cmd(nft.transaction_json(tx))
+        libnftables' reason.
+
+        A transaction that replaces the table runs in a context of its own, dropped with the
+        cache libnftables built of the whole table. Every other one (the incremental syncs')
+        runs in one context kept for them, made at the first: making a context and its netlink
+        socket at each commit cost more CPU than parsing a small commit (bench/churn.py,
+        docs/benchmarks.md). A refused commit drops that context too (the next is a fresh one)."""
+        if any(isinstance(op, Replace) for op in tx.operations):
+            self._cmd(nft.transaction_json(tx))
+            return
+        batch = orjson.dumps(nft.transaction_json(tx)).decode()
+        with self._delta_lock:
+            if self._delta_ctx is None:
+                with self._entered():
+                    self._delta_ctx = nftables.Nftables()
+                self._delta_ctx.set_json_output(True)
+            rc, _, error = self._delta_ctx.cmd(batch)
+            if rc != 0:
+                self._delta_ctx = None
+                raise NftError(str(error).strip() or f"libnftables returned {rc}")
 
     def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False) -> Json:
         with self._entered():
