@@ -1,14 +1,16 @@
 """Benchmark: what K agents cost the real kube-apiserver, nftpolicy's API source against client-go's informers.
 
 One control plane (``ControlPlane``: etcd and the test bed's kube-apiserver v1.36 on loopback)
-is loaded through the API with a ``synthetic.generate`` cluster of ``--pods`` pods (with their
-status, as a kubelet writes it), ``--policies`` NetworkPolicies in 100 namespaces, plus one Node per
-simulated agent. Then, for each client, ``--agents`` simulated agents, each its own process with
-its own connections, watch it:
+is loaded through the API (``tools/k8s/loader``: client-go, protobuf, ``--workers`` requests at
+once) with a ``synthetic.generate`` cluster of ``--pods`` pods (with their status, as a kubelet
+writes it), ``--policies`` NetworkPolicies in 100 namespaces, plus one Node per simulated agent.
+Then, for each client, ``--agents`` simulated agents, each its own process with its own
+connections, watch it:
 
 * ``nftpolicy``: the agent's real API source, ``KubeSource`` (list + watch of Pods,
   Namespaces, NetworkPolicies, ClusterNetworkPolicies and Nodes) feeding a ``Store``, without
-  the renderer: consistent lists in pages of 500, then watches;
+  the renderer: consistent lists in pages of 500, then watches (``nftpolicy limit=N``: the same
+  with pages of N objects, a candidate page size);
 * ``client-go``: ``tools/k8s/informers`` (``.tools/bin/informers``), one set of client-go
   v0.36 informers per agent (Pods, Namespaces, NetworkPolicies, Nodes), each on its own
   connection: kube-router's way; client-go v0.36 lists with streaming lists (WatchListClient);
@@ -50,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import synthetic  # noqa: E402
-from kube_router_side_by_side import (Api, create_all, die_with_parent, namespace_object, node_object,  # noqa: E402
+from kube_router_side_by_side import (Api, die_with_parent, load_objects, namespace_object, node_object,  # noqa: E402
                                       pod_api_object, proc_cpu, proc_memory)
 
 from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary  # noqa: E402
@@ -58,13 +60,18 @@ from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary  # no
 RUNNER = "--agent-runner"  # this script, started as one simulated nftpolicy agent
 
 
-def agent_runner(kubeconfig: str) -> None:
-    """One simulated agent: KubeSource + Store. Prints ``ready`` once imported, starts at the
-    first line on stdin, prints ``{"synced_s": seconds}`` once every kind is listed, and exits
-    when stdin closes."""
+def agent_runner(kubeconfig: str, list_page: int | None) -> None:
+    """One simulated agent: KubeSource + Store (lists in pages of ``list_page`` objects when
+    given, else the agent's own). Prints ``ready`` once imported, starts at the first line on
+    stdin, prints ``{"synced_s": seconds}`` once every kind is listed, and exits when stdin
+    closes."""
+    from nftpolicy.agent.daemon import sources
     from nftpolicy.agent.daemon.metrics import Metrics
     from nftpolicy.agent.daemon.sources import KubeSource
     from nftpolicy.agent.daemon.store import Store
+
+    if list_page is not None:
+        sources.LIST_PAGE = list_page
 
     metrics, stop = Metrics(), threading.Event()
     store = Store(metrics)
@@ -89,9 +96,10 @@ class Agents:
 
     def prepare(self) -> None:
         """Start the processes up to the point where they wait for the signal."""
-        if self.client == "nftpolicy":
+        if self.client.startswith("nftpolicy"):
+            page = self.client.partition(" limit=")[2]  # a candidate page size: "nftpolicy limit=5000"
             for _ in range(self.count):
-                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig],
+                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig, *([page] if page else [])],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
                 self.procs.append(proc)
             for proc in self.procs:
@@ -101,7 +109,7 @@ class Agents:
 
     def start(self) -> list[float]:
         """Signal every agent; returns each one's seconds from the signal to every kind listed."""
-        if self.client == "nftpolicy":
+        if self.client.startswith("nftpolicy"):
             for proc in self.procs:
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
@@ -204,8 +212,8 @@ ROWS: list[tuple[str, Callable[[dict[str, Any], int], float], str]] = [
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == RUNNER:
-        agent_runner(sys.argv[2])
+    if len(sys.argv) in (3, 4) and sys.argv[1] == RUNNER:
+        agent_runner(sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else None)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50000)
@@ -213,23 +221,25 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--rate", type=float, default=20.0, help="pod label changes a second during (a)")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of (a)")
-    parser.add_argument("--workers", type=int, default=8, help="threads loading the cluster")
-    parser.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated, of: " + ", ".join(CLIENTS))
+    parser.add_argument("--workers", type=int, default=16, help="objects the loader creates at once")
+    parser.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated, of: " + ", ".join(CLIENTS) +
+                        '; "nftpolicy limit=N" is the agent listing in pages of N objects (a candidate page size)')
     args = parser.parse_args()
     clients = args.clients.split(",")
     cluster = synthetic.generate(args.pods, args.policies, 100, seed=1).cluster
     with ControlPlane() as cp:
         api = Api(cp)
         server = ApiServer(cp._apiserver.pid)  # type: ignore[union-attr]
-        t = time.monotonic()
-        create_all(api, [node_object(n) for n in cluster.nodes.values()], args.workers)
-        create_all(api, [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{i}"}}  # one per agent
-                         for i in range(args.agents) if f"node-{i}" not in cluster.nodes], args.workers)
-        create_all(api, [namespace_object(n) for n in cluster.namespaces.values()], args.workers)
-        create_all(api, [synthetic.policy_object(p) for p in cluster.policies.values()], args.workers)
-        create_all(api, [pod_api_object(p, cluster) for p in cluster.pods.values()], args.workers)
-        print(f"loaded {len(cluster.pods)} pods, {len(cluster.policies)} policies, {len(cluster.namespaces)} namespaces in "
-              f"{time.monotonic() - t:.0f} s; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+        seconds = load_objects(cp, [
+            *(node_object(n) for n in cluster.nodes.values()),
+            *({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{i}"}}  # one per agent
+              for i in range(args.agents) if f"node-{i}" not in cluster.nodes),
+            *(namespace_object(n) for n in cluster.namespaces.values()),
+            *(synthetic.policy_object(p) for p in cluster.policies.values()),
+            *(pod_api_object(p, cluster) for p in cluster.pods.values())], args.workers)
+        print(f"loaded {len(cluster.pods)} pods in {seconds['Pod']:.0f} s ({len(cluster.pods) / seconds['Pod']:.0f} pods/s), "
+              f"{len(cluster.policies)} policies, {len(cluster.namespaces)} namespaces in {sum(seconds.values()):.0f} s; "
+              f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
         pods = [(p.namespace, p.name) for p in cluster.pods.values()]
         time.sleep(2.0)
         cpu0 = server.cpu()

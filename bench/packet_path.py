@@ -381,14 +381,14 @@ def trace_connection(sandbox: Sandbox, node: str, client: str, server: str, port
 def kube_router_rules(sandbox: Sandbox, cluster, model: RuleModel, workers: int, timeout: float = 900.0) -> dict[str, float]:
     """Have the real kube-router (v2.1.0, built by ``bash .ci/install --test``) write its own
     rules for ``cluster`` into ``sandbox``'s node namespace, as on a node: a control plane holds
-    the whole cluster (created through the API by ``workers`` threads, as
-    ``kube_router_side_by_side.py`` loads it: every pod with ``status.hostIP`` its node's
+    the whole cluster (created through the API by ``tools/k8s/loader`` with ``workers``
+    requests at once, as ``kube_router_side_by_side.py`` loads it: every pod with ``status.hostIP`` its node's
     address, the sandbox node's being the one built here), kube-router starts against it and
     runs until its rules are complete (every local pod has its ``KUBE-POD-FW-*`` chain and every
     pod a policy selects jumps to a policy chain), then it and the control plane stop; its
     iptables rules and ipsets stay. Returns the seconds each step took. Raises ControlPlaneError
     when kube-router does not get there within ``timeout`` seconds."""
-    from kube_router_side_by_side import Api, create_all, kube_router_chains, namespace_object, node_object, pod_api_object
+    from kube_router_side_by_side import kube_router_chains, load_objects, namespace_object, node_object, pod_api_object
 
     from nftpolicy.agent.testbed.controlplane import ControlPlane, ControlPlaneError
     from nftpolicy.agent.testbed.nodedaemons import KubeRouters
@@ -396,11 +396,10 @@ def kube_router_rules(sandbox: Sandbox, cluster, model: RuleModel, workers: int,
     want = {"pod": sum(1 for p in sandbox.pods.values() if p.node == synthetic.NODE), "isolated": len({c.pod for c in model.pod_chains})}
     took: dict[str, float] = {}
     with ControlPlane() as cp:
-        api = Api(cp)
-        took["load_s"] = sum((create_all(api, [node_object(n) for n in cluster.nodes.values()], workers),
-                              create_all(api, [namespace_object(n) for n in cluster.namespaces.values()], workers),
-                              create_all(api, [synthetic.policy_object(p) for p in cluster.policies.values()], workers),
-                              create_all(api, [pod_api_object(p, cluster) for p in cluster.pods.values()], workers)))
+        took["load_s"] = sum(load_objects(cp, [*(node_object(n) for n in cluster.nodes.values()),
+                                               *(namespace_object(n) for n in cluster.namespaces.values()),
+                                               *(synthetic.policy_object(p) for p in cluster.policies.values()),
+                                               *(pod_api_object(p, cluster) for p in cluster.pods.values())], workers).values())
         log(f"kube-router: {len(cluster.pods)} pods and {len(cluster.policies)} policies loaded through the API in {took['load_s']:.0f} s")
         routers = KubeRouters(sandbox, cp)
         started = time.monotonic()
@@ -581,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout (the table goes to stderr)")
     ap.add_argument("--costs-only", action="store_true", help="print the deterministic costs of our rule model only (no sandbox, no load)")
     ap.add_argument("--no-kube-router", action="store_true", help="leave the real kube-router out (no control plane: 2-3 minutes less)")
-    ap.add_argument("--workers", type=int, default=8, help="threads that load the cluster into kube-router's API server (default %(default)s)")
+    ap.add_argument("--workers", type=int, default=16, help="requests at once that load the cluster into kube-router's API server (default %(default)s)")
     args = ap.parse_args(argv)
     variants = tuple(v for v in VARIANTS if not (args.no_kube_router and v == "kube-router"))
     if args.seconds * args.rounds * len(variants) > 600:
