@@ -840,6 +840,24 @@ def test_namespace_label_errors():
     assert str(the_error(obj)) == f"Namespace x: metadata.labels./on: invalid label key '/on' ({ORIGIN})"
 
 
+
+def test_label_sets_seen_before_share_one_labels_and_still_refuse_bad_values(monkeypatch):
+    from nftpolicy.translators import validation
+    first = validation.labels_field({"app": "web", "tier": "front"}, "metadata.labels")
+    again = validation.labels_field({"app": "web", "tier": "front"}, "metadata.labels")  # fresh strings, same set
+    reordered = validation.labels_field({"tier": "front", "app": "web"}, "metadata.labels")
+    assert again is first and reordered is first and dict(first) == {"app": "web", "tier": "front"}
+    with pytest.raises(InvalidField, match=r"metadata.labels.tier: invalid label value 'front!'"):
+        validation.labels_field({"app": "web", "tier": "front!"}, "metadata.labels")
+    with pytest.raises(InvalidField, match=r"metadata.labels.tier: label keys and values must be strings"):
+        validation.labels_field({"app": "web", "tier": ["front"]}, "metadata.labels")
+    monkeypatch.setattr(validation, "_LABEL_SETS", {})
+    monkeypatch.setattr(validation, "MAX_LABEL_SETS", 2)
+    for i in range(5):  # bounded: the cache starts again when full
+        validation.labels_field({"app": f"a{i}"}, "metadata.labels")
+        assert len(validation._LABEL_SETS) <= 2
+
+
 # --------------------------------------------------------------------------- pods
 
 
