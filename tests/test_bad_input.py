@@ -106,3 +106,17 @@ def test_a_malformed_item_of_a_json_list_is_named_and_the_file_skipped(tmp_path)
     assert out.stderr.splitlines() == [
         f"nftpolicy: skipped document #1: not valid JSON in item #2: expecting ',' delimiter at line 3, column 44 ({path})",
         "nftpolicy: 1 skipped: document #1 (exit 3; --accept-skipped accepts this)"]
+
+
+def test_a_json_list_item_nested_too_deeply_is_named_and_the_file_skipped(tmp_path):
+    """An item nested deeper than the item-by-item read can follow (Python's stack) ends that
+    read like any item it cannot read: the file is read whole, left out, the item named (exit 3)."""
+    path = tmp_path / "deep.json"
+    path.write_text('{"apiVersion": "v1", "kind": "List", "items": [\n'
+                    '  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}},\n'
+                    '  {"kind": "ConfigMap", "data": ' + "[" * 5000 + "]" * 5000 + '}\n]}\n')
+    out = run("render", str(path))
+    assert out.returncode == 3 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == [
+        f"nftpolicy: skipped document #1: not valid JSON in item #2: nested too deeply at line 3, column 3 ({path})",
+        "nftpolicy: 1 skipped: document #1 (exit 3; --accept-skipped accepts this)"]

@@ -204,7 +204,8 @@ class NotStreamable(ValueError):
     """A JSON document that :func:`json_list_objects` cannot read item by item exactly as
     :func:`parse_documents` reads it whole (not valid JSON, constants such as ``NaN``, text after
     the object, an ``items`` array of an object whose kind turns out not to be a List): the
-    caller reads the file whole instead. ``str()``: where and why, one line. :attr:`error`:
+    caller reads the file whole instead (also for a value nested deeper than Python's stack).
+    ``str()``: where and why, one line. :attr:`error`:
     when an item is not valid JSON, the error naming it (``document #1: not valid JSON in item
     #7: expecting ',' delimiter at line 1, column 4021``), for the caller to give instead of the
     whole read's error for the document (which names only a line and column)."""
@@ -301,6 +302,8 @@ class _ChunkedText:
                 at, problem = stop.value, "expecting a value"
             except json.JSONDecodeError as exc:
                 at, problem = exc.pos, exc.msg
+            except RecursionError:  # the scanner recurses: deeper than Python's stack (the whole read decides)
+                raise NotStreamable(self.where(self.pos, "nested too deeply")) from None
             else:
                 if end < len(self.text) or not self.more():  # else a number may go on in the next chunk
                     escape = self.text.find("\\u", self.pos, end)  # the fast test first: str.find
