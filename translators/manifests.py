@@ -117,9 +117,11 @@ def load_yaml_documents(text: str) -> list[Any]:
 def _load_yaml(text: str, origin: str) -> tuple[list[tuple[int, Any]], list[ManifestError]]:
     """All documents of ``text``, each with its number (from 1); when one is broken, every other
     document is still returned, numbered as the error numbers the broken one."""
+    # ValueError: a scalar PyYAML resolves but cannot make (a date 2026-13-45, an integer
+    # beyond Python's 4300 digits), raised by its constructors rather than as a YAMLError.
     try:
         return list(enumerate(load_yaml_documents(text), 1)), []
-    except (yaml.YAMLError, RecursionError):
+    except (yaml.YAMLError, RecursionError, ValueError):
         pass
     docs: list[tuple[int, Any]] = []
     errors = []
@@ -127,7 +129,7 @@ def _load_yaml(text: str, origin: str) -> tuple[list[tuple[int, Any]], list[Mani
     for i, chunk in enumerate(re.split(r"(?m)^---[ \t]*(?:#.*)?$", text)):
         try:
             docs.extend((i + 1, doc) for doc in load_yaml_documents(chunk))
-        except (yaml.YAMLError, RecursionError) as exc:
+        except (yaml.YAMLError, RecursionError, ValueError) as exc:
             first_line = text.count("\n", 0, starts[i])  # of the chunk in the file, from 0
             errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON{_yaml_error(exc, first_line)}", origin))
     return docs, errors
@@ -142,6 +144,8 @@ def _yaml_error(exc: BaseException, first_line: int) -> str:
 
     if isinstance(exc, RecursionError):
         return ": nested too deeply"
+    if not isinstance(exc, yaml.YAMLError):  # a constructor's ValueError: no mark; not Python's advice after ';'
+        return ": " + " ".join(str(exc).partition(";")[0].split())
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         context = f" ({exc.context} at {at(exc.context_mark)})" if exc.context and exc.context_mark else \
             f" ({exc.context})" if exc.context else ""
@@ -229,9 +233,9 @@ def _finite_float(text: str) -> float:
 
 
 def _int64(text: str) -> int:
-    value = int(text)
-    if not -(1 << 63) <= value < 1 << 64:
-        raise NotStreamable(f"{text} is an integer beyond 64 bits")
+    value = int(text) if len(text) <= 20 else None  # longer is beyond 64 bits (int() refuses 4300 digits)
+    if value is None or not -(1 << 63) <= value < 1 << 64:
+        raise NotStreamable(f"{text[:20]}{'...' if len(text) > 20 else ''} is an integer beyond 64 bits")
     return value
 
 
