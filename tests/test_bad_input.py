@@ -106,3 +106,38 @@ def test_a_malformed_item_of_a_json_list_is_named_and_the_file_skipped(tmp_path)
     assert out.stderr.splitlines() == [
         f"nftpolicy: skipped document #1: not valid JSON in item #2: expecting ',' delimiter at line 3, column 44 ({path})",
         "nftpolicy: 1 skipped: document #1 (exit 3; --accept-skipped accepts this)"]
+
+
+def test_a_json_list_item_nested_too_deeply_is_named_and_the_file_skipped(tmp_path):
+    """An item nested deeper than the item-by-item read can follow (Python's stack) ends that
+    read like any item it cannot read: the file is read whole, left out, the item named (exit 3)."""
+    path = tmp_path / "deep.json"
+    path.write_text('{"apiVersion": "v1", "kind": "List", "items": [\n'
+                    '  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}},\n'
+                    '  {"kind": "ConfigMap", "data": ' + "[" * 5000 + "]" * 5000 + '}\n]}\n')
+    out = run("render", str(path))
+    assert out.returncode == 3 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == [
+        f"nftpolicy: skipped document #1: not valid JSON in item #2: nested too deeply at line 3, column 3 ({path})",
+        "nftpolicy: 1 skipped: document #1 (exit 3; --accept-skipped accepts this)"]
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    # a date PyYAML resolves but cannot make (an unquoted annotation value)
+    ("apiVersion: v1\nkind: Namespace\nmetadata: {name: a, annotations: {built: 2026-13-45}}\n", "month must be in 1..12"),
+    # an integer beyond Python's 4300 digits (int() refuses it): as YAML, and as JSON (orjson refuses it,
+    # then YAML; the item-by-item read names the item)
+    ('{"apiVersion": "v1", "kind": "List", "items": [{"kind": "ConfigMap", "data": {"x": ' + "9" * 5000 + "}}]}",
+     "99999999999999999999... is an integer beyond 64 bits"),
+    ("kind: ConfigMap\ndata: {x: " + "9" * 5000 + "}\n", "Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits"),
+])
+def test_a_value_the_yaml_loader_cannot_make_skips_its_document(tmp_path, text, error):
+    """PyYAML raises ValueError (not a YAMLError) for a scalar it resolves but cannot construct:
+    the document is left out with one line, the others still render (exit 3), no traceback."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text + "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n")
+    out = run("render", str(path))
+    assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
+    what = "not valid JSON in item #1" if text.startswith("{") else "not valid YAML/JSON"
+    assert out.stderr.splitlines() == [f"nftpolicy: skipped document #1: {what}: {error} ({path})",
+                                       "nftpolicy: 1 skipped: document #1 (exit 3; --accept-skipped accepts this)"]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nftpolicy.agent.cli.main import main
 
@@ -173,3 +174,26 @@ def test_the_agent_and_render_load_no_test_bed_and_no_asyncio(argv):
     loaded = run.stdout.strip().splitlines()[-1].split()
     assert f"nftpolicy.agent.cli.commands.{argv[0]}" in loaded, run.stderr
     assert [m for m in loaded if m.startswith("nftpolicy.agent.testbed") or m == "asyncio"] == []
+
+
+def test_a_pipe_among_the_paths_is_read_once_whole(tmp_path):
+    """A path that is a pipe (``<(kubectl get pods -A -o json)``, a FIFO) can be read only once:
+    it is read whole, as stdin is, and every other path too (a JSON List that the item-by-item
+    read hands back to the whole read, here for its NaN, is read again: the pipe could not be)."""
+    docs = [d for d in yaml.safe_load_all((REPO / "examples" / "shop" / "cluster.yaml").read_text()) if d]
+    listed = tmp_path / "shop.json"
+    listed.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    nan = tmp_path / "nan.json"
+    nan.write_text('{"apiVersion": "v1", "kind": "List", "items": [{"kind": "ConfigMap", "data": {"x": NaN}}]}')
+
+    def piped(*paths: Path) -> subprocess.CompletedProcess:  # the first path through a pipe
+        return subprocess.run(["bash", "-c", 'exec "$0" render --node node1 <(cat "$1") "${@:2}"', NFTPOLICY, *map(str, paths)],
+                              capture_output=True, text=True, timeout=120)
+
+    alone = run("render", "--node", "node1", str(listed))
+    assert alone.returncode == 0 and "shop/api-ingress" in alone.stdout, alone.stderr
+    for source in (listed, REPO / "examples" / "shop" / "cluster.yaml"):  # JSON (item by item from a file), YAML
+        out = piped(source)
+        assert (out.returncode, out.stdout) == (0, alone.stdout), out.stderr
+    out = piped(listed, nan)
+    assert (out.returncode, out.stdout) == (0, run("render", "--node", "node1", str(listed), str(nan)).stdout), out.stderr

@@ -785,6 +785,9 @@ def test_a_json_object_without_items_to_stream_is_one_object(text):
     ('{"kind": "List", "items": [{"a": "\\ud800"}]}', "a \\u escape of a UTF-16 surrogate at line 1, column 35"),
     ('{"kind": "List", "items": []} {}', "text after the object at line 1, column 31"),
     ('{kind: List, items: []}', "expecting a value at line 1, column 2"),
+    ('{"kind": "List", "items": [{"a": ' + "9" * 5000 + "}]}", "99999999999999999999... is an integer beyond 64 bits"),
+    # deeper than Python's stack (the stdlib scanner recurses): orjson refuses it too
+    ('{"kind": "List", "items": [' + "[" * 5000 + "]" * 5000 + "]}", "nested too deeply at line 1, column 28"),
 ])
 def test_what_the_whole_read_may_read_otherwise_is_not_streamed(text, reason):
     with pytest.raises(NotStreamable) as refused:

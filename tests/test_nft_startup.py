@@ -46,3 +46,22 @@ def test_timed_elements_come_from_the_timeout_sets_only(make_netns):
     assert set(found) == {"KUBE-DNS-A", "KUBE-DNS-B"} and found["KUBE-DNS-B"] == []
     [element] = found["KUBE-DNS-A"]
     assert element.address == "192.0.2.7" and 50 <= element.timeout <= 60
+
+
+def test_another_tables_timeout_sets_are_not_read(make_netns, monkeypatch):
+    """libnftables lists the sets of every inet table for ``list sets`` (the table it is given
+    or not): only ours are read, one ``list set`` each."""
+    ns = make_netns()
+    nft(ns, "-f", "-", stdin=TABLE + """table inet other {
+    set KUBE-DNS-X { type ipv4_addr; flags timeout; elements = { 198.51.100.1 timeout 60s }; }
+    set KUBE-DNS-A { type ipv4_addr; flags timeout; elements = { 198.51.100.9 timeout 60s }; }
+}
+""")
+    dataplane = NftDataplane("kube-router", ns)
+    batches = []
+    run = dataplane._cmd
+    monkeypatch.setattr(dataplane, "_cmd", lambda batch, **kwargs: batches.append(batch) or run(batch, **kwargs))
+    found = dataplane.timed_elements()
+    assert {name: [e.address for e in elements] for name, elements in found.items()} == {"KUBE-DNS-A": ["192.0.2.7"], "KUBE-DNS-B": []}
+    read = [b["nftables"][0]["list"]["set"]["name"] for b in batches if "set" in b["nftables"][0]["list"]]
+    assert sorted(read) == ["KUBE-DNS-A", "KUBE-DNS-B"]

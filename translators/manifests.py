@@ -117,9 +117,11 @@ def load_yaml_documents(text: str) -> list[Any]:
 def _load_yaml(text: str, origin: str) -> tuple[list[tuple[int, Any]], list[ManifestError]]:
     """All documents of ``text``, each with its number (from 1); when one is broken, every other
     document is still returned, numbered as the error numbers the broken one."""
+    # ValueError: a scalar PyYAML resolves but cannot make (a date 2026-13-45, an integer
+    # beyond Python's 4300 digits), raised by its constructors rather than as a YAMLError.
     try:
         return list(enumerate(load_yaml_documents(text), 1)), []
-    except (yaml.YAMLError, RecursionError):
+    except (yaml.YAMLError, RecursionError, ValueError):
         pass
     docs: list[tuple[int, Any]] = []
     errors = []
@@ -127,7 +129,7 @@ def _load_yaml(text: str, origin: str) -> tuple[list[tuple[int, Any]], list[Mani
     for i, chunk in enumerate(re.split(r"(?m)^---[ \t]*(?:#.*)?$", text)):
         try:
             docs.extend((i + 1, doc) for doc in load_yaml_documents(chunk))
-        except (yaml.YAMLError, RecursionError) as exc:
+        except (yaml.YAMLError, RecursionError, ValueError) as exc:
             first_line = text.count("\n", 0, starts[i])  # of the chunk in the file, from 0
             errors.append(ManifestError("document", f"#{i + 1}", f"not valid YAML/JSON{_yaml_error(exc, first_line)}", origin))
     return docs, errors
@@ -142,6 +144,8 @@ def _yaml_error(exc: BaseException, first_line: int) -> str:
 
     if isinstance(exc, RecursionError):
         return ": nested too deeply"
+    if not isinstance(exc, yaml.YAMLError):  # a constructor's ValueError: no mark; not Python's advice after ';'
+        return ": " + " ".join(str(exc).partition(";")[0].split())
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         context = f" ({exc.context} at {at(exc.context_mark)})" if exc.context and exc.context_mark else \
             f" ({exc.context})" if exc.context else ""
@@ -204,7 +208,8 @@ class NotStreamable(ValueError):
     """A JSON document that :func:`json_list_objects` cannot read item by item exactly as
     :func:`parse_documents` reads it whole (not valid JSON, constants such as ``NaN``, text after
     the object, an ``items`` array of an object whose kind turns out not to be a List): the
-    caller reads the file whole instead. ``str()``: where and why, one line. :attr:`error`:
+    caller reads the file whole instead (also for a value nested deeper than Python's stack).
+    ``str()``: where and why, one line. :attr:`error`:
     when an item is not valid JSON, the error naming it (``document #1: not valid JSON in item
     #7: expecting ',' delimiter at line 1, column 4021``), for the caller to give instead of the
     whole read's error for the document (which names only a line and column)."""
@@ -228,9 +233,9 @@ def _finite_float(text: str) -> float:
 
 
 def _int64(text: str) -> int:
-    value = int(text)
-    if not -(1 << 63) <= value < 1 << 64:
-        raise NotStreamable(f"{text} is an integer beyond 64 bits")
+    value = int(text) if len(text) <= 20 else None  # longer is beyond 64 bits (int() refuses 4300 digits)
+    if value is None or not -(1 << 63) <= value < 1 << 64:
+        raise NotStreamable(f"{text[:20]}{'...' if len(text) > 20 else ''} is an integer beyond 64 bits")
     return value
 
 
@@ -301,6 +306,8 @@ class _ChunkedText:
                 at, problem = stop.value, "expecting a value"
             except json.JSONDecodeError as exc:
                 at, problem = exc.pos, exc.msg
+            except RecursionError:  # the scanner recurses: deeper than Python's stack (the whole read decides)
+                raise NotStreamable(self.where(self.pos, "nested too deeply")) from None
             else:
                 if end < len(self.text) or not self.more():  # else a number may go on in the next chunk
                     escape = self.text.find("\\u", self.pos, end)  # the fast test first: str.find

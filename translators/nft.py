@@ -238,7 +238,8 @@ def list_json(table: str, chain: str | None = None) -> Json:
 
 def list_sets_json(table: str) -> Json:
     """The libnftables JSON query that lists the sets of ``inet <table>`` (with their elements
-    unless the listing is terse)."""
+    unless the listing is terse). libnftables 1.0.6 answers with the sets of every inet table:
+    each set names its ``table``."""
     return {"nftables": [{"list": {"sets": _table_ref(table)}}]}
 
 

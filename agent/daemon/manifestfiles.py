@@ -51,18 +51,27 @@ def read_objects(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[list[
 CHUNK = 1 << 20  # bytes read at a time from a JSON file read item by item
 
 
+def read_once(paths: Iterable[str]) -> bool:
+    """True when a manifest under ``paths`` can be read only once: stdin (``-``) or anything that
+    is not a regular file (a pipe such as ``<(kubectl get pods -A -o json)``, a FIFO). Raises
+    FileNotFoundError as :func:`manifest_files` does."""
+    return any(name == "-" or not Path(name).is_file() for name in manifest_files(paths))
+
+
 def stream_objects(paths: Iterable[str], errors: list[ManifestError]) -> Iterator[tuple[str, Any]]:
-    """:func:`read_objects`, one object at a time: a file that starts with ``{`` (one JSON object:
-    a List as ``kubectl get -o json`` prints it) is read in chunks of :data:`CHUNK` bytes and its
-    items parsed one by one (:func:`~nftpolicy.translators.manifests.json_list_objects`), so that
-    a consumer that keeps only what it makes of each object holds one item's dict at a time; other
-    files and stdin are read whole. ``errors`` gets what :func:`read_objects` returns.
+    """:func:`read_objects`, one object at a time: a regular file that starts with ``{`` (one JSON
+    object: a List as ``kubectl get -o json`` prints it) is read in chunks of :data:`CHUNK` bytes
+    and its items parsed one by one (:func:`~nftpolicy.translators.manifests.json_list_objects`),
+    so that a consumer that keeps only what it makes of each object holds one item's dict at a
+    time; other files are read whole, as are stdin and pipes (:func:`read_once`: a pipe's first
+    chunk, once read to look at, could not be read again). ``errors`` gets what
+    :func:`read_objects` returns.
 
     Raises :class:`~nftpolicy.translators.manifests.NotStreamable` when a file read item by item
     would read otherwise whole (not valid JSON, or not a List): the caller drops what it made and
-    calls :func:`read_objects`."""
+    calls :func:`read_objects`, which it can only when no path is :func:`read_once`."""
     for name in manifest_files(paths):
-        if name != "-":
+        if not read_once([name]):
             with open(name, "rb") as file:
                 if file.read(CHUNK).lstrip()[:1] == b"{":  # whitespace longer than a chunk: read whole
                     file.seek(0)

@@ -134,13 +134,14 @@ class NftDataplane:
         the seconds it has left, by set: what an agent before this one learned. Empty when the
         table is absent. Only those sets' elements are read: a terse ``list sets`` names them
         (no element of the table's other sets, which hold every selected pod's address, is
-        read), then one ``list set`` each."""
+        read; libnftables lists every inet table's sets there, ours are picked out), then one
+        ``list set`` each."""
         try:
             listed = self._cmd(nft.list_sets_json(self.table), terse=True)
         except NftError:
             return {}
         timed = [item["set"]["name"] for item in listed.get("nftables", [])
-                 if "timeout" in item.get("set", {}).get("flags", ())]
+                 if item.get("set", {}).get("table") == self.table and "timeout" in item["set"].get("flags", ())]
         found: dict[str, list[TimedAddress]] = {}
         for name in timed:
             try:

@@ -19,7 +19,7 @@ from nftpolicy.translators.manifests import ManifestError, NotStreamable, build_
 from nftpolicy.translators.model import NAMESPACE_NAME_LABEL, Cluster
 from nftpolicy.translators.workloads import StandIn, stand_in_pods
 
-from nftpolicy.agent.daemon.manifestfiles import read_objects, stream_objects
+from nftpolicy.agent.daemon.manifestfiles import read_objects, read_once, stream_objects
 
 INCOMPLETE = 3  # exit code: part of the input was left out (see finish())
 
@@ -64,8 +64,8 @@ def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_i
     The objects are read one at a time (a JSON List item by item) and dropped once in the
     cluster, unless ``keep_objects`` (:attr:`Manifests.objects`, else empty): a 150,000-pod
     dump parsed whole is about 800 MB, its cluster a fraction of that."""
-    try:  # stdin cannot be read twice: with it among the paths, every file is read whole
-        read = _read_manifests(args, nodes, report_invalid, keep_objects, _whole_objects if "-" in args.paths else stream_objects)
+    try:  # stdin or a pipe cannot be read twice: with one among the paths, every file is read whole
+        read = _read_manifests(args, nodes, report_invalid, keep_objects, _whole_objects if read_once(args.paths) else stream_objects)
     except NotStreamable as refused:  # a file read item by item that reads otherwise whole: read again, whole
         read = _read_manifests(args, nodes, report_invalid, keep_objects, _whole_objects)
         if refused.error is not None:  # the item that is not valid JSON, rather than the whole read's line and column
