@@ -141,3 +141,18 @@ def test_a_value_the_yaml_loader_cannot_make_skips_its_document(tmp_path, text, 
     what = "not valid JSON in item #1" if text.startswith("{") else "not valid YAML/JSON"
     assert out.stderr.splitlines() == [f"nftpolicy: skipped document #1: {what}: {error} ({path})",
                                        "nftpolicy: 1 skipped: document #1 (exit 3; --accept-skipped accepts this)"]
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["item by item", "read whole"])
+def test_a_file_the_system_refuses_to_read_is_named_and_the_rest_renders(whole):
+    """A manifest the system refuses to read (here ``/proc/self/mem``: a regular file whose first
+    read is an I/O error, even for root) is one line with the system's reason and left out like a
+    file that does not parse (exit 3); the other paths still render. ``-`` among the paths makes
+    every file read whole (stdin can be read only once)."""
+    paths = ["/proc/self/mem", str(REPO / "examples" / "shop" / "cluster.yaml")] + (["-"] if whole else [])
+    out = run("render", *paths, stdin="")
+    assert out.returncode == 3 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == [
+        "nftpolicy: skipped file /proc/self/mem: cannot read: Input/output error",
+        "nftpolicy: 1 skipped: file /proc/self/mem (exit 3; --accept-skipped accepts this)"]
+    assert "KUBE-ROUTER-FORWARD" in out.stdout

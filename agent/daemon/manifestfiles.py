@@ -35,7 +35,8 @@ def manifest_files(paths: Iterable[str]) -> list[str]:
 
 def read_objects(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[list[tuple[str, Any]], list[ManifestError]]:
     """Every object in the manifests under ``paths`` as ``(origin, object)`` pairs, and one error
-    per file that is not UTF-8 or document that does not parse (the rest is still returned)."""
+    per file that cannot be read (permissions, an I/O error) or is not UTF-8 and per document that
+    does not parse (the rest is still returned)."""
     objects, errors = [], []
     for name in manifest_files(paths):
         try:  # a file's bytes as they are: JSON needs no decoded copy
@@ -43,9 +44,18 @@ def read_objects(paths: Iterable[str], stdin: TextIO = sys.stdin) -> tuple[list[
         except UnicodeDecodeError as exc:
             errors.append(ManifestError("file", name, f"not UTF-8 text: {exc.reason} at byte {exc.start}"))
             continue
+        except OSError as exc:
+            errors.append(unreadable(name, exc))
+            continue
         objects.extend(docs)
         errors.extend(errs)
     return objects, errors
+
+
+def unreadable(name: str, exc: OSError) -> ManifestError:
+    """The error of a file the system refuses to read: its name and the system's reason
+    (``cannot read: Permission denied``); the file is left out like one that does not parse."""
+    return ManifestError("file", name, f"cannot read: {exc.strerror or exc}")
 
 
 CHUNK = 1 << 20  # bytes read at a time from a JSON file read item by item
@@ -72,11 +82,15 @@ def stream_objects(paths: Iterable[str], errors: list[ManifestError]) -> Iterato
     calls :func:`read_objects`, which it can only when no path is :func:`read_once`."""
     for name in manifest_files(paths):
         if not read_once([name]):
-            with open(name, "rb") as file:
-                if file.read(CHUNK).lstrip()[:1] == b"{":  # whitespace longer than a chunk: read whole
-                    file.seek(0)
-                    yield from json_list_objects(_decoded_chunks(file), name, errors)
-                    continue
+            try:
+                with open(name, "rb") as file:
+                    if file.read(CHUNK).lstrip()[:1] == b"{":  # whitespace longer than a chunk: read whole
+                        file.seek(0)
+                        yield from json_list_objects(_decoded_chunks(file), name, errors)
+                        continue
+            except OSError as exc:
+                errors.append(unreadable(name, exc))
+                continue
         objects, errs = read_objects([name])
         yield from objects
         errors.extend(errs)
