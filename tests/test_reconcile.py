@@ -262,13 +262,13 @@ def test_incremental_commits_share_one_libnftables_context_and_land_as_a_full_re
     for value in ("other", "prometheus", "other"):
         _relabel(store, objects, "prometheus-0", app=value)
         assert reconciler.sync(full=False)
-        kept.append(dataplane._delta_ctx)
+        kept.append(dataplane._deltas._ctx)
     assert kept[0] is not None and kept.count(kept[0]) == 3  # made once, by the first incremental commit
     bad = transaction.Transaction(Config().table, Config().priority)
     bad.delete(transaction.SetName("no-such-set"))
     with pytest.raises(NftError):
         dataplane.run(bad)
-    assert dataplane._delta_ctx is None  # a refused commit drops it
+    assert dataplane._deltas._ctx is None  # a refused commit drops it
     _relabel(store, objects, "prometheus-0", app="prometheus")
     assert reconciler.sync(full=False)
     incremental = normalized(dataplane.listing())

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from contextlib import nullcontext
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import nftables
 import orjson
@@ -64,15 +64,40 @@ def release_memory() -> None:
         trim(0)
 
 
+class KeptContext:
+    """One libnftables context kept for a stream of small commits (making a context and its
+    netlink socket costs more than parsing a small batch): made at the first :meth:`cmd` inside
+    ``entered()`` (the namespace: its socket stays there), one command at a time (a lock), and
+    dropped after a refusal, so the next command gets a fresh one."""
+
+    def __init__(self, entered: Callable[[], Any]) -> None:
+        self._entered, self._lock = entered, threading.Lock()
+        self._ctx: Any = None  # an nftables.Nftables once made
+
+    def __repr__(self) -> str:
+        return f"KeptContext({'made' if self._ctx is not None else 'not made'})"
+
+    def cmd(self, batch: Json) -> None:
+        """Run the libnftables JSON ``batch``; raises NftError with libnftables' reason."""
+        with self._lock:
+            if self._ctx is None:
+                with self._entered():
+                    self._ctx = nftables.Nftables()
+                self._ctx.set_json_output(True)
+            rc, _, error = self._ctx.cmd(orjson.dumps(batch).decode())
+            if rc != 0:
+                self._ctx = None
+                raise NftError(str(error).strip() or f"libnftables returned {rc}")
+
+
 class NftDataplane:
     """Our ``inet <table>`` through libnftables, inside network namespace ``netns`` (a name from
     ``ip netns add``; None: this process's own). Only that table is ever named."""
 
     def __init__(self, table: str, netns_name: str | None = None) -> None:
         self.table, self.netns = table, netns_name
-        self._elements_ctx: Any = None  # the DNS hold's own context, made once (in the namespace: its socket stays there)
-        self._delta_ctx: Any = None  # the context of the commits that do not replace the table (see run)
-        self._delta_lock = threading.Lock()  # a libnftables context serves one command at a time
+        self._elements = KeptContext(self._entered)  # the DNS hold's own (add_timed_elements)
+        self._deltas = KeptContext(self._entered)  # the commits that do not replace the table (run)
 
     def __repr__(self) -> str:
         return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
@@ -92,16 +117,7 @@ class NftDataplane:
         if any(isinstance(op, Replace) for op in tx.operations):
             self._cmd(nft.transaction_json(tx))
             return
-        batch = orjson.dumps(nft.transaction_json(tx)).decode()
-        with self._delta_lock:
-            if self._delta_ctx is None:
-                with self._entered():
-                    self._delta_ctx = nftables.Nftables()
-                self._delta_ctx.set_json_output(True)
-            rc, _, error = self._delta_ctx.cmd(batch)
-            if rc != 0:
-                self._delta_ctx = None
-                raise NftError(str(error).strip() or f"libnftables returned {rc}")
+        self._deltas.cmd(nft.transaction_json(tx))
 
     def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False) -> Json:
         with self._entered():
@@ -121,13 +137,7 @@ class NftDataplane:
         making costs more than the commit."""
         if not elements:
             return
-        if self._elements_ctx is None:
-            with self._entered():
-                self._elements_ctx = nftables.Nftables()
-            self._elements_ctx.set_json_output(True)
-        rc, _, error = self._elements_ctx.cmd(orjson.dumps(nft.timed_elements_json(self.table, elements)).decode())
-        if rc != 0:
-            raise NftError(str(error).strip() or f"libnftables returned {rc}")
+        self._elements.cmd(nft.timed_elements_json(self.table, elements))
 
     def timed_elements(self) -> dict[str, list[TimedAddress]]:
         """The elements of our table's sets with ``flags timeout`` (the domain sets), each with
