@@ -394,6 +394,9 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
     agent.add_argument("--watch-timeout", type=_whole_seconds, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
     agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
+    agent.add_argument("--counters-interval", type=_seconds(1), default=5.0,
+                       help="seconds between two reads of the kernel's rule counters, which /metrics serves from the last read "
+                            "(one listing of the table each, whatever the number of scrapers; default %(default)s)")
     agent.add_argument("--debug-address", type=_debug_address, default=DEFAULT_DEBUG_ADDRESS,
                        help="address of the read-only /debug/model for explain --agent (it names every pod, label and policy: "
                             "keep it on loopback; '' turns it off; default %(default)s)")

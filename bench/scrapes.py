@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Concurrent ``/metrics`` scrapes: does a real ``nftpolicy agent`` survive its own users?
+
+Usage (as root; heavy: under ``flock /tmp/nftpolicy-heavy.lock``)::
+
+    .venv/bin/python bench/scrapes.py --baseline /work/main          # burst: 8 scrapers for 30 s at 1k pods
+    .venv/bin/python bench/scrapes.py --soak                           # 16 scrapers + status + trace, 10 min at 10k pods
+    .venv/bin/python bench/scrapes.py --size 10k --scrapers 16 --duration 60
+
+The synthetic cluster (``synthetic.py``, ``--size`` as ``scale.py``'s sizes; ``--policies``
+overrides the count) is served by the in-repo fake API server in this process; each agent is a
+real ``nftpolicy agent`` process of its tree (``.venv/bin/nftpolicy``; ``--baseline``: another
+tree's first, side by side) listing and watching it and committing through libnftables into a
+network namespace made here (``--netns``).
+
+**Burst** (the default). Once the agent is ready, ``--scrapers`` threads of this process each
+GET ``/metrics`` back to back (a new connection each, as Prometheus' scrape) for
+``--duration`` seconds. Printed per agent: alive at the end (or when it died, and how: SIGABRT
+is libnftables' ``set_dtype_json`` assertion when two listings run at once), scrapes answered
+200 with a whole exposition (``nftpolicy_build_info`` and the ``# EOF``-less text's last family,
+the rule counters', there), failed ones, scrape latency p50 and p99, the agent's resident
+memory before, at its peak and at the end (growth: the end's less the start's; target < 64 MiB),
+its CPU seconds. Then SIGTERM with the scrapers still running: seconds until the process is
+gone (the agent's own bound is 5 s: ``agent/interrupts.py`` GRACE) and its exit code (143).
+
+**Soak** (``--soak``: 10k pods, 16 scrapers, 600 s unless given). As the burst, and every second
+``kubectl nftpolicy status`` (the real plugin, against the test bed's real kube-apiserver
+(``agent/testbed/controlplane.py``), which holds the Nodes and an agent Pod object whose
+address is this host's: the plugin reads ``/readyz`` and ``/metrics`` through the API server's pod
+proxy, as on a cluster) and ``kubectl nftpolicy trace``'s part that runs in the agent pod: the
+``nftpolicy trace`` command line the plugin would exec there
+(:func:`nftpolicy.agent.cli.kubectl.trace.trace_argv` of that Pod object), run here beside the
+agent (same network namespace, its ``/debug/model``); the exec through a kubelet is left out,
+as the test bed's control plane has none (it costs the agent nothing). RSS is printed every 30 s.
+
+The load average is printed with the figures: the machine may be shared.
+
+Safety: every nft command runs in the ``nftp-b<tag>-*`` network namespaces this script creates,
+deleted in a ``finally`` (also on Ctrl-C and SIGTERM); each agent is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+import synthetic  # noqa: E402
+from churn import cpu_seconds, percentile, rss_mib  # noqa: E402
+from scale import SIZES, serve  # noqa: E402
+
+from nftpolicy.agent.dataplane import netns  # noqa: E402
+
+RSS_TARGET_MIB = 64.0  # the issue's bound on the burst's RSS growth
+WHOLE = (b"nftpolicy_build_info", b"nftpolicy_cluster_denied_packets")  # a whole exposition holds both
+
+
+def host_address() -> str:
+    """An IPv4 address of this host that is not loopback (kube-apiserver refuses to proxy to
+    loopback), else 127.0.0.1 (the soak then cannot run status)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    found = [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]
+    return found[0] if found else "127.0.0.1"
+
+
+class Agent:
+    """A real ``nftpolicy agent`` of ``tree`` against ``kubeconfig``, committing in ``ns``."""
+
+    def __init__(self, tree: Path, kubeconfig: str, ns: str, host: str, extra: list[str]) -> None:
+        self.host, self.port, self.debug_port = host, 19300 + secrets.randbelow(300), 19700 + secrets.randbelow(200)
+        self.log = Path(tempfile.mktemp(suffix=".log"))
+        argv = [str(tree / ".venv" / "bin" / "nftpolicy"), "agent", "--kubeconfig", kubeconfig, "--node", synthetic.NODE,
+                "--netns", ns, "--http-address", f"{host}:{self.port}", "--debug-address", f"127.0.0.1:{self.debug_port}",
+                "--api-timeout", "60", *extra]
+        self.proc = subprocess.Popen(argv, stderr=self.log.open("wb"))
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://{self.host}:{self.port}/readyz", timeout=5).status == 200:
+                    return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"the agent did not become ready: {self.log.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+
+    def died(self) -> str | None:
+        """How the process ended (None: it runs)."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.unlink(missing_ok=True)
+
+
+class Scrapers:
+    """``count`` threads that GET ``/metrics`` of ``agent`` back to back until :meth:`stop`."""
+
+    def __init__(self, agent: Agent, count: int) -> None:
+        self.agent, self.stopping = agent, threading.Event()
+        self.latencies: list[float] = []
+        self.failed = 0
+        self.first_failure = ""
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                conn = http.client.HTTPConnection(self.agent.host, self.agent.port, timeout=30)
+                conn.request("GET", "/metrics")
+                response = conn.getresponse()
+                body = response.read()
+                conn.close()
+                if response.status != 200 or not all(part in body for part in WHOLE):
+                    raise ValueError(f"status {response.status}, {len(body)} bytes")
+                self.latencies.append(time.monotonic() - started)
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                self.failed += 1
+                self.first_failure = self.first_failure or f"{type(exc).__name__}: {exc}"
+                if self.agent.died() is not None:
+                    return
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+class RssSampler:
+    """The agent's RSS every ``period`` seconds (MiB), and its peak."""
+
+    def __init__(self, agent: Agent, period: float = 0.2) -> None:
+        self.agent, self.period, self.samples = agent, period, [(0.0, rss_mib(agent.proc.pid))]
+        self.started, self.stopping = time.monotonic(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.period) and self.agent.died() is None:
+            try:
+                self.samples.append((time.monotonic() - self.started, rss_mib(self.agent.proc.pid)))
+            except (OSError, StopIteration):
+                return
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+def sigterm(agent: Agent) -> tuple[float, str]:
+    """SIGTERM ``agent`` and wait: (seconds until it is gone, how it ended); SIGKILL after 30 s."""
+    started = time.monotonic()
+    agent.proc.send_signal(signal.SIGTERM)
+    try:
+        agent.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        agent.proc.kill()
+        agent.proc.wait()
+        return time.monotonic() - started, "still running after 30 s: SIGKILL"
+    return time.monotonic() - started, agent.died() or ""
+
+
+class Soak:
+    """``kubectl nftpolicy status`` and the in-pod ``nftpolicy trace`` every second (module docstring)."""
+
+    def __init__(self, tree: Path, agent: Agent, cp: Any, ns: str) -> None:
+        from nftpolicy.agent.cli.kubectl.trace import trace_argv
+
+        self.tree, self.cp = tree, cp
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"namespace": "nftpolicy-system", "name": f"nftpolicy-agent-{synthetic.NODE}",
+                            "labels": {"app.kubernetes.io/name": "nftpolicy", "app.kubernetes.io/component": "agent"}},
+               "spec": {"nodeName": synthetic.NODE, "hostNetwork": True,
+                        "containers": [{"name": "agent", "ports": [{"name": "http", "containerPort": agent.port}],
+                                        "env": [{"name": "NFTPOLICY_NETNS", "value": ns},
+                                                {"name": "NFTPOLICY_DEBUG_ADDRESS", "value": f"127.0.0.1:{agent.debug_port}"}]}]},
+               "status": {"phase": "Running", "podIP": agent.host, "podIPs": [{"ip": agent.host}]}}
+        cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nftpolicy-system"}})
+        cp.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": synthetic.NODE}})
+        cp.delete("Pod", pod["metadata"]["name"], "nftpolicy-system")  # the previous tree's (its port)
+        cp.apply(pod)
+        self.trace = [str(tree / ".venv" / "bin" / "nftpolicy"), *trace_argv(pod, "10.0.0.1", "10.0.0.2", "TCP/80", 1.0)[1:]]
+        self.runs = {"status": [0, 0], "trace": [0, 0]}  # [ran, exited as expected]
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        plugin = [str(self.tree / ".venv" / "bin" / "kubectl-nftpolicy"), "status", "--kubeconfig", self.cp.kubeconfig]
+        while not self.stopping.wait(1.0):
+            for what, argv, expected in (("status", plugin, 0), ("trace", self.trace, 1)):  # trace: no such packet comes
+                code = subprocess.run(argv, capture_output=True).returncode
+                self.runs[what][0] += 1
+                self.runs[what][1] += code == expected
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+def measure(tree: Path, cluster: Any, ns: str, args: argparse.Namespace, cp: Any) -> dict[str, Any]:
+    """One agent of ``tree`` through the load (module docstring)."""
+    api = serve(cluster)
+    kubeconfig = api.kubeconfig(tempfile.mktemp(suffix=".json"))
+    agent = Agent(tree, kubeconfig, ns, host_address() if cp is not None else "127.0.0.1", args.agent_arg)
+    try:
+        agent.wait_ready()
+        time.sleep(2)
+        figures: dict[str, Any] = {"cpu0": cpu_seconds(agent.proc.pid)}
+        rss = RssSampler(agent)
+        scrapers = Scrapers(agent, args.scrapers)
+        soak = Soak(tree, agent, cp, ns) if cp is not None else None
+        started, report_at = time.monotonic(), time.monotonic() + 30
+        while time.monotonic() < started + args.duration and agent.died() is None:
+            time.sleep(0.2)
+            if cp is not None and time.monotonic() >= report_at:
+                report_at += 30
+                print(f"  [{Path(tree).name}] {time.monotonic() - started:4.0f} s: RSS {rss.samples[-1][1]:.0f} MiB, "
+                      f"{len(scrapers.latencies)} scrapes, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+        lasted = time.monotonic() - started
+        died = agent.died()
+        figures.update(alive="yes" if died is None else f"no: {died} at {lasted:.1f} s", seconds=lasted,
+                       cpu_s=(cpu_seconds(agent.proc.pid) - figures["cpu0"]) if died is None else float("nan"))
+        if soak is not None:
+            soak.stop()
+            figures.update(status=f"{soak.runs['status'][1]}/{soak.runs['status'][0]}", trace=f"{soak.runs['trace'][1]}/{soak.runs['trace'][0]}")
+        rss.stop()
+        values = [mib for _, mib in rss.samples]
+        figures.update(rss_start=values[0], rss_peak=max(values), rss_end=values[-1], rss_growth=values[-1] - values[0],
+                       rss_series=[(round(t), round(mib)) for t, mib in rss.samples[::max(1, int(30 / rss.period))]])
+        if died is None:
+            figures["term_s"], figures["term"] = sigterm(agent)
+        scrapers.stop()
+        figures.update(scrapes=len(scrapers.latencies), failed=scrapers.failed, first_failure=scrapers.first_failure,
+                       p50_ms=percentile(scrapers.latencies, 0.5) * 1000, p99_ms=percentile(scrapers.latencies, 0.99) * 1000)
+        if died is not None:
+            figures["log_tail"] = agent.log.read_text(errors="replace").strip().splitlines()[-1:]
+        return figures
+    finally:
+        agent.close()
+        api.stop()
+        Path(kubeconfig).unlink(missing_ok=True)
+
+
+ROWS = [
+    ("agent alive at the end", "alive", "{}"),
+    ("load (s)", "seconds", "{:.1f}"),
+    ("scrapes answered whole", "scrapes", "{:,}"),
+    ("scrapes failed", "failed", "{:,}"),
+    ("scrape latency p50 / p99 (ms)", ("p50_ms", "p99_ms"), "{:.1f} / {:.1f}"),
+    ("status runs exit 0 / runs", "status", "{}"),
+    ("trace runs exit 1 (no packet) / runs", "trace", "{}"),
+    ("agent CPU over the load (s)", "cpu_s", "{:.1f}"),
+    ("RSS at the start (MiB)", "rss_start", "{:.0f}"),
+    ("RSS peak (MiB)", "rss_peak", "{:.0f}"),
+    ("RSS at the end (MiB)", "rss_end", "{:.0f}"),
+    (f"RSS growth, end - start (MiB; target < {RSS_TARGET_MIB:g})", "rss_growth", "{:.0f}"),
+    ("SIGTERM under load: gone after (s; bound 5)", "term_s", "{:.2f}"),
+    ("  how it ended", "term", "{}"),
+]
+
+
+def cell(figures: dict[str, Any], key: Any, fmt: str) -> str:
+    if isinstance(key, tuple):
+        return fmt.format(*(figures[k] for k in key)) if figures.get("scrapes") else "-"
+    return fmt.format(figures[key]) if key in figures else "-"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--soak", action="store_true", help="status and trace every second too; defaults 10k pods, 16 scrapers, 600 s")
+    parser.add_argument("--size", choices=list(SIZES), help="cluster size (default 1k; --soak: 10k)")
+    parser.add_argument("--policies", type=int, help="NetworkPolicies (default: the size's; 1k: 300, as the issue measured)")
+    parser.add_argument("--scrapers", type=int, help="concurrent scrapers (default 8; --soak: 16)")
+    parser.add_argument("--duration", type=float, help="seconds of load (default 30; --soak: 600)")
+    parser.add_argument("--baseline", type=Path, action="append", default=[], help="another tree whose agent runs first (repeatable)")
+    parser.add_argument("--agent-arg", action="append", default=[], help="one more argument for every agent (repeatable)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    args.size = args.size or ("10k" if args.soak else "1k")
+    args.scrapers = args.scrapers or (16 if args.soak else 8)
+    args.duration = args.duration or (600.0 if args.soak else 30.0)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tag = f"b{secrets.token_hex(2)}"
+    os.environ[netns.RUN_TAG_ENV] = tag
+    trees = [*args.baseline, ROOT]
+    names = [f"nftp-{tag}-scrape{i}" for i in range(len(trees))]
+    pods, policies, namespaces = SIZES[args.size]
+    policies = args.policies or (300 if args.size == "1k" else policies)
+    cluster = synthetic.generate(pods=pods, policies=policies, namespaces=namespaces, seed=args.seed).cluster
+    results = {}
+    cp = None
+    try:
+        netns.create(names)
+        if args.soak:
+            from nftpolicy.agent.testbed.controlplane import ControlPlane
+            cp = ControlPlane().__enter__()
+        for tree, ns in zip(trees, names):
+            print(f"[{tree}] {args.scrapers} scrapers for {args.duration:g} s ...", file=sys.stderr, flush=True)
+            results[str(tree)] = measure(tree, cluster, ns, args, cp)
+    finally:
+        if cp is not None:
+            cp.__exit__(None, None, None)
+        netns.delete(names)
+    width = 58
+    print(f"{'soak' if args.soak else 'burst'} at {pods:,} pods / {policies:,} policies: {args.scrapers} concurrent /metrics scrapers"
+          f"{', status and trace every second' if args.soak else ''} for {args.duration:g} s ({os.cpu_count()} CPUs, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print("".ljust(width) + "".join(f"{Path(t).name:>30}" for t in results))
+    for label, key, fmt in ROWS:
+        if any(cell(r, key, fmt) != "-" for r in results.values()):
+            print(label.ljust(width) + "".join(f"{cell(r, key, fmt):>30}" for r in results.values()))
+    if len(results) > 1:
+        first, last = list(results.values())[0], list(results.values())[-1]
+        if first.get("scrapes") and last.get("scrapes"):
+            print("scrapes per second, ratio to the first".ljust(width) + f"{last['scrapes'] / last['seconds'] / (first['scrapes'] / first['seconds']):>30.2f}")
+    for tree, r in results.items():
+        if r.get("first_failure"):
+            print(f"{Path(tree).name}: first failed scrape: {r['first_failure']}")
+        if r.get("log_tail"):
+            print(f"{Path(tree).name}: the agent's last log line: {r['log_tail'][0][:300]}")
+        if args.soak:
+            print(f"{Path(tree).name}: RSS over time (s, MiB): " + ", ".join(f"{t} {m}" for t, m in r["rss_series"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
