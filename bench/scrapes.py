@@ -22,16 +22,23 @@ the rule counters', there), failed ones, scrape latency p50 and p99, the agent's
 memory before, at its peak and at the end (growth: the end's less the start's; target < 64 MiB),
 its CPU seconds. Then SIGTERM with the scrapers still running: seconds until the process is
 gone (the agent's own bound is 5 s: ``agent/interrupts.py`` GRACE) and its exit code (143).
+How long a SIGTERM takes depends on which thread the kernel gives it to, so
+``--sigterm-runs N`` then starts N fresh agents per tree, each SIGTERMed after 3 s of the
+scrapers, and prints the median and the longest.
 
-**Soak** (``--soak``: 10k pods, 16 scrapers, 600 s unless given). As the burst, and every second
-``kubectl nftpolicy status`` (the real plugin, against the test bed's real kube-apiserver
-(``agent/testbed/controlplane.py``), which holds the Nodes and an agent Pod object whose
-address is this host's: the plugin reads ``/readyz`` and ``/metrics`` through the API server's pod
-proxy, as on a cluster) and ``kubectl nftpolicy trace``'s part that runs in the agent pod: the
+**Soak** (``--soak``: 10k pods, 16 scrapers, 600 s unless given). As the burst, and each
+every second (back to back when a run takes longer; the runs are counted):
+``kubectl nftpolicy status``, the real plugin against the test bed's real kube-apiserver
+(``agent/testbed/controlplane.py``), which holds the Node and an agent Pod object at this host's
+address, so the plugin reads ``/readyz`` and ``/metrics`` through the API server's pod proxy as
+on a cluster; and the part of ``kubectl nftpolicy trace`` that runs in the agent pod: the
 ``nftpolicy trace`` command line the plugin would exec there
 (:func:`nftpolicy.agent.cli.kubectl.trace.trace_argv` of that Pod object), run here beside the
-agent (same network namespace, its ``/debug/model``); the exec through a kubelet is left out,
-as the test bed's control plane has none (it costs the agent nothing). RSS is printed every 30 s.
+agent (its namespace, its ``/debug/model``, its table: the trace adds and removes its chains;
+no packet comes, so each exits 1 after its 1 s). The exec through a kubelet is left out: the
+test bed's control plane has none, and it costs the agent nothing. The agent's cluster comes
+from the fake API server, as in the burst: loading 10k pods into etcd tests nothing here. RSS is
+printed every 30 s.
 
 The load average is printed with the figures: the machine may be shared.
 
@@ -185,7 +192,7 @@ def sigterm(agent: Agent) -> tuple[float, str]:
 
 
 class Soak:
-    """``kubectl nftpolicy status`` and the in-pod ``nftpolicy trace`` every second (module docstring)."""
+    """``kubectl nftpolicy status`` and the in-pod ``nftpolicy trace``, each every second (module docstring)."""
 
     def __init__(self, tree: Path, agent: Agent, cp: Any, ns: str) -> None:
         from nftpolicy.agent.cli.kubectl.trace import trace_argv
@@ -206,20 +213,25 @@ class Soak:
         self.trace = [str(tree / ".venv" / "bin" / "nftpolicy"), *trace_argv(pod, "10.0.0.1", "10.0.0.2", "TCP/80", 1.0)[1:]]
         self.runs = {"status": [0, 0], "trace": [0, 0]}  # [ran, exited as expected]
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
         plugin = [str(self.tree / ".venv" / "bin" / "kubectl-nftpolicy"), "status", "--kubeconfig", self.cp.kubeconfig]
-        while not self.stopping.wait(1.0):
-            for what, argv, expected in (("status", plugin, 0), ("trace", self.trace, 1)):  # trace: no such packet comes
-                code = subprocess.run(argv, capture_output=True).returncode
-                self.runs[what][0] += 1
-                self.runs[what][1] += code == expected
+        self.threads = [threading.Thread(target=self._run, args=(what, argv, expected), daemon=True)
+                        for what, argv, expected in (("status", plugin, 0), ("trace", self.trace, 1))]  # trace: no such packet comes
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, what: str, argv: list[str], expected: int) -> None:
+        """``argv`` once a second (back to back when a run takes longer), each run counted."""
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            code = subprocess.run(argv, capture_output=True).returncode
+            self.runs[what][0] += 1
+            self.runs[what][1] += code == expected
+            self.stopping.wait(max(0.0, started + 1.0 - time.monotonic()))
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()
 
 
 def measure(tree: Path, cluster: Any, ns: str, args: argparse.Namespace, cp: Any) -> dict[str, Any]:
@@ -252,11 +264,14 @@ def measure(tree: Path, cluster: Any, ns: str, args: argparse.Namespace, cp: Any
         values = [mib for _, mib in rss.samples]
         figures.update(rss_start=values[0], rss_peak=max(values), rss_end=values[-1], rss_growth=values[-1] - values[0],
                        rss_series=[(round(t), round(mib)) for t, mib in rss.samples[::max(1, int(30 / rss.period))]])
+        latencies = list(scrapers.latencies)  # before the SIGTERM: what the agent answered while it ran
         if died is None:
-            figures["term_s"], figures["term"] = sigterm(agent)
+            figures["cpu_per_scrape_ms"] = figures["cpu_s"] / max(1, len(latencies)) * 1000
+        figures.update(scrapes=len(latencies), failed=scrapers.failed, first_failure=scrapers.first_failure,
+                       p50_ms=percentile(latencies, 0.5) * 1000, p99_ms=percentile(latencies, 0.99) * 1000)
+        if died is None:
+            figures["term_s"], figures["term"] = sigterm(agent)  # the scrapers still at it
         scrapers.stop()
-        figures.update(scrapes=len(scrapers.latencies), failed=scrapers.failed, first_failure=scrapers.first_failure,
-                       p50_ms=percentile(scrapers.latencies, 0.5) * 1000, p99_ms=percentile(scrapers.latencies, 0.99) * 1000)
         if died is not None:
             figures["log_tail"] = agent.log.read_text(errors="replace").strip().splitlines()[-1:]
         return figures
@@ -264,6 +279,30 @@ def measure(tree: Path, cluster: Any, ns: str, args: argparse.Namespace, cp: Any
         agent.close()
         api.stop()
         Path(kubeconfig).unlink(missing_ok=True)
+
+
+def sigterm_runs(tree: Path, cluster: Any, ns: str, args: argparse.Namespace) -> list[float]:
+    """``--sigterm-runs`` fresh agents of ``tree``, each SIGTERMed after 3 s of the scrapers:
+    the seconds each took to be gone (a run that died before is left out)."""
+    api = serve(cluster)
+    kubeconfig = api.kubeconfig(tempfile.mktemp(suffix=".json"))
+    took = []
+    try:
+        for _ in range(args.sigterm_runs):
+            agent = Agent(tree, kubeconfig, ns, "127.0.0.1", args.agent_arg)
+            try:
+                agent.wait_ready()
+                scrapers = Scrapers(agent, args.scrapers)
+                time.sleep(3)
+                if agent.died() is None:
+                    took.append(sigterm(agent)[0])
+                scrapers.stop()
+            finally:
+                agent.close()
+    finally:
+        api.stop()
+        Path(kubeconfig).unlink(missing_ok=True)
+    return took
 
 
 ROWS = [
@@ -275,18 +314,22 @@ ROWS = [
     ("status runs exit 0 / runs", "status", "{}"),
     ("trace runs exit 1 (no packet) / runs", "trace", "{}"),
     ("agent CPU over the load (s)", "cpu_s", "{:.1f}"),
+    ("agent CPU per answered scrape (ms)", "cpu_per_scrape_ms", "{:.2f}"),
     ("RSS at the start (MiB)", "rss_start", "{:.0f}"),
     ("RSS peak (MiB)", "rss_peak", "{:.0f}"),
     ("RSS at the end (MiB)", "rss_end", "{:.0f}"),
     (f"RSS growth, end - start (MiB; target < {RSS_TARGET_MIB:g})", "rss_growth", "{:.0f}"),
     ("SIGTERM under load: gone after (s; bound 5)", "term_s", "{:.2f}"),
     ("  how it ended", "term", "{}"),
+    ("more SIGTERMs under load (--sigterm-runs): runs", "term_runs", "{}"),
+    ("  gone after p50 / max (s)", ("term_p50", "term_max"), "{:.2f} / {:.2f}"),
+    ("  runs that took over 1 s", "term_over", "{}"),
 ]
 
 
 def cell(figures: dict[str, Any], key: Any, fmt: str) -> str:
     if isinstance(key, tuple):
-        return fmt.format(*(figures[k] for k in key)) if figures.get("scrapes") else "-"
+        return fmt.format(*(figures[k] for k in key)) if all(k in figures for k in key) and figures.get("scrapes") else "-"
     return fmt.format(figures[key]) if key in figures else "-"
 
 
@@ -297,6 +340,8 @@ def main() -> int:
     parser.add_argument("--policies", type=int, help="NetworkPolicies (default: the size's; 1k: 300, as the issue measured)")
     parser.add_argument("--scrapers", type=int, help="concurrent scrapers (default 8; --soak: 16)")
     parser.add_argument("--duration", type=float, help="seconds of load (default 30; --soak: 600)")
+    parser.add_argument("--sigterm-runs", type=int, default=0,
+                        help="then this many fresh agents per tree, each SIGTERMed after 3 s of the scrapers (default %(default)s)")
     parser.add_argument("--baseline", type=Path, action="append", default=[], help="another tree whose agent runs first (repeatable)")
     parser.add_argument("--agent-arg", action="append", default=[], help="one more argument for every agent (repeatable)")
     parser.add_argument("--seed", type=int, default=1)
@@ -322,6 +367,11 @@ def main() -> int:
         for tree, ns in zip(trees, names):
             print(f"[{tree}] {args.scrapers} scrapers for {args.duration:g} s ...", file=sys.stderr, flush=True)
             results[str(tree)] = measure(tree, cluster, ns, args, cp)
+            if args.sigterm_runs:
+                print(f"[{tree}] {args.sigterm_runs} SIGTERMs under load ...", file=sys.stderr, flush=True)
+                took = sigterm_runs(tree, cluster, ns, args)
+                results[str(tree)].update(term_runs=f"{len(took)}", term_p50=percentile(took, 0.5), term_max=max(took, default=float("nan")),
+                                          term_over=f"{sum(t > 1.0 for t in took)}")
     finally:
         if cp is not None:
             cp.__exit__(None, None, None)
