@@ -74,7 +74,7 @@ KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 1, 1, 2
 # no bookmark until the cache moves (a write to that resource, or a progress notification from
 # etcd, which any consistent list asks for). Measured on the test bed's kube-apiserver 1.36 with
 # nothing written (bench/silent_watch.py): the first bookmark of a quiet kind after 60 or 120 s,
-# then one every 59.5 to 62 s, for CustomResources (ClusterNetworkPolicy) too. So a watch silent
+# then one every 59.5 to 61 s, for CustomResources (ClusterNetworkPolicy) too. So a watch silent
 # for two periods and a margin is dead: WATCH_IDLE_TIMEOUT, the read timeout of a watch request
 # (urllib3's is per recv: the seconds without a byte), --watch-idle-timeout. A false alarm costs one
 # watch request from the same resourceVersion (no relist). With kube-apiserver's --watch-cache=false
