@@ -249,13 +249,17 @@ def measure(tree: Path, cluster: Any, ns: str, args: argparse.Namespace, cp: Any
         started, report_at = time.monotonic(), time.monotonic() + 30
         while time.monotonic() < started + args.duration and agent.died() is None:
             time.sleep(0.2)
+            if rss.samples[-1][1] > args.rss_limit:  # a shared machine: no agent may take it all
+                agent.proc.kill()
+                agent.proc.wait()
+                figures["killed"] = f"RSS over {args.rss_limit:g} MiB"
             if cp is not None and time.monotonic() >= report_at:
                 report_at += 30
                 print(f"  [{Path(tree).name}] {time.monotonic() - started:4.0f} s: RSS {rss.samples[-1][1]:.0f} MiB, "
                       f"{len(scrapers.latencies)} scrapes, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         lasted = time.monotonic() - started
         died = agent.died()
-        figures.update(alive="yes" if died is None else f"no: {died} at {lasted:.1f} s", seconds=lasted,
+        figures.update(alive="yes" if died is None else f"no: {figures.get('killed') or died} at {lasted:.1f} s", seconds=lasted,
                        cpu_s=(cpu_seconds(agent.proc.pid) - figures["cpu0"]) if died is None else float("nan"))
         if soak is not None:
             soak.stop()
@@ -340,6 +344,7 @@ def main() -> int:
     parser.add_argument("--policies", type=int, help="NetworkPolicies (default: the size's; 1k: 300, as the issue measured)")
     parser.add_argument("--scrapers", type=int, help="concurrent scrapers (default 8; --soak: 16)")
     parser.add_argument("--duration", type=float, help="seconds of load (default 30; --soak: 600)")
+    parser.add_argument("--rss-limit", type=float, default=4096, help="MiB: an agent that grows beyond is killed (default %(default)s)")
     parser.add_argument("--sigterm-runs", type=int, default=0,
                         help="then this many fresh agents per tree, each SIGTERMed after 3 s of the scrapers (default %(default)s)")
     parser.add_argument("--baseline", type=Path, action="append", default=[], help="another tree whose agent runs first (repeatable)")
