@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -44,7 +42,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
+
+from churn import machine, run_namespaces  # noqa: E402
 
 from nftpolicy.agent.dataplane import netns  # noqa: E402
 
@@ -163,11 +164,8 @@ def main() -> int:
         results = hammer(args.netns, args.seconds, args.threads)
         print(json.dumps(results) if args.json else results)
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tag = f"b{secrets.token_hex(2)}"
-    os.environ[netns.RUN_TAG_ENV] = tag
     trees = [*args.baseline, ROOT]
-    names = [f"nftp-{tag}-lib{i}" for i in range(len(trees))]
+    names = run_namespaces("lib", len(trees))
     runs = {}
     try:
         netns.create(names)
@@ -176,8 +174,7 @@ def main() -> int:
             runs[tree.name or str(tree)] = one_tree(tree, ns, args.seconds, args.threads)
     finally:
         netns.delete(names)
-    print(f"libnftables calls of every kind, {args.threads} threads each, for {args.seconds:g} s ({os.cpu_count()} CPUs, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print(f"libnftables calls of every kind, {args.threads} threads each, for {args.seconds:g} s ({machine()})")
     kinds = next((list(r["kinds"]) for r in runs.values() if "kinds" in r), [])
     print("".ljust(24) + "".join(f"{name:>26}" for name in runs))
     print("process".ljust(24) + "".join(f"{r['ended']:>26}" for r in runs.values()))

@@ -40,10 +40,12 @@ test bed's control plane has none, and it costs the agent nothing. The agent's c
 from the fake API server, as in the burst: loading 10k pods into etcd tests nothing here. RSS is
 printed every 30 s.
 
-The load average is printed with the figures: the machine may be shared.
+The load average is printed with the figures (the machine may be shared), and an agent that
+grows past ``--rss-limit`` (4 GiB) is killed and reported so (main's grew past 9 GB in issue 29).
 
-Safety: every nft command runs in the ``nftp-b<tag>-*`` network namespaces this script creates,
-deleted in a ``finally`` (also on Ctrl-C and SIGTERM); each agent is stopped by its pid.
+Safety: the agents commit only inside the ``nftp-b<tag>-*`` network namespaces made here, and
+those go in a ``finally``, as do the control plane's processes (also on Ctrl-C and SIGTERM); each
+agent is ended by its own pid, never by name.
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import synthetic  # noqa: E402
-from churn import cpu_seconds, percentile, rss_mib  # noqa: E402
+from churn import cpu_seconds, machine, percentile, rss_mib, run_namespaces, side_by_side, wait_ready  # noqa: E402
 from scale import SIZES, serve  # noqa: E402
 
 from nftpolicy.agent.dataplane import netns  # noqa: E402
@@ -95,16 +96,11 @@ class Agent:
                 "--api-timeout", "60", *extra]
         self.proc = subprocess.Popen(argv, stderr=self.log.open("wb"))
 
-    def wait_ready(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://{self.host}:{self.port}/readyz", timeout=5).status == 200:
-                    return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"the agent did not become ready: {self.log.read_text()[-2000:]}") from None
-                time.sleep(0.2)
+    def wait_ready(self) -> None:
+        try:
+            wait_ready(f"http://{self.host}:{self.port}", self.proc, "the agent")
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {self.log.read_text()[-2000:]}") from None
 
     def died(self) -> str | None:
         """How the process ended (None: it runs)."""
@@ -315,6 +311,7 @@ ROWS = [
     ("scrapes answered whole", "scrapes", "{:,}"),
     ("scrapes failed", "failed", "{:,}"),
     ("scrape latency p50 / p99 (ms)", ("p50_ms", "p99_ms"), "{:.1f} / {:.1f}"),
+    ("scrapes per second, ratio to the first tree", "scrape_ratio", "{:.2f}"),
     ("status runs exit 0 / runs", "status", "{}"),
     ("trace runs exit 1 (no packet) / runs", "trace", "{}"),
     ("agent CPU over the load (s)", "cpu_s", "{:.1f}"),
@@ -354,11 +351,8 @@ def main() -> int:
     args.size = args.size or ("10k" if args.soak else "1k")
     args.scrapers = args.scrapers or (16 if args.soak else 8)
     args.duration = args.duration or (600.0 if args.soak else 30.0)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tag = f"b{secrets.token_hex(2)}"
-    os.environ[netns.RUN_TAG_ENV] = tag
     trees = [*args.baseline, ROOT]
-    names = [f"nftp-{tag}-scrape{i}" for i in range(len(trees))]
+    names = run_namespaces("scrape", len(trees))
     pods, policies, namespaces = SIZES[args.size]
     policies = args.policies or (300 if args.size == "1k" else policies)
     cluster = synthetic.generate(pods=pods, policies=policies, namespaces=namespaces, seed=args.seed).cluster
@@ -381,18 +375,13 @@ def main() -> int:
         if cp is not None:
             cp.__exit__(None, None, None)
         netns.delete(names)
-    width = 58
+    first = next(iter(results.values()))
+    for r in list(results.values())[1:]:
+        if first.get("scrapes") and r.get("scrapes"):
+            r["scrape_ratio"] = r["scrapes"] / r["seconds"] / (first["scrapes"] / first["seconds"])
     print(f"{'soak' if args.soak else 'burst'} at {pods:,} pods / {policies:,} policies: {args.scrapers} concurrent /metrics scrapers"
-          f"{', status and trace every second' if args.soak else ''} for {args.duration:g} s ({os.cpu_count()} CPUs, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
-    print("".ljust(width) + "".join(f"{Path(t).name:>30}" for t in results))
-    for label, key, fmt in ROWS:
-        if any(cell(r, key, fmt) != "-" for r in results.values()):
-            print(label.ljust(width) + "".join(f"{cell(r, key, fmt):>30}" for r in results.values()))
-    if len(results) > 1:
-        first, last = list(results.values())[0], list(results.values())[-1]
-        if first.get("scrapes") and last.get("scrapes"):
-            print("scrapes per second, ratio to the first".ljust(width) + f"{last['scrapes'] / last['seconds'] / (first['scrapes'] / first['seconds']):>30.2f}")
+          f"{', status and trace every second' if args.soak else ''} for {args.duration:g} s ({machine()})")
+    side_by_side(results, ROWS, cell, 58, 30)
     for tree, r in results.items():
         if r.get("first_failure"):
             print(f"{Path(tree).name}: first failed scrape: {r['first_failure']}")
