@@ -44,26 +44,17 @@ spec: {{nodeName: node1, containers: [{{name: c, image: i}}]}}
 """ for ns, name in (("x", "a"), ("x", "ok"), ("y", "admin"), ("w", "baseline"), ("z", "isolated")))
 # y/admin: an Admin Deny from x; w/baseline: a Baseline Deny from x; z/isolated: a NetworkPolicy
 # that allows nothing (its pod chain's implicit deny); x/ok: nothing selects it.
-CLUSTER_POLICIES = f"""
+CLUSTER_POLICIES = "".join(f"""
 ---
 apiVersion: policy.networking.k8s.io/v1alpha2
 kind: ClusterNetworkPolicy
-metadata: {{name: admin-deny-x}}
+metadata: {{name: {tier.lower()}-deny-x}}
 spec:
-  tier: Admin
+  tier: {tier}
   priority: 10
-  subject: {_namespace("y")}
+  subject: {_namespace(subject)}
   ingress: [{{action: Deny, from: [{_namespace("x")}]}}]
----
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {{name: baseline-deny-x}}
-spec:
-  tier: Baseline
-  priority: 10
-  subject: {_namespace("w")}
-  ingress: [{{action: Deny, from: [{_namespace("x")}]}}]
-"""
+""" for tier, subject in (("Admin", "y"), ("Baseline", "w")))
 NETWORK_POLICY = """
 ---
 apiVersion: networking.k8s.io/v1
