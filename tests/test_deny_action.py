@@ -86,16 +86,23 @@ def outcome(sandbox: Sandbox, src: str, address: str, spec: ProbeSpec) -> str:
         sock.close()
 
 
-def outcomes(sandbox: Sandbox, config: Config, yaml_text: str, family: str) -> dict[tuple[str, str], tuple[str, float]]:
-    """Load ``yaml_text`` (pods and policies) with ``config`` into the sandbox's node and try
-    x/a -> every other pod on each of :data:`SPECS`: {(pod, protocol): (outcome, seconds)}."""
+def load(sandbox: Sandbox, config: Config, yaml_text: str) -> None:
+    """Load the rules of ``yaml_text`` (pods and policies) with ``config`` into every node of
+    ``sandbox`` (the nft ruleset, or the iptables variant of the same model as Sandbox.apply
+    loads it)."""
     cluster = sandbox.with_sandbox_pods(cluster_from_yaml(yaml_text))
     for node in sandbox.nodes:
         if sandbox.dataplane == "nft":
             sandbox.node_dataplane(node).run(transaction.full(build_rule_model(cluster, node, config)))
         else:
-            sandbox.config = config  # the iptables variant of the same model: as Sandbox.apply loads it
+            sandbox.config = config
             sandbox.apply(cluster)
+
+
+def outcomes(sandbox: Sandbox, config: Config, yaml_text: str, family: str) -> dict[tuple[str, str], tuple[str, float]]:
+    """Load ``yaml_text`` with ``config`` (:func:`load`) and try x/a -> every other pod on each
+    of :data:`SPECS`: {(pod, protocol): (outcome, seconds)}."""
+    load(sandbox, config, yaml_text)
     sandbox.probe(SPECS, (family,), [])  # every pod serves the specs
     found = {}
     for key, pod in sandbox.pods.items():
