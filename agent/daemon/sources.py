@@ -223,7 +223,8 @@ class PreferredVersion:
     was upgraded or downgraded while the agent ran; kube-apiserver also ends the watches of a
     CRD it replaces), it raises :class:`RelistNeeded`, so the kind is listed again at the new
     version: the store takes the list whole and what did not change does not sync, so no object
-    and no rule is lost meanwhile. ``version`` is the version listed last (None before)."""
+    and no rule is lost meanwhile. ``version`` is the version discovery gave last (None before
+    it gave one)."""
 
     def __init__(self, api: k8s.ApiClient) -> None:
         self.api = api
@@ -243,8 +244,8 @@ class PreferredVersion:
             if served is not None and served != self.version:
                 log.info("ClusterNetworkPolicy: the API serves %s/%s: listing and watching it%s", CLUSTER_POLICY_GROUP, served,
                          f" (was {self.version})" if self.version else "", extra={"kind": "ClusterNetworkPolicy"})
-            self.version = served or CLUSTER_POLICY_VERSIONS[0]
-        path = f"/apis/{CLUSTER_POLICY_GROUP}/{self.version}/{CLUSTER_POLICY_PLURAL}"
+                self.version = served
+        path = f"/apis/{CLUSTER_POLICY_GROUP}/{self.version or CLUSTER_POLICY_VERSIONS[0]}/{CLUSTER_POLICY_PLURAL}"
         return Collection(self.api, path)(_request_timeout, **query)
 
 
