@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 import yaml
 
-from .clusterpolicy import API_VERSION as CLUSTER_POLICY_API_VERSION, cluster_policy_from
+from .clusterpolicy import API_VERSIONS as CLUSTER_POLICY_API_VERSIONS, cluster_policy_from
 from .model import (
     NAMESPACE_NAME_LABEL,
     PROTOCOLS,
@@ -69,7 +69,7 @@ KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
 # batch/v1beta1 up to v1.24, same shape): another apiVersion is a different object, left out.
 API_VERSIONS = {
     "Namespace": ("v1",), "Pod": ("v1",), "Node": ("v1",), "Service": ("v1",),
-    "NetworkPolicy": ("networking.k8s.io/v1",), "ClusterNetworkPolicy": (CLUSTER_POLICY_API_VERSION,),
+    "NetworkPolicy": ("networking.k8s.io/v1",), "ClusterNetworkPolicy": CLUSTER_POLICY_API_VERSIONS,
     "Deployment": ("apps/v1",), "ReplicaSet": ("apps/v1",), "StatefulSet": ("apps/v1",), "DaemonSet": ("apps/v1",),
     "Job": ("batch/v1",), "CronJob": ("batch/v1", "batch/v1beta1"),
 }
@@ -422,7 +422,7 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 policy = policy_from(obj, new=True)
                 policies[policy.key] = policy
             elif kind == "ClusterNetworkPolicy":
-                cluster_policy = cluster_policy_from(obj)
+                cluster_policy = cluster_policy_from(obj, new=True)
                 cluster_policies[cluster_policy.key] = cluster_policy
             else:
                 node = node_from(obj)
@@ -457,7 +457,7 @@ def unread_object(obj: Any, origin: str) -> ManifestError | None:
         return None  # no kind of ours
     if kind in _REPLACED_KINDS and str(obj.get("apiVersion", POLICY_GROUP)).startswith(POLICY_GROUP):
         return ManifestError(kind, _ref(kind, obj), "a kind of network-policy-api before v1alpha2, which nftpolicy does not "
-                             f"read: write it as a ClusterNetworkPolicy of {CLUSTER_POLICY_API_VERSION} with tier: "
+                             f"read: write it as a ClusterNetworkPolicy of {' or '.join(CLUSTER_POLICY_API_VERSIONS)} with tier: "
                              f"{_REPLACED_KINDS[kind]}", origin)
     near = difflib.get_close_matches(kind.lower(), _KINDS_BY_LOWER, n=1, cutoff=_TYPO_CUTOFF)
     if near:

@@ -62,7 +62,9 @@ RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full")
 INVALID = "InvalidPolicy"  # a field fails validation
 CRD_MISSING = "ClusterNetworkPolicyCRDMissing"  # on the Node: the API has no ClusterNetworkPolicies
 
-API_VERSIONS = {"NetworkPolicy": "networking.k8s.io/v1", "ClusterNetworkPolicy": "policy.networking.k8s.io/v1alpha2"}
+# The apiVersion of an object that comes without one (items of a built-in kind's list); a custom
+# resource's items carry theirs (a ClusterNetworkPolicy's: the version the agent watches).
+API_VERSIONS = {"NetworkPolicy": "networking.k8s.io/v1", "ClusterNetworkPolicy": "policy.networking.k8s.io/v1beta1"}
 FAIL_CLOSED_EFFECT = {
     "NetworkPolicy": "enforced fail-closed: the pods it selects are isolated, with nothing allowed, in the directions it names",
     "ClusterNetworkPolicy": "enforced fail-closed: each rule that cannot be read matches nothing (Accept) or denies everything "
@@ -209,11 +211,12 @@ class EventRecorder:
 
     def failed_closed(self, kind: str, obj: Mapping[str, Any], exc: InvalidField, enforced: bool) -> None:
         """Record that the agent fails closed on ``obj`` (a ``kind`` of :data:`API_VERSIONS`, as
-        the API serves it: list items lack ``kind`` and ``apiVersion``) because of ``exc``;
+        the API serves it: a built-in kind's list items lack ``kind`` and ``apiVersion``) because of ``exc``;
         ``enforced``: its fail-closed stand-in is enforced (else nothing of it is: a
         ClusterNetworkPolicy whose tier, priority or subject cannot be read)."""
         effect = FAIL_CLOSED_EFFECT[kind] if enforced else "not enforced: its tier, priority or subject cannot be read"
-        self.record(Subject.of({**obj, "kind": kind, "apiVersion": API_VERSIONS[kind]}), INVALID, f"{exc}; {effect}")
+        self.record(Subject.of({**obj, "kind": kind, "apiVersion": obj.get("apiVersion") or API_VERSIONS[kind]}), INVALID,
+                    f"{exc}; {effect}")
 
     def crd_missing(self, crd: str) -> None:
         """Record on this node that the API has no ``crd``: ``Normal``, since nothing fails

@@ -33,6 +33,7 @@ import tenacity
 import urllib3
 import yaml
 
+from .apiversions import CLUSTER_POLICY_GROUP, CLUSTER_POLICY_PLURAL, CLUSTER_POLICY_VERSIONS, served_version
 from .clock import REAL_TIME, Clock
 from .kubeclient import Collection
 from .kubeclient import client as k8s
@@ -212,6 +213,42 @@ def read_ahead(source: Iterator[T], name: str) -> Iterator[T]:
         abandoned.set()
 
 
+class PreferredVersion:
+    """The ClusterNetworkPolicy collection at the version the API prefers, called as a
+    :class:`~.kubeclient.Collection` is. A list (its first page) asks discovery first
+    (:func:`~.apiversions.served_version`: the first of v1beta1 and v1alpha2 it serves; none:
+    v1beta1, whose 404 says the CRD is not installed) and reads at that version; its continue
+    pages and the watches after it stay there (a resourceVersion belongs to the list it came
+    from). A watch asks discovery again first: when the API prefers another version now (its CRD
+    was upgraded or downgraded while the agent ran; kube-apiserver also ends the watches of a
+    CRD it replaces), it raises :class:`RelistNeeded`, so the kind is listed again at the new
+    version: the store takes the list whole and what did not change does not sync, so no object
+    and no rule is lost meanwhile. ``version`` is the version discovery gave last (None before
+    it gave one)."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self.version: str | None = None
+
+    def __repr__(self) -> str:
+        return f"PreferredVersion({self.version})"
+
+    def __call__(self, _request_timeout: Any = None, **query: Any) -> Any:
+        asking = _request_timeout[0] if isinstance(_request_timeout, tuple) else _request_timeout  # discovery: a short answer
+        if query.get("watch"):
+            preferred = served_version(self.api, asking)
+            if preferred is not None and preferred != self.version:
+                raise RelistNeeded(f"the API prefers ClusterNetworkPolicy {preferred} now (listed at {self.version})")
+        elif not query.get("_continue"):
+            served = served_version(self.api, asking)
+            if served is not None and served != self.version:
+                log.info("ClusterNetworkPolicy: the API serves %s/%s: listing and watching it%s", CLUSTER_POLICY_GROUP, served,
+                         f" (was {self.version})" if self.version else "", extra={"kind": "ClusterNetworkPolicy"})
+                self.version = served
+        path = f"/apis/{CLUSTER_POLICY_GROUP}/{self.version or CLUSTER_POLICY_VERSIONS[0]}/{CLUSTER_POLICY_PLURAL}"
+        return Collection(self.api, path)(_request_timeout, **query)
+
+
 class SourceError(RuntimeError):
     """The API source cannot start: the kubeconfig cannot be read, or there is no in-cluster
     configuration (the message says which, on one line)."""
@@ -220,7 +257,8 @@ class SourceError(RuntimeError):
 class KubeSource:
     """List and watch Pods (all namespaces), Namespaces, NetworkPolicies, Nodes (every one: its
     own for its addresses, the others for ClusterNetworkPolicy ``nodes`` peers) and, when their
-    CRD is installed, ClusterNetworkPolicies.
+    CRD is installed, ClusterNetworkPolicies (at the version the API prefers:
+    :class:`PreferredVersion`).
 
     One thread per kind. ``api_timeout`` bounds every request (seconds, client side). A watch
     asks the server to end it after ``watch_timeout`` seconds; its read timeout (seconds without
@@ -251,7 +289,7 @@ class KubeSource:
             "Pod": (Collection(api, "/api/v1/pods"), {}),
             "NetworkPolicy": (Collection(api, "/apis/networking.k8s.io/v1/networkpolicies"), {}),
             "Node": (Collection(api, "/api/v1/nodes"), {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
-            "ClusterNetworkPolicy": (Collection(api, "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"), {}),
+            "ClusterNetworkPolicy": (PreferredVersion(api), {}),  # v1beta1 where served, else v1alpha2
         }
         self.store, self.metrics, self.stop = store, metrics, stop
         self.clock = clock  # every pause and every "how long since" (tests give their own)

@@ -62,7 +62,6 @@ class Resource:
 PODS, NAMESPACES, NODES, SERVICES = Resource("pods"), Resource("namespaces"), Resource("nodes"), Resource("services")
 NETWORK_POLICIES = Resource("networkpolicies", "networking.k8s.io")
 CLUSTER_NETWORK_POLICIES = Resource("clusternetworkpolicies", "policy.networking.k8s.io")
-CNP_VERSION = "v1alpha2"  # the version the agent watches (agent/daemon/sources.py)
 
 
 def in_namespace(resource: Resource, namespace: str | None) -> Resource:
