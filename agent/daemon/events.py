@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 from urllib.parse import quote
 
+from nftpolicy.translators.rules import safe_text
 from nftpolicy.translators.validation import InvalidField
 
 from .clock import REAL_TIME, Clock
@@ -196,7 +197,7 @@ class EventRecorder:
     def record(self, subject: Subject, reason: str, message: str, event_type: str = "Warning") -> None:
         """Queue an Event about ``subject`` unless one with this reason and message was queued
         for its generation already. Never blocks: a full queue drops it (counted)."""
-        message = message.encode()[:MAX_MESSAGE].decode(errors="ignore")
+        message = safe_text(message, MAX_MESSAGE)  # no control character of an object's text reaches kubectl describe
         key = self._key(subject, reason, message)
         with self._lock:
             if self._queued.get(key) == subject.generation:

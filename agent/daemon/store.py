@@ -23,6 +23,7 @@ from nftpolicy.translators.manifests import (
     policy_from,
 )
 from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.rules import safe_text
 from nftpolicy.translators.validation import InvalidField
 
 from .memory import gc_paused
@@ -47,6 +48,7 @@ FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
 # name, namespace, uid, generation and resourceVersion, the kernel's reason); an Event too.
 KernelRefused = Callable[[str, Mapping[str, Any], str], None]
 IDENTITY_FIELDS = ("name", "namespace", "uid", "generation", "resourceVersion")
+MESSAGE_MAX_BYTES = 1024  # of an invalid object's log line (an invalid name can be long)
 
 
 class Store:
@@ -90,7 +92,7 @@ class Store:
             invalid.pop(key, None)
             return model
         except InvalidField as exc:
-            message = f"{kind} {key}: {exc}"
+            message = safe_text(f"{kind} {key}: {exc}", MESSAGE_MAX_BYTES)  # the object's text: no control character reaches a log
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
             invalid[key] = message
