@@ -84,6 +84,18 @@ def _expected(objects: list[dict[str, Any]], refused: set[tuple[str, str]]) -> A
     return FakeTable().apply(transaction.full(build_rule_model(cluster, NODE))).state()
 
 
+def _synced_refusing(objects: list[dict[str, Any]], *where) -> tuple[list, FakeNftDataplane, Reconciler]:
+    """A fresh node's first full sync of ``objects`` on a fake that refuses the rules ``where``
+    picks: what the store told, the fake, the reconciler."""
+    store, told = _store(objects)
+    dataplane = FakeNftDataplane()
+    for picked in where:
+        dataplane.refuse_rules(picked)
+    reconciler = _reconciler(store, dataplane)
+    assert reconciler.sync(full=True)  # the table is committed
+    return told, dataplane, reconciler
+
+
 def _refused_gauge(reconciler: Reconciler, kind: str) -> float:
     return reconciler.metrics.registry.get_sample_value("nftpolicy_refused_objects", {"kind": kind})
 
@@ -116,11 +128,7 @@ def test_find_refused_past_its_budget_holds_each_unresolved_group_whole():
 
 def test_a_refused_policy_fails_closed_the_rest_is_committed_and_it_costs_log2_checks():
     objects = _shop() + _extra_policies(40)
-    store, told = _store(objects)
-    dataplane = FakeNftDataplane()
-    dataplane.refuse_rules(_of("shop/extra-17"))
-    reconciler = _reconciler(store, dataplane)
-    assert reconciler.sync(full=True)  # a fresh node: the table is committed
+    told, dataplane, reconciler = _synced_refusing(objects, _of("shop/extra-17"))
     assert dataplane.state.state() == _expected(objects, {("NetworkPolicy", "shop/extra-17")})
     suspects = 2 + 40  # api-ingress and frontend-egress of the shop select pods of node1, and the 40
     assert 2 <= len(dataplane.checked) <= 1 + 2 * math.ceil(math.log2(suspects))
@@ -135,11 +143,8 @@ def test_a_refused_policy_fails_closed_the_rest_is_committed_and_it_costs_log2_c
 
 def test_a_held_policy_stays_closed_at_no_cost_until_it_changes_and_is_enforced_again_then():
     objects = _shop() + _extra_policies(8)
-    store, told = _store(objects)
-    dataplane = FakeNftDataplane()
-    dataplane.refuse_rules(_of("shop/extra-3"))
-    reconciler = _reconciler(store, dataplane)
-    assert reconciler.sync(full=True)
+    told, dataplane, reconciler = _synced_refusing(objects, _of("shop/extra-3"))
+    store = reconciler.store
     checks = len(dataplane.checked)
     # unrelated changes, a resync and a relist of the same object: no check, still closed
     frontend = next(o for o in objects if o["metadata"]["name"].startswith("frontend-"))
@@ -165,11 +170,7 @@ def test_a_held_policy_stays_closed_at_no_cost_until_it_changes_and_is_enforced_
 
 def test_a_refused_cluster_network_policy_denies_what_it_denied_and_accepts_nothing():
     objects = _shop() + [_cnp("guard"), _cnp("other")]
-    store, told = _store(objects)
-    dataplane = FakeNftDataplane()
-    dataplane.refuse_rules(_of("guard", "allow-ops"))
-    reconciler = _reconciler(store, dataplane)
-    assert reconciler.sync(full=True)
+    told, dataplane, reconciler = _synced_refusing(objects, _of("guard", "allow-ops"))
     assert dataplane.state.state() == _expected(objects, {("ClusterNetworkPolicy", "guard")})
     stand_in = reconciler.renderer.policy("ClusterNetworkPolicy", "guard")
     assert [(r.action, r.name) for r in stand_in.ingress] == [("Deny", "fail-closed rule 1")]

@@ -287,8 +287,9 @@ def safe_text(text: str, limit: int, also: str = "") -> str:
     (a bidirectional override). A backslash stays as it is: the text is a description only (data
     travels as typed fields), and so the function is idempotent:
     ``safe_text(safe_text(t, n, a), n, a) == safe_text(t, n, a)``."""
-    if text.isascii() and text.isprintable() and not any(c in text for c in also):  # the common case, at C speed
-        return text.replace('"', "'")[:limit]
+    if text.isprintable() and not any(map(text.__contains__, also)):  # nothing to escape: at C speed
+        text = text.replace('"', "'")
+        return text[:limit] if text.isascii() else text.encode()[:limit].decode(errors="ignore")
     pieces, size = [], 0
     for character in text:
         piece = _safe_character(character, also)
