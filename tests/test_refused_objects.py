@@ -29,7 +29,8 @@ from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
 
-from .conftest import REPO, nft as nft_cli
+from .agentenv import AgentEnv, RealApi
+from .conftest import REPO, clear_api, nft as nft_cli
 from .test_events import MemoryWriter, drain
 
 NODE = "node1"
@@ -282,3 +283,36 @@ def test_each_control_character_in_a_rule_name_is_enforced_as_written_on_a_fresh
     tiers = {c.policy: c.name for c in reconciler.renderer.model().tier_chains}
     comments = [r["comment"] for r in _chains(ns)[tiers["guard"]]]
     assert f"guard Admin ingress rule 1 deny\\x{code:02x}debug (Deny)" in comments
+
+
+SLOTS = {"x/a": "10.244.0.10", "x/c": "10.244.0.12", "y/d": "10.244.0.13"}
+CONTROL = "".join(map(chr, [*range(0x20), 0x7F, *range(0x80, 0xA0)]))  # every C0 character, DEL and every C1: 66
+
+
+@pytest.mark.kernel
+def test_the_real_api_server_keeps_every_control_character_in_a_rule_name_and_a_fresh_node_enforces_it(control_plane, tmp_path):
+    """The issue's case end to end: the CRD checks a rule name's length only, so the real
+    kube-apiserver stores one of every C0, DEL and C1 character; ``nftpolicy agent`` on a fresh
+    node commits its table at the first sync and enforces that Deny rule and everything else."""
+    env = AgentEnv(tmp_path, SLOTS, api=RealApi(control_plane)).put_slot_pods()
+    try:
+        deny = {"apiVersion": CNP, "kind": "ClusterNetworkPolicy", "metadata": {"name": "deny-y"},
+                "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "x"}}},
+                         "ingress": [{"name": CONTROL, "action": "Deny",
+                                      "from": [{"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]}]}}
+        stored = control_plane.apply(deny)
+        assert stored["spec"]["ingress"][0]["name"] == CONTROL
+        control_plane.apply({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "only-c"},
+                             "spec": {"podSelector": {"matchLabels": {"app": "a"}},
+                                      "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "c"}}}]}]}})
+        env.start_agent()  # ready: the first sync committed
+        assert not env.connects("y/d", SLOTS["x/a"])  # the Deny rule named with control characters
+        assert env.connects("x/c", SLOTS["x/a"])  # the NetworkPolicy's allow
+        assert env.metric("nftpolicy_sync_failures_total", mode="full") == 0
+        assert env.metric("nftpolicy_refused_objects", kind="ClusterNetworkPolicy") == 0
+        comments = [r["rule"].get("comment", "") for r in json.loads(nft_cli(env.netns, "-j", "list", "table", "inet", "nftpolicy"))["nftables"]
+                    if "rule" in r]
+        assert any(c.startswith("deny-y Admin ingress rule 0 \\x00\\x01\\x02") for c in comments)
+    finally:
+        env.close()
+        clear_api(control_plane)
