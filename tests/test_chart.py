@@ -511,7 +511,7 @@ BAD_AGENT_VALUES = [
     {"httpAddress": "0.0.0.0:99999"}, {"httpAddress": "garbage"}, {"httpAddress": "300.0.0.1:9476"},
     {"httpAddress": "[zz::1]:9476"}, {"httpAddress": "a b:9476"},
     {"table": "a.b"}, {"table": "1table"}, {"priority": 2147483648},
-    {"minSyncInterval": -1}, {"resyncInterval": 0}, {"apiTimeout": 0}, {"watchTimeout": 0}, {"watchTimeout": 1.5},
+    {"minSyncInterval": -1}, {"resyncInterval": 0}, {"apiTimeout": 0}, {"watchTimeout": 0}, {"watchTimeout": 1.5}, {"watchIdleTimeout": 0},
     {"logFormat": "xml"}, {"logLevel": "trace"},
 ]
 GOOD_AGENT_VALUES = [

@@ -29,6 +29,8 @@ BAD = [
     ("agent", "--api-timeout", "nan", "must be > 0 seconds, got nan"),
     ("agent", "--watch-timeout", "1.5", "must be a whole number of seconds, got 1.5"),
     ("agent", "--watch-timeout", "0", "must be >= 1 seconds, got 0"),
+    ("agent", "--watch-idle-timeout", "0", "must be > 0 seconds, got 0"),
+    ("agent", "--watch-idle-timeout", "inf", "must be > 0 seconds, got inf"),
     ("agent", "--http-address", "127.0.0.1:99999", "invalid port 99999 in '127.0.0.1:99999' (0 to 65535)"),
     ("agent", "--http-address", "garbage",
      "invalid address 'garbage' (expected HOST:PORT, HOST an IPv4 address, [IPv6 address], a name or empty)"),

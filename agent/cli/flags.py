@@ -393,6 +393,10 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--resync-interval", type=_seconds(0, inclusive=False), default=300.0, help="seconds between full resyncs of the whole table (default %(default)s)")
     agent.add_argument("--api-timeout", type=_seconds(0, inclusive=False), default=10.0, help="client-side timeout of one API request, seconds (default %(default)s)")
     agent.add_argument("--watch-timeout", type=_whole_seconds, default=300, help="server-side timeoutSeconds of one watch, seconds (default %(default)s)")
+    agent.add_argument("--watch-idle-timeout", type=_seconds(0, inclusive=False), default=130.0,  # sources.WATCH_IDLE_TIMEOUT
+                       help="seconds a watch may bring nothing, not even a bookmark (kube-apiserver sends one about every 60 s), "
+                            "before it counts as dead (a stuck proxy) and is watched again from its resourceVersion "
+                            "(default %(default)s: two bookmark periods and 10 s)")
     agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
     agent.add_argument("--debug-address", type=_debug_address, default=DEFAULT_DEBUG_ADDRESS,
                        help="address of the read-only /debug/model for explain --agent (it names every pod, label and policy: "
