@@ -203,15 +203,15 @@ class Reconciler:
         try:
             self.dataplane.run(tx)
             return tx
-        except DataplaneError as exc:
-            isolated = self._isolated(tx, renderer, str(exc)) if any(isinstance(op, Replace) for op in tx.operations) else None
+        except DataplaneError:
+            isolated = self._isolated(tx, renderer) if any(isinstance(op, Replace) for op in tx.operations) else None
             if isolated is None:
                 raise
         self.dataplane.run(isolated)
         return isolated
 
-    def _isolated(self, tx: Transaction, renderer: NodeRenderer, reason: str) -> Transaction | None:
-        """The full replace ``tx`` (refused for ``reason``) with each policy responsible
+    def _isolated(self, tx: Transaction, renderer: NodeRenderer) -> Transaction | None:
+        """The full replace ``tx`` (refused) with each policy responsible
         (:func:`~.quarantine.find_refused`) held in :attr:`quarantine` and enforced as its
         fail-closed stand-in in ``renderer`` (logged, and an Event through the store); None when
         the kernel takes what the table holds of all its policies (the fault is elsewhere)."""
