@@ -169,6 +169,18 @@ def test_a_held_policy_stays_closed_at_no_cost_until_it_changes_and_is_enforced_
     assert _refused_gauge(reconciler, "NetworkPolicy") == 0 and not reconciler.quarantine.held
 
 
+def test_a_refused_policy_that_comes_later_fails_its_delta_then_the_full_retry_isolates_it():
+    objects = _shop() + _extra_policies(4)
+    told, dataplane, reconciler = _synced_refusing(objects, _of("shop/extra-9"))
+    late = _extra_policies(10)[9]
+    reconciler.store.apply("NetworkPolicy", "ADDED", late)
+    assert not reconciler.sync(full=False)  # the delta is refused whole: the table stays as it was
+    assert reconciler.renderer is None and not told
+    assert reconciler.sync(full=True)  # the loop's retry, a full replace: extra-9 singled out
+    assert [obj["metadata"]["name"] for _, obj, _ in told] == ["extra-9"]
+    assert dataplane.state.state() == _expected(objects + [late], {("NetworkPolicy", "shop/extra-9")})
+
+
 def test_a_refused_cluster_network_policy_denies_what_it_denied_and_accepts_nothing():
     objects = _shop() + [_cnp("guard"), _cnp("other")]
     told, dataplane, reconciler = _synced_refusing(objects, _of("guard", "allow-ops"))
