@@ -27,6 +27,7 @@ supported for Accept rules") only in an Accept rule. Every peer of both versions
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from typing import Any, Mapping
@@ -265,10 +266,26 @@ def fail_closed_cluster_policy(obj: Mapping[str, Any]) -> ClusterNetworkPolicy |
             except InvalidField:
                 action = item.get("action") if isinstance(item, Mapping) else None
                 if action != "Accept":
-                    everything = [ClusterPeer(namespaces=LabelSelector())]
-                    if direction == "egress":
-                        everything.append(ClusterPeer(networks=(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))))
-                    kept[direction].append(ClusterRule("Deny", tuple(everything), name=f"fail-closed rule {i}"))
+                    kept[direction].append(deny_everything(direction, i))
     return ClusterNetworkPolicy(name=skeleton.name, tier=skeleton.tier, priority=skeleton.priority,
                                 subject_namespaces=skeleton.subject_namespaces, subject_pods=skeleton.subject_pods,
                                 ingress=tuple(kept["ingress"]), egress=tuple(kept["egress"]))
+
+
+def deny_everything(direction: Direction, index: int) -> ClusterRule:
+    """What a ``Deny`` or ``Pass`` rule at ``index`` of ``direction`` that cannot be enforced
+    becomes (the API reference: fail closed is "Deny all"): Deny from or to every pod and, for
+    egress, every address."""
+    everything = [ClusterPeer(namespaces=LabelSelector())]
+    if direction == "egress":
+        everything.append(ClusterPeer(networks=(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))))
+    return ClusterRule("Deny", tuple(everything), name=f"fail-closed rule {index}")
+
+
+def closed_cluster_policy(policy: ClusterNetworkPolicy) -> ClusterNetworkPolicy:
+    """``policy`` with every rule failed closed as the API reference prescribes for a rule it
+    cannot read (see :func:`fail_closed_cluster_policy`): each ``Accept`` rule left out, each
+    other :func:`deny_everything`; tier, priority and subject kept."""
+    def closed(direction: Direction, rules: tuple[ClusterRule, ...]) -> tuple[ClusterRule, ...]:
+        return tuple(deny_everything(direction, i) for i, rule in enumerate(rules) if rule.action != "Accept")
+    return dataclasses.replace(policy, ingress=closed("ingress", policy.ingress), egress=closed("egress", policy.egress))

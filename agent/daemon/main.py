@@ -58,7 +58,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         kube = KubeSource(store, metrics, args.kubeconfig, args.api_timeout, args.watch_timeout, stop,
                           idle_timeout=args.watch_idle_timeout)
         events = EventRecorder(KubeEventWriter(kube.api, args.api_timeout), args.node, metrics)
-        store.failed_closed, kube.crd_missing = events.failed_closed, events.crd_missing
+        store.failed_closed, store.kernel_refused, kube.crd_missing = events.failed_closed, events.kernel_refused, events.crd_missing
         events.start(stop)
         kube.start()
         source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"

@@ -41,6 +41,10 @@ class Metrics:
         self.watched_objects = Gauge("nftpolicy_watched_objects", "Objects held in memory, by kind.", ["kind"], registry=r)
         self.invalid_objects = Gauge("nftpolicy_invalid_objects", "Objects that failed validation (skipped, or failing closed for policies).",
                                      ["kind"], registry=r)
+        self.refused_objects = Gauge("nftpolicy_refused_objects", "Policies whose rules the kernel refused, enforced fail-closed "
+                                     "until they change, by kind.", ["kind"], registry=r)
+        for kind in ("NetworkPolicy", "ClusterNetworkPolicy"):
+            self.refused_objects.labels(kind)
         self.events = Counter("nftpolicy_events", "Kubernetes Events on objects the agent fails closed on, by result (created, patched; "
                               "failed: the write failed; rate_limited, queue_full: dropped).", ["result"], registry=r)
         self.table_objects = Gauge("nftpolicy_table_objects", "Objects in our nftables table, by type (chains, rules, sets, elements).",

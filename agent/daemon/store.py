@@ -23,6 +23,7 @@ from nftpolicy.translators.manifests import (
     policy_from,
 )
 from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.rules import safe_text
 from nftpolicy.translators.validation import InvalidField
 
 from .memory import gc_paused
@@ -43,6 +44,11 @@ FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 # Told of each object the agent fails closed on: (kind, the API object, why, whether its
 # fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
 FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
+# Told of each policy the kernel refused: (kind, the API object's identity: ``metadata`` with
+# name, namespace, uid, generation and resourceVersion, the kernel's reason); an Event too.
+KernelRefused = Callable[[str, Mapping[str, Any], str], None]
+IDENTITY_FIELDS = ("name", "namespace", "uid", "generation", "resourceVersion")
+MESSAGE_MAX_BYTES = 1024  # of an invalid object's log line (an invalid name can be long)
 
 
 class Store:
@@ -66,6 +72,9 @@ class Store:
         self.changed = threading.Event()
         self.pending_since: float | None = None
         self.failed_closed: FailedClosed | None = None
+        self.kernel_refused: KernelRefused | None = None
+        # The policies' identities (what an Event names): (kind, key) -> metadata; no other kind's
+        self._identities: dict[tuple[str, str], dict[str, Any]] = {}
         for kind in KINDS:  # every series from the start; then each kind's when it changes
             metrics.watched_objects.labels(kind).set(0)
             metrics.invalid_objects.labels(kind).set(0)
@@ -74,12 +83,16 @@ class Store:
         """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
         validation: its fail-closed stand-in); ``invalid`` (key -> message) records each invalid
         object."""
+        if kind in FAIL_CLOSED:
+            meta = obj.get("metadata")
+            meta = meta if isinstance(meta, Mapping) else {}
+            self._identities[(kind, key)] = {f: meta[f] for f in IDENTITY_FIELDS if f in meta}
         try:
             model = CONVERT[kind](obj)
             invalid.pop(key, None)
             return model
         except InvalidField as exc:
-            message = f"{kind} {key}: {exc}"
+            message = safe_text(f"{kind} {key}: {exc}", MESSAGE_MAX_BYTES)  # the object's text: no control character reaches a log
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
             invalid[key] = message
@@ -114,6 +127,8 @@ class Store:
         with self._lock:
             self._invalid[kind] = invalid
             old = self._objects[kind]
+            for gone in old.keys() - converted.keys():
+                self._identities.pop((kind, gone), None)
             if self._taken:
                 for key in old.keys() | converted.keys():
                     if old.get(key) != converted.get(key):
@@ -133,6 +148,7 @@ class Store:
             model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind])
             if event == "DELETED":
                 self._invalid[kind].pop(key, None)
+                self._identities.pop((kind, key), None)
             if model == self._objects[kind].get(key) and len(self._invalid[kind]) == invalid_before:
                 return
             if model is None:
@@ -142,6 +158,14 @@ class Store:
             if self._taken:
                 self._changes[(kind, key)] = model
             self._touch(kind)
+
+    def report_refused(self, kind: str, key: str, reason: str) -> None:
+        """Tell :attr:`kernel_refused` (if set) that the kernel refused the rules of policy
+        ``key`` of ``kind`` (``NetworkPolicy``, ``ClusterNetworkPolicy``) for ``reason``."""
+        with self._lock:
+            identity = self._identities.get((kind, key))
+        if self.kernel_refused is not None and identity is not None:
+            self.kernel_refused(kind, {"metadata": identity}, reason)
 
     def get(self, kind: str, key: str) -> Any:
         """The model object of ``kind`` called ``key`` (``ns/name`` or ``name``), or None."""
