@@ -157,7 +157,7 @@ def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
     (["compare", SHOP], "nftpolicy: the following arguments are required: --node, --ipset-save (see 'nftpolicy compare --help')"),
     (["sandbox", "--ipv6", "--dual-stack", SHOP], "nftpolicy: --dual-stack: not allowed with argument --ipv6"),
     (["renderr", SHOP], "nftpolicy: command: invalid choice: 'renderr' (choose from 'render', 'sandbox', 'compare', "
-                        "'agent', 'cleanup', 'explain', 'trace') (see 'nftpolicy --help')"),
+                        "'agent', 'cleanup', 'explain', 'status', 'trace') (see 'nftpolicy --help')"),
     ([], "nftpolicy: the following arguments are required: command (see 'nftpolicy --help')"),
     (["explain", "--from", "shop/frontend", SHOP], "nftpolicy: the following arguments are required: --to "
                                                    "(see 'nftpolicy explain --help')"),

@@ -18,7 +18,8 @@ import yaml
 from nftpolicy.agent.cli.kubectl import main as plugin
 from nftpolicy.agent.cli.kubectl.explain import explain_port, split_port
 from nftpolicy.agent.cli.kubectl.status import agent_status
-from nftpolicy.agent.cli.kubectl.trace import debug_url, exec_status, trace_argv
+from nftpolicy.agent.cli.kubectl.podexec import debug_url, exec_status
+from nftpolicy.agent.cli.kubectl.trace import trace_argv
 from nftpolicy.agent.cli.main import main as nftpolicy
 from nftpolicy.agent.daemon.health import Health, serve_http
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -284,7 +285,7 @@ class _Proxy:
     def __init__(self, metrics: str) -> None:
         self.metrics = metrics
 
-    def proxy_get(self, namespace: str, name: str, port: int, path: str) -> tuple[int, str]:
+    def proxy_get(self, namespace: str, name: str, port: int, path: str, https: bool = False) -> tuple[int, str]:
         return (200, "ok") if path == "readyz" else (200, self.metrics)
 
 
