@@ -42,7 +42,7 @@ def api_client(kubeconfig: str) -> k8s.ApiClient:
 
 def scrape(address, token: str | None, path: str = "/metrics") -> tuple[int, bytes]:
     """GET over TLS (the self-signed certificate is not checked: a ServiceMonitor's
-    insecureSkipVerify), with ``token`` as the bearer token."""
+    insecureSkipVerify), with ``token`` as the bearer token; (0, b"") when nothing answers."""
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     connection = http.client.HTTPSConnection(*address[:2], timeout=15, context=context)
@@ -50,6 +50,8 @@ def scrape(address, token: str | None, path: str = "/metrics") -> tuple[int, byt
         connection.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
         reply = connection.getresponse()
         return reply.status, reply.read()
+    except OSError:
+        return 0, b""
     finally:
         connection.close()
 
