@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from nftpolicy.agent.cli.agenthttp import agent_get
 from nftpolicy.agent.daemon import httpserver
 from nftpolicy.agent.daemon.health import HEALTH_BODY_BYTES, Health, serve_http
 from nftpolicy.agent.daemon.httpserver import MAX_CONNECTIONS, MAX_HEAD, WORKERS, start_http
@@ -48,13 +49,7 @@ def closed(sock: socket.socket) -> bool:
 
 
 def get(srv, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection(*srv.server_address[:2], timeout=timeout)
-    try:
-        connection.request("GET", path)
-        reply = connection.getresponse()
-        return reply.status, reply.read()
-    finally:
-        connection.close()
+    return agent_get(f"http://127.0.0.1:{srv.server_address[1]}", path, timeout)
 
 
 def test_200_idle_connections_cost_no_thread_and_do_not_hold_up_metrics():

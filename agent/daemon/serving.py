@@ -38,9 +38,11 @@ def _context(cert_file: str, key_file: str) -> ssl.SSLContext:
     context.set_alpn_protocols(["http/1.1"])
     try:
         context.load_cert_chain(cert_file, key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise CertificateError(f"cannot use the certificate {cert_file} with the key {key_file}: "
-                               f"{getattr(exc, 'strerror', None) or getattr(exc, 'reason', None) or exc}") from None
+    except ssl.SSLError as exc:  # before OSError, its base
+        raise CertificateError(f"cannot use the certificate {cert_file} with the key {key_file}: not a PEM certificate (chain) "
+                               f"and its private key, or they do not match (OpenSSL: {exc.reason or exc.library or exc})") from None
+    except OSError as exc:
+        raise CertificateError(f"cannot use the certificate {cert_file} with the key {key_file}: {exc.strerror or exc}") from None
     return context
 
 
