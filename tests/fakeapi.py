@@ -95,11 +95,12 @@ class FakeApiServer:
         self.cut_watches()
         self._released.set()
 
-    def kubeconfig(self, path: str) -> str:
-        """Write a kubeconfig for this server to ``path`` and return the path."""
+    def kubeconfig(self, path: str, server: str | None = None) -> str:
+        """Write a kubeconfig for this server (reached at ``server``, a proxy's URL, if given)
+        to ``path`` and return the path."""
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "fake", "cluster": {"server": server or self.url}}],
             "users": [{"name": "fake", "user": {"token": "fake"}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
         }

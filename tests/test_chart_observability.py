@@ -164,7 +164,8 @@ def test_alerts_cover_what_the_issue_asks():
     rules = {r["alert"]: r for r in _rules(render("default", *ENABLED))}
     wanted = {"NftpolicySyncFailing": "nftpolicy_sync_failures_total", "NftpolicySyncStale": "nftpolicy_last_successful_sync_timestamp_seconds",
               "NftpolicySyncSlow": "nftpolicy_sync_duration_seconds_bucket", "NftpolicyInvalidObjects": "nftpolicy_invalid_objects",
-              "NftpolicyApiErrors": "nftpolicy_api_errors_total", "NftpolicyWatchStale": "nftpolicy_watch_seconds_since_success"}
+              "NftpolicyApiErrors": "nftpolicy_api_errors_total", "NftpolicyWatchStale": "nftpolicy_watch_seconds_since_success",
+              "NftpolicyApiAccessDenied": "nftpolicy_api_access_denied"}
     assert set(rules) == set(wanted)
     for alert, metric in wanted.items():
         assert metric in rules[alert]["expr"]
@@ -179,6 +180,35 @@ def test_promtool_accepts_the_rendered_rules(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(_rules(docs))} rules found" in out.stdout
+
+
+@pytest.mark.tools("promtool")
+def test_promtool_fires_access_denied_only_for_a_refusal_that_lasts(tmp_path):
+    """``promtool test rules`` on the rendered rules: a kind whose watch the API refuses for
+    10 minutes (a ClusterRoleBinding gone) fires NftpolicyApiAccessDenied after its 2 minutes,
+    with the kind and the verb; the second of refusals of a restarting kube-apiserver (the gauge
+    is 1 for one scrape, then 0), and the other kinds, fire nothing."""
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text(yaml.safe_dump(one(render("default", *ENABLED), "PrometheusRule")["spec"]))
+    series = {'nftpolicy_api_access_denied{job="nftpolicy",instance="node1",kind="Pod",verb="watch"}': "0 1x10",
+              'nftpolicy_api_access_denied{job="nftpolicy",instance="node1",kind="Pod",verb="list"}': "0x10",
+              'nftpolicy_api_access_denied{job="nftpolicy",instance="node2",kind="Pod",verb="watch"}': "0 1 0x9"}
+    labels = {"job": "nftpolicy", "instance": "node1", "kind": "Pod", "verb": "watch", "severity": "critical"}
+    fired = {"exp_labels": labels, "exp_annotations": {
+        "summary": "nftpolicy on node1: the Kubernetes API refuses to let it watch Pod objects (401 or 403)",
+        "description": "The agent enforces what it last saw and retries; Pod changes are not on this node until it is allowed again. "
+                       "The chart's ClusterRole, its ClusterRoleBinding or the ServiceAccount (its token) is missing or was changed; "
+                       "the agent's log names the verb and the resource (API ... requests refused for ...)."}}
+    tests = {"rule_files": [str(rules_file)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series.items()],
+        "alert_rule_test": [{"eval_time": "2m", "alertname": "NftpolicyApiAccessDenied", "exp_alerts": []},  # pending
+                            {"eval_time": "3m", "alertname": "NftpolicyApiAccessDenied", "exp_alerts": [fired]},
+                            {"eval_time": "10m", "alertname": "NftpolicyApiAccessDenied", "exp_alerts": [fired]}]}]}
+    tests_file = tmp_path / "tests.yaml"
+    tests_file.write_text(yaml.safe_dump(tests))
+    out = subprocess.run(["promtool", "test", "rules", str(tests_file)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
 
 
 def _exported_names(text: str) -> set[str]:

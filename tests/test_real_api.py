@@ -14,13 +14,14 @@ import time
 import pytest
 
 from nftpolicy.agent.daemon import sources
-from nftpolicy.agent.testbed.controlplane import ControlPlane
+from nftpolicy.agent.testbed.controlplane import ControlPlane, write_token_kubeconfig
 from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.daemon.store import Store
 
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api, eventually
 from .fakeapi import namespace, pod
+from .stallproxy import StallProxy
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver")]
 
@@ -102,6 +103,78 @@ def test_watch_that_the_api_server_ends(control_plane, tmp_path):
     finally:
         env.close()
         clear_api(control_plane)
+
+
+@pytest.mark.parametrize("kind", ["Pod", "ClusterNetworkPolicy"])
+def test_bookmarks_move_a_quiet_kind_on(control_plane, kind):
+    """kube-apiserver sends BOOKMARKs to the agent's watches (they ask for them), for a
+    CustomResource too, and the next watch starts from a bookmark's resourceVersion. Nothing of
+    ``kind`` is written: a namespace is, then a consistent list of ``kind`` makes its watch cache
+    catch up with etcd (a bookmark carries the cache's version, and only one newer than the
+    watch's start is sent). A watch of 4 s gets its bookmark 2 s before its end (the cacher's
+    deadline bookmark; the periodic one comes every minute)."""
+    metrics, stop = Metrics(), threading.Event()
+    store = Store(metrics)
+    source = sources.KubeSource(store, metrics, control_plane.kubeconfig, 5.0, 4, stop)
+    call, kwargs = source.calls[kind]
+    watched_from: list[str] = []
+
+    def recording(**query):
+        if query.get("watch"):
+            watched_from.append(query["resource_version"])
+        return call(**query)
+
+    source.calls[kind] = (recording, kwargs)
+    try:
+        source.start()
+        eventually(store.listed)
+        listed, held = int(source.versions[kind]), store.take()[0]
+        written = int(control_plane.apply(namespace("bookmarked", at=str(time.monotonic())))["metadata"]["resourceVersion"])
+        control_plane.items(kind)
+        eventually(lambda: int(source.versions[kind]) >= written, timeout=15)
+        bookmarked = source.versions[kind]
+        eventually(lambda: bookmarked in watched_from, timeout=10)
+        assert int(bookmarked) > listed and watched_from[0] == str(listed)
+        now = store.take()[0]
+        assert (now.pods, now.cluster_policies) == (held.pods, held.cluster_policies)  # no event of the kind came
+    finally:
+        stop.set()
+        control_plane.delete("Namespace", "bookmarked")
+
+
+def test_a_watch_behind_a_stalled_proxy_is_watched_again_within_the_idle_timeout(control_plane, tmp_path, record_property):
+    """The agent reaches kube-apiserver through a TCP proxy that stops forwarding (both
+    connections stay open: a stuck load balancer; keepalive sees live peers). A deny policy
+    written after the stall is enforced once the watches have been silent for
+    --watch-idle-timeout (3 s here, where the 60 s bookmarks cannot keep them alive: each quiet
+    watch is watched again every 3 s before the stall too), not after --watch-timeout +
+    --api-timeout (310 s, the defaults given here); from the last resourceVersion, no relist.
+    bench/silent_watch.py measures the default 130 s."""
+    with StallProxy(("127.0.0.1", control_plane.port)) as proxy:
+        env = _env(control_plane, tmp_path, ("--watch-timeout", "300", "--api-timeout", "10", "--watch-idle-timeout", "3",
+                                              "--log-level", "debug"))
+        env.kubeconfig = str(tmp_path / "proxied.kubeconfig")
+        write_token_kubeconfig(env.kubeconfig, f"https://127.0.0.1:{proxy.port}", control_plane.ca_file, control_plane.admin_token,
+                               "nftpolicy-admin")
+        try:
+            env.start_agent()
+            assert env.connects("x/c", B)
+            assert len(proxy.stall()) >= 5  # a watch per kind at least
+            since = time.monotonic()
+            env.api.put(policy("deny-b", DENY_B))
+            eventually(lambda: env.connects("x/c", B), False, timeout=30)
+            took = time.monotonic() - since
+            record_property("enforced_seconds", round(took, 2))
+            print(f"a deny policy written after the stall enforced in {took:.2f} s")
+            assert took <= 3 + 1.2 + 1.5, f"enforced {took:.1f}s after the stall"
+            assert env.metric("nftpolicy_api_retries_total", kind="NetworkPolicy", reason="silent") >= 1
+            messages = [json.loads(line).get("msg", "") for line in env.log().splitlines() if line.startswith("{")]
+            assert any(m.startswith("API NetworkPolicy watch silent for 3s") for m in messages)
+            assert not [m for m in messages if "relisting" in m]
+            assert len([m for m in messages if m.startswith("listed NetworkPolicy:")]) == 1
+        finally:
+            env.close()
+            clear_api(control_plane)
 
 
 def test_api_server_restart_keeps_rules_and_resumes(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import threading
 import time
 
@@ -20,6 +21,7 @@ from nftpolicy.agent.daemon.store import Store
 from .conftest import eventually
 from .fakeapi import FakeApiServer, namespace, node, pod
 from .fakeclock import FakeClock, InstantClock
+from .stallproxy import StallProxy
 
 
 @pytest.fixture
@@ -99,6 +101,69 @@ def test_bookmarks_advance_the_resource_version(api, source):
     listed_at = int(src.versions["Pod"])
     api.put(namespace("other"))  # bumps the version; no Pod event follows
     eventually(lambda: int(src.versions["Pod"]) > listed_at)
+
+
+def test_a_watch_that_stops_delivering_is_watched_again_from_its_resource_version(api, tmp_path, caplog):
+    """Behind a proxy that stops forwarding (both connections stay open, keepalive sees live
+    peers), each watch is given up after the idle timeout (0.6 s here; 130 s by default) and
+    watched again from the resourceVersion of its last bookmark, without a relist: a change made
+    after the stall arrives within the idle timeout plus the first retry's 0.2 to 1.2 s. Before,
+    bookmarks (every 0.2 s here) keep the quiet watches alive. Real time: the idle timeout is a
+    socket's read timeout."""
+    metrics, stop = Metrics(), threading.Event()
+    store = Store(metrics)
+    kinds = ("Namespace", "Pod", "NetworkPolicy", "Node")
+    with StallProxy(("127.0.0.1", api.port)) as proxy, caplog.at_level(logging.INFO, logger="nftpolicy.sources"):
+        kubeconfig = api.kubeconfig(str(tmp_path / "kc.json"), f"http://127.0.0.1:{proxy.port}")
+        src = KubeSource(store, metrics, kubeconfig, 2.0, 300, stop, idle_timeout=0.6)
+        assert src.read_timeout == 0.6
+        try:
+            src.start()
+            eventually(store.listed)
+            listed = {kind: int(src.versions[kind]) for kind in kinds}
+            api.put(namespace("other"))  # the quiet kinds' bookmarks move past their lists' versions
+            eventually(lambda: all(int(src.versions[kind]) > listed[kind] for kind in kinds))
+            time.sleep(1.5)  # two and a half idle timeouts of bookmarks
+            assert sum(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="silent") for k in kinds) == 0
+            stalled = proxy.stall()
+            assert len(stalled) >= len(kinds)
+            before = dict(src.versions)
+            watches = len(api.requests)
+            since = time.monotonic()
+            api.put(pod("x", "b", "10.0.0.2"))
+            eventually(lambda: "x/b" in pods(store), timeout=10)
+            took = time.monotonic() - since
+        finally:
+            stop.set()
+    assert 0.6 <= took <= 0.6 + 1.2 + 0.5, took
+    assert all(sample(metrics, "nftpolicy_api_retries_total", kind=k, reason="silent") >= 1 for k in kinds)
+    said = [r.getMessage() for r in caplog.records if "silent" in r.getMessage()]
+    for kind in kinds:
+        line = next(m for m in said if m.startswith(f"API {kind} watch silent for "))
+        assert re.fullmatch(rf"API {kind} watch silent for 1s \(no event or bookmark; kube-apiserver sends a bookmark about every "
+                            rf"60s\): watching again from resourceVersion {before[kind]} in \d\.\ds", line), line
+    again = [p for _, p, _ in api.requests[watches:] if "/pods" in p]
+    assert again and all("watch=true" in p for p in again), again  # no relist
+    assert f"resourceVersion={before['Pod']}" in again[0]
+
+
+@pytest.mark.parametrize("api_timeout, watch_timeout, idle_timeout, read_timeout", [
+    (10.0, 300, None, 130.0),  # the defaults: the idle timeout, not 310 s
+    (2.0, 20, None, 22.0),  # a watch that ends before it: its end plus the API timeout, as before
+    (10.0, 300, 5.0, 5.0), (10.0, 300, 400.0, 310.0)])
+def test_a_watch_reads_with_the_idle_timeout_unless_it_ends_sooner(tmp_path, api_timeout, watch_timeout, idle_timeout, read_timeout):
+    """The read timeout of a watch (seconds without a byte) is --watch-idle-timeout, whose
+    default is WATCH_IDLE_TIMEOUT (two bookmark periods and 10 s), or the watch's timeout plus the
+    API timeout when that is shorter (the server has ended the stream by then)."""
+    from nftpolicy.agent.cli import flags
+    from nftpolicy.agent.daemon.sources import BOOKMARK_PERIOD, WATCH_IDLE_TIMEOUT
+
+    default = flags.parser().parse_args(["agent", "--node", "n1"]).watch_idle_timeout
+    assert default == WATCH_IDLE_TIMEOUT == 2 * BOOKMARK_PERIOD + 10
+    kubeconfig = FakeApiServer().kubeconfig(str(tmp_path / "kc.json"))
+    src = KubeSource(Store(Metrics()), Metrics(), kubeconfig, api_timeout, watch_timeout, threading.Event(),
+                     idle_timeout=default if idle_timeout is None else idle_timeout)
+    assert src.read_timeout == read_timeout
 
 
 def test_cut_watch_is_retried_without_losing_events(api, source):

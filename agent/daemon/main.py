@@ -66,7 +66,8 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         ManifestsSource(store, args.manifests, stop).start()
         source = f"manifests {args.manifests}"
     else:
-        kube = KubeSource(store, metrics, args.kubeconfig, args.api_timeout, args.watch_timeout, stop)
+        kube = KubeSource(store, metrics, args.kubeconfig, args.api_timeout, args.watch_timeout, stop,
+                          idle_timeout=args.watch_idle_timeout)
         guard = DelegatedAuth(kube.api, args.api_timeout, metrics) if args.metrics_secure else None
         events = EventRecorder(KubeEventWriter(kube.api, args.api_timeout), args.node, metrics)
         store.failed_closed, kube.crd_missing = events.failed_closed, events.crd_missing

@@ -5,8 +5,11 @@ Both feed a :class:`~.store.Store` (the in-memory cluster of model objects).
 The API source follows the list/watch protocol of the Kubernetes API concepts page: list, then
 watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; ``410 Gone`` (or an
 ``ERROR`` event) means relist; a watch that ends or times out reconnects from the last
-resourceVersion; every request has a client-side timeout, and every connection TCP keepalive (a
-watch whose path died silently is reset within seconds). 401 and 403 (a restarting API server
+resourceVersion (a BOOKMARK's too); every request has a client-side timeout, and every
+connection TCP keepalive (a watch whose path died silently is reset within seconds). A watch
+stream that stays open but brings neither an event nor a bookmark for ``idle_timeout`` seconds
+(a stuck proxy or load balancer, which keepalive cannot see) is dead: it is watched again from
+the last resourceVersion (see :data:`WATCH_IDLE_TIMEOUT`). 401 and 403 (a restarting API server
 refuses requests until its authorizer has loaded; a RoleBinding being replaced), 429 (honouring
 ``Retry-After``), 5xx and connection errors are retried with exponential backoff and jitter
 (tenacity), as client-go's reflectors retry them; a refusal that lasts is reported once per kind.
@@ -60,6 +63,25 @@ RETRY_JITTER = 1.0
 # API server) per second on each idle connection: 5 connections per node. (client-go asks for
 # 30 s idle and Go's 15 s x 9 probes: 165 s.)
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 1, 1, 2
+# Watch bookmarks (k8s.io/apiserver v0.36.3, pkg/storage/cacher): kube-apiserver's watch cache
+# sends a BOOKMARK (an object of the kind with only metadata.resourceVersion) to every watch that
+# asked for them every defaultBookmarkFrequency = time.Minute (cacher.go; a constant, no flag sets
+# it), and one 2 s before the watch's deadline when that comes first (cache_watcher.go,
+# nextBookmarkTime). Watches wait in buckets of one second, which a timer of 1 to 1.25 s
+# (wait.Jitter(time.Second, 0.25)) empties: a bookmark comes 59 to 62.5 s after the one before.
+# But it carries the cache's resourceVersion, and process() sends only what is newer than the
+# resourceVersion the watch started from: a watch that starts at the cache's current version gets
+# no bookmark until the cache moves (a write to that resource, or a progress notification from
+# etcd, which any consistent list asks for). Measured on the test bed's kube-apiserver 1.36 with
+# nothing written (bench/silent_watch.py): the first bookmark of a quiet kind after 60 or 120 s,
+# then one every 59.5 to 61 s, for CustomResources (ClusterNetworkPolicy) too. So a watch silent
+# for two periods and a margin is dead: WATCH_IDLE_TIMEOUT, the read timeout of a watch request
+# (urllib3's is per recv: the seconds without a byte), --watch-idle-timeout. A false alarm costs one
+# watch request from the same resourceVersion (no relist). With kube-apiserver's --watch-cache=false
+# a watch is served by etcd and gets no bookmark at all (etcd3/watcher.go): a quiet kind is then
+# watched again every idle timeout.
+BOOKMARK_PERIOD = 60.0
+WATCH_IDLE_TIMEOUT = 2 * BOOKMARK_PERIOD + 10.0
 REFUSED = (401, 403)  # retried like 5xx (see _retryable)
 REFUSED_GRACE = 10.0  # seconds of refusals of one kind before they are reported as an error (once)
 LIST_PAGE = 500  # objects per list request (client-go's pager uses 500 too)
@@ -77,7 +99,18 @@ class RelistNeeded(Exception):
         self.code = code
 
 
+class SilentWatch(Exception):
+    """A watch stream that brought nothing, not even a bookmark, for ``seconds``: retried from the
+    last resourceVersion like a connection error (reason ``silent``)."""
+
+    def __init__(self, seconds: float, version: str) -> None:
+        super().__init__(f"no event or bookmark for {seconds:.0f}s")
+        self.seconds, self.version = seconds, version
+
+
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, SilentWatch):
+        return "silent"
     if isinstance(exc, RelistNeeded):
         return "5xx" if exc.code >= 500 else str(exc.code)
     if isinstance(exc, k8s.ApiException):
@@ -113,7 +146,7 @@ def _retryable(exc: BaseException) -> bool:
     replaced), 429, 5xx, no answer (status 0), connection and protocol errors."""
     if isinstance(exc, k8s.ApiException):
         return exc.status in REFUSED or exc.status == 429 or (exc.status or 0) >= 500 or exc.status == 0
-    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError, ValueError))
+    return isinstance(exc, (SilentWatch, urllib3.exceptions.HTTPError, OSError, ValueError))
 
 
 def keepalive_options() -> list[tuple[int, int, int]]:
@@ -189,13 +222,17 @@ class KubeSource:
     own for its addresses, the others for ClusterNetworkPolicy ``nodes`` peers) and, when their
     CRD is installed, ClusterNetworkPolicies.
 
-    One thread per kind. ``api_timeout`` bounds every request (seconds, client side; a watch's
-    read timeout is ``watch_timeout`` + ``api_timeout``, so a dead connection cannot hang).
-    Retry delays, backoff and the seconds since a kind's last success are on ``clock``.
+    One thread per kind. ``api_timeout`` bounds every request (seconds, client side). A watch
+    asks the server to end it after ``watch_timeout`` seconds; its read timeout (seconds without
+    a byte) is ``idle_timeout``, or ``watch_timeout`` + ``api_timeout`` when that is shorter, so
+    a stream that stays open but stops delivering is given up (:class:`SilentWatch`) and watched
+    again from the last resourceVersion. Retry delays, backoff and the seconds since a kind's
+    last success are on ``clock``.
     """
 
     def __init__(self, store: Store, metrics: Metrics, kubeconfig: str | None,
-                 api_timeout: float, watch_timeout: int, stop: threading.Event, clock: Clock = REAL_TIME) -> None:
+                 api_timeout: float, watch_timeout: int, stop: threading.Event, clock: Clock = REAL_TIME,
+                 idle_timeout: float = WATCH_IDLE_TIMEOUT) -> None:
         configuration = k8s.Configuration()
         try:
             if kubeconfig:
@@ -219,6 +256,7 @@ class KubeSource:
         self.store, self.metrics, self.stop = store, metrics, stop
         self.clock = clock  # every pause and every "how long since" (tests give their own)
         self.api_timeout, self.watch_timeout = api_timeout, watch_timeout
+        self.read_timeout = min(idle_timeout, watch_timeout + api_timeout)  # of a watch: seconds without a byte
         self.versions: dict[str, str] = {}
         self.absent: set[str] = set()  # optional kinds whose resource the API does not have
         self.api = api  # for the Events writer
@@ -240,8 +278,9 @@ class KubeSource:
         """Seconds since ``kind``'s last successful API response (0 while its watch is open)."""
         return 0.0 if kind in self._streaming else self.clock.now() - self._succeeded[kind]
 
-    def _success(self, kind: str) -> None:
-        self._succeeded[kind] = self.clock.now()
+    def _success(self, kind: str, at: float | None = None) -> None:
+        """``kind``'s API answered (at ``at`` on the clock; now by default)."""
+        self._succeeded[kind] = self.clock.now() if at is None else at
         refused = self._refused.pop(kind, None)
         if refused is not None:
             self._reported.discard(kind)
@@ -296,6 +335,11 @@ class KubeSource:
             pause = state.next_action.sleep if state.next_action else 0.0
             if isinstance(exc, k8s.ApiException) and exc.status in REFUSED:
                 self._refusal(kind, verb, exc, pause)
+                return
+            if isinstance(exc, SilentWatch):
+                log.warning("API %s watch silent for %.0fs (no event or bookmark; kube-apiserver sends a bookmark about every "
+                            "%.0fs): watching again from resourceVersion %s in %.1fs", kind, exc.seconds, BOOKMARK_PERIOD,
+                            exc.version, pause, extra={"kind": kind, "reason": reason})
                 return
             log.warning("API %s request failed (%s), retry %d in %.1fs", kind, describe(exc), state.attempt_number,
                         pause, extra={"kind": kind, "reason": reason})
@@ -403,20 +447,25 @@ class KubeSource:
         log.debug("listed %s: %d objects in %d pages at resourceVersion %s", kind, count, pages["count"], self.versions[kind])
 
     def _watch(self, kind: str) -> None:
-        """One watch from the last seen resourceVersion until the server ends it."""
+        """One watch from the last seen resourceVersion until the server ends it. Every event's
+        resourceVersion is kept, a BOOKMARK's too (it has nothing else), so the next watch
+        starts there. Raises :class:`SilentWatch` when nothing came for :attr:`read_timeout`
+        seconds."""
         call, kwargs = self.calls[kind]
         version = self.versions[kind]
         try:
             response = call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
-                            _request_timeout=(self.api_timeout, self.watch_timeout + self.api_timeout), **kwargs)
+                            _request_timeout=(self.api_timeout, self.read_timeout), **kwargs)
         except k8s.ApiException as exc:
             if exc.status == 410:
                 raise RelistNeeded(f"resourceVersion {version} is gone") from None
             raise
+        heard = self.clock.now()  # the last byte: the answer's headers, then each line
         self._success(kind)
         self._streaming.add(kind)
         try:
             for line in iter_resp_lines(response):
+                heard = self.clock.now()
                 if self.stop.is_set():
                     break
                 event = orjson.loads(line)
@@ -427,9 +476,12 @@ class KubeSource:
                 if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
                     self.store.apply(kind, kind_of_event, obj)
                 self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
+            heard = self.clock.now()  # the end of the stream
+        except urllib3.exceptions.ReadTimeoutError:
+            raise SilentWatch(self.clock.now() - heard, self.versions[kind]) from None
         finally:
             self._streaming.discard(kind)
-            self._success(kind)  # the stream lasted until now
+            self._success(kind, heard)  # the stream answered until its last byte
             response.release_conn()
 
 
