@@ -93,8 +93,10 @@ class HttpServer:
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
         start = asyncio.start_unix_server if self._unix_path else asyncio.start_server
-        server = self._loop.run_until_complete(start(self._serve, sock=self._sock, limit=MAX_HEAD))
-        ready.set()
+        try:
+            server = self._loop.run_until_complete(start(self._serve, sock=self._sock, limit=MAX_HEAD))
+        finally:
+            ready.set()  # a server that could not start: its thread ends, and connections are refused
         try:
             self._loop.run_forever()
         finally:
