@@ -85,6 +85,13 @@ def agent_role(docs: list[dict]) -> dict:
     return role
 
 
+def agent_rbac(docs: list[dict]) -> tuple[dict, dict, dict]:
+    """The agent's ClusterRole, the ClusterRoleBinding of that role and the ServiceAccount."""
+    role = agent_role(docs)
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]]
+    return role, binding, one(docs, "ServiceAccount")
+
+
 def granted(role: dict) -> set[tuple[str, str, str]]:
     """A ClusterRole's resource rules as (resource as RBAC names it: plural.group, verb) pairs."""
     return {(f"{resource}.{group}" if group else resource, verb) for rule in role["rules"] for group in rule.get("apiGroups", ())
@@ -244,11 +251,9 @@ REVIEWS = {("tokenreviews.authentication.k8s.io", "create"), ("subjectaccessrevi
 def test_rbac_reads_what_the_agent_watches_and_writes_events_and_reviews_only(name, extra, reviews):
     """Reads, Events, and with --metrics-secure the token and access reviews: nothing else."""
     docs = render(name, *extra)
-    role = agent_role(docs)
+    role, binding, account = agent_rbac(docs)
     assert granted(role) == READS | EVENTS | (REVIEWS if reviews else set())
     assert not any(d["kind"] in ("Role", "RoleBinding") for d in docs)
-    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]]
-    account = one(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}]
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]

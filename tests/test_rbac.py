@@ -17,7 +17,7 @@ from nftpolicy.agent.testbed.controlplane import ControlPlane
 from .agentenv import AgentEnv, RealApi
 from .conftest import eventually
 from .fakeapi import pod
-from .test_chart import NAMESPACE, agent_role, one, render
+from .test_chart import NAMESPACE, agent_rbac, render
 from .test_secure_metrics import scrape
 from .test_events import DNS_POLICY
 
@@ -31,8 +31,7 @@ DENY_B = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metada
 @pytest.fixture(scope="module")
 def chart_rbac():
     docs = render("default")
-    role, account = agent_role(docs), one(docs, "ServiceAccount")
-    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]]
+    role, binding, account = agent_rbac(docs)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}]
     return role, binding, account
 
