@@ -290,9 +290,12 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
     root = Path(buildah("mount", image.container).stdout.strip())
     started = time.time() - 1
     log = tmp_path / "agent.log"
-    env = env_of(container) | {flags.env_name("--manifests"): "/examples/shop"}
-    args = image.run_args("nftpolicy", "agent", env=env,
-                          volumes={str(REPO / "examples"): "/examples:ro"}, caps=pod_capabilities())
+    # --manifests: no API server to check tokens with, so no secure metrics (test_the_image_serves_tls_...)
+    env = env_of(container) | {flags.env_name("--manifests"): "/examples/shop", flags.env_name("--metrics-secure"): "false"}
+    run = tmp_path / "run"  # the chart's in-memory volume of the debug socket
+    run.mkdir()
+    args = image.run_args("nftpolicy", "agent", env=env, volumes={str(REPO / "examples"): "/examples:ro", str(run): "/run/nftpolicy"},
+                          caps=pod_capabilities())
     with log.open("w") as output:
         agent = subprocess.Popen(["ip", "netns", "exec", ns, *buildah_command(*args)],
                                  stdin=subprocess.DEVNULL, stdout=output, stderr=output)
@@ -304,6 +307,7 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
             time.sleep(0.3)
         assert http_get(ns, port, container["livenessProbe"]["httpGet"]["path"])[0] == 200
         assert http_get(ns, port, "/metrics")[0] == 200
+        assert (run / "debug.sock").is_socket()
         assert f"table inet {env_of(container)[flags.env_name('--table')]}" in nft(ns, "list", "tables")
         # SIGTERM to the agent itself, as the kubelet sends it (buildah would SIGKILL it).
         [pid] = [p for p in _descendants(agent.pid) if _is_agent(Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0"))]
@@ -315,3 +319,12 @@ def test_agent_in_the_image_with_the_chart_environment(image, make_netns, tmp_pa
             agent.wait()
     assert "nftables feature missing" not in log.read_text()
     assert _written(root, started) == []
+
+
+def test_the_image_serves_tls_with_a_certificate_it_makes(image):
+    """--metrics-secure's self-signed certificate needs the cryptography wheel's compiled parts
+    in the image: made, loaded into a TLS context and served, in the image's Python."""
+    out = image.run("/opt/nftpolicy/bin/python", "-c",
+                    "from nftpolicy.agent.daemon.serving import ServingCertificate; "
+                    "print(ServingCertificate(None, None, ['node1'])().protocol.name)")
+    assert out.stdout.strip() == "PROTOCOL_TLS_SERVER"

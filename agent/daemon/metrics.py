@@ -34,6 +34,12 @@ class Metrics:
             "nftpolicy_api_access_denied",
             "1 while the API server refuses (401 or 403) this agent's requests to list or watch a kind (retried with backoff), else 0.",
             ["kind", "verb"], registry=r)
+        self.http_auth = Counter(
+            "nftpolicy_http_auth", "Requests for a path behind --metrics-secure, by result: allowed, unauthenticated (401: no or a bad "
+            "token), forbidden (403: the SubjectAccessReview said no), error (503: the API server could not be asked), "
+            "rate_limited (429: too many tokens to check at once).", ["result"], registry=r)
+        for result in ("allowed", "unauthenticated", "forbidden", "error", "rate_limited"):
+            self.http_auth.labels(result)
         self.watch_seconds_since_success = Gauge(
             "nftpolicy_watch_seconds_since_success",
             "Seconds since the last successful API response for a kind (0 while its watch is open): alert when it grows.",
