@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 def _bare_package() -> None:
@@ -53,15 +53,18 @@ def query_name(keyword: str) -> str:
 
 
 def request(api: client.ApiClient, method: str, path: str, timeout: Any, query: Mapping[str, Any] | None = None,
-            body: Any = None, content_type: str | None = None) -> Any:
+            body: Any = None, content_type: str | None = None, accept: str = "application/json",
+            error_body: Callable[[bytes], str | None] | None = None) -> Any:
     """``method`` on ``path`` (``/api/v1/pods``) through ``api`` (its configuration: server,
     TLS, credentials, default headers), with ``query`` (the generated methods' keywords, None
     values left out, in their order: the API's names sorted), ``body`` (sent as JSON, with
-    ``content_type`` if given, else the client's ``application/json``) and ``timeout`` (seconds, or a (connect, read)
+    ``content_type`` if given, else the client's ``application/json``), ``accept`` (the
+    ``Accept`` header) and ``timeout`` (seconds, or a (connect, read)
     pair). Returns the urllib3 response, its body unread (read it, or stream it and
     ``release_conn()``). Raises ``ApiException`` for an answer outside 2xx (its status, reason,
-    headers and body), and with status 0 when there is no answer, as the generated methods do."""
-    headers = {"Accept": "application/json"}
+    headers and body: ``error_body``'s text of it when that gives one, e.g. a protobuf Status as
+    JSON), and with status 0 when there is no answer, as the generated methods do."""
+    headers = {"Accept": accept}
     if content_type is not None:
         headers["Content-Type"] = content_type
     params = sorted((query_name(k), v) for k, v in (query or {}).items() if v is not None)
@@ -69,8 +72,9 @@ def request(api: client.ApiClient, method: str, path: str, timeout: Any, query: 
                                      auth_settings=["BearerToken"])
     response = api.call_api(*serialized, _request_timeout=timeout)
     if not 200 <= response.status <= 299:
-        response.read()
-        raise client.ApiException.from_response(http_resp=response, body=None, data=None)
+        data = response.read()
+        text = error_body(data) if error_body is not None and data else None
+        raise client.ApiException.from_response(http_resp=response, body=text, data=None)
     return response.response
 
 
@@ -79,13 +83,14 @@ class Collection:
     ``watch=True``. Called as the generated ``list_*`` methods are with ``_preload_content=False``
     (query parameters as their keywords: ``limit``, ``_continue``, ``watch``,
     ``resource_version``, ...; ``_request_timeout``), it returns the unread urllib3 response
-    (:func:`request`)."""
+    (:func:`request`), asking for ``accept`` (an error's body read by ``error_body``)."""
 
-    def __init__(self, api: client.ApiClient, path: str) -> None:
-        self.api, self.path = api, path
+    def __init__(self, api: client.ApiClient, path: str, accept: str = "application/json",
+                 error_body: Callable[[bytes], str | None] | None = None) -> None:
+        self.api, self.path, self.accept, self.error_body = api, path, accept, error_body
 
     def __repr__(self) -> str:
-        return f"Collection({self.path})"
+        return f"Collection({self.path}, {self.accept})"
 
     def __call__(self, _request_timeout: Any = None, **query: Any) -> Any:
-        return request(self.api, "GET", self.path, _request_timeout, query)
+        return request(self.api, "GET", self.path, _request_timeout, query, accept=self.accept, error_body=self.error_body)
