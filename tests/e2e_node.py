@@ -247,15 +247,16 @@ def trace_problem(port: int, code: int, out: str) -> str | None:
     """What is wrong with ``kubectl nftpolicy trace``'s exit ``code`` and standard output ``out``
     for a connection from the plugin checks' client to their server on TCP/``port`` (80, allowed:
     exit 0, the policy's rule 0 allowed it and nothing dropped it; any other, denied: exit 1,
-    the policy matched nothing and the server's pod chain rejected it, which the kernel's trace
-    reports as ``drop``: docs/commands.md, trace); None when nothing is. Each step is a line
+    the policy matched nothing and the server's pod chain rejected it with a TCP reset, which the
+    kernel's trace reports as ``drop`` and nftpolicy's as the reject it is: docs/commands.md,
+    trace); None when nothing is. Each step is a line
     ``  CHAIN: WHAT -> VERDICT``."""
     steps = [line.strip().split(": ", 1)[1] for line in out.splitlines() if line.startswith("  ") and ": " in line]
     policy, pod = f"policy {PLUGIN_NAMESPACE}/{PLUGIN_POLICY} ingress", f"pod {PLUGIN_NAMESPACE}/server"
     if port == 80:
         want_code, wanted = 0, [f"{policy} rule 0 (allows) -> return", f"{pod} ingress allowed -> return"]
     else:
-        want_code, wanted = 1, [f"{policy}: no rule matched -> return", f"{pod} reject ingress -> drop"]
+        want_code, wanted = 1, [f"{policy}: no rule matched -> return", f"{pod} reject ingress -> reject with tcp reset"]
     problems = [f"exit {code}, expected {want_code}"] if code != want_code else []
     problems += [f"no step {w!r}" for w in wanted if w not in steps]
     if port == 80 and any(step.endswith("-> drop") for step in steps):

@@ -512,7 +512,7 @@ BAD_AGENT_VALUES = [
     {"httpAddress": "[zz::1]:9476"}, {"httpAddress": "a b:9476"},
     {"table": "a.b"}, {"table": "1table"}, {"priority": 2147483648},
     {"minSyncInterval": -1}, {"resyncInterval": 0}, {"apiTimeout": 0}, {"watchTimeout": 0}, {"watchTimeout": 1.5}, {"watchIdleTimeout": 0},
-    {"logFormat": "xml"}, {"logLevel": "trace"},
+    {"logFormat": "xml"}, {"logLevel": "trace"}, {"denyAction": "REJECT"}, {"denyAction": "deny"}, {"denyAction": True},
 ]
 GOOD_AGENT_VALUES = [
     {"serviceCidrs": ["10.96.0.0/12", "fd00:10:96::/108"]}, {"externalCidrs": ["0.0.0.0/0", "::/0", "::ffff:10.0.0.0/104"]},
@@ -520,7 +520,7 @@ GOOD_AGENT_VALUES = [
     {"policyMark": "0x80000000", "passedMark": 1}, {"passedMark": "0x200000"}, {"minSyncInterval": 0},
     {"passMark": "0x80000"}, {"passMark": 1}, {"policyMark": "0x40000", "passMark": "0x100000"},
     {"httpAddress": "[::]:9476"}, {"httpAddress": "127.0.0.1:1"}, {"httpAddress": "localhost:9476"},
-    {"httpAddress": ":9476"}, {"table": "my_table-2"}, {"priority": -2147483648},
+    {"httpAddress": ":9476"}, {"table": "my_table-2"}, {"priority": -2147483648}, {"denyAction": "drop"}, {"denyAction": "reject"},
 ]
 
 

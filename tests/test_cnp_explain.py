@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from nftpolicy.translators.cases import load_case, target_address
-from nftpolicy.translators.verdict import Connection, enforcement_from_json, enforcement_json, enforcement_of, verdict_lines
+from nftpolicy.translators.rules import Config
+from nftpolicy.translators.verdict import REFUSAL_TEXT, Connection, enforcement_from_json, enforcement_json, enforcement_of, verdict_lines
 
 from .test_verdict import LAYOUTS, build_cluster, case_manifests, sandbox_addresses
 
@@ -58,7 +59,25 @@ def test_a_deny_names_its_tier_policy_and_rule(pass_chain):
     # deny-y-admin (Admin, priority 2) selects every namespace: y's traffic into z is denied
     assert lines(pass_chain, "y/a", "z/a")[0] == "DENIED  y/a -> z/a TCP/80"
     assert lines(pass_chain, "y/a", "z/a")[2] == ("  ingress of z/a: denied by the Admin tier: ClusterNetworkPolicy deny-y-admin "
-                                                   "rule 0 (from pods in namespaces ns=y: (any) on any port)")
+                                                   "rule 0 (from pods in namespaces ns=y: (any) on any port); "
+                                                   "the kernel drops it (no answer: the client times out)")
+    assert (pass_chain[1].verdict(Connection(pass_chain[0].pods["y/a"].ips[0], pass_chain[0].pods["z/a"].ips[0], "TCP", 80))
+            .ingress.refusal) == "drop"
+
+
+@pytest.mark.parametrize("deny_action, protocol, refusal", [
+    ("reject", "TCP", "TCP reset"), ("reject", "UDP", "ICMP port unreachable"), ("reject", "SCTP", "ICMP port unreachable"),
+    ("drop", "TCP", "drop"), ("drop", "UDP", "drop")])
+def test_the_implicit_deny_says_what_the_kernel_does(pass_chain, deny_action, protocol, refusal):
+    """x's NetworkPolicy denies what y sends after pass-y passed it: --deny-action decides what
+    the kernel does, and explain names it (the JSON's ``refusal`` too)."""
+    cluster = pass_chain[0]
+    enforcement = enforcement_of(cluster, ("node1",), Config(deny_action=deny_action))
+    verdict = enforcement.verdict(Connection(cluster.pods["y/a"].ips[0], cluster.pods["x/a"].ips[0], protocol, 80))
+    assert verdict.allowed is False and verdict.ingress.refusal == refusal
+    assert verdict.as_json()["ingress"]["refusal"] == refusal
+    assert verdict_lines(verdict)[2].endswith("; " + REFUSAL_TEXT[refusal])
+    assert verdict.egress.refusal is None  # allowed: nothing refused
 
 
 def test_a_pass_goes_on_to_the_networkpolicy_and_a_baseline_pass_to_the_default(pass_chain):
@@ -94,8 +113,8 @@ def test_a_nodes_peer_decision_names_the_peer_and_the_node():
         f"{node1} is an address of node node1"]
     assert to_node("x/a", "node2", "TCP", 80)[1] == (
         "  egress of x/a: denied by the Admin tier: ClusterNetworkPolicy x-to-nodes rule 1 (to nodes (any) on any port), "
-        f"{node2} is an address of node node2")
+        f"{node2} is an address of node node2; the kernel drops it (no answer: the client times out)")
     assert to_node("y/a", "node2", "UDP", 81)[1] == (
         "  egress of y/a: denied by the Baseline tier: ClusterNetworkPolicy y-baseline-workers rule 0 (to nodes role=worker on UDP/81), "
-        f"{node2} is an address of node node2")
+        f"{node2} is an address of node node2; the kernel drops it (no answer: the client times out)")
     assert to_node("y/a", "node2", "UDP", 80)[0].startswith("ALLOWED")  # passed by the Admin tier, not denied by the Baseline one

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from nftpolicy.translators import iptables, layout
 from nftpolicy.translators.model import IPBlock
 from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import Config
 
 from .conftest import example_cluster
 
@@ -110,6 +111,23 @@ def test_example_renders_kube_routers_topology():
     assert "hash:ip,port family inet" in sets and "add TMP-KUBE-PORT-TDLZJ4AODB2WVLTO 10.244.1.11,tcp:9090" in sets
     node2 = iptables.to_ipset(layout.table(build_rule_model(example_cluster(), "node2")))
     assert re.search(r"add (\S+) 10\.244\.1\.0/24\nadd \1 10\.244\.1\.10 nomatch\n", node2)
+
+
+def test_the_deny_action_drop_becomes_one_drop_per_pod_chain_in_both_families():
+    """--deny-action drop: each pod chain's two REJECTs become one DROP (the same match), in
+    iptables-restore and ip6tables-restore input; reject stays kube-router's default."""
+    syn = synthetic.generate(pods=200, policies=30, namespaces=6, dual_stack=True)
+    for cluster, node, family in ((example_cluster(), "node1", "ipv4"), (syn.cluster, synthetic.NODE, "ipv6")):
+        dropped = layout.table(build_rule_model(cluster, node, Config(deny_action="drop")))
+        text = iptables.to_restore(dropped, family)
+        _check_table(text, iptables.to_ipset(dropped))
+        pod_chains = [c.name for c in dropped.chains if c.name.startswith(("KUBE-POD-IN-", "KUBE-POD-EG-"))
+                      and layout.refused_by(c.rules[-2]) and re.search(rf"-j {c.name}$", text, re.M)]
+        assert "REJECT" not in text and pod_chains, family
+        for name in pod_chains:
+            assert len(re.findall(rf"^-A {name} .*-m mark ! --mark 0x10000/0x10000 -j DROP$", text, re.M)) == 1
+        rejected = iptables.to_restore(layout.table(build_rule_model(cluster, node)), family)
+        assert "--reject-with tcp-reset" in rejected and not re.search(r"^-A KUBE-POD-\S+ .* -j DROP$", rejected, re.M)
 
 
 def test_ipv6_renders_for_ip6tables_and_inet6_sets():

@@ -218,6 +218,7 @@ def agent_pod(namespace: str, node: str, ip: str, port: int) -> dict:
                                      "env": [{"name": "NFTPOLICY_TABLE", "value": "ours"},
                                              {"name": "NFTPOLICY_SERVICE_CIDR", "value": "10.96.0.0/12,fd00:96::/108"},
                                              {"name": "NFTPOLICY_PASS_MARK", "value": "0x80000"},
+                                             {"name": "NFTPOLICY_DENY_ACTION", "value": "drop"},
                                              {"name": "NFTPOLICY_LOG_LEVEL", "value": "info"}]}]},
             "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}
 
@@ -304,7 +305,7 @@ def test_trace_runs_nftpolicy_trace_with_the_agents_table_settings():
     pod = agent_pod("nftpolicy-system", "node1", "192.0.2.2", 9476)
     assert trace_argv(pod, "10.0.0.1", "10.0.0.2", "TCP/80", 20) == [
         "nftpolicy", "trace", "--from", "10.0.0.1", "--to", "10.0.0.2", "--timeout", "20", "--port", "TCP/80",
-        "--agent", "http://127.0.0.1:9479", "--table", "ours", "--pass-mark", "0x80000", "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/108"]
+        "--agent", "http://127.0.0.1:9479", "--table", "ours", "--pass-mark", "0x80000", "--deny-action", "drop", "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/108"]
     assert "--port" not in trace_argv(pod, "10.0.0.1", "10.0.0.2", None, 20)
     env = pod["spec"]["containers"][0]["env"]
     env.append({"name": "NFTPOLICY_DEBUG_ADDRESS"})  # "": no endpoint (the API leaves the empty value out)

@@ -121,35 +121,37 @@ def test_each_scrape_gives_the_listings_memory_back(monkeypatch):
 
 
 def test_labels_come_from_the_chain_owners_and_the_pod_chain_names():
-    def rule(chain, comment, field, packets, reject=True):
+    def rule(chain, comment, field, packets, reject=True, verdict="reject"):
         expr = [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": field}}, "right": "10.0.0.1"}},
                 {"counter": {"packets": packets, "bytes": 60 * packets}}]
-        expr.append({"reject": None} if reject else {"return": None})
+        expr.append({verdict: None} if reject else {"return": None})
         return {"chain": chain, "comment": comment, "expr": expr}
 
     long_policy = "shop/" + "a-name-longer-than-the-128-bytes-nft-keeps-of-a-comment-" * 4
     assert len(long_policy) > 128
-    owners = {"KUBE-POD-IN-X": ChainOwner(direction="ingress", pod="shop/api-0"), "KUBE-POD-EG-X": ChainOwner(direction="egress", pod="shop/api-0"), "KUBE-NWPLCY-P": ChainOwner("shop/api-ingress", "ingress"),
+    owners = {"KUBE-POD-IN-X": ChainOwner(direction="ingress", pod="shop/api-0"), "KUBE-POD-EG-X": ChainOwner(direction="egress", pod="shop/api-0"),
+              "KUBE-POD-EG-Y": ChainOwner(direction="egress", pod="shop/db-0"), "KUBE-NWPLCY-P": ChainOwner("shop/api-ingress", "ingress"),
               "KUBE-NWPLCY-Q": ChainOwner(long_policy, "egress")}
     sums = tally([
         rule("KUBE-POD-IN-X", "shop/api-0 reject ingress", "daddr", 2),
         rule("KUBE-POD-IN-X", "shop/api-0 reject ingress", "daddr", 3),  # the tcp reset and the other reject add up
         rule("KUBE-POD-EG-X", "shop/api-0 reject egress", "saddr", 1),
+        rule("KUBE-POD-EG-Y", "shop/db-0 drop egress", "saddr", 8, verdict="drop"),  # --deny-action drop
         rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 0", "saddr", 4, reject=False),
         rule("KUBE-NWPLCY-P", "shop/api-ingress ingress rule 1", "saddr", 5, reject=False),
         rule("KUBE-NWPLCY-Q", long_policy[:128], "daddr", 6, reject=False),  # the comment nft keeps: cut
         rule("KUBE-NWPLCY-R", "x/changed-by-hand ingress rule 0", "saddr", 7, reject=False),  # no chain of the model
     ], owners)
-    assert sums.denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1}
+    assert sums.denied == {("shop", "api-0", "ingress"): 5, ("shop", "api-0", "egress"): 1, ("shop", "db-0", "egress"): 8}
     assert sums.allowed == {("shop", "api-ingress", "ingress"): 9, ("shop", long_policy[5:], "egress"): 6, ("", "KUBE-NWPLCY-R", "unknown"): 7}
 
 
 def test_tier_denies_are_named_by_the_counted_origins_in_chain_order():
-    """A tier chain's k-th counted rule is its owner's k-th counted origin (the tcp reset and the
-    other reject of one rule add up); a chain the model does not know, or whose counted rules
+    """A tier chain's k-th counted rule is its owner's k-th counted origin (two counted rules of
+    one origin add up: a Deny rule with two peers); a chain the model does not know, or whose counted rules
     differ from the model's, counts under its own name."""
     def rule(chain, packets):
-        return {"chain": chain, "comment": "cut or changed: never read", "expr": [{"counter": {"packets": packets, "bytes": 0}}, {"reject": None}]}
+        return {"chain": chain, "comment": "cut or changed: never read", "expr": [{"counter": {"packets": packets, "bytes": 0}}, {"drop": None}]}
 
     deny_0 = RuleOrigin("guard", "egress", 0, "Admin", "Deny")
     deny_2 = RuleOrigin("guard", "egress", 2, "Admin", "Deny", "rest")

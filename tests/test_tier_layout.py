@@ -61,17 +61,50 @@ def test_each_action_becomes_its_verdict_in_written_order():
     actions = [r.statements[-2:] for r in tier.rules]
     deny_log = Log("nftpolicy deny Admin ingress rule 2 p: ", CONFIG.nflog_group)
     assert actions == [(SetMark(CONFIG.policy_mark), VerdictStatement("return")), (SetMark(CONFIG.pass_mark), VerdictStatement("return")),
-                       (Limit(*layout.LOG_RATE), deny_log), (CounterStatement(), Reject(tcp_reset=True)), (CounterStatement(), Reject())]
+                       (Limit(*layout.LOG_RATE), deny_log), (CounterStatement(), VerdictStatement("drop"))]
     assert tier.rules[0].statements[1:3] == (Protocols(("tcp",)), DestinationPorts(80, 80))
     assert tier.rules[1].statements[1:3] == (Protocols(("udp",)), DestinationPorts(53, 60))
-    assert tier.rules[3].statements[1] == Protocols(("tcp",))
+    assert tier.rules[3].statements[1:] == (CounterStatement(), VerdictStatement("drop"))  # every protocol, no answer
     assert all(isinstance(r.statements[0], AddressInSet) and r.statements[0].field == "saddr" for r in tier.rules)
     assert [r.comment for r in tier.rules] == ["p Admin ingress rule 0 (Accept)", "p Admin ingress rule 1 (Pass)",
-                                               *["p Admin ingress rule 2 (Deny)"] * 3]
+                                               *["p Admin ingress rule 2 (Deny)"] * 2]
+    assert not any(isinstance(s, Reject) for r in tier.rules for s in r.statements)
 
 
-def test_a_deny_is_logged_once_then_counted_on_each_reject_and_named_from_its_origin():
-    """The NFLOG rule comes first (the pod chains' rate), then a counter before each reject; the
+@pytest.mark.parametrize("deny_action", ["reject", "drop"])
+def test_a_deny_drops_whatever_the_deny_action(deny_action):
+    """--deny-action is NetworkPolicy's implicit deny only: a Deny rule drops in either case
+    ("Deny: Drops the selected traffic", network-policy-api v0.3.0)."""
+    cluster, errors = build_cluster(("t", o) for o in [*PODS, cnp("p", "Admin", 1, ingress=[
+        {"action": "Deny", "from": FROM_Y, "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]}])])
+    assert not errors
+    (tier,) = chain(layout.table(build_rule_model(cluster, "n1", Config(deny_action=deny_action))), "KUBE-ANP-")
+    assert [layout.refused_by(r) for r in tier.rules] == [None, "drop"]
+
+
+@pytest.mark.parametrize("deny_action, refusals", [
+    ("reject", [((Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), "x/a reject ingress"),
+                ((CounterStatement(), Reject()), "x/a reject ingress")]),
+    ("drop", [((CounterStatement(), VerdictStatement("drop")), "x/a drop ingress")]),
+])
+def test_the_implicit_deny_of_a_pod_chain_follows_the_deny_action(deny_action, refusals):
+    """What no NetworkPolicy allowed: kube-router's reject by default (a TCP reset, else ICMP
+    port unreachable), one counted drop with --deny-action drop; logged first either way, with
+    the same prefix."""
+    cluster, errors = build_cluster(("t", o) for o in [*PODS, NETPOL])
+    assert not errors
+    config = Config(deny_action=deny_action)
+    (pod_chain,) = chain(layout.table(build_rule_model(cluster, "n1", config)), "KUBE-POD-IN-")
+    refusing = [r for r in pod_chain.rules if layout.refused_by(r)]
+    assert [(r.statements[1:], r.comment) for r in refusing] == refusals
+    assert all(r.statements[0] == Unmarked(config.policy_mark) for r in refusing)
+    log = pod_chain.rules[pod_chain.rules.index(refusing[0]) - 1]
+    assert log.statements[-1] == Log("nftpolicy reject ingress x/a: ", config.nflog_group)
+    assert {layout.refused_by(r) for r in refusing} == {deny_action}
+
+
+def test_a_deny_is_logged_once_then_counted_on_its_drop_and_named_from_its_origin():
+    """The NFLOG rule comes first (the pod chains' rate), then a counter before the drop; the
     renderer's chain owners name each counted rule by its origin, in chain order."""
     objects = [cnp("p", "Admin", 1, ingress=[
         {"action": "Accept", "from": FROM_Y, "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]},
@@ -89,7 +122,7 @@ def test_a_deny_is_logged_once_then_counted_on_each_reject_and_named_from_its_or
         [Limit(*layout.LOG_RATE), Log(f"nftpolicy deny Admin ingress rule {i} p: ", CONFIG.nflog_group)] for i in (1, 2)]
     counted = renderer.chain_owners()[tier.name].counted
     assert [(o.tier, o.policy, o.direction, o.index, o.name) for o in counted] == [
-        ("Admin", "p", "ingress", 1, ""), ("Admin", "p", "ingress", 2, "rest"), ("Admin", "p", "ingress", 2, "rest")]
+        ("Admin", "p", "ingress", 1, ""), ("Admin", "p", "ingress", 2, "rest")]
     assert counted == layout.counted_origins(CONFIG, tier)
 
 

@@ -46,8 +46,24 @@ def test_a_denied_packet_shows_the_reject():
     assert result.returncode == 1, result.stderr
     assert lines[0] == "TRACE  shop/frontend-7d9c8b6f5-x2k4p -> shop/db-0 TCP/5432: refused"
     assert "  KUBE-NWPLCY-VHTYM5YFL6X3MAZN: policy shop/frontend-egress egress: no rule matched -> return" in lines
-    reject = lines.index("  KUBE-POD-EG-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject egress -> drop")
+    reject = lines.index("  KUBE-POD-EG-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject egress -> reject with tcp reset")
     assert lines[reject + 1:] == ["node node2:", "  (no packet of it in our table here)"]  # refused before it left node1
+
+
+@pytest.mark.parametrize("port, line", [
+    ("udp/5432", "  KUBE-POD-EG-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p reject egress -> reject with icmpx port-unreachable"),
+    ("tcp/5432", None),
+])
+def test_the_trace_says_whether_the_kernel_answered_or_dropped(port, line):
+    """kube-router's reject answers (a TCP reset, ICMP port unreachable for the rest); with
+    --deny-action drop the pod chain drops and the trace says so (the monitor calls both drop)."""
+    rejected = trace("--from", "shop/frontend", "--to", "shop/db", "--port", port, SHOP)
+    dropped = trace("--deny-action", "drop", "--from", "shop/frontend", "--to", "shop/db", "--port", port, SHOP)
+    assert rejected.returncode == dropped.returncode == 1, rejected.stderr + dropped.stderr
+    if line is not None:
+        assert line in rejected.stdout.splitlines()
+    assert "  KUBE-POD-EG-HI2GIINJHVFH5SJE: pod shop/frontend-7d9c8b6f5-x2k4p drop egress -> drop" in dropped.stdout.splitlines()
+    assert "reject with" not in dropped.stdout
 
 
 def test_a_packet_our_table_never_saw_is_never_seen_not_refused():

@@ -26,6 +26,7 @@ Shape of one family's filter table (``to_restore(table, "ipv4")``; ``"ipv6"`` is
     -A KUBE-POD-IN-<hash> -m mark ! --mark 0x10000/0x10000 -m limit --limit 10/min --limit-burst 10 -j NFLOG --nflog-group 100
     -A KUBE-POD-IN-<hash> -p tcp -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with tcp-reset
     -A KUBE-POD-IN-<hash> -m mark ! --mark 0x10000/0x10000 -j REJECT --reject-with icmp-port-unreachable
+                                             (--deny-action drop: -m mark ! --mark 0x10000/0x10000 -j DROP instead of both)
     -A KUBE-POD-IN-<hash> -j MARK --set-xmark 0x20000/0x30000                    (clear the policy mark, set passed)
     (KUBE-POD-EG-<hash> the same for egress, without the node's ACCEPT)
     -A KUBE-NWPLCY-<hash> [-p tcp] -m set --match-set KUBE-PODS-<hash> src [-m tcp --dport 80[:90]] -j MARK --set-xmark 0x10000/0x10000
@@ -41,7 +42,7 @@ Deliberately unlike kube-router, and like our nft ruleset: a pod has a chain per
 within 28 characters), entered on ``-d`` for ingress and ``-s`` for egress, so a policy chain is
 jumped only for its own direction (also for policies with both types), ICMP echo
 is left to the policies, the KUBE-ROUTER-* chains end without kube-router's ``KUBE-NWPLCY-TAIL``
-ACCEPT (we only ever reject; everything else is left to the rest of the table), and there are no
+ACCEPT (we only ever refuse; everything else is left to the rest of the table), and there are no
 ``physdev`` rules (pods are routed, not bridged). The nft ruleset's "allowed" returns (a marked
 packet leaves the pod chain at once) are left out: iptables cannot match a mark, change it and
 return in one rule, and the rules after them give the same verdict.

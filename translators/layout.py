@@ -18,10 +18,10 @@ Marks are only ever changed under a mask (:class:`SetMark`, :class:`ClearMark`: 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal, Sequence, Union
 
 from .model import Direction, Family, family_of
-from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
+from .rules import AddressSet, Config, DenyAction, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
 
 Field = Literal["saddr", "daddr"]
 Hook = Literal["input", "forward", "output"]
@@ -49,7 +49,7 @@ ESSENTIAL_ICMP: dict[Family, tuple[str, ...]] = {
              "nd-router-solicit", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"),
 }
 NODE_PORT_PROTOCOLS = ("tcp", "udp", "sctp")
-LOG_RATE = (10, "minute", 10)  # NFLOG of rejected packets (a pod chain's, a Deny rule's): rate, per, burst (as kube-router)
+LOG_RATE = (10, "minute", 10)  # NFLOG of refused packets (a pod chain's, a Deny rule's): rate, per, burst (as kube-router)
 
 
 # ---- statements: matches ------------------------------------------------------------------------
@@ -359,17 +359,41 @@ def deny_log_prefix(origin: RuleOrigin) -> str:
     return f"nftpolicy deny {origin.tier} {origin.direction} rule {origin.index} {origin.policy}: "
 
 
+def refusal(action: DenyAction, matches: Sequence[Statement], text: str, origin: RuleOrigin | None = None) -> list[Rule]:
+    """The counted rules that refuse what ``matches`` match: ``drop`` is one counted ``drop``
+    (the sender hears nothing and times out); ``reject`` answers as kube-router does, a TCP
+    reset for TCP, then ICMP (ICMPv6) port unreachable for anything else, each answer behind
+    its own counter (nft's ``reject with tcp reset`` and ``reject``; iptables' REJECT
+    ``--reject-with``). Every rule carries ``text`` and ``origin``."""
+    if action == "drop":
+        return [Rule((*matches, CounterStatement(), VerdictStatement("drop")), text, origin)]
+    return [Rule((*matches, Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), text, origin),
+            Rule((*matches, CounterStatement(), Reject()), text, origin)]
+
+
+def refused_by(rule: Rule) -> Literal["reject", "drop"] | None:
+    """How ``rule`` refuses the packets it matches: ``reject`` (it answers them), ``drop`` (it
+    discards them), or None (it refuses nothing)."""
+    for s in rule.statements:
+        if isinstance(s, Reject):
+            return "reject"
+        if s == VerdictStatement("drop"):
+            return "drop"
+    return None
+
+
 def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     """One (peer, port) match of a ClusterNetworkPolicy rule (the peer is the source for
     ingress, the destination for egress) and its action: ``Accept`` sets the policy mark and
     returns (the pod chain's later jumps, NetworkPolicies included, test the mark: "no further
-    ClusterNetworkPolicy or NetworkPolicy rules will be processed"); ``Deny`` rejects (a TCP
-    reset for TCP); ``Pass`` sets the pass mark and returns (the pod chain skips the rest of the
-    tier). The matches are :func:`peer_and_port`'s. Source: network-policy-api v0.2.0,
-    ClusterNetworkPolicyRuleAction.
+    ClusterNetworkPolicy or NetworkPolicy rules will be processed"); ``Deny`` drops ("Deny:
+    Drops the selected traffic", network-policy-api v0.3.0; its conformance suite passes a
+    denied connection only when it times out); ``Pass`` sets the pass mark and returns (the pod
+    chain skips the rest of the tier). The matches are :func:`peer_and_port`'s. Source:
+    network-policy-api v0.3.0, ClusterNetworkPolicyRuleAction.
 
-    A ``Deny`` is logged and counted as a pod chain's reject is: first NFLOG with
-    :func:`deny_log_prefix` (at most :data:`LOG_RATE`), then each reject behind a counter (the
+    A ``Deny`` is logged and counted as a pod chain's refusal is: first NFLOG with
+    :func:`deny_log_prefix` (at most :data:`LOG_RATE`), then the drop behind a counter (the
     agent's ``nftpolicy_cluster_denied_packets`` metric, by the rule's origin)."""
     matches, text, origin = peer_and_port(chain.direction, rule), rule.comment, rule.origin
     if origin.action == "Accept":
@@ -377,18 +401,12 @@ def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     if origin.action == "Pass":
         return [Rule((*matches, SetMark(config.pass_mark), VerdictStatement("return")), text, origin)]
     log = Rule((*matches, Limit(*LOG_RATE), Log(deny_log_prefix(origin), config.nflog_group)), text, origin)
-    protocol = rule.port.protocol if rule.port else None
-    if protocol == "TCP":
-        return [log, Rule((*matches, CounterStatement(), Reject(tcp_reset=True)), text, origin)]
-    if protocol is not None:
-        return [log, Rule((*matches, CounterStatement(), Reject()), text, origin)]
-    return [log, Rule((*matches, Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), text, origin),
-            Rule((*matches, CounterStatement(), Reject()), text, origin)]
+    return [log, *refusal("drop", matches, text, origin)]
 
 
 def counted_origins(config: Config, chain: TierChain) -> tuple[RuleOrigin, ...]:
     """The origins of the rules of ``chain``'s layout that hold a :class:`CounterStatement`, in chain
-    order (its ``Deny`` rejects): the k-th counter the kernel lists in that chain is the k-th."""
+    order (its ``Deny`` drops): the k-th counter the kernel lists in that chain is the k-th."""
     return tuple(r.origin for r in tier_chain(config, chain).rules if r.origin is not None and CounterStatement() in r.statements)
 
 
@@ -410,8 +428,9 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     this direction: clear the mark, set the passed mark and return (the first allow ends the
     walk, and no reject below could match a marked packet); the base chain then dispatches the
     other direction, so a packet between two addresses of one pod (hairpin through a Service)
-    is decided by both. Then, where NetworkPolicies isolate the direction, NFLOG and a counted
-    reject of what nothing allowed; clear the policy mark and set the passed mark.
+    is decided by both. Then, where NetworkPolicies isolate the direction, NFLOG and the counted
+    refusal of what nothing allowed (:func:`refusal`, as ``config.deny_action`` says: reject by
+    default, as kube-router); clear the policy mark and set the passed mark.
 
     The node itself may always reach its pods (kubelet probes; the NetworkPolicy concepts page:
     "traffic to and from the node where a Pod is running is always allowed"): in the ingress
@@ -427,8 +446,10 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     could set the mark.
 
     A direction that no NetworkPolicy isolates jumps ``KUBE-NWPLCY-DEFAULT``, which always sets
-    the mark (a ClusterNetworkPolicy Deny before it rejects in its tier chain), so it needs no
-    reject."""
+    the mark (a ClusterNetworkPolicy Deny before it drops in its tier chain), so it needs no
+    refusal: the API has no implicit deny of its own ("If a given connection wasn't allowed or
+    denied by any of the tiers, the default kubernetes policy is applied, which says that all
+    pods can communicate with each other", network-policy-api v0.3.0, ``spec.tier``)."""
     unmarked = Unmarked(config.policy_mark)
     in_tier = Unmarked(config.policy_mark | config.pass_mark)
     policies = dict(pod.tier_policies)
@@ -453,11 +474,10 @@ def pod_chain(config: Config, pod: PodChain) -> Chain:
     if direction == "ingress":
         rules.append(Rule((unmarked, LocalAddress("saddr"), VerdictStatement("accept")), f"{pod.pod} from the local node"))
     if pod.policies is not None:
-        rules += [
-            Rule((unmarked, Limit(*LOG_RATE), Log(log_prefix(direction, pod.pod), config.nflog_group)), f"{pod.pod} log rejected {direction}"),
-            Rule((unmarked, Protocols(("tcp",)), CounterStatement(), Reject(tcp_reset=True)), f"{pod.pod} reject {direction}"),
-            Rule((unmarked, CounterStatement(), Reject()), f"{pod.pod} reject {direction}"),
-        ]
+        done = {"reject": "rejected", "drop": "dropped"}[config.deny_action]
+        rules.append(Rule((unmarked, Limit(*LOG_RATE), Log(log_prefix(direction, pod.pod), config.nflog_group)),
+                          f"{pod.pod} log {done} {direction}"))
+        rules += refusal(config.deny_action, (unmarked,), f"{pod.pod} {config.deny_action} {direction}")
     rules.append(Rule((passed,), f"{pod.pod} passed"))
     return Chain(pod.name, tuple(rules))
 

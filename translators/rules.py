@@ -30,6 +30,11 @@ from typing import Any, Literal
 
 from .model import Action, Direction, Family, Protocol, Tier
 
+# What the kernel does with a packet no NetworkPolicy allowed where one isolates the pod
+# (``--deny-action``): ``reject`` answers it (a TCP reset, else ICMP port unreachable: the client
+# fails at once, as with kube-router), ``drop`` discards it (the client times out).
+DenyAction = Literal["reject", "drop"]
+DENY_ACTIONS: tuple[DenyAction, ...] = ("reject", "drop")
 FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
 COMMENT_MAX_BYTES = 128
 
@@ -41,7 +46,9 @@ class Config:
     ``priority`` is the base chains' hook priority (0 is nft's ``filter``); marks are bit masks;
     ``pass_mark`` is set by a ClusterNetworkPolicy ``Pass`` rule and lives only inside a pod
     chain (cleared before its tier ends); ``node_port_range`` is inclusive; CIDR strings may
-    mix families.
+    mix families. ``deny_action`` is what a pod chain does with what no NetworkPolicy allowed
+    (:data:`DenyAction`; a ClusterNetworkPolicy ``Deny`` always drops: see
+    :func:`~nftpolicy.translators.layout.tier_rule`).
     """
 
     table: str = "nftpolicy"
@@ -53,6 +60,7 @@ class Config:
     node_port_range: tuple[int, int] | None = (30000, 32767)
     external_cidrs: tuple[str, ...] = ()
     nflog_group: int = 100
+    deny_action: DenyAction = "reject"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ from .tablewalk import Step, TableWalker, Walk, canonical
 
 Exemption = Literal["own address", "established", "essential ICMP error", "node-local source", "service cluster IP",
                     "node port", "external IP"]
+# What the kernel does with a packet the table refuses (layout.refusal): an answer, or nothing.
+Refusal = Literal["TCP reset", "ICMP port unreachable", "drop"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class DirectionVerdict:
     cluster_rule: RuleSummary | None = None  # the ClusterNetworkPolicy rule that decided
     cluster_action: str | None = None  # its tier and action: "Admin Deny", "Baseline Accept"
     peer_node: str | None = None  # the Node whose address the other end is (a nodes peer matches it)
+    refusal: Refusal | None = None  # what the kernel does with the packet when it is not allowed
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,8 @@ class Enforcement:
         ended = walk.ended_by
         if walk.allowed and ended is not None:
             return dataclasses.replace(side, exemption=_exemption(ended.rule, index.model.config))
+        if not walk.allowed and walk.ended_by is not None:
+            side = dataclasses.replace(side, refusal=_refusal(walk.ended_by.rule))
         decided = _deciding_rule(index, walk)
         if decided is not None:
             chain, rule = decided
@@ -292,6 +297,15 @@ def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, M
         if step.rule.origin is not None and step.rule.origin.action != "Pass":
             return index.made_from(step)
     return None
+
+
+def _refusal(rule: layout.Rule) -> Refusal:
+    """What refusing ``rule`` (one :func:`~nftpolicy.translators.layout.refusal` laid out) makes
+    the kernel do: answer with a TCP reset or ICMP (ICMPv6) port unreachable, or drop."""
+    reject = next((s for s in rule.statements if isinstance(s, layout.Reject)), None)
+    if reject is None:
+        return "drop"
+    return "TCP reset" if reject.tcp_reset else "ICMP port unreachable"
 
 
 def _exemption(rule: layout.Rule, config: Config) -> Exemption:
@@ -366,6 +380,12 @@ def _rule_text(summary: RuleSummary, with_policy: bool, verb: str = "") -> str:
     return f"{name} {verb} {what}" if verb else f"{name} ({what})"
 
 
+REFUSAL_TEXT: dict[str, str] = {
+    "TCP reset": "the kernel rejects it with a TCP reset",
+    "ICMP port unreachable": "the kernel rejects it with ICMP port unreachable",
+    "drop": "the kernel drops it (no answer: the client times out)",
+}
+
 EXEMPTION_TEXT: dict[str, str] = {
     "own address": "allowed: to its own address (it never leaves the pod)",
     "established": "allowed: an established or related connection",
@@ -393,7 +413,7 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
         verb = "allowed" if action == "Accept" else "denied"
         peer = conn.destination if side.direction == "egress" else conn.source
         node = f", {peer} is an address of node {side.peer_node}" if side.peer_node is not None else ""
-        return f"{head}: {verb} by the {tier} tier: ClusterNetworkPolicy {_rule_text(side.cluster_rule, True)}{node}"
+        return f"{head}: {verb} by the {tier} tier: ClusterNetworkPolicy {_rule_text(side.cluster_rule, True)}{node}{_refused(side)}"
     if not side.isolated:
         return f"{head}: not isolated (no policy selects it for {side.direction}), allowed"
     isolated = f"isolated by {', '.join(side.policies)}"
@@ -402,7 +422,12 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
     peer = conn.destination if side.direction == "egress" else conn.source
     target = f"{_name(verdict, peer)} on {conn.text()}"
     allowing = "; ".join(_rule_text(s, len(side.policies) > 1, "allows") for s in side.rules) or "its policies have no rules: deny all"
-    return f"{head}: {isolated}; no rule allows {target} ({allowing})"
+    return f"{head}: {isolated}; no rule allows {target} ({allowing}){_refused(side)}"
+
+
+def _refused(side: DirectionVerdict) -> str:
+    """``; the kernel drops it (...)`` for a refused direction, else ``""``."""
+    return f"; {REFUSAL_TEXT[side.refusal]}" if side.refusal is not None else ""
 
 
 def _name(verdict: Verdict, address: str) -> str:

@@ -15,7 +15,7 @@ import sys
 from importlib.metadata import version
 from typing import Any, Callable, NoReturn, Sequence
 
-from nftpolicy.translators.rules import Config
+from nftpolicy.translators.rules import DENY_ACTIONS, Config
 
 from nftpolicy.translators.errors import OneLineError
 from nftpolicy.agent.dataplane.netns import NETNS_DIR, RUN_TAG_ENV
@@ -276,8 +276,9 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) -> None:
     """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`.
-    ``table=False``: only the exemptions (service, node-port and external ranges), for a command
-    whose answer the table's name, priority and marks do not change (``explain``)."""
+    ``table=False``: only the deny action and the exemptions (service, node-port and external
+    ranges), for a command whose answer the table's name, priority and marks do not change
+    (``explain``)."""
     defaults = Config()
     if table:
         parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
@@ -286,6 +287,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) ->
         parser.add_argument("--passed-mark", type=_mark, default=defaults.passed_mark, help="mark bit set on traffic that passed a pod chain (default 0x20000)")
         parser.add_argument("--pass-mark", type=_mark, default=defaults.pass_mark,
                             help="mark bit a ClusterNetworkPolicy Pass rule sets, cleared before its pod chain ends (default 0x40000)")
+    parser.add_argument("--deny-action", choices=DENY_ACTIONS, default=defaults.deny_action,
+                        help="what a pod chain does with traffic no NetworkPolicy allowed: reject (a TCP reset, else ICMP port "
+                             "unreachable: the client fails at once, as with kube-router) or drop (the client times out); "
+                             "a ClusterNetworkPolicy Deny always drops (default %(default)s)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
@@ -305,7 +310,7 @@ def config_from(args: argparse.Namespace) -> Config:
     return Config(
         table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark, pass_mark=args.pass_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
-        node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr),
+        node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr), deny_action=args.deny_action,
     )
 
 

@@ -1,13 +1,14 @@
 """The kernel's rule counters as Prometheus metrics, read when Prometheus scrapes.
 
-Every reject rule of a pod chain, every allow rule of a policy chain and every reject of a
-ClusterNetworkPolicy ``Deny`` rule in a tier chain carries a counter
+Every refusal of a pod chain (its rejects, or its drop with ``--deny-action drop``), every allow
+rule of a policy chain and every drop of a ClusterNetworkPolicy ``Deny`` rule in a tier chain
+carries a counter
 (:class:`nftpolicy.translators.layout.CounterStatement`). :class:`RuleCounters` is a prometheus_client
 custom collector: on each scrape it lists our table through the dataplane (a terse list: rules
 and their counters, no set element) and sums the counters into
 
-* ``nftpolicy_denied_packets_total{namespace, pod, direction}``: packets rejected because no
-  policy allowed them, for that direction of that local pod;
+* ``nftpolicy_denied_packets_total{namespace, pod, direction}``: packets refused (rejected or
+  dropped, as ``--deny-action`` says) because no policy allowed them, for that direction of that local pod;
 * ``nftpolicy_allowed_packets_total{namespace, policy, direction}``: packets a rule of that
   policy allowed (only a connection's first packet walks the chains: later ones are accepted
   as established before the dispatch);
@@ -28,7 +29,7 @@ Labels come from the chain owners of the model the agent committed
 (:meth:`~nftpolicy.translators.noderender.NodeRenderer.chain_owners`: a pod chain's pod, a policy
 chain's policy and direction, a tier chain's tier, policy, direction and the origin of each of
 its counted rules in chain order, which the kernel lists in the same order; never from a rule
-comment or an NFLOG prefix, which only describe and which nft cuts at 128 bytes), the reject's
+comment or an NFLOG prefix, which only describe and which nft cuts at 128 bytes), the refusal's
 direction from its pod chain's name (``KUBE-POD-IN-``: ingress, ``KUBE-POD-EG-``: egress). A chain the committed
 model does not know (our table changed by hand), or a tier chain whose counted rules are not the
 model's, is counted under its own name with direction (and rule) ``unknown``.
@@ -49,7 +50,7 @@ from nftpolicy.translators.rules import ChainOwner
 
 from nftpolicy.agent.dataplane.nftables import release_memory
 
-DENIED = ("nftpolicy_denied_packets", "Packets rejected because no policy allowed them, by local pod and direction.",
+DENIED = ("nftpolicy_denied_packets", "Packets refused (rejected or dropped) because no policy allowed them, by local pod and direction.",
           ["namespace", "pod", "direction"])
 ALLOWED = ("nftpolicy_allowed_packets", "Packets (a connection's first) that a rule of the policy allowed, by policy and direction.",
            ["namespace", "policy", "direction"])
@@ -96,7 +97,7 @@ def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tall
         owner = owners.get(chain)
         direction = next((d for d, prefix in POD_CHAIN_PREFIX.items() if chain.startswith(prefix)), None)
         if direction is not None:  # a pod chain: its direction is in its name
-            if any("reject" in e for e in rule["expr"]):
+            if any("reject" in e or "drop" in e for e in rule["expr"]):
                 sums.denied[(*_split(owner.pod if owner is not None and owner.pod else chain), direction)] += _packets(rule)
         elif chain.startswith(tuple(TIER_CHAIN_PREFIX.values())):
             tier_rules.setdefault(chain, []).append(rule)

@@ -63,11 +63,14 @@ _RULE = re.compile(r"^(?:rule .* # handle |unknown rule handle )(?P<handle>\d+) 
 @dataclass(frozen=True)
 class Step:
     """One trace event in our table: ``chain``, what matched (``rule`` comment, or ``policy``
-    for a base chain's end) and the verdict."""
+    for a base chain's end) and the verdict (the kernel's: a reject's is ``drop``); ``answer``:
+    what a rejecting rule sent back first (``tcp reset``, ``icmpx port-unreachable``: nft's
+    words), "" for any other."""
 
     chain: str
     what: str
     verdict: str
+    answer: str = ""
 
 
 GUARD = "nftpolicy-trace-"  # + token: the abstract unix socket a running trace holds
@@ -159,12 +162,14 @@ class Listed:
     """A rule of our table as the kernel lists it: ``chain``, ``comment`` and, when the model
     the table was made from is known, the layout ``rule`` at its place (with its origin);
     ``taught``: for a rule that matches the traced address in a domainNames peer's set, the DNS
-    name whose answer put it there (the agent's, from ``--agent``)."""
+    name whose answer put it there (the agent's, from ``--agent``); ``answer``: what the rule
+    sends back when it rejects (:func:`reject_answer`), "" for any other."""
 
     chain: str
     comment: str
     rule: layout.Rule | None = None
     taught: str = ""
+    answer: str = ""
 
 
 def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
@@ -183,8 +188,20 @@ def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
         decided = chains.get(chain, ())
         for i, rule in enumerate(rules):
             decided_rule = decided[i] if len(decided) == len(rules) else None
-            found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided_rule, _taught(decided_rule, learned, conn))
+            found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided_rule, _taught(decided_rule, learned, conn),
+                                                reject_answer(rule))
     return found
+
+
+def reject_answer(rule: Mapping[str, Any]) -> str:
+    """What a listed rule (libnftables JSON) sends back when it rejects, in nft's words: ``tcp
+    reset``, ``icmpx port-unreachable`` (its type and code); "" for a rule that does not reject.
+    The trace monitor gives a reject's verdict as ``drop``: this tells the two apart."""
+    for expr in rule.get("expr") or ():
+        if "reject" in expr:
+            how = expr["reject"] or {}
+            return " ".join(str(how[k]) for k in ("type", "expr") if how.get(k)) or "icmpx port-unreachable"
+    return ""
 
 
 def _taught(rule: layout.Rule | None, learned: Mapping[str, Mapping[str, str]] | None, conn: Connection | None) -> str:
@@ -248,7 +265,8 @@ def follow(lines: Iterable[str], table: str, token: str, rules: Mapping[int, Lis
             continue
         rule = _RULE.match(rest)
         if rule:
-            steps.append(Step(chain, rule_text(rules.get(int(rule.group("handle")))), rule.group("verdict")))
+            listed = rules.get(int(rule.group("handle")))
+            steps.append(Step(chain, rule_text(listed), rule.group("verdict"), listed.answer if listed is not None else ""))
             if rule.group("verdict") in ("accept", "drop"):
                 break
         elif rest.startswith("policy "):
@@ -259,8 +277,11 @@ def follow(lines: Iterable[str], table: str, token: str, rules: Mapping[int, Lis
 
 
 def step_text(step: Step) -> str:
-    """``  KUBE-NWPLCY-...: policy shop/api-ingress ingress rule 0 (allows) -> return``."""
-    return f"  {step.chain}: {step.what} -> {step.verdict}"
+    """``  KUBE-NWPLCY-...: policy shop/api-ingress ingress rule 0 (allows) -> return``; a
+    refusal says what the kernel did: ``-> reject with tcp reset`` (it answered, then dropped),
+    ``-> drop`` (no answer)."""
+    verdict = f"reject with {step.answer}" if step.answer and step.verdict == "drop" else step.verdict
+    return f"  {step.chain}: {step.what} -> {verdict}"
 
 
 def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, token: str, timeout: float,
