@@ -168,7 +168,8 @@ def test_watch_frames_are_read_and_what_the_serializer_never_writes_is_refused()
                                    "reason": "Expired", "code": 410})
     for broken, why in ((stream[:-3], "cut inside a frame"), (stream[:2], "cut inside a frame's length"),
                         ((kubeproto.MAX_FRAME + 1).to_bytes(4, "big"), "watch frame of"),
-                        (frame("ADDED", "Node", b""), "a watch event of Pod expected")):
+                        (frame("ADDED", "Node", b""), "a watch event of Pod expected"),
+                        (frame("ERROR", "Pod", b""), "a watch ERROR event holds a Status")):
         with pytest.raises(kubeproto.ProtobufError, match=why):
             list(kubeproto.watch_events(Stream(broken), "Pod"))
     with pytest.raises(kubeproto.ProtobufError, match="must start with"):

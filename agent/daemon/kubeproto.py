@@ -126,7 +126,9 @@ def watch_events(response: Any, kind: str) -> Iterator[tuple[str, Any]]:
             raise ProtobufError(f"watch stream cut inside a frame ({len(frame)} of {size} bytes)")
         event = _parse(k8s_pb2.WatchEvent, frame)
         got, raw = unwrap(event.object.raw)
-        if event.type == "ERROR" and got == "Status":
+        if event.type == "ERROR":
+            if got != "Status":
+                raise ProtobufError(f"a watch ERROR event holds a Status, got {got!r}")
             yield event.type, status(raw)
         elif got and got != kind:
             raise ProtobufError(f"a watch event of {kind} expected, got {got!r}")

@@ -147,14 +147,18 @@ class ElementSocket:
 
     def commit(self, table: str, changes: Sequence[tuple[str, str, Iterable[Any]]]) -> None:
         """Commit ``changes`` (see :func:`batch`) as one kernel transaction; raises NetlinkError
-        (nothing committed) naming the first refused message's verb, set and errno."""
+        (nothing committed) naming the first refused message's verb, set and errno, or the
+        socket's error (an answer not in :data:`ACK_TIMEOUT` seconds: whether the kernel took
+        the batch is then unknown, and the caller's next full sync settles it)."""
         with self._lock:
             try:
                 self._commit(table, changes)
-            except BaseException:
+            except BaseException as exc:
                 if self._socket is not None:
                     self._socket.close()
                     self._socket = None
+                if isinstance(exc, OSError):  # the socket failed or the kernel did not answer in ACK_TIMEOUT
+                    raise NetlinkError(f"element batch on inet {table}: {exc}") from None
                 raise
 
     def _commit(self, table: str, changes: Sequence[tuple[str, str, Iterable[Any]]]) -> None:
