@@ -36,10 +36,8 @@ import yaml
 
 from . import kubeproto
 from .clock import REAL_TIME, Clock
-from .kubeclient import Collection
+from .kubeclient import Collection, ConfigException, iter_resp_lines, load_configuration
 from .kubeclient import client as k8s
-from .kubeclient import config as k8s_config
-from .kubeclient import iter_resp_lines
 from .manifestfiles import manifest_files, read_objects
 from .metrics import Metrics
 from .store import JSON, KINDS, Reader, Store
@@ -237,11 +235,8 @@ class KubeSource:
                  idle_timeout: float = WATCH_IDLE_TIMEOUT) -> None:
         configuration = k8s.Configuration()
         try:
-            if kubeconfig:
-                k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            else:
-                k8s_config.load_incluster_config(client_configuration=configuration)
-        except (k8s_config.ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
+            load_configuration(kubeconfig, configuration)
+        except (ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
             raise SourceError(f"cannot read kubeconfig {kubeconfig}: {reason}" if kubeconfig else
                               f"no in-cluster configuration ({reason}): outside a pod, give --kubeconfig") from None
