@@ -464,6 +464,7 @@ def test_an_expired_continue_token_relists_at_once(tmp_path):
 
         class Page:
             data = b'{"metadata": {"resourceVersion": "7", "continue": "t1"}, "items": []}'
+            headers = {"Content-Type": "application/json"}
         return Page()
 
     api = FakeApiServer()

@@ -23,10 +23,11 @@ import orjson
 
 from nftpolicy.translators import nft
 from nftpolicy.translators.nft import Json
-from nftpolicy.translators.rules import TimedAddress
-from nftpolicy.translators.transaction import Replace, Transaction, removing
+from nftpolicy.translators.rules import AddressSet, TimedAddress
+from nftpolicy.translators.layout import VerdictMap
+from nftpolicy.translators.transaction import Elements, OurTable, Replace, SetName, Transaction, removing
 
-from . import DataplaneError, netns
+from . import DataplaneError, netns, nfnetlink
 
 
 class NftError(DataplaneError):
@@ -113,6 +114,8 @@ class NftDataplane:
         self.table, self.netns = table, netns_name
         self._elements = KeptContext(self._entered)  # the DNS hold's own (add_timed_elements)
         self._deltas = KeptContext(self._entered)  # the commits that do not replace the table (run)
+        self._netlink = nfnetlink.ElementSocket(self._entered)  # element-only commits (_elements_only)
+        self._kinds: dict[str, str] = {}  # our sets' and maps' kinds, from what we committed
 
     def __repr__(self) -> str:
         return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
@@ -128,11 +131,46 @@ class NftDataplane:
         cache libnftables built of the whole table. Every other one (the incremental syncs')
         runs in one context kept for them, made at the first: making a context and its netlink
         socket at each commit cost more CPU than parsing a small commit (bench/churn.py,
-        docs/benchmarks.md). A refused commit drops that context too (the next is a fresh one)."""
+        docs/benchmarks.md). A refused commit drops that context too (the next is a fresh one).
+        A commit of nothing but set and map elements goes through netlink (:meth:`_elements_only`)."""
         if any(isinstance(op, Replace) for op in tx.operations):
             self._cmd(nft.transaction_json(tx))
-            return
-        self._deltas.cmd(nft.transaction_json(tx))
+        elif (elements := self._elements_only(tx)) is not None:
+            self._netlink.commit(self.table, elements)
+        else:
+            self._deltas.cmd(nft.transaction_json(tx))
+        self._remember_kinds(tx)
+
+    def _elements_only(self, tx: Transaction) -> list[tuple[str, str, tuple[Any, ...]]] | None:
+        """``tx`` as ``(verb, set, elements)`` when it changes only elements of sets and maps
+        whose elements are keys (:data:`nfnetlink.KEYED_KINDS`, as we created them), besides
+        ``add`` of our table (a no-op where it is: without the table the elements are refused,
+        and the next sync replaces it); else None (libnftables commits it). Such a commit goes
+        through netlink: libnftables would first dump the namespace's whole ruleset
+        (:mod:`.nfnetlink`)."""
+        changes: list[tuple[str, str, tuple[Any, ...]]] = []
+        for op in tx.operations:
+            if isinstance(op, Replace):
+                return None
+            if isinstance(op.object, OurTable) and op.verb == "add":
+                continue
+            if not isinstance(op.object, Elements) or self._kinds.get(op.object.name, "") not in nfnetlink.KEYED_KINDS:
+                return None
+            changes.append((op.verb, op.object.name, op.object.elements))
+        return changes
+
+    def _remember_kinds(self, tx: Transaction) -> None:
+        """After ``tx`` was committed: the kinds of the sets and maps it made or removed."""
+        for op in tx.operations:
+            if isinstance(op, Replace):
+                self._kinds = {s.name: s.kind for s in op.table.sets} | {m.name: "map" for m in op.table.maps}
+                continue
+            if isinstance(op.object, (AddressSet, VerdictMap)) and op.verb == "add":
+                self._kinds[op.object.name] = op.object.kind if isinstance(op.object, AddressSet) else "map"
+            elif isinstance(op.object, OurTable) and op.verb == "delete":
+                self._kinds.clear()
+            elif isinstance(op.object, SetName) and op.verb == "delete":
+                self._kinds.pop(op.object.name, None)
 
     def check(self, tx: Transaction) -> None:
         """Have the kernel check ``tx`` and commit nothing (libnftables' dry run: the batch goes
