@@ -9,8 +9,9 @@ connections, watch it:
 
 * ``nftpolicy``: the agent's real API source, ``KubeSource`` (list + watch of Pods,
   Namespaces, NetworkPolicies, ClusterNetworkPolicies and Nodes) feeding a ``Store``, without
-  the renderer: consistent lists in pages of 500, then watches (``nftpolicy limit=N``: the same
-  with pages of N objects, a candidate page size);
+  the renderer: consistent lists in pages of 500, then watches, in protobuf where the kind has
+  it (``nftpolicy limit=N``: the same with pages of N objects, a candidate page size;
+  ``nftpolicy json``: the same asking only for JSON, as the agent did before protobuf);
 * ``client-go``: ``tools/k8s/informers`` (``.tools/bin/informers``), one set of client-go
   v0.36 informers per agent (Pods, Namespaces, NetworkPolicies, Nodes), each on its own
   connection: kube-router's way; client-go v0.36 lists with streaming lists (WatchListClient);
@@ -60,18 +61,20 @@ from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary  # no
 RUNNER = "--agent-runner"  # this script, started as one simulated nftpolicy agent
 
 
-def agent_runner(kubeconfig: str, list_page: int | None) -> None:
+def agent_runner(kubeconfig: str, list_page: int | None, json_only: bool) -> None:
     """One simulated agent: KubeSource + Store (lists in pages of ``list_page`` objects when
-    given, else the agent's own). Prints ``ready`` once imported, starts at the first line on
-    stdin, prints ``{"synced_s": seconds}`` once every kind is listed, and exits when stdin
-    closes."""
-    from nftpolicy.agent.daemon import sources
+    given, else the agent's own; JSON only with ``json_only``). Prints ``ready`` once imported,
+    starts at the first line on stdin, prints ``{"synced_s": seconds}`` once every kind is
+    listed, and exits when stdin closes."""
+    from nftpolicy.agent.daemon import kubeproto, sources
     from nftpolicy.agent.daemon.metrics import Metrics
     from nftpolicy.agent.daemon.sources import KubeSource
     from nftpolicy.agent.daemon.store import Store
 
     if list_page is not None:
         sources.LIST_PAGE = list_page
+    if json_only:
+        kubeproto.UNAVAILABLE = "JSON asked for (bench/api_server_cost.py: nftpolicy json)"
 
     metrics, stop = Metrics(), threading.Event()
     store = Store(metrics)
@@ -97,9 +100,10 @@ class Agents:
     def prepare(self) -> None:
         """Start the processes up to the point where they wait for the signal."""
         if self.client.startswith("nftpolicy"):
-            page = self.client.partition(" limit=")[2]  # a candidate page size: "nftpolicy limit=5000"
+            page = self.client.partition(" limit=")[2] or "-"  # a candidate page size: "nftpolicy limit=5000"
+            json_only = "json" if self.client.endswith(" json") else "-"
             for _ in range(self.count):
-                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig, *([page] if page else [])],
+                proc = subprocess.Popen([sys.executable, __file__, RUNNER, self.kubeconfig, page, json_only],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
                 self.procs.append(proc)
             for proc in self.procs:
@@ -200,7 +204,7 @@ def measure(client: str, cp: ControlPlane, server: ApiServer, api: Api, pods: li
         agents.stop()
 
 
-CLIENTS = ["nftpolicy", "client-go", "client-go RV=0"]
+CLIENTS = ["nftpolicy", "nftpolicy json", "client-go", "client-go RV=0"]
 ROWS: list[tuple[str, Callable[[dict[str, Any], int], float], str]] = [
     ("(b) restart of all: API server CPU s", lambda f, k: f["restart"]["cpu_s"], "{:.1f}"),
     ("(b) API server CPU s per agent", lambda f, k: f["restart"]["cpu_s"] / k, "{:.2f}"),
@@ -212,8 +216,8 @@ ROWS: list[tuple[str, Callable[[dict[str, Any], int], float], str]] = [
 
 
 def main() -> int:
-    if len(sys.argv) in (3, 4) and sys.argv[1] == RUNNER:
-        agent_runner(sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else None)
+    if len(sys.argv) == 5 and sys.argv[1] == RUNNER:
+        agent_runner(sys.argv[2], None if sys.argv[3] == "-" else int(sys.argv[3]), sys.argv[4] == "json")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=50000)
@@ -223,7 +227,8 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of (a)")
     parser.add_argument("--workers", type=int, default=16, help="objects the loader creates at once")
     parser.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated, of: " + ", ".join(CLIENTS) +
-                        '; "nftpolicy limit=N" is the agent listing in pages of N objects (a candidate page size)')
+                        '; "nftpolicy limit=N" is the agent listing in pages of N objects (a candidate page size), '
+                        '"nftpolicy json" the agent asking only for JSON')
     args = parser.parse_args()
     clients = args.clients.split(",")
     cluster = synthetic.generate(args.pods, args.policies, 100, seed=1).cluster
@@ -253,7 +258,7 @@ def main() -> int:
     k = args.agents
     print(f"{len(cluster.pods):,} pods, {len(cluster.policies):,} policies, {k} agents; (a) {args.rate:.0f} pod changes/s for "
           f"{args.idle:.0f} s (no agent: {baseline:.2f} API server CPU s); load average {os.getloadavg()[0]:.1f}")
-    others = [c for c in ("client-go", "client-go RV=0") if c in results and "nftpolicy" in results]
+    others = [c for c in ("nftpolicy json", "client-go", "client-go RV=0") if c in results and "nftpolicy" in results]
     header = ["figure", *clients, *(f"nftpolicy / {c}" for c in others)]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

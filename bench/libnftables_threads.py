@@ -13,8 +13,10 @@ through the tree's own :class:`~nftpolicy.agent.dataplane.nftables.NftDataplane`
 in a process of its own, its ``.venv/bin/python``: libnftables' state is per process): a full
 replace of the table (the example ``examples/shop`` rendered for node1: pod chains with
 counters, and a concatenated set, whose type libnftables' JSON output names with ``strtok()``),
-an incremental commit (one element into a set: the kept context), the DNS hold's timed element
-commit (the other kept context, into a domain set added to the table), a whole listing, a terse
+its dry run (``check``: the refused-batch search's), an element-only commit (one pod address:
+nf_tables netlink where the tree has it, no libnftables), an incremental commit through
+libnftables (one network into an interval set added to the table: the kept context), the DNS
+hold's timed element commit (the other kept context, into a domain set added to the table), a whole listing, a terse
 listing, a read of the rule counters
 (:meth:`~nftpolicy.agent.daemon.rulecounters.RuleCounters.read`; in a tree before it
 ``collect``, which listed the table at each scrape), the has-table look-up, the timed
@@ -51,6 +53,7 @@ from nftpolicy.agent.dataplane import netns  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "shop"
 DOMAIN_SET = "KUBE-DNS-BENCH"  # a domain set added to the example's table, for the DNS hold's commits
+INTERVAL_SET = "KUBE-CIDR-BENCH"  # an interval set added to it, for libnftables' incremental commits
 TABLE = "nftpolicy"
 
 
@@ -68,7 +71,8 @@ def calls(ns: str) -> dict[str, Callable[[int], bool]]:
     renderer = NodeRenderer("node1", Config(table=TABLE)).load(cluster)
     renderer.take_changes()
     table = layout.table(renderer.model(ordered=False))
-    table = dataclasses.replace(table, sets=(*table.sets, AddressSet(DOMAIN_SET, "ipv4", "domain", (), "a domainNames peer's")))
+    table = dataclasses.replace(table, sets=(*table.sets, AddressSet(DOMAIN_SET, "ipv4", "domain", (), "a domainNames peer's"),
+                                             AddressSet(INTERVAL_SET, "ipv4", "interval", (), "ipBlock networks")))
     dataplane = NftDataplane(TABLE, ns)
     dataplane.run(transaction.replacing(table))
     pods = next(s.name for s in table.sets if s.family == "ipv4" and s.kind == "addr")
@@ -85,9 +89,19 @@ def calls(ns: str) -> dict[str, Callable[[int], bool]]:
         dataplane.run(transaction.replacing(table))
         return True
 
-    def delta(i: int) -> bool:
+    def check(_: int) -> bool:
+        getattr(dataplane, "check", dataplane.run)(transaction.replacing(table))  # a tree before the dry run: a replace
+        return True
+
+    def elements(i: int) -> bool:
         tx = transaction.Transaction(TABLE, table.priority)
         tx.add(transaction.Elements(pods, (f"192.0.2.{i % 250 + 1}",)))
+        dataplane.run(tx)
+        return True
+
+    def delta(i: int) -> bool:
+        tx = transaction.Transaction(TABLE, table.priority)
+        tx.add(transaction.Elements(INTERVAL_SET, (f"10.{2 * (i % 120)}.0.0/16",)))  # never adjacent: none merges
         dataplane.run(tx)
         return True
 
@@ -103,7 +117,7 @@ def calls(ns: str) -> dict[str, Callable[[int], bool]]:
         return any(sample.labels.get("namespace") == "shop" for family in counters.collect() for sample in family.samples)
 
     return {
-        "replace": replace, "delta": delta, "timed": timed,
+        "replace": replace, "check": check, "elements": elements, "delta": delta, "timed": timed,
         "listing": lambda _: base <= chains(dataplane.listing()),
         "terse": lambda _: base <= chains(dataplane.listing(terse=True)),
         "counters": counted,

@@ -34,7 +34,8 @@ address, so the plugin reads ``/readyz`` and ``/metrics`` through the API server
 on a cluster; and the part of ``kubectl nftpolicy trace`` that runs in the agent pod: the
 ``nftpolicy trace`` command line the plugin would exec there
 (:func:`nftpolicy.agent.cli.kubectl.trace.trace_argv` of that Pod object), run here beside the
-agent (its namespace, its ``/debug/model``, its table: the trace adds and removes its chains;
+agent (its namespace, its ``/debug/model`` on the agent's Unix socket as the chart's default,
+its table: the trace adds and removes its chains;
 no packet comes, so each exits 1 after its 1 s). The exec through a kubelet is left out: the
 test bed's control plane has none, and it costs the agent nothing. The agent's cluster comes
 from the fake API server, as in the burst: loading 10k pods into etcd tests nothing here. RSS is
@@ -54,6 +55,7 @@ import argparse
 import http.client
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,10 +91,12 @@ class Agent:
     """A real ``nftpolicy agent`` of ``tree`` against ``kubeconfig``, committing in ``ns``."""
 
     def __init__(self, tree: Path, kubeconfig: str, ns: str, host: str, extra: list[str]) -> None:
-        self.host, self.port, self.debug_port = host, 19300 + secrets.randbelow(300), 19700 + secrets.randbelow(200)
+        self.host, self.port = host, 19300 + secrets.randbelow(300)
         self.log = Path(tempfile.mktemp(suffix=".log"))
+        self.run_dir = Path(tempfile.mkdtemp(prefix="nftpolicy-scrapes-"))
+        self.debug_address = f"unix:{self.run_dir / 'debug.sock'}"  # as the chart's default: a Unix socket
         argv = [str(tree / ".venv" / "bin" / "nftpolicy"), "agent", "--kubeconfig", kubeconfig, "--node", synthetic.NODE,
-                "--netns", ns, "--http-address", f"{host}:{self.port}", "--debug-address", f"127.0.0.1:{self.debug_port}",
+                "--netns", ns, "--http-address", f"{host}:{self.port}", "--debug-address", self.debug_address,
                 "--api-timeout", "60", *extra]
         self.proc = subprocess.Popen(argv, stderr=self.log.open("wb"))
 
@@ -114,6 +118,7 @@ class Agent:
             self.proc.kill()
             self.proc.wait()
         self.log.unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 class Scrapers:
@@ -200,7 +205,7 @@ class Soak:
                "spec": {"nodeName": synthetic.NODE, "hostNetwork": True,
                         "containers": [{"name": "agent", "ports": [{"name": "http", "containerPort": agent.port}],
                                         "env": [{"name": "NFTPOLICY_NETNS", "value": ns},
-                                                {"name": "NFTPOLICY_DEBUG_ADDRESS", "value": f"127.0.0.1:{agent.debug_port}"}]}]},
+                                                {"name": "NFTPOLICY_DEBUG_ADDRESS", "value": agent.debug_address}]}]},
                "status": {"phase": "Running", "podIP": agent.host, "podIPs": [{"ip": agent.host}]}}
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nftpolicy-system"}})
         cp.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": synthetic.NODE}})

@@ -7,7 +7,8 @@ On a :class:`~nftpolicy.agent.testbed.realnode.RealCluster` of real kubelets and
 2. **Install**: ``helm install`` of ``charts/nftpolicy`` as shipped, with the image built from the
    ``Containerfile``; the DaemonSet's pods become Ready through their own readiness probe.
 3. **kubectl nftpolicy** (:func:`plugin_checks`): ``kubectl nftpolicy status`` reports every
-   node's agent ready; ``kubectl nftpolicy explain`` answers as ``nftpolicy explain`` does on
+   node's agent ready, with its numbers (read in its container: the chart's secure metrics);
+   ``kubectl nftpolicy explain`` answers as ``nftpolicy explain`` does on
    ``kubectl get -o yaml`` of the same objects; ``kubectl nftpolicy trace`` of a denied and an
    allowed connection, sent while it waits, shows the policy that decided in the agents' chains.
 4. **The upstream suite**: ``e2e-netpol.test --ginkgo.focus='\\[sig-network\\] Netpol'
@@ -310,9 +311,14 @@ def plugin_checks(cluster: RealCluster) -> dict[str, Any]:
     status = plugin("status", "-n", AGENT_NAMESPACE, "-o", "json")
     if status.returncode != 0:
         raise RealNodeError(f"kubectl nftpolicy status exited {status.returncode}: {(status.stderr or status.stdout).strip()[-1000:]}")
-    ready = sorted(s["node"] for s in json.loads(status.stdout) if s["ready"])
+    statuses = json.loads(status.stdout)
+    ready = sorted(s["node"] for s in statuses if s["ready"])
     if ready != sorted(cluster.node_names):
         raise RealNodeError(f"kubectl nftpolicy status: ready agents on {ready}, nodes {cluster.node_names}")
+    # the chart's secure metrics: the numbers come from `nftpolicy status` in each agent's container (pods/exec)
+    unread = [(s["node"], s["reasons"]) for s in statuses if s["generation"] is None]
+    if unread:
+        raise RealNodeError(f"kubectl nftpolicy status: no numbers for {unread}")
     cluster.kubectl("create", "namespace", PLUGIN_NAMESPACE)
     try:
         objects = plugin_objects(cluster.node_names[0], cluster.node_names[-1])

@@ -41,6 +41,7 @@ PATHS = {
     "/apis/networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
     "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies": "ClusterNetworkPolicy",  # with cluster_network_policies
 }
+DISCOVERY = "/apis/policy.networking.k8s.io/"  # + a version: its APIResourceList (v1alpha2 only, as network-policy-api v0.2.0)
 API_VERSION = {"Namespace": "v1", "Pod": "v1", "Node": "v1", "NetworkPolicy": "networking.k8s.io/v1",
                "ClusterNetworkPolicy": "policy.networking.k8s.io/v1alpha2"}
 
@@ -202,6 +203,10 @@ class _ApiHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         url = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        if url.path.startswith(DISCOVERY) and "/" not in url.path.removeprefix(DISCOVERY):  # discovery: never faulted
+            served = self.fake.cluster_network_policies and url.path == DISCOVERY + "v1alpha2"
+            return self._json(200, {"kind": "APIResourceList", "groupVersion": url.path.removeprefix("/apis/"), "resources": [
+                {"name": "clusternetworkpolicies", "kind": "ClusterNetworkPolicy", "namespaced": False}]}) if served else self._status(404)
         with self.fake.lock:
             fault = self.fake._faults.pop(0) if self.fake._faults else None
             hang = self.fake._hangs > 0

@@ -43,7 +43,7 @@ from nftpolicy.translators.noderender import build_rule_model
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api, eventually, nft
 from .fakeapi import FakeApiServer, namespace, pod
-from .test_chart import NAMESPACE, one, render
+from .test_chart import NAMESPACE, agent_rbac, render
 
 pytestmark = pytest.mark.kernel
 # every test but the silent watch's (on the fake API server) uses `plane`: the chart's RBAC through helm
@@ -209,7 +209,7 @@ def plane():
     """A FaultPlane (RBAC) with the chart's ClusterRole, ClusterRoleBinding and ServiceAccount;
     ``plane.agent_kubeconfig`` authenticates with a token of that ServiceAccount."""
     docs = render("default")
-    role, binding, account = one(docs, "ClusterRole"), one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")
+    role, binding, account = agent_rbac(docs)
     with FaultPlane() as cp:
         cp.apply(role)
         cp.apply(binding)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,6 +77,25 @@ def one(docs: list[dict], kind: str) -> dict:
     found = [d for d in docs if d["kind"] == kind]
     assert len(found) == 1, f"{len(found)} objects of kind {kind}"
     return found[0]
+
+
+def agent_role(docs: list[dict]) -> dict:
+    """The agent's ClusterRole (the release's full name; the other is the scrapers' metrics-reader)."""
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and not d["metadata"]["name"].endswith("-metrics-reader")]
+    return role
+
+
+def agent_rbac(docs: list[dict]) -> tuple[dict, dict, dict]:
+    """The agent's ClusterRole, the ClusterRoleBinding of that role and the ServiceAccount."""
+    role = agent_role(docs)
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]]
+    return role, binding, one(docs, "ServiceAccount")
+
+
+def granted(role: dict) -> set[tuple[str, str, str]]:
+    """A ClusterRole's resource rules as (resource as RBAC names it: plural.group, verb) pairs."""
+    return {(f"{resource}.{group}" if group else resource, verb) for rule in role["rules"] for group in rule.get("apiGroups", ())
+            for resource in rule.get("resources", ()) for verb in rule["verbs"]}
 
 
 def agent_container(docs: list[dict]) -> dict:
@@ -207,6 +227,7 @@ def test_notes_render(tmp_path):
     notes = yaml.safe_load(out)["notes"]
     assert "kubectl -n kube-system rollout status daemonset/nftpolicy" in notes
     assert "each node's port 9476 (/healthz, /readyz, /metrics)" in notes
+    assert "--clusterrole=nftpolicy-metrics-reader" in notes and "port https-metrics" in notes
     assert "nftpolicy cleanup --table nftpolicy" in notes and "br_netfilter" in notes
 
 
@@ -219,22 +240,69 @@ def test_chart_version_follows_the_project():
 
 # --- the rendered objects --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["default", "full"])
-def test_rbac_reads_exactly_what_the_agent_watches_and_writes_only_events(name):
-    docs = render(name)
-    role = one(docs, "ClusterRole")
-    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
-    assert granted == {(group, resource, verb) for group, resource in
-                       [("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies"),
-                        ("policy.networking.k8s.io", "clusternetworkpolicies")]
-                       for verb in ("get", "list", "watch")} | {("", "events", "create"), ("", "events", "patch")}
+READS = {(resource, verb) for resource in ("pods", "namespaces", "nodes", "networkpolicies.networking.k8s.io",
+                                          "clusternetworkpolicies.policy.networking.k8s.io") for verb in ("get", "list", "watch")}
+EVENTS = {("events", "create"), ("events", "patch")}
+REVIEWS = {("tokenreviews.authentication.k8s.io", "create"), ("subjectaccessreviews.authorization.k8s.io", "create")}
+
+
+@pytest.mark.parametrize(("name", "extra", "reviews"), [("default", (), True), ("full", (), True),
+                                                         ("default", ("--set", "agent.metricsSecure=false"), False)])
+def test_rbac_reads_what_the_agent_watches_and_writes_events_and_reviews_only(name, extra, reviews):
+    """Reads, Events, and with --metrics-secure the token and access reviews: nothing else."""
+    docs = render(name, *extra)
+    role, binding, account = agent_rbac(docs)
+    assert granted(role) == READS | EVENTS | (REVIEWS if reviews else set())
     assert not any(d["kind"] in ("Role", "RoleBinding") for d in docs)
-    binding, account = one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}]
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def rbac_comment() -> dict[str, set[tuple[str, str]]]:
+    """What values.yaml's comment above ``rbac:`` says the agent's ClusterRole grants: its list
+    of ``VERBS[, with CONDITION]: RESOURCES (why)`` lines, as (resource, verb) pairs under
+    "always" or the condition."""
+    lines = (CHART / "values.yaml").read_text().split("\nrbac:\n")[0].splitlines()
+    start = next(i for i, line in enumerate(lines) if "grant exactly this" in line)
+    entries: list[str] = []
+    for line in lines[start + 3:]:
+        text = line.removeprefix("#")
+        if not text.startswith("  "):
+            assert text.startswith(" Nothing else"), line
+            break
+        if text.startswith("    "):
+            entries[-1] += " " + text.strip()
+        else:
+            entries.append(text.strip())
+    said: dict[str, set[tuple[str, str]]] = {}
+    for entry in entries:
+        head, _, resources = entry.partition(": ")
+        verbs = [v for v in head.split(", ") if not v.startswith("with ")]
+        condition = next((v.removeprefix("with ") for v in head.split(", ") if v.startswith("with ")), "always")
+        resources = re.sub(r"\([^)]*\)", "", resources)
+        said.setdefault(condition, set()).update((r.strip(), v) for r in resources.split(",") if r.strip() for v in verbs)
+    return said
+
+
+def test_the_values_rbac_comment_says_what_the_clusterrole_grants():
+    """Each verb on each resource the comment names is granted, and nothing more, with and
+    without the option it names."""
+    said = rbac_comment()
+    assert set(said) == {"always", "agent.metricsSecure"}
+    assert granted(agent_role(render("default", "--set", "agent.metricsSecure=false"))) == said["always"]
+    assert granted(agent_role(render("default", "--set", "agent.metricsSecure=true"))) == said["always"] | said["agent.metricsSecure"]
+
+
+def test_the_metrics_reader_grants_get_on_metrics_and_binds_the_subjects_given():
+    """As kube-rbac-proxy's charts do: a ClusterRole for scrapers, bound only to what the values name."""
+    default = [d for d in render("default") if d["metadata"]["name"].endswith("-metrics-reader")]
+    assert [(d["kind"], d["rules"]) for d in default] == [("ClusterRole", [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])]
+    full = {d["kind"]: d for d in render("full") if d["metadata"]["name"].endswith("-metrics-reader")}
+    assert full["ClusterRoleBinding"]["roleRef"]["name"] == full["ClusterRole"]["metadata"]["name"]
+    assert full["ClusterRoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}]
+    assert not [d for d in render("default", "--set", "agent.metricsSecure=false") if d["metadata"]["name"].endswith("-metrics-reader")]
 
 
 def test_rbac_and_service_can_be_left_out():
@@ -333,6 +401,7 @@ def test_probes_point_at_the_health_paths_on_the_agent_port(name):
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = container[probe]["httpGet"]
         assert get["path"] == path and ports[get["port"]] == http_port(address)
+        assert get.get("scheme", "HTTP") == ("HTTPS" if chart_values(name)["agent"]["metricsSecure"] else "HTTP")
         # Listening on one address only: the probes go there (the pod's address is the node's).
         host = address.rpartition(":")[0].strip("[]")
         assert get.get("host") == (None if host in ("0.0.0.0", "::") else host)
@@ -344,7 +413,7 @@ def test_metrics_service_selects_the_agent_port(name):
     service, daemonset = one(docs, "Service"), one(docs, "DaemonSet")
     assert service["spec"]["selector"] == daemonset["spec"]["selector"]["matchLabels"]
     [port] = service["spec"]["ports"]
-    assert port["name"] == "http-metrics" and port["targetPort"] == "http"
+    assert port["name"] == "https-metrics" and port["targetPort"] == "http"  # both renders serve secure metrics
     assert port["port"] == http_port(chart_values(name)["agent"]["httpAddress"])
     assert (service["spec"].get("clusterIP") == "None") == (name == "default")
 
@@ -372,9 +441,39 @@ SERVICE_MONITOR = {
             "endpoints": {"type": "array", "minItems": 1, "items": {
                 "type": "object", "additionalProperties": False, "properties": {
                     "port": {"type": "string"}, "path": {"type": "string"}, "scheme": {"enum": ["http", "https"]},
+                    "bearerTokenFile": {"type": "string"},
+                    "tlsConfig": {"type": "object", "additionalProperties": False, "properties": {
+                        "insecureSkipVerify": {"type": "boolean"}, "serverName": {"type": "string"},
+                        "ca": {"type": "object", "additionalProperties": False, "properties": {
+                            "secret": {"type": "object", "additionalProperties": False, "required": ["name", "key"],
+                                       "properties": {"name": {"type": "string"}, "key": {"type": "string"}}}}}}},
                     "interval": DURATION, "scrapeTimeout": DURATION,
                     "relabelings": {"type": "array", "items": RELABEL},
                     "metricRelabelings": {"type": "array", "items": RELABEL}}}}}}}}
+
+
+@pytest.mark.parametrize(("secure", "scheme", "tls"), [("true", "https", {"insecureSkipVerify": True}), ("false", "http", None)])
+def test_service_monitor_follows_secure_metrics(secure, scheme, tls):
+    """A self-signed certificate (no tls.secretName, no tlsConfig given) is not verified: the
+    token decides; without secure metrics, plain HTTP and no token."""
+    docs = render("default", "--set", f"serviceMonitor.enabled=true,agent.metricsSecure={secure}")
+    [endpoint] = one(docs, "ServiceMonitor")["spec"]["endpoints"]
+    jsonschema.validate(one(docs, "ServiceMonitor"), SERVICE_MONITOR)
+    assert (endpoint["scheme"], endpoint.get("tlsConfig"), "bearerTokenFile" in endpoint) == (scheme, tls, secure == "true")
+    assert endpoint["port"] == one(docs, "Service")["spec"]["ports"][0]["name"] == f"{scheme}-metrics"
+
+
+def test_secure_metrics_mounts_the_tls_secret_and_refuses_what_cannot_work():
+    container = agent_container(render("default", "--set", "tls.secretName=agent-tls"))
+    env = env_of(container)
+    assert (env["NFTPOLICY_TLS_CERT_FILE"], env["NFTPOLICY_TLS_PRIVATE_KEY_FILE"]) == ("/etc/nftpolicy/tls/tls.crt", "/etc/nftpolicy/tls/tls.key")
+    assert {"name": "tls", "mountPath": "/etc/nftpolicy/tls", "readOnly": True} in container["volumeMounts"]
+    assert "NFTPOLICY_TLS_CERT_FILE" not in env_of(agent_container(render("default")))  # self-signed
+    for setting, message in (("agent.manifests=/m", "agent.metricsSecure checks tokens with the Kubernetes API"),
+                             ("tls.secretName=x,agent.metricsSecure=false", "tls.secretName is served with agent.metricsSecure=true only"),
+                             ("agent.tlsCertFile=/c", "agent.tlsCertFile and agent.tlsPrivateKeyFile go together")):
+        out = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
+        assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
 def test_service_monitor_only_when_enabled():
@@ -392,6 +491,9 @@ def test_service_monitor():
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"] and endpoint["path"] == "/metrics"
+    # secure metrics: HTTPS with Prometheus' own token, the CA of the values
+    assert endpoint["scheme"] == "https" and endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == chart_values("full")["serviceMonitor"]["tlsConfig"]
     assert endpoint["relabelings"][0] == {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}
     assert endpoint["relabelings"][1:] == chart_values("full")["serviceMonitor"]["relabelings"]
 
@@ -416,8 +518,10 @@ def test_every_agent_flag_reaches_the_agent_as_its_environment_variable():
 
 
 def test_default_values_are_the_agent_defaults(monkeypatch):
+    """But one: the chart serves secure metrics by default; the agent, which runs off a cluster
+    too (manifests: no API server to check tokens with), does not."""
     env = env_of(agent_container(render("default")))
-    assert parse_agent(monkeypatch, env) == parse_agent(monkeypatch, {"NODE_NAME": "node1"})
+    assert parse_agent(monkeypatch, env) == parse_agent(monkeypatch, {"NODE_NAME": "node1"}) | {"metrics_secure": True}
 
 
 @pytest.mark.parametrize("name", ["full", "manifests"])
@@ -444,7 +548,8 @@ def test_kubectl_nftpolicy_trace_runs_in_the_agent_pod_with_its_table_and_debug_
     """The ``nftpolicy trace`` command line ``kubectl nftpolicy trace`` runs in a rendered agent
     pod parses (nftpolicy's own parser, no NFTPOLICY_* variable set: only the agent reads them)
     to the table settings, network namespace and debug endpoint the agent has there."""
-    from nftpolicy.agent.cli.kubectl.trace import debug_url, trace_argv
+    from nftpolicy.agent.cli.kubectl.podexec import debug_url
+    from nftpolicy.agent.cli.kubectl.trace import trace_argv
 
     pod = one(render(name), "DaemonSet")["spec"]["template"]
     agent = parse_agent(monkeypatch, env_of(agent_container(render(name))))
@@ -472,7 +577,8 @@ def test_agent_serves_the_chart_probes(make_netns, tmp_path):
     docs = render("default")
     container = agent_container(docs)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    env = env_of(container) | {flags.env_name("--manifests"): str(REPO / "examples" / "shop")}
+    # --manifests: no API server, so no secure metrics (tests/test_rbac.py runs the secure default against one)
+    env = env_of(container) | {flags.env_name("--manifests"): str(REPO / "examples" / "shop"), flags.env_name("--metrics-secure"): "false"}
     ns = make_netns()
     subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
     log = tmp_path / "agent.log"
@@ -514,6 +620,7 @@ BAD_AGENT_VALUES = [
     {"minSyncInterval": -1}, {"resyncInterval": 0}, {"apiTimeout": 0}, {"watchTimeout": 0}, {"watchTimeout": 1.5}, {"watchIdleTimeout": 0},
     {"countersInterval": 0.5}, {"countersInterval": -1},
     {"logFormat": "xml"}, {"logLevel": "trace"}, {"denyAction": "REJECT"}, {"denyAction": "deny"}, {"denyAction": True},
+    {"metricsSecure": "yes"}, {"debugAddress": "unix:run/debug.sock"}, {"debugAddress": "[::1]:99999"},
 ]
 GOOD_AGENT_VALUES = [
     {"serviceCidrs": ["10.96.0.0/12", "fd00:10:96::/108"]}, {"externalCidrs": ["0.0.0.0/0", "::/0", "::ffff:10.0.0.0/104"]},
@@ -523,6 +630,7 @@ GOOD_AGENT_VALUES = [
     {"httpAddress": "[::]:9476"}, {"httpAddress": "127.0.0.1:1"}, {"httpAddress": "localhost:9476"},
     {"httpAddress": ":9476"}, {"table": "my_table-2"}, {"priority": -2147483648}, {"denyAction": "drop"}, {"denyAction": "reject"},
     {"countersInterval": 1},
+    {"metricsSecure": False}, {"debugAddress": "unix:/run/nftpolicy/agent-1.sock"}, {"debugAddress": "127.0.0.1:9479"}, {"debugAddress": ""},
 ]
 
 

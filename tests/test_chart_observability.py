@@ -164,8 +164,8 @@ def test_alerts_cover_what_the_issue_asks():
     rules = {r["alert"]: r for r in _rules(render("default", *ENABLED))}
     wanted = {"NftpolicySyncFailing": "nftpolicy_sync_failures_total", "NftpolicySyncStale": "nftpolicy_last_successful_sync_timestamp_seconds",
               "NftpolicySyncSlow": "nftpolicy_sync_duration_seconds_bucket", "NftpolicyInvalidObjects": "nftpolicy_invalid_objects",
-              "NftpolicyApiErrors": "nftpolicy_api_errors_total", "NftpolicyWatchStale": "nftpolicy_watch_seconds_since_success",
-              "NftpolicyApiAccessDenied": "nftpolicy_api_access_denied"}
+              "NftpolicyRefusedObjects": "nftpolicy_refused_objects", "NftpolicyApiErrors": "nftpolicy_api_errors_total",
+              "NftpolicyWatchStale": "nftpolicy_watch_seconds_since_success", "NftpolicyApiAccessDenied": "nftpolicy_api_access_denied"}
     assert set(rules) == set(wanted)
     for alert, metric in wanted.items():
         assert metric in rules[alert]["expr"]

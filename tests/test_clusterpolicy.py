@@ -1,7 +1,8 @@
 """Unit tests of nftpolicy.translators.clusterpolicy: the ClusterNetworkPolicy model and validation.
 
-Pure. Every expectation comes from sigs.k8s.io/network-policy-api v0.2.0
-(``apis/v1alpha2/clusternetworkpolicy_types.go`` and the CRD's OpenAPI limits and CEL rules).
+Pure. Every expectation comes from sigs.k8s.io/network-policy-api v0.3.0
+(``apis/v1beta1/clusternetworkpolicy_types.go`` and the CRD's OpenAPI limits and CEL rules: one
+schema for v1beta1 and v1alpha2; v0.2.0's v1alpha2 differs only in taking CIDRs with host bits).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import ClusterPeer, ClusterPort, ClusterRule, domain_name_matches
 from nftpolicy.translators.selectors import LabelSelector
 from nftpolicy.translators.validation import InvalidField
+
+from .conftest import REPO
 
 HOUSE = {"matchLabels": {"kubernetes.io/metadata.name": "ravenclaw"}}
 RAVENCLAW = LabelSelector((("kubernetes.io/metadata.name", "ravenclaw"),))
@@ -72,6 +75,23 @@ def test_networks_keep_their_masked_network():
     assert policy.egress[0].peers[0].networks == (ipaddress.ip_network("10.1.0.0/16"),)
 
 
+@pytest.mark.parametrize("version", ["v1beta1", "v1alpha2"])
+def test_both_versions_read_the_same_schema_into_the_same_policy(version):
+    """v0.3.0 serves one schema at both versions: the same object under either apiVersion is the
+    same policy, and a new one is refused with host bits in a CIDR at either (since v0.2.1);
+    one read back from the API (stored before) has them masked."""
+    obj = cnp(ingress=[rule("Accept", protocols=[tcp(80)])], egress=[rule("Deny", [{"networks": ["10.1.0.0/16", "fd00::/64"]}], key="to")])
+    assert cluster_policy_from({**obj, "apiVersion": f"policy.networking.k8s.io/{version}"}, new=True) == cluster_policy_from(obj)
+    stored = {**cnp(egress=[rule("Deny", [{"networks": ["10.1.2.3/16"]}], key="to")]), "apiVersion": f"policy.networking.k8s.io/{version}"}
+    with pytest.raises(InvalidField) as caught:
+        cluster_policy_from(stored, new=True)
+    assert str(caught.value) == ("spec.egress[0].to[0].networks[0]: CIDR must be in canonical form (host bits masked, as "
+                                 "network-policy-api v0.2.1 requires): '10.1.2.3/16', use '10.1.0.0/16'")
+    assert cluster_policy_from(stored).egress[0].peers[0].networks == (ipaddress.ip_network("10.1.0.0/16"),)
+    cluster, errors = build_cluster([("a.yaml", stored)])
+    assert not cluster.cluster_policies and [e.message for e in errors] == [str(caught.value)]
+
+
 def test_domain_names_are_read_lower_case_without_the_root_dot():
     policy = cluster_policy_from(cnp(egress=[rule("Accept", [{"domainNames": ["API.Partner.example.", "*.cdn.example", "under_score.example"]}],
                                                   key="to", protocols=[tcp(443)])]))
@@ -122,7 +142,8 @@ MANY = [{"namespaces": {}}] * 26
 
 
 @pytest.mark.parametrize("path, value, error", [
-    (["apiVersion"], "policy.networking.k8s.io/v1alpha1", "apiVersion: must be policy.networking.k8s.io/v1alpha2"),
+    (["apiVersion"], "policy.networking.k8s.io/v1alpha1",
+     "apiVersion: must be policy.networking.k8s.io/v1beta1 or policy.networking.k8s.io/v1alpha2 (the versions nftpolicy implements)"),
     (["metadata", "name"], "Bad_Name", "metadata.name: invalid name 'Bad_Name'"),
     (["spec", "tier"], "Application", "spec.tier: must be Admin or Baseline, got 'Application'"),
     (["spec", "tier"], ..., "spec.tier: must be Admin or Baseline, got None"),
@@ -237,3 +258,25 @@ def test_fail_closed_needs_tier_priority_and_subject():
 
     assert fail_closed_cluster_policy(cnp(priority=5000)) is None
     assert fail_closed_cluster_policy(cnp(subject={})) is None
+
+
+@pytest.mark.parametrize("command", [
+    ["render", "--node", "node1"], ["render", "--node", "node2", "--format", "json"],
+    ["explain", "--from", "shop/web", "--to", "172.18.0.2", "--port", "10250"],
+    ["explain", "--from", "shop/api", "--to", "172.18.0.3", "--port", "10250", "--output", "json"],
+])
+def test_the_commands_read_the_nodes_peer_example_at_either_version(tmp_path, capsys, command):
+    """examples/nodes-peer (v1alpha2) rewritten to v1beta1: the same output, exit code and
+    stderr from render and explain (sandbox, trace and compare read manifests the same way)."""
+    from nftpolicy.agent.cli.main import main
+
+    example = REPO / "examples" / "nodes-peer" / "cluster.yaml"
+    text = example.read_text()
+    assert "apiVersion: policy.networking.k8s.io/v1alpha2" in text
+    beta = tmp_path / "cluster.yaml"
+    beta.write_text(text.replace("policy.networking.k8s.io/v1alpha2", "policy.networking.k8s.io/v1beta1"))
+    results = []
+    for path in (example, beta):
+        code = main([*command, str(path)])
+        results.append((code, *capsys.readouterr()))
+    assert results[0] == results[1] and results[0][1]

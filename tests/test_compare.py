@@ -151,7 +151,7 @@ def test_a_changed_policy_is_reported_with_the_exact_cell():
 def test_cli_compare(tmp_path):
     args = [NFTPOLICY, "compare", "--node", "node1", "--iptables-save", str(EXAMPLE / "node1.iptables-save"),
             "--ipset-save", str(EXAMPLE / "node1.ipset-save")]
-    same = subprocess.run(args + [str(EXAMPLE / "cluster.yaml")], capture_output=True, text=True, timeout=120)
+    same = subprocess.run(args + ["--deny-action", "reject", str(EXAMPLE / "cluster.yaml")], capture_output=True, text=True, timeout=120)
     assert same.returncode == 0, same.stdout + same.stderr
     assert "no difference" in same.stdout
     changed = tmp_path / "cluster.yaml"

@@ -44,26 +44,17 @@ spec: {{nodeName: node1, containers: [{{name: c, image: i}}]}}
 """ for ns, name in (("x", "a"), ("x", "ok"), ("y", "admin"), ("w", "baseline"), ("z", "isolated")))
 # y/admin: an Admin Deny from x; w/baseline: a Baseline Deny from x; z/isolated: a NetworkPolicy
 # that allows nothing (its pod chain's implicit deny); x/ok: nothing selects it.
-CLUSTER_POLICIES = f"""
+CLUSTER_POLICIES = "".join(f"""
 ---
 apiVersion: policy.networking.k8s.io/v1alpha2
 kind: ClusterNetworkPolicy
-metadata: {{name: admin-deny-x}}
+metadata: {{name: {tier.lower()}-deny-x}}
 spec:
-  tier: Admin
+  tier: {tier}
   priority: 10
-  subject: {_namespace("y")}
+  subject: {_namespace(subject)}
   ingress: [{{action: Deny, from: [{_namespace("x")}]}}]
----
-apiVersion: policy.networking.k8s.io/v1alpha2
-kind: ClusterNetworkPolicy
-metadata: {{name: baseline-deny-x}}
-spec:
-  tier: Baseline
-  priority: 10
-  subject: {_namespace("w")}
-  ingress: [{{action: Deny, from: [{_namespace("x")}]}}]
-"""
+""" for tier, subject in (("Admin", "y"), ("Baseline", "w")))
 NETWORK_POLICY = """
 ---
 apiVersion: networking.k8s.io/v1
@@ -95,16 +86,23 @@ def outcome(sandbox: Sandbox, src: str, address: str, spec: ProbeSpec) -> str:
         sock.close()
 
 
-def outcomes(sandbox: Sandbox, config: Config, yaml_text: str, family: str) -> dict[tuple[str, str], tuple[str, float]]:
-    """Load ``yaml_text`` (pods and policies) with ``config`` into the sandbox's node and try
-    x/a -> every other pod on each of :data:`SPECS`: {(pod, protocol): (outcome, seconds)}."""
+def load(sandbox: Sandbox, config: Config, yaml_text: str) -> None:
+    """Load the rules of ``yaml_text`` (pods and policies) with ``config`` into every node of
+    ``sandbox`` (the nft ruleset, or the iptables variant of the same model as Sandbox.apply
+    loads it)."""
     cluster = sandbox.with_sandbox_pods(cluster_from_yaml(yaml_text))
     for node in sandbox.nodes:
         if sandbox.dataplane == "nft":
             sandbox.node_dataplane(node).run(transaction.full(build_rule_model(cluster, node, config)))
         else:
-            sandbox.config = config  # the iptables variant of the same model: as Sandbox.apply loads it
+            sandbox.config = config
             sandbox.apply(cluster)
+
+
+def outcomes(sandbox: Sandbox, config: Config, yaml_text: str, family: str) -> dict[tuple[str, str], tuple[str, float]]:
+    """Load ``yaml_text`` with ``config`` (:func:`load`) and try x/a -> every other pod on each
+    of :data:`SPECS`: {(pod, protocol): (outcome, seconds)}."""
+    load(sandbox, config, yaml_text)
     sandbox.probe(SPECS, (family,), [])  # every pod serves the specs
     found = {}
     for key, pod in sandbox.pods.items():

@@ -147,6 +147,19 @@ def test_reasons_and_cluster_scoped_objects():
     assert [(ns, e["reason"], e["type"], e["involvedObject"]["kind"], e["involvedObject"]["uid"]) for (ns, _), e in events] == [
         ("default", CRD_MISSING, "Normal", "Node", "node1"), ("default", INVALID, "Warning", "ClusterNetworkPolicy", "u1")]
     assert "namespace" not in events[1][1]["involvedObject"]
+    assert events[1][1]["involvedObject"]["apiVersion"] == "policy.networking.k8s.io/v1alpha2"  # the version it was read at
+
+
+def test_an_event_names_the_version_the_object_was_read_at():
+    """A ClusterNetworkPolicy carries the apiVersion the agent watches (v1beta1 or v1alpha2); a
+    NetworkPolicy list item carries none: networking.k8s.io/v1."""
+    rec, writer, _ = recorder()
+    rec.failed_closed("ClusterNetworkPolicy", {"apiVersion": "policy.networking.k8s.io/v1beta1", "metadata": {"name": "a", "uid": "u2"}},
+                      InvalidField("spec.priority", "bad"), True)
+    rec.failed_closed("NetworkPolicy", {"metadata": {"namespace": "x", "name": "b", "uid": "u3"}}, InvalidField("spec", "bad"), True)
+    drain(rec)
+    assert sorted(e["involvedObject"]["apiVersion"] for e in writer.events.values()) == [
+        "networking.k8s.io/v1", "policy.networking.k8s.io/v1beta1"]
 
 
 def test_the_token_bucket_refills_with_its_clock():

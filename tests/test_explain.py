@@ -101,7 +101,7 @@ def test_an_agent_address_without_the_debug_endpoint_says_where_it_is(capsys):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = explain_at_agent(server)
     assert capsys.readouterr().err == (f"nftpolicy: agent {url}: 404 not found: nothing serves /debug/model there (the agent "
-                                       "serves it on its --debug-address, default 127.0.0.1:9479, not on its --http-address)\n")
+                                       "serves it on its --debug-address, default unix:/run/nftpolicy/debug.sock, not on its --http-address)\n")
 
 
 def explain_at_agent(server: http.server.HTTPServer) -> str:

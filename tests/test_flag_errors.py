@@ -52,6 +52,8 @@ BAD = [
     ("agent", "--service-cidr", "10.0.0.0", "invalid CIDR '10.0.0.0' (expected ADDRESS/PREFIX)"),
     ("agent", "--external-cidr", "::1/200", "invalid CIDR '::1/200' (expected ADDRESS/PREFIX)"),
     ("agent", "--table", "a;b", "invalid table name 'a;b' (a letter, then letters, digits, '-' or '_')"),
+    ("agent", "--metrics-secure", "yes", "must be true or false, got 'yes'"),
+    ("agent", "--debug-address", "unix:run/debug.sock", "invalid Unix socket 'unix:run/debug.sock' (expected unix:/ABSOLUTE/PATH, at most 107 bytes)"),
     ("render", "--format", "yaml", "invalid choice: 'yaml' (choose from 'nft', 'json', 'iptables', 'ip6tables', 'ipset')"),
     ("sandbox", "--timeout", "-2", "must be > 0 seconds, got -2"),
     ("sandbox", "--dataplane", "ebpf",
@@ -163,7 +165,7 @@ def test_no_type_is_reported_by_its_python_name(clean_env, capsys):
     (["compare", SHOP], "nftpolicy: the following arguments are required: --node, --ipset-save (see 'nftpolicy compare --help')"),
     (["sandbox", "--ipv6", "--dual-stack", SHOP], "nftpolicy: --dual-stack: not allowed with argument --ipv6"),
     (["renderr", SHOP], "nftpolicy: command: invalid choice: 'renderr' (choose from 'render', 'sandbox', 'compare', "
-                        "'agent', 'cleanup', 'explain', 'trace') (see 'nftpolicy --help')"),
+                        "'agent', 'cleanup', 'explain', 'status', 'trace') (see 'nftpolicy --help')"),
     ([], "nftpolicy: the following arguments are required: command (see 'nftpolicy --help')"),
     (["explain", "--from", "shop/frontend", SHOP], "nftpolicy: the following arguments are required: --to "
                                                    "(see 'nftpolicy explain --help')"),
@@ -275,3 +277,27 @@ def test_a_dump_that_cannot_be_read_is_one_line_naming_the_flag(tmp_path, flag, 
     files[flag] = str(bad)
     out = run("compare", "--node", "node1", *[a for f, p in files.items() for a in (f, p)], SHOP)
     assert (out.returncode, out.stderr) == (2, f"nftpolicy: {flag} {bad}: {reason}\n")
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--manifests", SHOP, "--metrics-secure", "true"], "--metrics-secure checks tokens with the Kubernetes API: not with --manifests"),
+    (["--manifests", SHOP, "--tls-cert-file", "/etc/hostname"], "--tls-cert-file and --tls-private-key-file go together"),
+    (["--manifests", SHOP, "--tls-cert-file", "/etc/hostname", "--tls-private-key-file", "/etc/hostname"],
+     "--tls-cert-file is for --metrics-secure true, which is off"),
+    (["--metrics-secure", "true", "--tls-cert-file", "/no/cert.pem", "--tls-private-key-file", "/etc/hostname"],
+     "--tls-cert-file: no such file: /no/cert.pem"),
+])
+def test_secure_metrics_flags_that_do_not_fit_are_one_line(argv, line):
+    out = subprocess.run([NFTPOLICY, "agent", "--node", "node1", "--http-address", "127.0.0.1:0", *argv], capture_output=True,
+                         text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: {line}\n")
+
+
+def test_a_certificate_that_cannot_be_used_is_one_line(tmp_path):
+    """Read before anything starts: exit 2 with the files and the TLS library's reason."""
+    (tmp_path / "cert.pem").write_text("not a certificate")
+    out = subprocess.run([NFTPOLICY, "agent", "--node", "node1", "--http-address", "127.0.0.1:0", "--metrics-secure", "true",
+                          "--tls-cert-file", str(tmp_path / "cert.pem"), "--tls-private-key-file", str(tmp_path / "cert.pem")],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"--tls-cert-file: cannot use the certificate {tmp_path}/cert.pem with the key {tmp_path}/cert.pem: " in out.stderr

@@ -7,12 +7,15 @@ reader dies when the network namespace it reads is deleted under it."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import threading
 
 import pytest
 
-from nftpolicy.agent.daemon.health import Health, serve_http
+from nftpolicy.agent.daemon.dnshold import DnsHold
+from nftpolicy.agent.daemon.health import HEALTH_BODY_BYTES, Health, serve_http
+from nftpolicy.agent.daemon.httpserver import HttpServer
 from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.testbed.controlplane import free_port
 
@@ -65,6 +68,54 @@ def test_healthz_names_what_failed_in_a_short_body(supervised):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_many_dead_threads_still_fit_the_health_body(supervised):
+    for i in range(40):
+        _run(f"watch-kind{i}", _fail)
+    _run("watch-kind0", _fail)  # a name that dies again is one reason
+    server = serve_http("127.0.0.1:0", Metrics(), supervised)
+    try:
+        status, body = http_get(f"http://127.0.0.1:{server.server_address[1]}/healthz")
+        assert status == 503 and len(body.encode()) <= HEALTH_BODY_BYTES
+        assert body.startswith("thread watch-kind0 died\nthread watch-kind1 died\n") and body.endswith("...\n")
+        assert len(supervised.not_alive()) == 40
+    finally:
+        server.shutdown()
+
+
+def test_an_http_loop_that_dies_fails_the_other_servers_healthz_by_name(supervised, caplog):
+    """The agent's two servers (``http`` on the node's port, ``debug-http`` on its Unix socket)
+    each serve /healthz: the loop of one ends (here: asyncio cannot serve its socket, one of
+    datagrams), the other's /healthz names it."""
+    caplog.set_level(logging.ERROR, "nftpolicy.health")
+    server = serve_http("127.0.0.1:0", Metrics(), supervised)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as datagrams:
+            HttpServer(datagrams, {}, "debug-http", None, None, frozenset(), 1.0, 1.0)  # returns as its thread ends
+        eventually(lambda: http_get(f"http://127.0.0.1:{server.server_address[1]}/healthz"), (503, "thread debug-http died\n"))
+        [record] = caplog.records
+        assert record.getMessage().startswith("thread debug-http died: ValueError: A Stream Socket was expected")
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.kernel
+def test_a_dns_hold_whose_queue_fails_fails_liveness(make_netns, supervised, caplog):
+    """The DNS hold's reader in a namespace the test made: its netlink socket fails under it
+    (closed); the thread dies, /healthz names it (answers would wait in the queue, unread)."""
+    caplog.set_level(logging.ERROR, "nftpolicy.health")
+    hold = DnsHold(lambda segment: None, bypass=True, netns_name=make_netns())
+    hold.start()
+    try:
+        assert supervised.not_alive() == []
+        assert hold._queue is not None
+        hold._queue.sock.close()
+        eventually(supervised.not_alive, ["thread dns-hold died"])
+        [record] = caplog.records
+        assert record.getMessage().startswith("thread dns-hold died: OSError: [Errno 9] Bad file descriptor at dnshold.py:")
+    finally:
+        hold.close()
 
 
 @pytest.mark.kernel

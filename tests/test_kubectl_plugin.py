@@ -18,10 +18,12 @@ import yaml
 from nftpolicy.agent.cli.kubectl import main as plugin
 from nftpolicy.agent.cli.kubectl.explain import explain_port, split_port
 from nftpolicy.agent.cli.kubectl.status import agent_status
-from nftpolicy.agent.cli.kubectl.trace import debug_url, exec_status, trace_argv
+from nftpolicy.agent.cli.kubectl.podexec import debug_url, exec_status
+from nftpolicy.agent.cli.kubectl.trace import trace_argv
 from nftpolicy.agent.cli.main import main as nftpolicy
 from nftpolicy.agent.daemon.health import Health, serve_http
 from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.serving import ServingCertificate
 from nftpolicy.agent.testbed.controlplane import free_port
 from nftpolicy.translators.cases import case_manifests, load_case
 
@@ -279,13 +281,75 @@ def test_status_reads_every_agent_through_the_pod_proxy(control_plane, capsys):
             cp.delete("Node", node)
 
 
+@CONTROL_PLANE
+def test_status_of_a_secure_agent_reads_readyz_over_https_and_says_why_no_numbers(control_plane, capsys):
+    """An agent with --metrics-secure (the chart's default): the pod proxy reaches its /readyz
+    over HTTPS (the API server does not check the self-signed certificate), but passes no
+    bearer token, so the numbers are read by ``nftpolicy status`` in the pod (pods/exec), which
+    needs a kubelet: here the exec fails, and the row says so."""
+    ip = host_address()
+    if ip is None:
+        pytest.skip("no non-loopback IPv4 address to serve the agent on")
+    cp = control_plane
+    health = Health(window=60)
+    health.ready = True
+    server = serve_http(f"{ip}:0", Metrics(), health, tls=ServingCertificate(None, None, ["node1"]), guard=lambda request: (401, b"no\n", "text/plain"))
+    pod = agent_pod("nftpolicy-system", "node1", ip, server.server_address[1])
+    pod["spec"]["containers"][0]["env"].append({"name": "NFTPOLICY_METRICS_SECURE", "value": "true"})
+    try:
+        cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nftpolicy-system"}})
+        cp.apply(pod)
+        cp.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"}})
+        code, out, err = run(capsys, plugin, ["status", "--kubeconfig", cp.kubeconfig, "-o", "json"])
+        [status] = json.loads(out)
+        assert status["ready"] is True and status["generation"] is None, (status, err)
+        [reason] = status["reasons"]
+        assert reason.startswith("cannot exec in nftpolicy-system/nftpolicy-agent-node1: "), reason
+    finally:
+        server.shutdown()
+        cp.delete("Pod", "nftpolicy-agent-node1", "nftpolicy-system")
+        cp.delete("Node", "node1")
+
+
+def test_nftpolicy_status_in_the_agent_pod_gives_the_numbers_from_the_debug_socket(tmp_path, capsys, monkeypatch):
+    """What the plugin runs in a secure agent's pod (status.in_pod_argv): ``nftpolicy status``
+    against the agent's debug socket, which serves /readyz and /metrics without a token; its
+    JSON fills the plugin's row."""
+    from nftpolicy.agent.cli.kubectl import status as plugin_status
+    from nftpolicy.agent.daemon.debughttp import serve_debug
+    from nftpolicy.agent.daemon.health import health_routes
+
+    metrics, health = Metrics(), Health(window=60)
+    health.ready = True
+    for _ in range(3):
+        metrics.table_generation.inc()
+    metrics.table_objects.labels("sets").set(4)
+    socket_path = tmp_path / "debug.sock"
+    server = serve_debug(f"unix:{socket_path}", lambda: None, health_routes(metrics, health))
+    pod = agent_pod("nftpolicy-system", "node1", "192.0.2.2", 9476)
+    pod["spec"]["containers"][0]["env"].append({"name": "NFTPOLICY_DEBUG_ADDRESS", "value": f"unix:{socket_path}"})
+    try:
+        argv = plugin_status.in_pod_argv(pod)
+        assert argv == ["nftpolicy", "status", "--agent", f"unix:{socket_path}", "--output", "json"]
+        code, out, err = run(capsys, nftpolicy, argv[1:])
+        assert (code, err) == (0, "") and json.loads(out)["generation"] == 3
+        monkeypatch.setattr(plugin_status, "run_in", lambda api, agent, command, timeout: (code, out, err))
+        row = plugin_status.AgentStatus("node1", ready=True)
+        plugin_status.read_in_pod(None, pod, row)  # type: ignore[arg-type]
+        assert (row.generation, row.sets, row.reasons) == (3, 4, [])
+    finally:
+        server.shutdown()
+    code, out, err = run(capsys, nftpolicy, argv[1:])
+    assert code == 2 and err.startswith(f"nftpolicy: cannot reach the agent at unix:{socket_path}: ")
+
+
 class _Proxy:
     """An API whose pod proxy answers /readyz with ok and /metrics with ``metrics``."""
 
     def __init__(self, metrics: str) -> None:
         self.metrics = metrics
 
-    def proxy_get(self, namespace: str, name: str, port: int, path: str) -> tuple[int, str]:
+    def proxy_get(self, namespace: str, name: str, port: int, path: str, https: bool = False) -> tuple[int, str]:
         return (200, "ok") if path == "readyz" else (200, self.metrics)
 
 
@@ -305,7 +369,7 @@ def test_trace_runs_nftpolicy_trace_with_the_agents_table_settings():
     pod = agent_pod("nftpolicy-system", "node1", "192.0.2.2", 9476)
     assert trace_argv(pod, "10.0.0.1", "10.0.0.2", "TCP/80", 20) == [
         "nftpolicy", "trace", "--from", "10.0.0.1", "--to", "10.0.0.2", "--timeout", "20", "--port", "TCP/80",
-        "--agent", "http://127.0.0.1:9479", "--table", "ours", "--pass-mark", "0x80000", "--deny-action", "drop", "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/108"]
+        "--agent", "unix:/run/nftpolicy/debug.sock", "--table", "ours", "--pass-mark", "0x80000", "--deny-action", "drop", "--service-cidr", "10.96.0.0/12", "--service-cidr", "fd00:96::/108"]
     assert "--port" not in trace_argv(pod, "10.0.0.1", "10.0.0.2", None, 20)
     env = pod["spec"]["containers"][0]["env"]
     env.append({"name": "NFTPOLICY_DEBUG_ADDRESS"})  # "": no endpoint (the API leaves the empty value out)
@@ -326,8 +390,9 @@ def test_an_execs_exit_code_comes_from_the_status_on_its_error_channel():
 
 
 def test_the_debug_url_is_where_a_process_beside_the_agent_reaches_it():
-    assert [debug_url(a) for a in ("127.0.0.1:9479", ":9479", "0.0.0.0:1", "[::]:2", "[fd00::1]:3", "node.local:4", "")] == [
-        "http://127.0.0.1:9479", "http://127.0.0.1:9479", "http://127.0.0.1:1", "http://[::1]:2", "http://[fd00::1]:3",
+    assert [debug_url(a) for a in ("unix:/run/nftpolicy/debug.sock", "127.0.0.1:9479", ":9479", "0.0.0.0:1", "[::]:2", "[fd00::1]:3",
+                                   "node.local:4", "")] == [
+        "unix:/run/nftpolicy/debug.sock", "http://127.0.0.1:9479", "http://127.0.0.1:9479", "http://127.0.0.1:1", "http://[::1]:2", "http://[fd00::1]:3",
         "http://node.local:4", None]
 
 

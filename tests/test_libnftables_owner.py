@@ -18,9 +18,11 @@ import pytest
 
 from nftpolicy.agent.dataplane import nftables as dataplane_module
 from nftpolicy.agent.dataplane.nftables import LIBNFTABLES, NftDataplane
-from nftpolicy.translators.rules import TimedAddress
+from nftpolicy.translators.rules import AddressSet, TimedAddress
 from nftpolicy.translators.transaction import Elements, Transaction, replacing
 from nftpolicy.translators import layout
+
+from .conftest import nft
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "libnftables_threads.py"
 
@@ -63,8 +65,8 @@ class _Recording:
         self.held.append(("free", _held()))
 
 
-@pytest.mark.parametrize("call", ["replace", "delta", "timed elements", "listing", "counted rules", "has table", "timed sets",
-                                  "remove", "feature probe"])
+@pytest.mark.parametrize("call", ["replace", "delta", "dry run", "timed elements", "listing", "counted rules", "has table",
+                                  "timed sets", "remove", "feature probe"])
 def test_every_call_holds_the_owner_lock_from_making_its_context_to_freeing_it(monkeypatch, call):
     monkeypatch.setattr(dataplane_module.nftables, "Nftables", _Recording)
     monkeypatch.setattr(_Recording, "held", [])
@@ -73,6 +75,7 @@ def test_every_call_holds_the_owner_lock_from_making_its_context_to_freeing_it(m
     delta.add(Elements("KUBE-PODS-X", ("10.0.0.1",)))
     {"replace": lambda: dataplane.run(replacing(layout.Table("t", 0, (), (), ()))),
      "delta": lambda: dataplane.run(delta),
+     "dry run": lambda: dataplane.check(replacing(layout.Table("t", 0, (), (), ()))),
      "timed elements": lambda: dataplane.add_timed_elements([("KUBE-DNS-X", TimedAddress("192.0.2.1", 5))]),
      "listing": dataplane.listing, "counted rules": dataplane.counted_rules, "has table": dataplane.has_table,
      "timed sets": dataplane.timed_elements, "remove": dataplane.remove, "feature probe": dataplane.missing_features}[call]()
@@ -82,6 +85,39 @@ def test_every_call_holds_the_owner_lock_from_making_its_context_to_freeing_it(m
     assert [s for s, _ in steps].count("make") == [s for s, _ in steps].count("free") >= 1 and "cmd" in [s for s, _ in steps]
     assert [s for s, held in steps if not held] == [], steps
     assert not _held()  # and nothing kept it
+
+
+@pytest.mark.kernel
+def test_an_element_only_commit_needs_neither_libnftables_nor_its_lock(make_netns, monkeypatch):
+    """An incremental sync's element-only commit goes through nf_tables netlink
+    (agent/dataplane/nfnetlink.py): it commits while another thread holds the owner's lock (a
+    counters' listing), and makes no libnftables context. The kernel orders it with libnftables'
+    transactions (one commit mutex per namespace)."""
+    ns = make_netns()
+    dataplane = NftDataplane("t", ns)
+    pods = AddressSet("KUBE-PODS-X", "ipv4", "addr", ("10.0.0.1",), "pods")
+    dataplane.run(replacing(layout.Table("t", 0, (pods,), (), ())))
+    monkeypatch.setattr(dataplane_module.nftables, "Nftables", _Recording)
+    monkeypatch.setattr(_Recording, "held", [])
+    holding, release = threading.Event(), threading.Event()
+
+    def listing() -> None:
+        with LIBNFTABLES:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=listing)
+    holder.start()
+    try:
+        holding.wait(5)
+        delta = Transaction("t", 0)
+        delta.add(Elements("KUBE-PODS-X", ("10.0.0.2",)))
+        dataplane.run(delta)  # returns while the lock is held elsewhere
+        assert _Recording.held == []  # no libnftables context was made
+    finally:
+        release.set()
+        holder.join()
+    assert "10.0.0.2" in nft(ns, "list", "set", "inet", "t", "KUBE-PODS-X")
 
 
 @pytest.mark.kernel
@@ -95,6 +131,7 @@ def test_every_kind_of_call_from_many_threads_at_once_answers_whole(make_netns):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     kinds = json.loads(proc.stdout)
-    assert set(kinds) == {"replace", "delta", "timed", "listing", "terse", "counters", "has_table", "timed_elements", "probe"}
+    assert set(kinds) == {"replace", "check", "elements", "delta", "timed", "listing", "terse", "counters", "has_table", "timed_elements",
+                          "probe"}
     assert {kind: (f["bad"], f["first_bad"]) for kind, f in kinds.items() if f["bad"]} == {}
     assert all(f["good"] >= 10 for f in kinds.values()), kinds

@@ -540,10 +540,10 @@ def test_unknown_kinds_are_ignored_silently(obj):
     ({"kind": "Namespaces", "metadata": {"name": "n"}}, "Namespaces n: unknown kind 'Namespaces', did you mean Namespace?"),
     ({"apiVersion": "policy.networking.k8s.io/v1alpha1", "kind": "AdminNetworkPolicy", "metadata": {"name": "old"}},
      "AdminNetworkPolicy old: a kind of network-policy-api before v1alpha2, which nftpolicy does not read: write it as a "
-     "ClusterNetworkPolicy of policy.networking.k8s.io/v1alpha2 with tier: Admin"),
+     "ClusterNetworkPolicy of policy.networking.k8s.io/v1beta1 or policy.networking.k8s.io/v1alpha2 with tier: Admin"),
     ({"kind": "BaselineAdminNetworkPolicy", "metadata": {"name": "default"}},
      "BaselineAdminNetworkPolicy default: a kind of network-policy-api before v1alpha2, which nftpolicy does not read: write it "
-     "as a ClusterNetworkPolicy of policy.networking.k8s.io/v1alpha2 with tier: Baseline"),
+     "as a ClusterNetworkPolicy of policy.networking.k8s.io/v1beta1 or policy.networking.k8s.io/v1alpha2 with tier: Baseline"),
 ])
 def test_missing_or_miscased_kind_is_reported(obj, text):
     cluster, errors = build(obj, namespace("x"))

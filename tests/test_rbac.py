@@ -1,7 +1,9 @@
 """RBAC against the real kube-apiserver (``--authorization-mode=RBAC``): the agent runs with a
 ServiceAccount token bound to exactly the ClusterRole and ClusterRoleBinding that ``helm
 template`` renders from charts/nftpolicy. It syncs and writes its Events; with one verb taken away
-it says which verb on which resource it lacks."""
+it says which verb on which resource it lacks. With the chart's default secure metrics, the
+agent checks scrapers' tokens with that ClusterRole: Prometheus, bound to the chart's
+metrics-reader ClusterRole, gets /metrics; no token 401, another ServiceAccount 403."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from nftpolicy.agent.testbed.controlplane import ControlPlane
 from .agentenv import AgentEnv, RealApi
 from .conftest import eventually
 from .fakeapi import pod
-from .test_chart import NAMESPACE, one, render
+from .test_chart import NAMESPACE, agent_rbac, render
+from .test_secure_metrics import scrape
 from .test_events import DNS_POLICY
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("etcd", "kube-apiserver", "helm")]
@@ -28,7 +31,7 @@ DENY_B = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metada
 @pytest.fixture(scope="module")
 def chart_rbac():
     docs = render("default")
-    role, binding, account = one(docs, "ClusterRole"), one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")
+    role, binding, account = agent_rbac(docs)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}]
     return role, binding, account
 
@@ -65,8 +68,11 @@ def test_the_charts_clusterrole_is_enough(rbac_env):
     assert env.connects("x/c", B)
     cp.apply(DENY_B)
     eventually(lambda: env.connects("x/c", B), False)
-    for kind in ("Pod", "Namespace", "NetworkPolicy", "Node"):
+    for kind in ("Pod", "Namespace", "NetworkPolicy", "Node", "ClusterNetworkPolicy"):
         assert env.metric("nftpolicy_api_errors_total", kind=kind, reason="403") == 0
+    # discovery needs no rule of the chart's (system:discovery): the version the API prefers is watched
+    said = [event["msg"] for event in map(json.loads, filter(lambda line: line.startswith("{"), env.log().splitlines()))]
+    assert "ClusterNetworkPolicy: the API serves policy.networking.k8s.io/v1beta1: listing and watching it" in said
 
 
 @pytest.mark.parametrize("resource, verb", [("pods", "watch"), ("networkpolicies", "list"), ("namespaces", "list")])
@@ -107,3 +113,27 @@ def test_the_charts_clusterrole_lets_the_agent_write_and_count_events(rbac_env):
         assert env.metric("nftpolicy_events_total", result="failed") == 0
     finally:
         cp.delete("ClusterNetworkPolicy", DNS_POLICY["metadata"]["name"])
+
+
+def test_the_charts_default_secure_metrics_answer_401_403_and_200_to_prometheus(rbac_env):
+    """The agent as the chart runs it (--metrics-secure true, a self-signed certificate), with
+    the chart's ClusterRole: it asks the API server about each scraper's token."""
+    cp, env, _ = rbac_env
+    reader = next(d for d in render("default") if d["metadata"]["name"].endswith("-metrics-reader"))
+    cp.apply(reader)
+    cp.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "prometheus-reads-nftpolicy"},
+              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader["metadata"]["name"]},
+              "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]})
+    prometheus, nosy = cp.service_account_token("monitoring", "prometheus"), cp.service_account_token("monitoring", "nosy")
+    env.extra_args = ("--metrics-secure", "true")
+    env.start_agent(wait_ready=False)
+    address = ("127.0.0.1", env.port)
+    try:
+        eventually(lambda: scrape(address, None, "/readyz")[0], 200, timeout=20)  # the probes' path needs no token
+        assert scrape(address, None)[0] == 401
+        assert scrape(address, nosy)[0] == 403
+        status, body = scrape(address, prometheus)
+        assert status == 200 and b'nftpolicy_api_errors_total{kind="Pod",reason="403"}' not in body
+        assert b'nftpolicy_http_auth_total{result="forbidden"} 1.0' in body
+    finally:
+        cp.request("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/prometheus-reads-nftpolicy")

@@ -262,8 +262,12 @@ def test_incremental_commits_share_one_libnftables_context_and_land_as_a_full_re
     for value in ("other", "prometheus", "other"):
         _relabel(store, objects, "prometheus-0", app=value)
         assert reconciler.sync(full=False)
-        kept.append(dataplane._deltas._ctx)
-    assert kept[0] is not None and kept.count(kept[0]) == 3  # made once, by the first incremental commit
+        kept.append((dataplane._deltas._ctx, dataplane._netlink._socket))
+    # each is made once, by the first incremental commit that needs it (chains: libnftables;
+    # elements only: netlink), and kept
+    contexts, sockets = {id(c) for c, _ in kept if c is not None}, {id(s) for _, s in kept if s is not None}
+    assert len(contexts) <= 1 and len(sockets) <= 1 and contexts | sockets
+    assert [c is not None for c, _ in kept] == sorted(c is not None for c, _ in kept)  # once made, kept
     bad = transaction.Transaction(Config().table, Config().priority)
     bad.delete(transaction.SetName("no-such-set"))
     with pytest.raises(NftError):

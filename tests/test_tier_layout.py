@@ -15,7 +15,7 @@ from nftpolicy.translators.layout import (
 )
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import NodeRenderer, build_rule_model
-from nftpolicy.translators.rules import Config
+from nftpolicy.translators.rules import LOG_PREFIX_MAX_BYTES, Config
 
 from . import fakeapi
 
@@ -135,7 +135,7 @@ def test_a_deny_prefix_keeps_within_the_kernel_limit_for_the_longest_name():
     (tier,) = chain(t, "KUBE-BANP-")
     printed = [nft.statement_json(s)["log"]["prefix"] for r in tier.rules for s in r.statements if isinstance(s, Log)]
     assert printed == [f"nftpolicy deny Baseline ingress rule 1 {name}"[:127]]
-    assert len(printed[0].encode()) == nft.LOG_PREFIX_MAX_BYTES == 127
+    assert len(printed[0].encode()) == LOG_PREFIX_MAX_BYTES == 127
 
 
 def _jumps(c: layout.Chain) -> list[tuple[str, Any]]:

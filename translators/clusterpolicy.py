@@ -1,9 +1,13 @@
-"""ClusterNetworkPolicy (``policy.networking.k8s.io/v1alpha2``): reading and validating it into
-:class:`~nftpolicy.translators.model.ClusterNetworkPolicy`.
+"""ClusterNetworkPolicy (``policy.networking.k8s.io/v1beta1`` and ``v1alpha2``): reading and
+validating it into :class:`~nftpolicy.translators.model.ClusterNetworkPolicy`.
 
-Source: sigs.k8s.io/network-policy-api v0.2.0, ``apis/v1alpha2/clusternetworkpolicy_types.go``
+Source: sigs.k8s.io/network-policy-api v0.3.0, ``apis/v1beta1/clusternetworkpolicy_types.go``
 and the CRD it generates (``config/crd/{standard,experimental}``: the OpenAPI limits and the CEL
-rules). A ClusterNetworkPolicy sits in the Admin tier (before every NetworkPolicy) or the
+rules). v0.3.0 serves both versions from one schema ("The v1beta1 and v1alpha2 schemas are
+identical, so no conversion webhook is required", its CHANGELOG; v1beta1 is stored), the same
+as v0.2.0's v1alpha2 but for two validation fixes of v0.2.1 (a CIDR with host bits is refused,
+see :data:`MASKED_SINCE`; the DomainName pattern's ``A-z`` became ``A-Z``, which this module
+always read). A ClusterNetworkPolicy sits in the Admin tier (before every NetworkPolicy) or the
 Baseline tier (after them, for pods no NetworkPolicy isolates); ``tests/tiers.py``
 evaluates the order. Peers are namespaces, pods (a namespace selector AND a pod selector) and,
 for egress, networks (CIDRs), nodes (a label selector over Node objects: their InternalIP and
@@ -18,11 +22,12 @@ networks per peer (no duplicates), rule names of at most 100 characters, port ra
 ``start < end``, no named port in an egress rule towards networks, nodes or domain names; a
 domain name matches the type's pattern (``DomainName``: an optional ``*.`` prefix, then labels),
 1-25 names per peer without duplicates, and (the type's documentation: "DomainNames is only
-supported for Accept rules") only in an Accept rule. Every peer of v1alpha2 is enforced.
+supported for Accept rules") only in an Accept rule. Every peer of both versions is enforced.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from typing import Any, Mapping
@@ -31,7 +36,13 @@ from .model import ACTIONS, TIERS, ClusterNetworkPolicy, ClusterPeer, ClusterPor
 from .selectors import LabelSelector
 from .validation import InvalidField, known_fields, list_field, mapping_field, network_field, object_name, selector_from
 
-API_VERSION = "policy.networking.k8s.io/v1alpha2"
+API_VERSION = "policy.networking.k8s.io/v1beta1"  # network-policy-api v0.3.0's storage version
+# Every apiVersion read, the preferred first (the agent watches the first one the API serves).
+API_VERSIONS = (API_VERSION, "policy.networking.k8s.io/v1alpha2")
+# network-policy-api v0.2.1 (and so v0.3.0, for both versions) refuses a networks CIDR with host
+# bits set ("CIDR fields must now be in canonical (masked) form", CEL: cidr(self) ==
+# cidr(self).masked()); v0.2.0 took them, and the API server keeps serving what it stored then.
+MASKED_SINCE = "network-policy-api v0.2.1"
 MAX_PRIORITY = 1000
 MAX_RULES = 25  # per direction (MaxItems on spec.ingress and spec.egress)
 MAX_ITEMS = 25  # peers, protocols and networks (MaxItems)
@@ -81,7 +92,9 @@ def _namespaced_pods(value: Any, path: str) -> tuple[LabelSelector, LabelSelecto
             selector_from(entry["podSelector"], f"{path}.podSelector"))
 
 
-def _networks(value: Any, path: str) -> tuple[IPNetwork, ...]:
+def _networks(value: Any, path: str, new: bool) -> tuple[IPNetwork, ...]:
+    """The CIDRs of a networks peer; ``new``: refuse host bits, as the CRD does since
+    :data:`MASKED_SINCE` (else they are masked, as for an object stored before)."""
     networks = []
     for i, text in enumerate(_count(list_field(value, path), path, 1, MAX_ITEMS)):
         if not isinstance(text, str) or len(text) > 43:
@@ -89,13 +102,17 @@ def _networks(value: Any, path: str) -> tuple[IPNetwork, ...]:
         if text in value[:i]:
             raise InvalidField(f"{path}[{i}]", f"duplicate value {text!r} (a set)")
         try:
-            networks.append(network_field(text, f"{path}[{i}]"))
+            network = network_field(text, f"{path}[{i}]")
         except InvalidField:
             raise InvalidField(f"{path}[{i}]", f"Invalid CIDR format provided: {text!r}") from None
+        if new and str(network) != text:
+            raise InvalidField(f"{path}[{i}]", f"CIDR must be in canonical form (host bits masked, as {MASKED_SINCE} requires): "
+                                               f"{text!r}, use {str(network)!r}")
+        networks.append(network)
     return tuple(networks)
 
 
-def _peer(value: Any, path: str, direction: Direction) -> ClusterPeer:
+def _peer(value: Any, path: str, direction: Direction, new: bool) -> ClusterPeer:
     entry = mapping_field(value, path)
     part = "ingressPeer" if direction == "ingress" else "egressPeer"
     known_fields(entry, _FIELDS[part], path)
@@ -106,7 +123,7 @@ def _peer(value: Any, path: str, direction: Direction) -> ClusterPeer:
     if kind == "pods":
         return ClusterPeer(pods=_namespaced_pods(entry[kind], where))
     if kind == "networks":
-        return ClusterPeer(networks=_networks(entry[kind], where))
+        return ClusterPeer(networks=_networks(entry[kind], where, new))
     if kind == "domainNames":
         return ClusterPeer(domain_names=_domain_names(entry[kind], where))
     return ClusterPeer(nodes=selector_from(entry[kind], where))  # the last of _FIELDS["egressPeer"]
@@ -160,7 +177,7 @@ def _protocol(value: Any, path: str) -> ClusterPort:
     return ClusterPort(_PROTOCOL_FIELDS[kind], start, end)
 
 
-def _rules(value: Any, path: str, direction: Direction) -> tuple[ClusterRule, ...]:
+def _rules(value: Any, path: str, direction: Direction, new: bool) -> tuple[ClusterRule, ...]:
     peers_key = "from" if direction == "ingress" else "to"
     rules = []
     for i, item in enumerate(_count(list_field(value, path), path, 0, MAX_RULES)):
@@ -176,7 +193,7 @@ def _rules(value: Any, path: str, direction: Direction) -> tuple[ClusterRule, ..
         if rule.get(peers_key) is None:
             raise InvalidField(f"{rpath}.{peers_key}", "required")
         peer_items = _count(list_field(rule[peers_key], f"{rpath}.{peers_key}"), f"{rpath}.{peers_key}", 1, MAX_ITEMS)
-        peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]", direction) for j, p in enumerate(peer_items))
+        peers = tuple(_peer(p, f"{rpath}.{peers_key}[{j}]", direction, new) for j, p in enumerate(peer_items))
         ports: tuple[ClusterPort, ...] = ()
         if rule.get("protocols") is not None:
             items = _count(list_field(rule["protocols"], f"{rpath}.protocols"), f"{rpath}.protocols", 1, MAX_ITEMS)
@@ -190,14 +207,17 @@ def _rules(value: Any, path: str, direction: Direction) -> tuple[ClusterRule, ..
     return tuple(rules)
 
 
-def cluster_policy_from(obj: Mapping[str, Any]) -> ClusterNetworkPolicy:
-    """A ClusterNetworkPolicy object (``policy.networking.k8s.io/v1alpha2``) ->
-    :class:`ClusterNetworkPolicy`, validated as the v0.2.0 CRD validates it (see the module).
+def cluster_policy_from(obj: Mapping[str, Any], new: bool = False) -> ClusterNetworkPolicy:
+    """A ClusterNetworkPolicy object (an apiVersion of :data:`API_VERSIONS`: the two have one
+    schema) -> :class:`ClusterNetworkPolicy`, validated as the v0.3.0 CRD validates it (see the
+    module). ``new``: as it validates a create (manifests); without, as the API server serves
+    what it stored, which may predate :data:`MASKED_SINCE` (host bits of a CIDR masked).
 
     Raises :class:`~nftpolicy.translators.manifests.InvalidField` naming the first invalid field.
     """
-    if obj.get("apiVersion") != API_VERSION:
-        raise InvalidField("apiVersion", f"must be {API_VERSION} (the version nftpolicy implements), got {obj.get('apiVersion')!r}")
+    if obj.get("apiVersion") not in API_VERSIONS:
+        raise InvalidField("apiVersion", f"must be {' or '.join(API_VERSIONS)} (the versions nftpolicy implements), "
+                                         f"got {obj.get('apiVersion')!r}")
     name = object_name(obj)
     spec = mapping_field(obj.get("spec"), "spec")
     known_fields(spec, _FIELDS["spec"], "spec")
@@ -216,8 +236,8 @@ def cluster_policy_from(obj: Mapping[str, Any]) -> ClusterNetworkPolicy:
         name=name, tier=tier, priority=priority,
         subject_namespaces=selector_from(subject[kind], "spec.subject.namespaces") if kind == "namespaces" else None,
         subject_pods=_namespaced_pods(subject[kind], "spec.subject.pods") if kind == "pods" else None,
-        ingress=_rules(spec.get("ingress"), "spec.ingress", "ingress"),
-        egress=_rules(spec.get("egress"), "spec.egress", "egress"),
+        ingress=_rules(spec.get("ingress"), "spec.ingress", "ingress", new),
+        egress=_rules(spec.get("egress"), "spec.egress", "egress", new),
     )
 
 
@@ -242,14 +262,30 @@ def fail_closed_cluster_policy(obj: Mapping[str, Any]) -> ClusterNetworkPolicy |
         items = spec.get(direction) if isinstance(spec.get(direction), list) else []
         for i, item in enumerate(items[:MAX_RULES]):
             try:
-                kept[direction].extend(_rules([item], f"spec.{direction}", direction))
+                kept[direction].extend(_rules([item], f"spec.{direction}", direction, False))
             except InvalidField:
                 action = item.get("action") if isinstance(item, Mapping) else None
                 if action != "Accept":
-                    everything = [ClusterPeer(namespaces=LabelSelector())]
-                    if direction == "egress":
-                        everything.append(ClusterPeer(networks=(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))))
-                    kept[direction].append(ClusterRule("Deny", tuple(everything), name=f"fail-closed rule {i}"))
+                    kept[direction].append(deny_everything(direction, i))
     return ClusterNetworkPolicy(name=skeleton.name, tier=skeleton.tier, priority=skeleton.priority,
                                 subject_namespaces=skeleton.subject_namespaces, subject_pods=skeleton.subject_pods,
                                 ingress=tuple(kept["ingress"]), egress=tuple(kept["egress"]))
+
+
+def deny_everything(direction: Direction, index: int) -> ClusterRule:
+    """What a ``Deny`` or ``Pass`` rule at ``index`` of ``direction`` that cannot be enforced
+    becomes (the API reference: fail closed is "Deny all"): Deny from or to every pod and, for
+    egress, every address."""
+    everything = [ClusterPeer(namespaces=LabelSelector())]
+    if direction == "egress":
+        everything.append(ClusterPeer(networks=(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))))
+    return ClusterRule("Deny", tuple(everything), name=f"fail-closed rule {index}")
+
+
+def closed_cluster_policy(policy: ClusterNetworkPolicy) -> ClusterNetworkPolicy:
+    """``policy`` with every rule failed closed as the API reference prescribes for a rule it
+    cannot read (see :func:`fail_closed_cluster_policy`): each ``Accept`` rule left out, each
+    other :func:`deny_everything`; tier, priority and subject kept."""
+    def closed(direction: Direction, rules: tuple[ClusterRule, ...]) -> tuple[ClusterRule, ...]:
+        return tuple(deny_everything(direction, i) for i, rule in enumerate(rules) if rule.action != "Accept")
+    return dataclasses.replace(policy, ingress=closed("ingress", policy.ingress), egress=closed("egress", policy.egress))

@@ -67,7 +67,7 @@ from typing import Iterable, Sequence
 from .errors import OneLineError
 from . import layout
 from .model import Family
-from .rules import AddressSet
+from .rules import AddressSet, safe_text
 from .transaction import Replace, Transaction
 
 BUILTIN: dict[layout.Hook, str] = {"input": "INPUT", "forward": "FORWARD", "output": "OUTPUT"}
@@ -85,7 +85,9 @@ IPSET_OPTIONS = "hashsize 1024 maxelem 1048576"
 TMP_PREFIX = "TMP-"
 IPSET_NAME_MAX = 31
 CHAIN_NAME_MAX = 28  # XT_EXTENSION_MAXNAMELEN - 1
-NFLOG_PREFIX_MAX = 63
+NFLOG_PREFIX_MAX = 63  # see nflog_prefix()
+COMMENT_MAX = 255  # see comment_word()
+IPSET_LINE_MAX = 1023  # see ipset_comment_line()
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,30 @@ class IptablesRule:
 
 
 def _quote(text: str) -> str:
-    """A double-quoted iptables-restore word (our comments never need quotes or backslashes)."""
-    return '"' + text.replace("\\", "/").replace('"', "'") + '"'
+    """A double-quoted iptables-restore word of :func:`safe_text` output (no ``"``): a backslash
+    is doubled (iptables-restore drops a lone one)."""
+    return '"' + text.replace("\\", "\\\\") + '"'
+
+
+def comment_word(text: str) -> str:
+    """``text`` as the word after ``-m comment --comment``: :func:`safe_text` within
+    :data:`COMMENT_MAX` bytes (the kernel's ``XT_MAX_COMMENT_LEN``, 256 with the NUL; iptables
+    1.8.9 cuts a longer one without a word, inside a character too), quoted."""
+    return _quote(safe_text(text, COMMENT_MAX))
+
+
+def nflog_prefix(text: str) -> str:
+    """``text`` as the word after ``--nflog-prefix``: :func:`safe_text` within
+    :data:`NFLOG_PREFIX_MAX` bytes (``xt_NFLOG``'s prefix, 64 with the NUL; iptables-legacy
+    1.8.9 cuts a longer one without a word, inside a character too), quoted."""
+    return _quote(safe_text(text, NFLOG_PREFIX_MAX))
+
+
+def ipset_comment_line(text: str) -> str:
+    """``text`` as an ``ipset restore`` comment line (``# ...``): :func:`safe_text` (a newline
+    would start a command) within :data:`IPSET_LINE_MAX` bytes with the ``# `` (ipset 7.17 reads
+    a line into 1024 bytes with the NUL and the rest of a longer line as a command of its own)."""
+    return "# " + safe_text(text, IPSET_LINE_MAX - 2)
 
 
 def _mark(bits: int) -> str:
@@ -135,7 +159,7 @@ class _Printer:
         for chain in kept:
             if chain.hook is None:
                 continue
-            self.rules.append(IptablesRule(BUILTIN[chain.hook], ("-m", "comment", "--comment", _quote("nftpolicy: kube-router network policy"),
+            self.rules.append(IptablesRule(BUILTIN[chain.hook], ("-m", "comment", "--comment", comment_word("nftpolicy: kube-router network policy"),
                                                          "-j", chain.name)))
         for chain in kept:
             for rule in chain.rules:
@@ -158,7 +182,7 @@ class _Printer:
                 what = "to" if dispatch.field == "daddr" else "from"
                 for e in self.maps[dispatch.map].elements:
                     self.rules.append(IptablesRule(chain, (flag, _address(e.address), "-m", "comment", "--comment",
-                                                   _quote(f"{e.pod} traffic {what} the pod"), "-j", e.chain)))
+                                                   comment_word(f"{e.pod} traffic {what} the pod"), "-j", e.chain)))
                 continue
             matches, target = self._words(variant, rule.comment)
             if target[-1] == "RETURN" and any(isinstance(s, layout.SetMark) for s in variant):
@@ -221,8 +245,7 @@ class _Printer:
             elif isinstance(s, layout.ClearAndSetMark):
                 target = ["-j", "MARK", "--set-xmark", f"0x{s.set:x}/0x{s.clear | s.set:x}"]
             elif isinstance(s, layout.Log):
-                prefix = s.prefix.encode()[:NFLOG_PREFIX_MAX].decode(errors="ignore")
-                target = ["-j", "NFLOG", "--nflog-group", str(s.group), "--nflog-prefix", _quote(prefix)]
+                target = ["-j", "NFLOG", "--nflog-group", str(s.group), "--nflog-prefix", nflog_prefix(s.prefix)]
             elif isinstance(s, layout.CounterStatement):
                 pass  # iptables counts every rule
             elif isinstance(s, layout.Reject):
@@ -233,7 +256,7 @@ class _Printer:
                 target = ["-j", s.target]
             else:
                 raise TypeError(f"no iptables words for {s!r}")
-        words = basic + (["-m", "comment", "--comment", _quote(comment)] if comment else []) + extensions
+        words = basic + (["-m", "comment", "--comment", comment_word(comment)] if comment else []) + extensions
         return words, target
 
 
@@ -404,7 +427,7 @@ def to_ipset(table: layout.Table, families: Sequence[Family] = ("ipv4", "ipv6"))
         if len(tmp) > IPSET_NAME_MAX:
             raise ValueError(f"set name {tmp!r} is longer than ipset's {IPSET_NAME_MAX} characters")
         header = f"{IPSET_TYPE[s.kind]} family {IPSET_FAMILY[s.family]} {IPSET_OPTIONS}"
-        lines.append(f"# {s.comment}")
+        lines.append(ipset_comment_line(s.comment))
         lines.append(f"create {tmp} {header} -exist")
         lines.append(f"flush {tmp}")
         lines.extend(f"add {tmp} {element}" for element in ipset_elements(s))

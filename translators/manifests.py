@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 import yaml
 
-from .clusterpolicy import API_VERSION as CLUSTER_POLICY_API_VERSION, cluster_policy_from
+from .clusterpolicy import API_VERSIONS as CLUSTER_POLICY_API_VERSIONS, cluster_policy_from
 from .model import (
     NAMESPACE_NAME_LABEL,
     PROTOCOLS,
@@ -69,7 +69,7 @@ KINDS = ("Namespace", "Pod", "NetworkPolicy", "Node", "ClusterNetworkPolicy")
 # batch/v1beta1 up to v1.24, same shape): another apiVersion is a different object, left out.
 API_VERSIONS = {
     "Namespace": ("v1",), "Pod": ("v1",), "Node": ("v1",), "Service": ("v1",),
-    "NetworkPolicy": ("networking.k8s.io/v1",), "ClusterNetworkPolicy": (CLUSTER_POLICY_API_VERSION,),
+    "NetworkPolicy": ("networking.k8s.io/v1",), "ClusterNetworkPolicy": CLUSTER_POLICY_API_VERSIONS,
     "Deployment": ("apps/v1",), "ReplicaSet": ("apps/v1",), "StatefulSet": ("apps/v1",), "DaemonSet": ("apps/v1",),
     "Job": ("batch/v1",), "CronJob": ("batch/v1", "batch/v1beta1"),
 }
@@ -422,7 +422,7 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 policy = policy_from(obj, new=True)
                 policies[policy.key] = policy
             elif kind == "ClusterNetworkPolicy":
-                cluster_policy = cluster_policy_from(obj)
+                cluster_policy = cluster_policy_from(obj, new=True)
                 cluster_policies[cluster_policy.key] = cluster_policy
             else:
                 node = node_from(obj)
@@ -457,7 +457,7 @@ def unread_object(obj: Any, origin: str) -> ManifestError | None:
         return None  # no kind of ours
     if kind in _REPLACED_KINDS and str(obj.get("apiVersion", POLICY_GROUP)).startswith(POLICY_GROUP):
         return ManifestError(kind, _ref(kind, obj), "a kind of network-policy-api before v1alpha2, which nftpolicy does not "
-                             f"read: write it as a ClusterNetworkPolicy of {CLUSTER_POLICY_API_VERSION} with tier: "
+                             f"read: write it as a ClusterNetworkPolicy of {' or '.join(CLUSTER_POLICY_API_VERSIONS)} with tier: "
                              f"{_REPLACED_KINDS[kind]}", origin)
     near = difflib.get_close_matches(kind.lower(), _KINDS_BY_LOWER, n=1, cutoff=_TYPO_CUTOFF)
     if near:
@@ -501,7 +501,12 @@ def object_ref(kind: str, obj: Mapping[str, Any]) -> str:
 
 def _namespace(obj: Mapping[str, Any]) -> str:
     """``metadata.namespace`` (default ``default``), interned."""
-    namespace = obj["metadata"].get("namespace") or "default"
+    return namespace_name(obj["metadata"].get("namespace"))
+
+
+def namespace_name(namespace: Any) -> str:
+    """A ``metadata.namespace`` (None or "": ``default``), checked and interned; raises InvalidField."""
+    namespace = namespace or "default"
     if type(namespace) is str and namespace in _NAMESPACES:  # one of the few names seen already
         return _NAMESPACES[namespace]
     if not isinstance(namespace, str) or not DNS_LABEL.fullmatch(namespace):
@@ -577,7 +582,7 @@ def _is_ip(text: str) -> bool:
 
 def pod_from(obj: Mapping[str, Any]) -> Pod:
     """A Pod object -> :class:`Pod`: labels, ``spec.nodeName``, ``status.podIPs`` (or ``podIP``),
-    phase, ``spec.hostNetwork`` and the containers' named ports."""
+    phase, ``spec.hostNetwork`` and the containers' named ports (:func:`pod_model`)."""
     name = object_name(obj)
     meta = obj["metadata"]
     spec = mapping_field(obj.get("spec"), "spec")
@@ -587,21 +592,30 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
         ips.append(str((entry if type(entry) is dict else mapping_field(entry, f"status.podIPs[{i}]")).get("ip")))
     if not ips and status.get("podIP"):
         ips.append(str(status["podIP"]))
+    return pod_model(_namespace(obj), name, labels_field(meta.get("labels"), "metadata.labels"), spec.get("nodeName"), ips,
+                     status.get("phase"), _boolean(spec.get("hostNetwork"), "spec.hostNetwork"), _container_ports(spec))
+
+
+def pod_model(namespace: str, name: str, labels: Labels, node: Any, ips: list[str], phase: Any, host_network: bool,
+              ports: tuple[ContainerPort, ...]) -> Pod:
+    """The :class:`Pod` of fields already read (the JSON reader :func:`pod_from`, the agent's
+    protobuf reader): ``namespace`` and ``name`` valid, ``ips`` the text of ``status.podIPs``
+    (or ``podIP``; changed in place to their canonical text), ``phase`` None or "" for none (then
+    ``Running`` with an address, else ``Pending``), ``node`` None for none. Raises
+    InvalidField for an address that is not one."""
     for i, ip in enumerate(ips):
         canonical = _canonical_ip(ip)
         if canonical is None:
             raise InvalidField(f"status.podIPs[{i}]", f"invalid IP address {ip!r}")
         ips[i] = canonical
-    ports = _container_ports(spec)
-    node = spec.get("nodeName")
     return Pod(  # the strings that repeat across pods are interned: one copy each in memory
-        namespace=_namespace(obj),
+        namespace=namespace,
         name=name,
-        labels=labels_field(meta.get("labels"), "metadata.labels"),
+        labels=labels,
         node=sys.intern(node) if isinstance(node, str) else node,
         ips=tuple(ips),
-        phase=sys.intern(str(status.get("phase") or ("Running" if ips else "Pending"))),
-        host_network=_boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
+        phase=sys.intern(str(phase or ("Running" if ips else "Pending"))),
+        host_network=host_network,
         ports=ports,
     )
 
@@ -634,6 +648,19 @@ def _container_ports(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
             except (TypeError, InvalidField):  # an unhashable name or protocol, or an invalid value
                 pass
     return _container_ports_checked(spec)
+
+
+def container_ports(containers: Iterable[Iterable[tuple[str | None, int, str | None]]]) -> tuple[ContainerPort, ...]:
+    """The ports of ``containers``, each given as its ``(name, containerPort, protocol)``
+    triples (None: absent), checked as :func:`pod_from` checks them (the same cache); raises
+    InvalidField naming the first invalid field (``spec.containers[1].ports[0].protocol``)."""
+    listed = [list(ports) for ports in containers]
+    try:
+        return _checked_ports(tuple(triple for ports in listed for triple in ports))
+    except InvalidField:
+        pass
+    return _container_ports_checked({"containers": [{"ports": [{"name": n, "containerPort": c, "protocol": p} for n, c, p in ports]}
+                                                    for ports in listed]})
 
 
 @functools.lru_cache(maxsize=1 << 12)

@@ -5,7 +5,8 @@ JSON) or by the agent's API sources; validation and API-server defaulting happen
 model object is always valid (ClusterNetworkPolicy by :mod:`nftpolicy.translators.clusterpolicy`).
 Source of the semantics: the Kubernetes API reference for ``networking.k8s.io/v1``
 NetworkPolicy (label selectors: :mod:`nftpolicy.translators.selectors`) and, for
-ClusterNetworkPolicy, sigs.k8s.io/network-policy-api v0.2.0 (``apis/v1alpha2``).
+ClusterNetworkPolicy, sigs.k8s.io/network-policy-api v0.3.0 (``apis/v1beta1``, the schema of
+``v1alpha2`` too).
 """
 
 from __future__ import annotations

@@ -17,13 +17,12 @@ import orjson
 from . import layout, transaction
 from .layout import Chain, Rule, Statement, Table
 from .model import Family
-from .rules import AddressSet, RuleModel, TimedAddress, comment
+from .rules import AddressSet, RuleModel, TimedAddress, comment, log_prefix_text
 from .transaction import ChainRule, Elements, OurTable, Operation, Replace, SetName, Transaction
 
 IP: dict[Family, str] = {"ipv4": "ip", "ipv6": "ip6"}
 ICMP: dict[Family, str] = {"ipv4": "icmp", "ipv6": "icmpv6"}
 ADDR_TYPE: dict[Family, str] = {"ipv4": "ipv4_addr", "ipv6": "ipv6_addr"}
-LOG_PREFIX_MAX_BYTES = 127  # the kernel's NF_LOG_PREFIXLEN (128) less the NUL
 Json = dict[str, Any]
 MARK: Json = {"meta": {"key": "mark"}}
 L4PROTO: Json = {"meta": {"key": "l4proto"}}
@@ -77,7 +76,7 @@ def statement_json(s: Statement) -> Json:
     if isinstance(s, layout.ClearAndSetMark):
         return {"mangle": {"key": MARK, "value": {"|": [{"&": [MARK, 0xFFFFFFFF & ~s.clear]}, s.set]}}}
     if isinstance(s, layout.Log):
-        return {"log": {"prefix": comment(s.prefix, LOG_PREFIX_MAX_BYTES), "group": s.group}}
+        return {"log": {"prefix": log_prefix_text(s.prefix), "group": s.group}}
     if isinstance(s, layout.Reject):
         return {"reject": {"type": "tcp reset"} if s.tcp_reset else None}
     if isinstance(s, layout.VerdictStatement):
@@ -118,7 +117,7 @@ def _chain_with_rules(table: str, priority: int, chain: Chain) -> list[Json]:
 
 def map_json(table: str, m: layout.VerdictMap) -> Json:
     """The ``map`` object of a dispatch verdict map, with its elements (libnftables-json(5) MAP)."""
-    body: Json = {**_table_ref(table), "name": m.name, "type": ADDR_TYPE[m.family], "map": "verdict", "comment": m.comment}
+    body: Json = {**_table_ref(table), "name": m.name, "type": ADDR_TYPE[m.family], "map": "verdict", "comment": comment(m.comment)}
     if m.elements:
         body["elem"] = [map_element_json(e) for e in m.elements]
     return {"map": body}
@@ -142,7 +141,7 @@ def table_objects(t: Table) -> list[Json]:
 
 def set_json(table: str, s: AddressSet) -> Json:
     """The ``set`` object of a shared set, with its elements (libnftables-json(5) SET)."""
-    body: Json = {**_table_ref(table), "name": s.name, "comment": s.comment}
+    body: Json = {**_table_ref(table), "name": s.name, "comment": comment(s.comment)}
     if s.kind == "named_port":
         body["type"] = [ADDR_TYPE[s.family], "inet_proto", "inet_service"]
     elif s.kind == "interval":

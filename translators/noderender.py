@@ -200,6 +200,11 @@ class NodeRenderer:
         self.tiers.set_policy(key, policy, (p for pods in self._local.values() for p in pods.values()))
         self._all_stale = True
 
+    def policy(self, kind: str, key: str) -> NetworkPolicy | ClusterNetworkPolicy | None:
+        """The ``NetworkPolicy`` or ``ClusterNetworkPolicy`` called ``key`` as the model holds it
+        (None: none)."""
+        return self.policies.policies.get(key) if kind == "NetworkPolicy" else self.tiers.policies.get(key)
+
     # ---- outputs -------------------------------------------------------------------------
 
     def domain_sets(self) -> tuple[DomainSet, ...]:

@@ -25,6 +25,7 @@ import base64
 import functools
 import hashlib
 import ipaddress
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,7 +37,8 @@ from .model import Action, Direction, Family, Protocol, Tier
 DenyAction = Literal["reject", "drop"]
 DENY_ACTIONS: tuple[DenyAction, ...] = ("reject", "drop")
 FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
-COMMENT_MAX_BYTES = 128
+COMMENT_MAX_BYTES = 128  # see comment()
+LOG_PREFIX_MAX_BYTES = 127  # see log_prefix_text()
 
 
 @dataclass(frozen=True)
@@ -258,10 +260,69 @@ def hashed_name(prefix: str, *identity: str) -> str:
     return prefix + base64.b32encode(digest).decode()[:16]
 
 
+# The Unicode categories whose characters never reach a printed comment or log prefix as they
+# are: control (Cc: C0, DEL, C1), format (Cf: bidirectional overrides, zero widths, the BOM),
+# surrogates (Cs: no UTF-8 for them), line and paragraph separators (Zl, Zp).
+ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _safe_character(character: str, also: str) -> str:
+    """One character as :func:`safe_text` writes it."""
+    if character == '"':
+        return "'"
+    if character in also or unicodedata.category(character) in ESCAPED_CATEGORIES:
+        code = ord(character)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return character
+
+
+def safe_text(text: str, limit: int, also: str = "") -> str:
+    """``text`` as every printer of ours may put it between double quotes (an nft or
+    iptables-restore word, a libnftables JSON string, an ``ipset restore`` comment line), at most
+    ``limit`` bytes of UTF-8, cut after the last whole character (never inside one, nor inside an
+    escape).
+
+    A double quote becomes ``'``; a character of :data:`ESCAPED_CATEGORIES` or of ``also``
+    becomes its escape, ``\\x00``, ``\\u202e`` or ``\\U000e0001`` (Python's spelling). Each refusal
+    this prevents, found against the real tools (``tests/test_safe_text.py`` checks every one):
+    libnftables 1.0.6 refuses a NUL in its JSON input (its JSON parser fails, and the batch is
+    then read as nft syntax: ``syntax error, unexpected '{'``) and ends nft syntax at one;
+    ``nft`` syntax has no escape for ``"``; ``iptables-restore`` 1.8.9 refuses a newline and a
+    ``"`` in a quoted word and cuts the line at a NUL (the rule loses its target, silently);
+    ``ipset restore`` 7.17 refuses a newline in a comment line (the rest of the line is a
+    command). The other control and format characters load, but end a line for Python's and
+    other readers of ``nft list ruleset`` and the trace monitor, or show text that is not there
+    (a bidirectional override). A backslash stays as it is: the text is a description only (data
+    travels as typed fields), and so the function is idempotent:
+    ``safe_text(safe_text(t, n, a), n, a) == safe_text(t, n, a)``."""
+    if text.isprintable() and not any(map(text.__contains__, also)):  # nothing to escape: at C speed
+        text = text.replace('"', "'")
+        return text[:limit] if text.isascii() else text.encode()[:limit].decode(errors="ignore")
+    pieces, size = [], 0
+    for character in text:
+        piece = _safe_character(character, also)
+        size += len(piece.encode())
+        if size > limit:
+            break
+        pieces.append(piece)
+    return "".join(pieces)
+
+
 def comment(text: str, limit: int = COMMENT_MAX_BYTES) -> str:
-    """``text`` without double quotes, cut to at most ``limit`` bytes of UTF-8 (nft's comment
-    limit is 128), never mid-character."""
-    return text.replace('"', "'").encode()[:limit].decode(errors="ignore")
+    """``text`` as an nft comment (a rule's, a set's, a map's): :func:`safe_text` within
+    ``limit`` bytes. The limit is libnftables': nft syntax refuses a comment longer than 128
+    bytes (``NFTNL_UDATA_COMMENT_MAXLEN``: "comment too long, 128 characters maximum allowed");
+    its JSON parser checks nothing, and libnftables 1.0.6 ends the process (``netlink_linearize.c:
+    Memory allocation failure``) on a rule comment of 254 bytes or more."""
+    return safe_text(text, limit)
+
+
+def log_prefix_text(text: str) -> str:
+    """``text`` as an nft ``log prefix``: :func:`safe_text` within :data:`LOG_PREFIX_MAX_BYTES`
+    (the kernel's ``NF_LOG_PREFIXLEN``, 128 with the NUL: a longer prefix is refused with
+    "Numerical result out of range"), with ``$`` escaped too (nft syntax reads ``$name`` in a
+    log prefix as a variable: "unknown identifier")."""
+    return safe_text(text, LOG_PREFIX_MAX_BYTES, also="$")
 
 
 @functools.lru_cache(maxsize=1 << 17)

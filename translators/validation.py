@@ -84,6 +84,12 @@ def object_name(obj: Mapping[str, Any], pattern: re.Pattern[str] = DNS_SUBDOMAIN
         if not pattern.fullmatch(prefix[:-1] + "a" if prefix.endswith("-") else prefix):
             raise InvalidField("metadata.generateName", f"invalid name prefix {prefix!r} (a lower-case RFC 1123 name)")
         name = prefix[:58] + generated_suffix(obj, 5)
+    return checked_name(name, pattern)
+
+
+def checked_name(name: Any, pattern: re.Pattern[str] = DNS_SUBDOMAIN) -> str:
+    """``name`` when it is a ``metadata.name`` matching ``pattern`` (an RFC 1123 subdomain unless
+    given); raises InvalidField."""
     if not isinstance(name, str) or not name:
         raise InvalidField("metadata.name", "required")
     if not pattern.fullmatch(name):

@@ -243,21 +243,37 @@ def _http_address(text: str) -> str:
     return text
 
 
-DEFAULT_DEBUG_ADDRESS = "127.0.0.1:9479"  # the agent's /debug/model: loopback only
+# The agent's /debug/model: a Unix socket (mode 0600) only the agent's container reaches.
+DEFAULT_DEBUG_ADDRESS = "unix:/run/nftpolicy/debug.sock"
+UNIX_PREFIX = "unix:"
 
 
 def _debug_address(text: str) -> str:
-    """:func:`_http_address`, or ``''``: no debug endpoint."""
+    """``unix:PATH`` (an absolute path), :func:`_http_address`, or ``''``: no debug endpoint."""
+    if text.startswith(UNIX_PREFIX):
+        path = text[len(UNIX_PREFIX):]
+        # sun_path holds 108 bytes with its terminating NUL (unix(7))
+        if not path.startswith("/") or len(path.encode()) > 107 or "\0" in path:
+            raise argparse.ArgumentTypeError(f"invalid Unix socket {text!r} (expected unix:/ABSOLUTE/PATH, at most 107 bytes)")
+        return text
     return text and _http_address(text)
 
 
+def _boolean(text: str) -> bool:
+    """``true`` or ``false`` (any case), as Kubernetes components' boolean flags take them."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def check_exists(flag: str, value: str | None) -> None:
-    """Raise UsageError when the file (``--kubeconfig``), directory (``--manifests``) or named
+    """Raise UsageError when the file (``--kubeconfig``, ``--tls-*-file``), directory (``--manifests``) or named
     network namespace (``--netns``) given to ``flag`` is not there (checked when the command
     runs, not when it parses: the chart's paths exist only in its container)."""
     if not value:
         return
     what, exists = {"--kubeconfig": ("no such file", os.path.isfile), "--manifests": ("no such directory", os.path.isdir),
+                    "--tls-cert-file": ("no such file", os.path.isfile), "--tls-private-key-file": ("no such file", os.path.isfile),
                     "--netns": ("no such network namespace (see 'ip netns list')",
                                 lambda name: "/" not in name and os.path.exists(os.path.join(NETNS_DIR, name)))}[flag]
     if not exists(value):
@@ -406,9 +422,18 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--counters-interval", type=_seconds(1), default=5.0,
                        help="seconds between two reads of the kernel's rule counters, which /metrics serves from the last read "
                             "(one listing of the table each, whatever the number of scrapers; default %(default)s)")
+    agent.add_argument("--metrics-secure", type=_boolean, default=False, metavar="true|false",
+                       help="serve --http-address over TLS, and /metrics only to a bearer token whose user may get /metrics "
+                            "(TokenReview and SubjectAccessReview; needs the API, not --manifests); /healthz and /readyz "
+                            "stay open (default false)")
+    agent.add_argument("--tls-cert-file", metavar="FILE",
+                       help="with --metrics-secure: the PEM certificate (chain) to serve, read again when it changes "
+                            "(default: a self-signed one made at start)")
+    agent.add_argument("--tls-private-key-file", metavar="FILE", help="with --tls-cert-file: its PEM private key")
     agent.add_argument("--debug-address", type=_debug_address, default=DEFAULT_DEBUG_ADDRESS,
-                       help="address of the read-only /debug/model for explain --agent (it names every pod, label and policy: "
-                            "keep it on loopback; '' turns it off; default %(default)s)")
+                       help="address of the read-only /debug/model for explain, trace and status --agent, with /healthz, "
+                            "/readyz and /metrics, without a token: unix:PATH (a socket of mode 0600) or HOST:PORT (it names "
+                            "every pod, label and policy: never a network address; '' turns it off; default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
     agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")
@@ -438,10 +463,16 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("--port", action="append", metavar="[PROTO/]PORT",
                          help="TCP/5432, udp/53, 8080 (TCP), a container port's name (http) or icmp (echo); for a Service, "
                               "one of its ports by number or name; repeatable (default: the destination's container ports, else icmp)")
-    explain.add_argument("--agent", metavar="http://ADDR", help="ask a running agent's debug endpoint (its node's rules right now) instead of manifests")
+    explain.add_argument("--agent", metavar="unix:PATH|http://ADDR",
+                         help="ask a running agent's debug endpoint (its --debug-address: its node's rules right now) instead of manifests")
     explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
     add_input_arguments(explain)
     add_config_arguments(explain, table=False)
+
+    status = sub.add_parser("status", help="this node's agent: ready or why not, last sync, generation, table, drops, version")
+    status.add_argument("--agent", metavar="unix:PATH|http://ADDR", default=DEFAULT_DEBUG_ADDRESS,
+                        help="the agent's debug endpoint (its --debug-address; default %(default)s)")
+    status.add_argument("--output", choices=("text", "json"), default="text", help="a table, or JSON (default %(default)s)")
 
     trace = sub.add_parser("trace", help="follow one real packet through our chains (nftrace), mapped to pods, policies and rules")
     trace.add_argument("paths", nargs="*", metavar="PATH", help="manifests: build them as a sandbox and send the packet (none: wait for it on this node)")
@@ -451,15 +482,15 @@ def parser() -> argparse.ArgumentParser:
     trace.add_argument("--node", action="append", type=_node, help="sandbox node for pods without spec.nodeName (repeatable; default node1)")
     trace.add_argument("--netns", help="on a node: trace in this named network namespace (default: the current one)")
     trace.add_argument("--timeout", type=_seconds(0, inclusive=False), default=30.0, help="on a node: seconds to wait for the packet (default %(default)s)")
-    trace.add_argument("--agent", metavar="http://ADDR", help="on a node: name the policy rules from this running agent's debug endpoint (its committed model)")
+    trace.add_argument("--agent", metavar="unix:PATH|http://ADDR", help="on a node: name the policy rules from this running agent's debug endpoint (its committed model)")
     add_input_arguments(trace)
     add_config_arguments(trace)
     return top
 
 
 EXIT_CODES = """exit codes: 0 success; 1 a difference was found (sandbox, compare), a connection is not
-allowed (explain), the packet was refused or never seen (trace), or the agent cannot run (a missing
-nftables feature, the HTTP address cannot be bound); 2 bad input: a flag or NFTPOLICY_* variable, a
+allowed (explain), the packet was refused or never seen (trace), the agent is not ready (status), or
+the agent cannot run (a missing nftables feature, the HTTP address cannot be bound); 2 bad input: a flag or NFTPOLICY_* variable, a
 file that cannot be read, an invalid object with --strict; 3 incomplete input: an object, document
 or file was skipped, or no object was found (--accept-skipped: the code it would give otherwise);
 130 interrupted (SIGINT), 143 terminated (SIGTERM); 141 the reader of the output went away (| head)"""

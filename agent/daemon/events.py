@@ -1,6 +1,7 @@
 """Kubernetes Events on what the agent cannot enforce, so that ``kubectl describe`` shows them.
 
-When a NetworkPolicy or ClusterNetworkPolicy fails validation, the agent fails closed on it
+When a NetworkPolicy or ClusterNetworkPolicy fails validation, or the kernel refuses its rules
+(:mod:`nftpolicy.agent.daemon.quarantine`), the agent fails closed on it
 (:mod:`nftpolicy.agent.daemon.sources`) and records one ``Warning`` Event on that object; when the ClusterNetworkPolicy CRD is not installed, one
 ``Normal`` Event on this node (nothing fails closed: there are none to enforce).
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 from urllib.parse import quote
 
+from nftpolicy.translators.rules import safe_text
 from nftpolicy.translators.validation import InvalidField
 
 from .clock import REAL_TIME, Clock
@@ -60,9 +62,12 @@ RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full")
 
 # Reasons (the Event's ``reason``), one per way the agent falls short of an object.
 INVALID = "InvalidPolicy"  # a field fails validation
+REFUSED = "RefusedByKernel"  # the kernel refused its rules (nftpolicy.agent.daemon.quarantine)
 CRD_MISSING = "ClusterNetworkPolicyCRDMissing"  # on the Node: the API has no ClusterNetworkPolicies
 
-API_VERSIONS = {"NetworkPolicy": "networking.k8s.io/v1", "ClusterNetworkPolicy": "policy.networking.k8s.io/v1alpha2"}
+# The apiVersion of an object that comes without one (items of a built-in kind's list); a custom
+# resource's items carry theirs (a ClusterNetworkPolicy's: the version the agent watches).
+API_VERSIONS = {"NetworkPolicy": "networking.k8s.io/v1", "ClusterNetworkPolicy": "policy.networking.k8s.io/v1beta1"}
 FAIL_CLOSED_EFFECT = {
     "NetworkPolicy": "enforced fail-closed: the pods it selects are isolated, with nothing allowed, in the directions it names",
     "ClusterNetworkPolicy": "enforced fail-closed: each rule that cannot be read matches nothing (Accept) or denies everything "
@@ -194,7 +199,7 @@ class EventRecorder:
     def record(self, subject: Subject, reason: str, message: str, event_type: str = "Warning") -> None:
         """Queue an Event about ``subject`` unless one with this reason and message was queued
         for its generation already. Never blocks: a full queue drops it (counted)."""
-        message = message.encode()[:MAX_MESSAGE].decode(errors="ignore")
+        message = safe_text(message, MAX_MESSAGE)  # no control character of an object's text reaches kubectl describe
         key = self._key(subject, reason, message)
         with self._lock:
             if self._queued.get(key) == subject.generation:
@@ -209,11 +214,19 @@ class EventRecorder:
 
     def failed_closed(self, kind: str, obj: Mapping[str, Any], exc: InvalidField, enforced: bool) -> None:
         """Record that the agent fails closed on ``obj`` (a ``kind`` of :data:`API_VERSIONS`, as
-        the API serves it: list items lack ``kind`` and ``apiVersion``) because of ``exc``;
+        the API serves it: a built-in kind's list items lack ``kind`` and ``apiVersion``) because of ``exc``;
         ``enforced``: its fail-closed stand-in is enforced (else nothing of it is: a
         ClusterNetworkPolicy whose tier, priority or subject cannot be read)."""
         effect = FAIL_CLOSED_EFFECT[kind] if enforced else "not enforced: its tier, priority or subject cannot be read"
-        self.record(Subject.of({**obj, "kind": kind, "apiVersion": API_VERSIONS[kind]}), INVALID, f"{exc}; {effect}")
+        self.record(Subject.of({**obj, "kind": kind, "apiVersion": obj.get("apiVersion") or API_VERSIONS[kind]}), INVALID,
+                    f"{exc}; {effect}")
+
+    def kernel_refused(self, kind: str, obj: Mapping[str, Any], reason: str) -> None:
+        """Record that the kernel refused the rules of ``obj`` (a ``kind`` of
+        :data:`API_VERSIONS`; its ``metadata`` is enough) for ``reason`` and that the agent
+        enforces it fail-closed, as an invalid one (:data:`FAIL_CLOSED_EFFECT`)."""
+        self.record(Subject.of({**obj, "kind": kind, "apiVersion": API_VERSIONS[kind]}), REFUSED,
+                    f"the kernel refused its rules: {reason}; {FAIL_CLOSED_EFFECT[kind]}")
 
     def crd_missing(self, crd: str) -> None:
         """Record on this node that the API has no ``crd``: ``Normal``, since nothing fails

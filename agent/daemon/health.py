@@ -1,21 +1,22 @@
-"""Liveness and readiness, and the HTTP server of ``/healthz``, ``/readyz`` and ``/metrics``."""
+"""Liveness and readiness, and what ``/healthz``, ``/readyz`` and ``/metrics`` answer (served by :mod:`.httpserver`)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
+import ssl
 import threading
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Mapping
+from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .httpserver import TEXT, Guard, HttpServer, Route, start_http
 from .metrics import Metrics
 
 log = logging.getLogger("nftpolicy.health")
+
 
 class Health:
     """Liveness and readiness.
@@ -54,7 +55,8 @@ class Health:
         where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
         log.error("thread %s died: %s: %s%s; /healthz fails until the agent is restarted", name, args.exc_type.__name__,
                   " ".join(str(args.exc_value).split())[:500], where)
-        self.dead.append(name)
+        if name not in self.dead:  # one reason per thread name, however often threads of that name die
+            self.dead.append(name)
 
     def not_alive(self) -> list[str]:
         """Why the agent is not alive, one short reason each (empty when it is): the loop has not
@@ -74,59 +76,43 @@ class Health:
         reasons = []
         if unlisted := self.unlisted():
             reasons.append(f"not listed yet: {', '.join(unlisted)}")
-        reasons.append("no sync committed yet" + (f"; the last one failed: {self.sync_failure}" if self.sync_failure else ""))
+        # the failure itself (the kernel's words about a batch that names pods and policies) is in the log
+        reasons.append("no sync committed yet" + ("; the last one failed (the log says why)" if self.sync_failure else ""))
         return reasons
 
 
-class _Server6(ThreadingHTTPServer):
-    """The HTTP server on an IPv6 address (``[::]:port``)."""
-
-    address_family = socket.AF_INET6
-
-
-TEXT = "text/plain; charset=utf-8"
-# A GET handler: () -> (HTTP status, body, content type).
-Route = Callable[[], tuple[int, bytes, str]]
+# A health body says "ok" or a short reason, never an object's text (a refused batch names pods
+# and policies, and the port is every pod's to read): at most this many bytes.
+HEALTH_BODY_BYTES = 200
 
 
-def start_http(address: str, routes: Mapping[str, Route], default_host: str, name: str) -> ThreadingHTTPServer:
-    """Serve ``GET`` of each path of ``routes`` on ``host:port`` (``[::]:port`` for IPv6; an
-    empty host is ``default_host``; port 0 picks a free port: ``server.server_address`` tells
-    which) from a daemon thread called ``name``; any other path is 404. Logs nothing. Raises
-    OSError when the address cannot be bound."""
-    host, _, port = address.rpartition(":")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            route = routes.get(self.path)
-            code, body, content_type = route() if route is not None else (404, b"not found\n", TEXT)
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    host = host.strip("[]") or default_host
-    server_class: type[ThreadingHTTPServer] = _Server6 if ":" in host else ThreadingHTTPServer
-    server = server_class((host, int(port)), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
-    return server
+def short(text: str) -> bytes:
+    """``text`` as UTF-8, cut to :data:`HEALTH_BODY_BYTES` (never inside a character; a cut
+    body ends with ``...`` and a newline)."""
+    body = text.encode()
+    if len(body) <= HEALTH_BODY_BYTES:
+        return body
+    return body[:HEALTH_BODY_BYTES - 4].decode(errors="ignore").encode() + b"...\n"
 
 
-def serve_http(address: str, metrics: Metrics, health: Health) -> ThreadingHTTPServer:
-    """Serve ``/healthz``, ``/readyz`` and ``/metrics`` on ``host:port`` (:func:`start_http`;
-    an empty host is every IPv4 address)."""
+def health_routes(metrics: Metrics, health: Health) -> dict[str, Route]:
+    """``/healthz`` (200 ``ok``, 503 and a line per reason: the reconcile loop stalled, a thread
+    died, :meth:`Health.not_alive`), ``/readyz`` (200 ``ok``,
+    503 and a line per reason) and ``/metrics`` (the Prometheus text of ``metrics``)."""
     def healthz() -> tuple[int, bytes, str]:
         reasons = health.not_alive()
-        return (503 if reasons else 200), ("".join(f"{r}\n" for r in reasons).encode() or b"ok\n"), TEXT
+        return (503 if reasons else 200), (short("".join(f"{r}\n" for r in reasons)) or b"ok\n"), TEXT
 
     def readyz() -> tuple[int, bytes, str]:
         reasons = health.not_ready()
-        return (503 if reasons else 200), ("".join(f"not ready: {r}\n" for r in reasons).encode() or b"ok\n"), TEXT
+        return (503 if reasons else 200), (short("".join(f"not ready: {r}\n" for r in reasons)) or b"ok\n"), TEXT
 
-    return start_http(address, {"/metrics": lambda: (200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST),
-                                "/healthz": healthz, "/readyz": readyz}, "0.0.0.0", "http")
+    return {"/metrics": lambda: (200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST), "/healthz": healthz, "/readyz": readyz}
+
+
+def serve_http(address: str, metrics: Metrics, health: Health, *, tls: Callable[[], ssl.SSLContext] | None = None,
+               guard: Guard | None = None) -> HttpServer:
+    """Serve :func:`health_routes` on ``host:port`` (:func:`~.httpserver.start_http`; an empty
+    host is every IPv4 address), over TLS with ``tls``; ``guard`` decides who gets
+    ``/metrics`` (the probes' paths stay open: they say ``ok`` or a short reason only)."""
+    return start_http(address, health_routes(metrics, health), "0.0.0.0", "http", tls=tls, guard=guard, guarded=frozenset({"/metrics"}))

@@ -15,12 +15,14 @@ from .debughttp import start_debug
 from .dnslearn import DomainLearner
 from .domainlearning import DomainLearning
 from .events import EventRecorder, KubeEventWriter
-from .health import Health, serve_http
+from .health import Health, health_routes, serve_http
+from .kubeauth import DelegatedAuth
 from .logs import setup_logging
 from .metrics import Metrics
 from nftpolicy.agent.dataplane.nftables import NftDataplane
 from .reconcile import HEARTBEAT, Reconciler
 from .rulecounters import RuleCounters
+from .serving import CertificateError, ServingCertificate
 from .sources import KubeSource, ManifestsSource
 from .store import Store
 
@@ -54,10 +56,19 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         stop.set()
         store.changed.set()
 
-    guard = interrupts.guard()
-    guard.stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
-    guard.handle_in_thread()  # before any other thread: a signal is acted on at once, whichever thread the kernel gives it
+    signals = interrupts.guard()
+    signals.stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
+    signals.handle_in_thread()  # before any other thread: a signal is acted on at once, whichever thread the kernel gives it
     health.supervise()  # a thread that dies from here on fails /healthz (the kubelet restarts the agent)
+    tls = None
+    if args.metrics_secure:
+        try:
+            tls = ServingCertificate(args.tls_cert_file or None, args.tls_private_key_file or None,
+                                     [args.node, "localhost", "127.0.0.1", "::1"])
+        except CertificateError as exc:
+            log.error("--tls-cert-file: %s", exc)
+            return 2
+    guard = None
     # The sources start first: the lists (most of a restart at scale) run while the kernel's
     # nft features are probed, the learned DNS elements read and the HTTP server bound (together
     # 20-60 ms here); nothing is synced before the probe has passed.
@@ -67,8 +78,9 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     else:
         kube = KubeSource(store, metrics, args.kubeconfig, args.api_timeout, args.watch_timeout, stop,
                           idle_timeout=args.watch_idle_timeout)
+        guard = DelegatedAuth(kube.api, args.api_timeout, metrics) if args.metrics_secure else None
         events = EventRecorder(KubeEventWriter(kube.api, args.api_timeout), args.node, metrics)
-        store.failed_closed, kube.crd_missing = events.failed_closed, events.crd_missing
+        store.failed_closed, store.kernel_refused, kube.crd_missing = events.failed_closed, events.kernel_refused, events.crd_missing
         events.start(stop)
         kube.start()
         source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster API"
@@ -90,17 +102,17 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     counters.start(stop)
     health.unlisted = store.unlisted
     try:
-        server = serve_http(args.http_address, metrics, health)
+        server = serve_http(args.http_address, metrics, health, tls=tls, guard=guard)
     except OSError as exc:
         stop.set()
         log.error("cannot serve HTTP on %s: %s", args.http_address, exc)
         return 1
 
-    log.info("nftpolicy %s agent for node %s: source %s, table inet %s, http %s:%d; settings: %s", version("nftpolicy"),
-             args.node, source, config.table, *server.server_address[:2], settings(args, config))
+    log.info("nftpolicy %s agent for node %s: source %s, table inet %s, %s %s:%d; settings: %s", version("nftpolicy"),
+             args.node, source, config.table, "https" if tls else "http", *server.server_address[:2], settings(args, config))
     debug = None
     try:  # a debugging aid: enforcement goes on without it
-        debug = start_debug(args.debug_address, reconciler) if args.debug_address else None
+        debug = start_debug(args.debug_address, reconciler, health_routes(metrics, health)) if args.debug_address else None
     except OSError as exc:
         log.warning("no debug endpoint: cannot serve %s: %s", args.debug_address, exc)
     reconciler.run(stop)

@@ -34,6 +34,12 @@ class Metrics:
             "nftpolicy_api_access_denied",
             "1 while the API server refuses (401 or 403) this agent's requests to list or watch a kind (retried with backoff), else 0.",
             ["kind", "verb"], registry=r)
+        self.http_auth = Counter(
+            "nftpolicy_http_auth", "Requests for a path behind --metrics-secure, by result: allowed, unauthenticated (401: no or a bad "
+            "token), forbidden (403: the SubjectAccessReview said no), error (503: the API server could not be asked), "
+            "rate_limited (429: too many tokens to check at once).", ["result"], registry=r)
+        for result in ("allowed", "unauthenticated", "forbidden", "error", "rate_limited"):
+            self.http_auth.labels(result)
         self.watch_seconds_since_success = Gauge(
             "nftpolicy_watch_seconds_since_success",
             "Seconds since the last successful API response for a kind (0 while its watch is open): alert when it grows.",
@@ -41,6 +47,10 @@ class Metrics:
         self.watched_objects = Gauge("nftpolicy_watched_objects", "Objects held in memory, by kind.", ["kind"], registry=r)
         self.invalid_objects = Gauge("nftpolicy_invalid_objects", "Objects that failed validation (skipped, or failing closed for policies).",
                                      ["kind"], registry=r)
+        self.refused_objects = Gauge("nftpolicy_refused_objects", "Policies whose rules the kernel refused, enforced fail-closed "
+                                     "until they change, by kind.", ["kind"], registry=r)
+        for kind in ("NetworkPolicy", "ClusterNetworkPolicy"):
+            self.refused_objects.labels(kind)
         self.events = Counter("nftpolicy_events", "Kubernetes Events on objects the agent fails closed on, by result (created, patched; "
                               "failed: the write failed; rate_limited, queue_full: dropped).", ["result"], registry=r)
         self.table_objects = Gauge("nftpolicy_table_objects", "Objects in our nftables table, by type (chains, rules, sets, elements).",

@@ -9,7 +9,8 @@
   touches, not the cluster. A full replace again on the resync timer and after any failure.
 * Changes are coalesced: two syncs are at least ``min_interval`` seconds apart.
 * A refused transaction leaves the kernel as it was; it is logged with libnftables' reason and
-  retried with exponential backoff (full replace).
+  retried with exponential backoff (full replace). A refused full replace first has the policies
+  responsible singled out and failed closed (:mod:`.quarantine`), and the rest committed.
 """
 
 from __future__ import annotations
@@ -18,22 +19,23 @@ import gc
 import logging
 import threading
 import time
-from typing import Mapping
+from typing import Mapping, Sequence
 
-from nftpolicy.translators import layout, transaction
+from nftpolicy.translators import layout, refusals, transaction
 from nftpolicy.translators.domainnames import with_learned
 from nftpolicy.translators.delta import delta_transaction
 from nftpolicy.translators.noderender import NodeRenderer
 from nftpolicy.translators.rules import ChainOwner, Config
-from nftpolicy.translators.transaction import Transaction
+from nftpolicy.translators.transaction import Replace, Transaction
 
-from nftpolicy.agent.dataplane import Dataplane, DataplaneError
+from nftpolicy.agent.dataplane import CheckedDataplane, DataplaneError
 from .clock import REAL_TIME, Clock
 from .domainlearning import DomainLearning
 from .health import Health
 from .memory import gc_paused
 from .metrics import Metrics
 from nftpolicy.agent.dataplane.nftables import release_memory
+from .quarantine import Quarantine, find_refused
 from .store import Store
 
 log = logging.getLogger("nftpolicy.reconcile")
@@ -57,7 +59,7 @@ class Reconciler:
     (``dataplane``: the kernel's or the in-memory fake's)."""
 
     def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
-                 min_interval: float, resync_interval: float, dataplane: Dataplane,
+                 min_interval: float, resync_interval: float, dataplane: CheckedDataplane,
                  clock: Clock = REAL_TIME, learning: DomainLearning | None = None) -> None:
         self.store, self.config, self.node = store, config, node
         self.learning = learning  # domainNames: what DNS answers teach (None: not learned)
@@ -71,6 +73,7 @@ class Reconciler:
         self.lock = threading.Lock()  # held by each sync: readers (the debug endpoint) see a committed model
         self.failures = 0
         self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
+        self.quarantine = Quarantine(metrics)  # policies the kernel refused, enforced fail-closed
 
     def chain_owners(self) -> Mapping[str, ChainOwner]:
         """Chain name -> what it enforces (policy and direction, or pod; a tier chain's counted
@@ -90,12 +93,15 @@ class Reconciler:
         """Render the whole snapshot from scratch: the transaction replaces the table."""
         cluster, since = self.store.take()
         with gc_paused():
-            renderer = NodeRenderer(self.node, self.config).load(cluster)
+            renderer = NodeRenderer(self.node, self.config).load(self.quarantine.substituted(cluster))
             renderer.take_changes()  # the full replace carries everything
-            table = layout.table(renderer.model(ordered=False))
-            if self.learning is not None:  # under its lock (see _sync): what DNS answers taught stays
-                table = with_learned(table, self.learning.learned())
-            return transaction.replacing(table), since, renderer
+            return transaction.replacing(self._table(renderer)), since, renderer
+
+    def _table(self, renderer: NodeRenderer) -> layout.Table:
+        """The whole table of ``renderer``'s model, with what DNS answers taught (under the
+        learning's lock, see _sync)."""
+        table = layout.table(renderer.model(ordered=False))
+        return with_learned(table, self.learning.learned()) if self.learning is not None else table
 
     def _delta_transaction(self) -> tuple[Transaction | None, float | None]:
         """Feed the objects that changed to the renderer; the transaction of what that changed
@@ -103,7 +109,7 @@ class Reconciler:
         assert self.renderer is not None
         changes, since = self.store.take_changes()
         for kind, key, obj in changes:
-            self.renderer.apply(kind, key, obj)
+            self.renderer.apply(kind, key, self.quarantine.change(kind, key, obj))
         delta = self.renderer.take_changes()
         return (delta_transaction(self.config, delta) if delta else None), since
 
@@ -140,8 +146,10 @@ class Reconciler:
         commands = sum(changed.values())
         rendered = time.monotonic()
         try:
-            self.dataplane.run(tx)
+            tx = self._run(tx, renderer)
             committed = time.monotonic()
+            changed = tx.summary()  # the transaction committed (the isolated one, after a refusal)
+            commands = sum(changed.values())
             del tx  # committed: its objects go before the collection and the trim below
         except (DataplaneError, OSError) as exc:
             self.failures += 1
@@ -187,6 +195,50 @@ class Reconciler:
                  extra={"mode": mode, "commands": commands, "duration_ms": round(took * 1000, 1),
                         "cpu_ms": round((time.thread_time() - cpu) * 1000, 2), **timings})
         return True
+
+    def _run(self, tx: Transaction, renderer: NodeRenderer) -> Transaction:
+        """Commit ``tx``; when the kernel refuses a full replace, the one :meth:`_isolated` makes
+        of it instead. Returns the transaction committed; raises what the dataplane raised when
+        no policy is to blame (or the kernel refuses the replace without them too)."""
+        try:
+            self.dataplane.run(tx)
+            return tx
+        except DataplaneError:
+            isolated = self._isolated(tx, renderer) if any(isinstance(op, Replace) for op in tx.operations) else None
+            if isolated is None:
+                raise
+        self.dataplane.run(isolated)
+        return isolated
+
+    def _isolated(self, tx: Transaction, renderer: NodeRenderer) -> Transaction | None:
+        """The full replace ``tx`` (refused) with each policy responsible
+        (:func:`~.quarantine.find_refused`) held in :attr:`quarantine` and enforced as its
+        fail-closed stand-in in ``renderer`` (logged, and an Event through the store); None when
+        the kernel takes what the table holds of all its policies (the fault is elsewhere)."""
+        (table,) = [op.table for op in tx.operations if isinstance(op, Replace)]
+        suspects = refusals.policies_in(table)
+
+        def refused(group: Sequence[refusals.PolicyRef]) -> str | None:
+            try:
+                self.dataplane.check(transaction.replacing(refusals.only(table, group)))
+            except DataplaneError as exc:
+                return str(exc)
+            return None
+
+        why = refused(suspects) if suspects else None
+        if why is None:
+            return None
+        found = find_refused(suspects, why, refused)
+        for (kind, key), reason in found.items():
+            policy = renderer.policy(kind, key)
+            assert policy is not None  # it has rules in the table
+            self.quarantine.hold((kind, key), policy, reason)
+            renderer.apply(kind, key, refusals.stand_in(policy))
+            log.error("the kernel refused the rules of %s %s, enforcing it fail-closed until it changes: %s", kind, key, reason,
+                      extra={"kind": kind, "object": key})
+            self.store.report_refused(kind, key, reason)
+        renderer.take_changes()
+        return transaction.replacing(self._table(renderer))
 
     def run(self, stop: threading.Event) -> None:
         """Loop until ``stop`` is set; rules are left in place when it ends."""

@@ -19,6 +19,7 @@ Other 4xx are reported and the kind is relisted only after the longest backoff.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import math
@@ -33,14 +34,14 @@ import tenacity
 import urllib3
 import yaml
 
+from .apiversions import CLUSTER_POLICY_GROUP, CLUSTER_POLICY_PLURAL, CLUSTER_POLICY_VERSIONS, served_version
+from . import kubeproto
 from .clock import REAL_TIME, Clock
-from .kubeclient import Collection
+from .kubeclient import Collection, ConfigException, iter_resp_lines, load_configuration
 from .kubeclient import client as k8s
-from .kubeclient import config as k8s_config
-from .kubeclient import iter_resp_lines
 from .manifestfiles import manifest_files, read_objects
 from .metrics import Metrics
-from .store import KINDS, Store
+from .store import JSON, KINDS, Reader, Store
 
 log = logging.getLogger("nftpolicy.sources")
 T = TypeVar("T")
@@ -212,6 +213,42 @@ def read_ahead(source: Iterator[T], name: str) -> Iterator[T]:
         abandoned.set()
 
 
+class PreferredVersion:
+    """The ClusterNetworkPolicy collection at the version the API prefers, called as a
+    :class:`~.kubeclient.Collection` is. A list (its first page) asks discovery first
+    (:func:`~.apiversions.served_version`: the first of v1beta1 and v1alpha2 it serves; none:
+    v1beta1, whose 404 says the CRD is not installed) and reads at that version; its continue
+    pages and the watches after it stay there (a resourceVersion belongs to the list it came
+    from). A watch asks discovery again first: when the API prefers another version now (its CRD
+    was upgraded or downgraded while the agent ran; kube-apiserver also ends the watches of a
+    CRD it replaces), it raises :class:`RelistNeeded`, so the kind is listed again at the new
+    version: the store takes the list whole and what did not change does not sync, so no object
+    and no rule is lost meanwhile. ``version`` is the version discovery gave last (None before
+    it gave one)."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self.version: str | None = None
+
+    def __repr__(self) -> str:
+        return f"PreferredVersion({self.version})"
+
+    def __call__(self, _request_timeout: Any = None, **query: Any) -> Any:
+        asking = _request_timeout[0] if isinstance(_request_timeout, tuple) else _request_timeout  # discovery: a short answer
+        if query.get("watch"):
+            preferred = served_version(self.api, asking)
+            if preferred is not None and preferred != self.version:
+                raise RelistNeeded(f"the API prefers ClusterNetworkPolicy {preferred} now (listed at {self.version})")
+        elif not query.get("_continue"):
+            served = served_version(self.api, asking)
+            if served is not None and served != self.version:
+                log.info("ClusterNetworkPolicy: the API serves %s/%s: listing and watching it%s", CLUSTER_POLICY_GROUP, served,
+                         f" (was {self.version})" if self.version else "", extra={"kind": "ClusterNetworkPolicy"})
+                self.version = served
+        path = f"/apis/{CLUSTER_POLICY_GROUP}/{self.version or CLUSTER_POLICY_VERSIONS[0]}/{CLUSTER_POLICY_PLURAL}"
+        return Collection(self.api, path)(_request_timeout, **query)
+
+
 class SourceError(RuntimeError):
     """The API source cannot start: the kubeconfig cannot be read, or there is no in-cluster
     configuration (the message says which, on one line)."""
@@ -220,7 +257,8 @@ class SourceError(RuntimeError):
 class KubeSource:
     """List and watch Pods (all namespaces), Namespaces, NetworkPolicies, Nodes (every one: its
     own for its addresses, the others for ClusterNetworkPolicy ``nodes`` peers) and, when their
-    CRD is installed, ClusterNetworkPolicies.
+    CRD is installed, ClusterNetworkPolicies (at the version the API prefers:
+    :class:`PreferredVersion`).
 
     One thread per kind. ``api_timeout`` bounds every request (seconds, client side). A watch
     asks the server to end it after ``watch_timeout`` seconds; its read timeout (seconds without
@@ -235,23 +273,26 @@ class KubeSource:
                  idle_timeout: float = WATCH_IDLE_TIMEOUT) -> None:
         configuration = k8s.Configuration()
         try:
-            if kubeconfig:
-                k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            else:
-                k8s_config.load_incluster_config(client_configuration=configuration)
-        except (k8s_config.ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
+            load_configuration(kubeconfig, configuration)
+        except (ConfigException, yaml.YAMLError, UnicodeDecodeError, OSError, TypeError, ValueError) as exc:
             reason = " ".join(str(exc).split())
             raise SourceError(f"cannot read kubeconfig {kubeconfig}: {reason}" if kubeconfig else
                               f"no in-cluster configuration ({reason}): outside a pod, give --kubeconfig") from None
         configuration.retries = False  # tenacity decides
         configuration.socket_options = keepalive_options()
         api = k8s.ApiClient(configuration)
+        if kubeproto.UNAVAILABLE is not None:
+            log.warning("API lists and watches in JSON, not protobuf: %s", kubeproto.UNAVAILABLE)
+
+        def collection(kind: str, path: str) -> Collection:  # protobuf where the kind has it (kubeproto.accept)
+            return Collection(api, path, kubeproto.accept(kind), kubeproto.status_json)
+
         self.calls: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-            "Namespace": (Collection(api, "/api/v1/namespaces"), {}),
-            "Pod": (Collection(api, "/api/v1/pods"), {}),
-            "NetworkPolicy": (Collection(api, "/apis/networking.k8s.io/v1/networkpolicies"), {}),
-            "Node": (Collection(api, "/api/v1/nodes"), {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
-            "ClusterNetworkPolicy": (Collection(api, "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"), {}),
+            "Namespace": (collection("Namespace", "/api/v1/namespaces"), {}),
+            "Pod": (collection("Pod", "/api/v1/pods"), {}),
+            "NetworkPolicy": (collection("NetworkPolicy", "/apis/networking.k8s.io/v1/networkpolicies"), {}),
+            "Node": (collection("Node", "/api/v1/nodes"), {}),  # every Node: ClusterNetworkPolicy nodes peers select them by label
+            "ClusterNetworkPolicy": (PreferredVersion(api), {}),  # v1beta1 where served, else v1alpha2 (JSON: no protobuf for CRDs)
         }
         self.store, self.metrics, self.stop = store, metrics, stop
         self.clock = clock  # every pause and every "how long since" (tests give their own)
@@ -401,14 +442,15 @@ class KubeSource:
         self._pause(MAX_BACKOFF)
 
     def _list(self, kind: str) -> None:
-        """List ``kind`` in pages of :data:`LIST_PAGE` objects. The next page is fetched while
+        """List ``kind`` in pages of :data:`LIST_PAGE` objects, each read as its ``Content-Type``
+        says (protobuf or JSON: :mod:`.kubeproto`). The next page is fetched while
         one is converted to model objects (:func:`read_ahead`: the API server answers on
         another core meanwhile), and no further, so the agent never holds a whole cluster of API
         objects (150,000 pods are about a gigabyte of them)."""
         call, kwargs = self.calls[kind]
-        pages: dict[str, Any] = {"count": 0, "version": ""}  # what the pages said, for the log
+        pages: dict[str, Any] = {"count": 0, "version": "", "reader": None}  # what the pages said, for the log
 
-        def bodies() -> Iterator[Any]:
+        def bodies() -> Iterator[tuple[Any, Reader]]:
             token = None
             while True:
                 # No resourceVersion: a consistent list (at least as new as anything seen before
@@ -430,16 +472,25 @@ class KubeSource:
                         raise RelistNeeded("the list's continue token expired") from None
                     raise
                 self._success(kind)
-                body = orjson.loads(response.data)
-                meta = body.get("metadata") or {}
+                if kubeproto.is_protobuf(response):
+                    items, version, token = kubeproto.list_page(kind, response.data)
+                    reader: Reader = kubeproto.MESSAGES
+                else:
+                    body = orjson.loads(response.data)
+                    meta = body.get("metadata") or {}
+                    items, reader = body.get("items") or (), JSON
+                    version, token = str(meta.get("resourceVersion") or ""), meta.get("continue")
+                if pages["reader"] not in (None, reader):  # a server that changed its answers' format within a list
+                    raise kubeproto.ProtobufError("the pages of one list came in protobuf and in JSON")
                 pages["count"] += 1
-                pages["version"] = meta.get("resourceVersion") or pages["version"]
-                yield body
-                token = meta.get("continue")
+                pages["version"], pages["reader"] = version or pages["version"], reader
+                yield items, reader
                 if not token:
                     return
 
-        count = self.store.replace(kind, (item for body in read_ahead(bodies(), f"list-{kind}") for item in body.get("items") or ()))
+        items = read_ahead(bodies(), f"list-{kind}")
+        first = next(items, ((), JSON))
+        count = self.store.replace(kind, itertools.chain(first[0], (item for page, _ in items for item in page)), first[1])
         if kind in self.absent:
             self.absent.discard(kind)
             log.info("the API has %s now: watching %ss", OPTIONAL[kind], kind, extra={"kind": kind})
@@ -460,22 +511,23 @@ class KubeSource:
             if exc.status == 410:
                 raise RelistNeeded(f"resourceVersion {version} is gone") from None
             raise
-        heard = self.clock.now()  # the last byte: the answer's headers, then each line
+        heard = self.clock.now()  # the last byte: the answer's headers, then each event
         self._success(kind)
         self._streaming.add(kind)
         try:
-            for line in iter_resp_lines(response):
+            for kind_of_event, obj, reader in self._events(kind, response):
                 heard = self.clock.now()
                 if self.stop.is_set():
                     break
-                event = orjson.loads(line)
-                kind_of_event, obj = event.get("type"), event.get("object") or {}
                 if kind_of_event == "ERROR":
-                    code: int = obj["code"] if isinstance(obj.get("code"), int) else 410
+                    code: int = obj["code"] if isinstance(obj.get("code"), int) and obj["code"] else 410
                     raise RelistNeeded(f"watch error: {code} {obj.get('message')}", code)
                 if kind_of_event in ("ADDED", "MODIFIED", "DELETED"):
-                    self.store.apply(kind, kind_of_event, obj)
-                self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
+                    self.store.apply(kind, kind_of_event, obj, reader)
+                if reader is JSON:
+                    self.versions[kind] = (obj.get("metadata") or {}).get("resourceVersion") or self.versions[kind]
+                else:
+                    self.versions[kind] = kubeproto.resource_version(obj) or self.versions[kind]
             heard = self.clock.now()  # the end of the stream
         except urllib3.exceptions.ReadTimeoutError:
             raise SilentWatch(self.clock.now() - heard, self.versions[kind]) from None
@@ -483,6 +535,20 @@ class KubeSource:
             self._streaming.discard(kind)
             self._success(kind, heard)  # the stream answered until its last byte
             response.release_conn()
+
+
+    @staticmethod
+    def _events(kind: str, response: Any) -> Iterator[tuple[str, Any, Reader]]:
+        """A watch stream's events as ``(type, object, its reader)``: protobuf frames
+        (:func:`.kubeproto.watch_events`; an ERROR's Status as its JSON fields) or JSON lines, as
+        the answer's ``Content-Type`` says."""
+        if kubeproto.is_protobuf(response):
+            for kind_of_event, obj in kubeproto.watch_events(response, kind):
+                yield kind_of_event, obj, kubeproto.MESSAGES
+            return
+        for line in iter_resp_lines(response):
+            event = orjson.loads(line)
+            yield event.get("type"), event.get("object") or {}, JSON
 
 
 # ---- a manifests directory ----------------------------------------------------------------------

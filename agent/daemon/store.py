@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from nftpolicy.translators.clusterpolicy import cluster_policy_from, fail_closed_cluster_policy
 from nftpolicy.translators.manifests import (
@@ -23,6 +23,7 @@ from nftpolicy.translators.manifests import (
     policy_from,
 )
 from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.rules import safe_text
 from nftpolicy.translators.validation import InvalidField
 
 from .memory import gc_paused
@@ -40,9 +41,48 @@ FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "NetworkPolicy": fail_closed_policy, "ClusterNetworkPolicy": fail_closed_cluster_policy,
 }
 
+
+
+class Reader(Protocol):
+    """How the store reads the API objects a source hands it: JSON objects (:data:`JSON`) or
+    protobuf messages (:data:`.kubeproto.MESSAGES`)."""
+
+    def ref(self, kind: str, obj: Any) -> str:
+        """What ``obj`` is called: ``namespace/name``, or ``name`` (cluster-scoped kinds)."""
+
+    def convert(self, kind: str, obj: Any) -> Any:
+        """The model object of ``obj``; raises InvalidField."""
+
+    def mapping(self, kind: str, obj: Any) -> Mapping[str, Any]:
+        """``obj`` as a JSON object (its fail-closed stand-in and its Event read it)."""
+
+
+class JsonObjects:
+    """:class:`Reader` of JSON objects (parsed API answers, manifests)."""
+
+    def __repr__(self) -> str:
+        return "JsonObjects()"
+
+    def ref(self, kind: str, obj: Any) -> str:
+        return object_ref(kind, obj)
+
+    def convert(self, kind: str, obj: Any) -> Any:
+        return CONVERT[kind](obj)
+
+    def mapping(self, kind: str, obj: Any) -> Mapping[str, Any]:
+        return obj  # type: ignore[no-any-return]
+
+
+JSON = JsonObjects()
+
 # Told of each object the agent fails closed on: (kind, the API object, why, whether its
 # fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
 FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
+# Told of each policy the kernel refused: (kind, the API object's identity: ``metadata`` with
+# name, namespace, uid, generation and resourceVersion, the kernel's reason); an Event too.
+KernelRefused = Callable[[str, Mapping[str, Any], str], None]
+IDENTITY_FIELDS = ("name", "namespace", "uid", "generation", "resourceVersion")
+MESSAGE_MAX_BYTES = 1024  # of an invalid object's log line (an invalid name can be long)
 
 
 class Store:
@@ -66,28 +106,36 @@ class Store:
         self.changed = threading.Event()
         self.pending_since: float | None = None
         self.failed_closed: FailedClosed | None = None
+        self.kernel_refused: KernelRefused | None = None
+        # The policies' identities (what an Event names): (kind, key) -> metadata; no other kind's
+        self._identities: dict[tuple[str, str], dict[str, Any]] = {}
         for kind in KINDS:  # every series from the start; then each kind's when it changes
             metrics.watched_objects.labels(kind).set(0)
             metrics.invalid_objects.labels(kind).set(0)
 
-    def _convert(self, kind: str, key: str, obj: Mapping[str, Any], invalid: dict[str, str]) -> Any:
+    def _convert(self, kind: str, key: str, obj: Any, invalid: dict[str, str], reader: Reader) -> Any:
         """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
         validation: its fail-closed stand-in); ``invalid`` (key -> message) records each invalid
         object."""
+        if kind in FAIL_CLOSED:
+            meta = obj.get("metadata")
+            meta = meta if isinstance(meta, Mapping) else {}
+            self._identities[(kind, key)] = {f: meta[f] for f in IDENTITY_FIELDS if f in meta}
         try:
-            model = CONVERT[kind](obj)
+            model = reader.convert(kind, obj)
             invalid.pop(key, None)
             return model
         except InvalidField as exc:
-            message = f"{kind} {key}: {exc}"
+            message = safe_text(f"{kind} {key}: {exc}", MESSAGE_MAX_BYTES)  # the object's text: no control character reaches a log
             if self._invalid[kind].get(key) != message:
                 log.error("invalid object: %s", message, extra={"kind": kind, "object": key})
             invalid[key] = message
             if kind not in FAIL_CLOSED:
                 return None
-            stand_in = FAIL_CLOSED[kind](obj)
+            mapping = reader.mapping(kind, obj)
+            stand_in = FAIL_CLOSED[kind](mapping)
             if self.failed_closed is not None:
-                self.failed_closed(kind, obj, exc, stand_in is not None)
+                self.failed_closed(kind, mapping, exc, stand_in is not None)
             return stand_in
 
     def _touch(self, kind: str) -> None:
@@ -98,22 +146,25 @@ class Store:
         self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
         self.changed.set()
 
-    def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> int:
-        """A full list of ``kind`` (any iterable: pages are converted as they come): replaces
-        every object of that kind and marks it listed. Returns how many objects were listed."""
+    def replace(self, kind: str, objects: Iterable[Any], reader: Reader = JSON) -> int:
+        """A full list of ``kind`` (any iterable: pages are converted as they come; API objects
+        that ``reader`` reads): replaces every object of that kind and marks it listed. Returns
+        how many objects were listed."""
         converted = {}
         count = 0
         invalid: dict[str, str] = {}
         with gc_paused():
             for obj in objects:  # outside the lock: fetching pages takes a while
                 count += 1
-                key = object_ref(kind, obj)
-                model = self._convert(kind, key, obj, invalid)
+                key = reader.ref(kind, obj)
+                model = self._convert(kind, key, obj, invalid, reader)
                 if model is not None:
                     converted[key] = model
         with self._lock:
             self._invalid[kind] = invalid
             old = self._objects[kind]
+            for gone in old.keys() - converted.keys():
+                self._identities.pop((kind, gone), None)
             if self._taken:
                 for key in old.keys() | converted.keys():
                     if old.get(key) != converted.get(key):
@@ -123,16 +174,18 @@ class Store:
             self._touch(kind)
         return count
 
-    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
-        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind``. An event whose
+    def apply(self, kind: str, event: str, obj: Any, reader: Reader = JSON) -> None:
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) for ``kind`` (an API object
+        that ``reader`` reads). An event whose
         model object equals the one held (a Node's status heartbeat, a Pod's condition or
         container status: fields the translator does not read) changes nothing and wakes no sync."""
-        key = object_ref(kind, obj)
+        key = reader.ref(kind, obj)
         with self._lock:
             invalid_before = len(self._invalid[kind])
-            model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind])
+            model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind], reader)
             if event == "DELETED":
                 self._invalid[kind].pop(key, None)
+                self._identities.pop((kind, key), None)
             if model == self._objects[kind].get(key) and len(self._invalid[kind]) == invalid_before:
                 return
             if model is None:
@@ -142,6 +195,14 @@ class Store:
             if self._taken:
                 self._changes[(kind, key)] = model
             self._touch(kind)
+
+    def report_refused(self, kind: str, key: str, reason: str) -> None:
+        """Tell :attr:`kernel_refused` (if set) that the kernel refused the rules of policy
+        ``key`` of ``kind`` (``NetworkPolicy``, ``ClusterNetworkPolicy``) for ``reason``."""
+        with self._lock:
+            identity = self._identities.get((kind, key))
+        if self.kernel_refused is not None and identity is not None:
+            self.kernel_refused(kind, {"metadata": identity}, reason)
 
     def get(self, kind: str, key: str) -> Any:
         """The model object of ``kind`` called ``key`` (``ns/name`` or ``name``), or None."""

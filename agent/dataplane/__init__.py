@@ -20,8 +20,25 @@ from nftpolicy.translators.errors import OneLineError
 from nftpolicy.translators.transaction import Transaction
 
 
+REASON_MAX_BYTES = 1024  # of a dataplane error's message: what logs, Events and health repeat
+
+
+def bounded_reason(text: str) -> str:
+    """``text`` on one line (runs of whitespace, newlines included, as one space), cut to
+    :data:`REASON_MAX_BYTES` bytes of UTF-8 after a whole character (`` ...`` marks a cut)."""
+    line = " ".join(text.split())
+    if len(line.encode()) <= REASON_MAX_BYTES:
+        return line
+    return line.encode()[:REASON_MAX_BYTES - 4].decode(errors="ignore") + " ..."
+
+
 class DataplaneError(OneLineError, RuntimeError):
-    """The kernel (or the fake) refused a transaction; it keeps the rules it had before."""
+    """The kernel (or the fake) refused a transaction; it keeps the rules it had before. The
+    message is :func:`bounded_reason` of ``reason``: a refused batch's text never travels with it
+    (the logs, the Events and the health endpoints repeat the message)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(bounded_reason(reason))
 
 
 class Dataplane(Protocol):
@@ -44,4 +61,15 @@ class Dataplane(Protocol):
 
     def remove(self) -> bool:
         """Delete our table (and nothing else); True if there was one."""
+        ...
+
+
+class CheckedDataplane(Dataplane, Protocol):
+    """A dataplane that can also check a transaction without committing it (the reconcile
+    loop's, which singles out the objects of a refused transaction:
+    :mod:`nftpolicy.agent.daemon.quarantine`)."""
+
+    def check(self, tx: Transaction) -> None:
+        """Have the kernel check ``tx`` as it would commit it, and commit nothing (libnftables'
+        dry run); raises DataplaneError with the reason it would be refused."""
         ...

@@ -12,7 +12,7 @@ printer.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from nftpolicy.translators import layout, nft, nfttext
 from nftpolicy.translators.rules import AddressSet, TimedAddress
@@ -58,8 +58,7 @@ class FakeTable:
 
     def apply(self, tx: Transaction) -> "FakeTable":
         """Apply every operation of ``tx`` or none (raises FakeNftError naming the operation)."""
-        before = (self.exists, {name: (d, dict(e)) for name, (d, e) in self.sets.items()},  # the objects are immutable
-                  {name: (hook, list(rules)) for name, (hook, rules) in self.chains.items()})
+        before = self._copy()
         try:
             for op in tx.operations:
                 if isinstance(op, Replace):
@@ -70,6 +69,18 @@ class FakeTable:
             self.exists, self.sets, self.chains = before
             raise
         return self
+
+    def check(self, tx: Transaction) -> None:
+        """Raise FakeNftError where :meth:`apply` would; change nothing either way."""
+        before = self._copy()
+        try:
+            self.apply(tx)
+        finally:
+            self.exists, self.sets, self.chains = before
+
+    def _copy(self) -> tuple[bool, dict[str, tuple[SetDefinition, dict[Any, Any]]], dict[str, tuple[layout.Hook | None, list[layout.Rule]]]]:
+        return (self.exists, {name: (d, dict(e)) for name, (d, e) in self.sets.items()},  # the objects are immutable
+                {name: (hook, list(rules)) for name, (hook, rules) in self.chains.items()})
 
     def state(self) -> tuple[Any, ...]:
         """Everything in the table, comparable (element order does not count; rule order does)."""
@@ -194,8 +205,10 @@ class FakeTable:
 class FakeNftDataplane:
     """A :class:`~nftpolicy.agent.dataplane.Dataplane` that keeps our table in memory.
 
-    ``transactions`` records every transaction that landed; :meth:`refuse_next` makes the next
-    ``count`` fail as the kernel would refuse them; :meth:`lose_table` is another tool flushing
+    ``transactions`` records every transaction that landed, ``checked`` every one
+    :meth:`check` was asked about; :meth:`refuse_next` makes the next ``count`` fail as the
+    kernel would refuse them, :meth:`refuse_rules` every one that adds a rule of a kind (as
+    the kernel refuses an object it cannot take); :meth:`lose_table` is another tool flushing
     the ruleset; ``missing`` is what :meth:`missing_features` reports.
     """
 
@@ -204,11 +217,34 @@ class FakeNftDataplane:
         self.state = FakeTable()
         self.transactions: list[Transaction] = []
         self.missing = list(missing or [])
+        self.checked: list[Transaction] = []
         self._refusals: list[str] = []
+        self._refused_rules: list[tuple[Callable[[layout.Rule], bool], str]] = []
 
     def refuse_next(self, reason: str = "Operation not permitted", count: int = 1) -> None:
         """The next ``count`` transactions fail with ``reason`` and change nothing."""
         self._refusals += [reason] * count
+
+    def refuse_rules(self, where: Callable[[layout.Rule], bool], reason: str = "Could not process rule: Invalid argument") -> None:
+        """Refuse, with ``reason``, every transaction (committed or checked) that adds a rule
+        for which ``where`` is true (``lambda r: r.origin is not None and r.origin.policy ==
+        "x/p"``: the rules of one policy, by their :class:`~nftpolicy.translators.rules.RuleOrigin`)."""
+        self._refused_rules.append((where, reason))
+
+    def stop_refusing(self) -> None:
+        """Forget every :meth:`refuse_rules`."""
+        self._refused_rules.clear()
+
+    def _refuse_rules(self, tx: Transaction) -> None:
+        if not self._refused_rules:
+            return
+        for op in tx.operations:
+            rules = ([r for c in op.table.chains for r in c.rules] if isinstance(op, Replace)
+                     else [op.object.rule] if isinstance(op.object, ChainRule) else [])
+            for rule in rules:
+                for where, reason in self._refused_rules:
+                    if where(rule):
+                        raise FakeNftError(f"{reason} ({rule.comment})")
 
     def lose_table(self) -> None:
         """Our table disappears, as after ``nft flush ruleset``."""
@@ -220,8 +256,14 @@ class FakeNftDataplane:
     def run(self, tx: Transaction) -> None:
         if self._refusals:
             raise FakeNftError(self._refusals.pop(0))
+        self._refuse_rules(tx)
         self.state.apply(tx)
         self.transactions.append(tx)
+
+    def check(self, tx: Transaction) -> None:
+        self.checked.append(tx)
+        self._refuse_rules(tx)
+        self.state.check(tx)
 
     def has_table(self) -> bool:
         return self.state.exists and "KUBE-ROUTER-FORWARD" in self.state.chains

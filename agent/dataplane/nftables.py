@@ -17,6 +17,15 @@ hand-off to another thread and back on every sync for the same exclusion. JSON i
 decoded outside the lock. What may wait on it is bounded: the rule counters are listed by one
 thread at most every ``--counters-interval`` seconds (:mod:`nftpolicy.agent.daemon.rulecounters`),
 never per scrape; a commit waits at most for one such listing.
+
+The element-only commits of :mod:`.nfnetlink` do not enter libnftables and do not take the lock
+(an incremental sync's commit then never waits for a counters' listing): the kernel serialises
+the nf_tables transactions of a network namespace (one commit mutex per namespace, held from a
+batch's begin to its commit or abort), so such a batch and a libnftables commit run one after
+the other whichever comes first, and a libnftables listing that a netlink commit overlaps sees
+the ruleset's generation move in its dump and dumps again (libnftables' cache replays on a
+generation change), never a torn listing. They come from the reconcile loop only, as every
+other commit of our sets does, so no two commits of the agent race on the same set.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import select
 import signal
 import threading
@@ -36,14 +46,29 @@ import orjson
 
 from nftpolicy.translators import nft
 from nftpolicy.translators.nft import Json
-from nftpolicy.translators.rules import TimedAddress
-from nftpolicy.translators.transaction import Replace, Transaction, removing
+from nftpolicy.translators.rules import AddressSet, TimedAddress
+from nftpolicy.translators.layout import VerdictMap
+from nftpolicy.translators.transaction import Elements, OurTable, Replace, SetName, Transaction, removing
 
-from . import DataplaneError, netns
+from . import DataplaneError, netns, nfnetlink
 
 
 class NftError(DataplaneError):
     """libnftables refused a batch; the kernel still holds the ruleset it had before."""
+
+
+# The start of a libnftables error line: ``Error: ...`` or ``<location>: Error: ...``.
+ERROR_LINE = re.compile(r"^(\S+: )?Error: ")
+
+
+def refusal(error: str, rc: int) -> str:
+    """libnftables' reason for refusing a batch, from its error output: the ``Error:`` lines,
+    joined, without the input that libnftables echoes after each (for a JSON batch the whole
+    batch on one line: 6.3 MB at 1k pods) and the line that points into it; its first line when
+    it has none, ``libnftables returned <rc>`` when it is empty. :class:`NftError` cuts it to
+    1 KB."""
+    lines = [line.strip() for line in error.splitlines() if ERROR_LINE.match(line)]
+    return "; ".join(lines) or (error.strip().splitlines()[0] if error.strip() else f"libnftables returned {rc}")
 
 
 # Each nft feature the ruleset needs, as a batch the kernel must accept (DESIGN.md section 2).
@@ -110,7 +135,7 @@ class KeptContext:
             if rc != 0:
                 self._ctx = None  # freed here, under the lock
         if rc != 0:
-            raise NftError(str(error).strip() or f"libnftables returned {rc}")
+            raise NftError(refusal(str(error), rc))
 
 
 class NftDataplane:
@@ -121,6 +146,8 @@ class NftDataplane:
         self.table, self.netns = table, netns_name
         self._elements = KeptContext(self._entered)  # the DNS hold's own (add_timed_elements)
         self._deltas = KeptContext(self._entered)  # the commits that do not replace the table (run)
+        self._netlink = nfnetlink.ElementSocket(self._entered)  # element-only commits (_elements_only)
+        self._kinds: dict[str, str] = {}  # our sets' and maps' kinds, from what we committed
 
     def __repr__(self) -> str:
         return f"NftDataplane(inet {self.table}{f' in {self.netns}' if self.netns else ''})"
@@ -136,13 +163,54 @@ class NftDataplane:
         cache libnftables built of the whole table. Every other one (the incremental syncs')
         runs in one context kept for them, made at the first: making a context and its netlink
         socket at each commit cost more CPU than parsing a small commit (bench/churn.py,
-        docs/benchmarks.md). A refused commit drops that context too (the next is a fresh one)."""
+        docs/benchmarks.md). A refused commit drops that context too (the next is a fresh one).
+        A commit of nothing but set and map elements goes through netlink (:meth:`_elements_only`)."""
         if any(isinstance(op, Replace) for op in tx.operations):
             self._cmd(nft.transaction_json(tx))
-            return
-        self._deltas.cmd(nft.transaction_json(tx))
+        elif (elements := self._elements_only(tx)) is not None:
+            self._netlink.commit(self.table, elements)
+        else:
+            self._deltas.cmd(nft.transaction_json(tx))
+        self._remember_kinds(tx)
 
-    def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False) -> Json:
+    def _elements_only(self, tx: Transaction) -> list[tuple[str, str, tuple[Any, ...]]] | None:
+        """``tx`` as ``(verb, set, elements)`` when it changes only elements of sets and maps
+        whose elements are keys (:data:`nfnetlink.KEYED_KINDS`, as we created them), besides
+        ``add`` of our table (a no-op where it is: without the table the elements are refused,
+        and the next sync replaces it); else None (libnftables commits it). Such a commit goes
+        through netlink: libnftables would first dump the namespace's whole ruleset
+        (:mod:`.nfnetlink`)."""
+        changes: list[tuple[str, str, tuple[Any, ...]]] = []
+        for op in tx.operations:
+            if isinstance(op, Replace):
+                return None
+            if isinstance(op.object, OurTable) and op.verb == "add":
+                continue
+            if not isinstance(op.object, Elements) or self._kinds.get(op.object.name, "") not in nfnetlink.KEYED_KINDS:
+                return None
+            changes.append((op.verb, op.object.name, op.object.elements))
+        return changes
+
+    def _remember_kinds(self, tx: Transaction) -> None:
+        """After ``tx`` was committed: the kinds of the sets and maps it made or removed."""
+        for op in tx.operations:
+            if isinstance(op, Replace):
+                self._kinds = {s.name: s.kind for s in op.table.sets} | {m.name: "map" for m in op.table.maps}
+                continue
+            if isinstance(op.object, (AddressSet, VerdictMap)) and op.verb == "add":
+                self._kinds[op.object.name] = op.object.kind if isinstance(op.object, AddressSet) else "map"
+            elif isinstance(op.object, OurTable) and op.verb == "delete":
+                self._kinds.clear()
+            elif isinstance(op.object, SetName) and op.verb == "delete":
+                self._kinds.pop(op.object.name, None)
+
+    def check(self, tx: Transaction) -> None:
+        """Have the kernel check ``tx`` and commit nothing (libnftables' dry run: the batch goes
+        to the kernel, which validates it and aborts); raises NftError with the reason a commit
+        would be refused."""
+        self._cmd(nft.transaction_json(tx), dry_run=True)
+
+    def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False, dry_run: bool = False) -> Json:
         text = orjson.dumps(batch).decode()
         with LIBNFTABLES, self._entered():
             ctx = nftables.Nftables()
@@ -150,11 +218,12 @@ class NftDataplane:
                 ctx.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
                 ctx.set_terse_output(terse)  # lists leave set elements out
                 ctx.set_stateless_output(stateless)  # lists leave counter values out
+                ctx.set_dry_run(dry_run)
                 rc, output, error = ctx.cmd(text)
             finally:
                 del ctx  # freed (nft_ctx_free) under the lock, also when a traceback would keep this frame
         if rc != 0:
-            raise NftError(str(error).strip() or f"libnftables returned {rc}")
+            raise NftError(refusal(str(error), rc))
         return orjson.loads(output) if output else {}
 
     def add_timed_elements(self, elements: Sequence[tuple[str, TimedAddress]]) -> None:

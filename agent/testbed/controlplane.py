@@ -9,8 +9,9 @@ subresource (the Kubernetes API concepts page: "status is written by a different
 Binaries (:func:`find_binary`): ``etcd`` and ``kube-apiserver`` as ``.ci/install`` builds them
 into ``.tools/bin`` from the Go modules pinned in ``tools/k8s``, else from ``$PATH``. The
 ClusterNetworkPolicy CRD (:func:`cluster_network_policy_crd`, the experimental channel of
-sigs.k8s.io/network-policy-api v0.2.0, which ``.ci/install --test`` fetches) is
-installed at start, as on a cluster that runs a ClusterNetworkPolicy implementation.
+sigs.k8s.io/network-policy-api v0.3.0, which serves ``v1beta1`` and ``v1alpha2``, or of v0.2.0,
+``v1alpha2`` only; ``.ci/install --test`` fetches both) is installed at start, as on a cluster
+that runs a ClusterNetworkPolicy implementation.
 
 Files live in one temporary directory: etcd's data, the service-account signing key, the static
 token file, kube-apiserver's self-signed serving certificate (``--cert-dir``) and the admin
@@ -61,10 +62,15 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
-    "ClusterNetworkPolicy": ("/apis/policy.networking.k8s.io/v1alpha2", "clusternetworkpolicies", False),
+    "ClusterNetworkPolicy": ("/apis/policy.networking.k8s.io/v1alpha2", "clusternetworkpolicies", False),  # served by both CRDs
 }
-CRD_MODULE = "sigs.k8s.io/network-policy-api@v0.2.0"
-CRD_PATH = Path(__file__).resolve().parents[2] / ".tools" / "crd" / "clusternetworkpolicies.yaml"
+# Kinds whose objects may name another served version of their group: written at that version.
+OTHER_VERSIONS = {"ClusterNetworkPolicy": ("policy.networking.k8s.io/v1beta1",)}
+CRD_DIR = Path(__file__).resolve().parents[2] / ".tools" / "crd"
+CRD_MODULE = "sigs.k8s.io/network-policy-api@v0.3.0"  # the default: v1beta1 stored and preferred, v1alpha2 served
+CRD_PATH = CRD_DIR / "clusternetworkpolicies.yaml"
+V1ALPHA2_CRD_MODULE = "sigs.k8s.io/network-policy-api@v0.2.0"  # v1alpha2 only
+CRD_FILES = {CRD_MODULE: CRD_PATH, V1ALPHA2_CRD_MODULE: CRD_DIR / "clusternetworkpolicies-v0.2.0.yaml"}
 WITH_STATUS = ("Pod", "Node")
 
 
@@ -99,13 +105,13 @@ def find_binary(name: str, given: str | None = None) -> str:
     return found
 
 
-def cluster_network_policy_crd() -> dict[str, Any]:
-    """The ClusterNetworkPolicy CRD of :data:`CRD_MODULE` that ``.ci/install --test`` put in
-    :data:`CRD_PATH`. Raises ControlPlaneError when it is not there."""
+def cluster_network_policy_crd(module: str = CRD_MODULE) -> dict[str, Any]:
+    """The ClusterNetworkPolicy CRD of ``module`` (a key of :data:`CRD_FILES`) that ``.ci/install
+    --test`` put in its file. Raises ControlPlaneError when it is not there."""
     try:
-        crd: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+        crd: dict[str, Any] = yaml.safe_load(CRD_FILES[module].read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise ControlPlaneError(f"cannot read the ClusterNetworkPolicy CRD of {CRD_MODULE} ({exc}): bash .ci/install --test puts it there") from None
+        raise ControlPlaneError(f"cannot read the ClusterNetworkPolicy CRD of {module} ({exc}): bash .ci/install --test puts it there") from None
     return crd
 
 
@@ -166,14 +172,18 @@ class ControlPlane(Started):
     ``authorization``: kube-apiserver's ``--authorization-mode`` (RBAC by default, so that a
     token bound to the chart's ClusterRole gets exactly what the chart grants). The admin token
     is in group ``system:masters``. ``extra_args``: more kube-apiserver flags (tests use
-    ``--min-request-timeout`` to make the server end watches early).
+    ``--min-request-timeout`` to make the server end watches early). ``crd``: the
+    network-policy-api module whose ClusterNetworkPolicy CRD is installed at start (a key of
+    :data:`CRD_FILES`; :meth:`install_crd` changes it later).
 
     Attributes after :meth:`start`: ``url`` (``https://127.0.0.1:PORT``), ``kubeconfig`` (the
     admin's), ``ca_file`` (the serving certificate, self-signed by kube-apiserver).
     """
 
     def __init__(self, authorization: str = "RBAC", extra_args: Iterable[str] = (),
-                 etcd: str | None = None, apiserver: str | None = None) -> None:
+                 etcd: str | None = None, apiserver: str | None = None, crd: str = CRD_MODULE) -> None:
+        self.crd = crd
+        self.versions: dict[str, str] = {}  # kind -> the apiVersion read and written when an object names none: its CRD's stored one
         self.etcd_binary = find_binary("etcd", etcd)
         self.apiserver_binary = find_binary("kube-apiserver", apiserver)
         self.authorization, self.extra_args = authorization, list(extra_args)
@@ -209,9 +219,19 @@ class ControlPlane(Started):
         ])
         self._wait("etcd", self._etcd, lambda: self._etcd_healthy(), 30)
         self.start_apiserver()
-        self.apply(cluster_network_policy_crd())
+        self.install_crd(self.crd)
+
+    def install_crd(self, module: str) -> None:
+        """Install (or replace: a CRD upgrade) the ClusterNetworkPolicy CRD of ``module`` (a key
+        of :data:`CRD_FILES`); return once the API serves every version it serves."""
+        crd = cluster_network_policy_crd(module)
+        self.apply(crd)
+        self.crd = module
+        stored = next(v["name"] for v in crd["spec"]["versions"] if v["storage"])
+        self.versions["ClusterNetworkPolicy"] = f"{crd['spec']['group']}/{stored}"
+        served = [f"/apis/{crd['spec']['group']}/{v['name']}/{crd['spec']['names']['plural']}" for v in crd["spec"]["versions"] if v["served"]]
         assert self._apiserver is not None
-        self._wait("kube-apiserver", self._apiserver, lambda: self._serves("ClusterNetworkPolicy"), 30)
+        self._wait("kube-apiserver", self._apiserver, lambda: all(self._answers(path) for path in served), 30)
 
     def start_apiserver(self) -> None:
         """Start kube-apiserver (again, after :meth:`stop_apiserver`; etcd keeps the data)."""
@@ -290,9 +310,9 @@ class ControlPlane(Started):
         except (ControlPlaneError, OSError, ssl.SSLError):
             return False
 
-    def _serves(self, kind: str) -> bool:
+    def _answers(self, path: str) -> bool:
         try:
-            self.items(kind)
+            self.request("GET", path)
             return True
         except ApiError:
             return False
@@ -327,23 +347,27 @@ class ControlPlane(Started):
         return text if raw else json.loads(text) if text else None
 
     @staticmethod
-    def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+    def path(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None,
+             api_version: str | None = None) -> str:
         """The API path of a collection or object of ``kind`` (one of :data:`RESOURCES`); a
-        namespaced kind without namespace and name: its collection across all namespaces."""
+        namespaced kind without namespace and name: its collection across all namespaces.
+        ``api_version``: at that version when it is one of :data:`OTHER_VERSIONS` for ``kind``."""
         if kind not in RESOURCES:
             raise ControlPlaneError(f"kind {kind} is not handled by the sandbox control plane")
         prefix, plural, namespaced = RESOURCES[kind]
+        if api_version in OTHER_VERSIONS.get(kind, ()):
+            prefix = f"/apis/{api_version}"
         where = f"/namespaces/{namespace or 'default'}" if namespaced and (namespace or name) else ""
         return prefix + where + f"/{plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 
     def items(self, kind: str) -> list[dict[str, Any]]:
-        """Every object of ``kind``, in all namespaces."""
-        return list(self.request("GET", self.path(kind))["items"])
+        """Every object of ``kind``, in all namespaces (a custom resource at its CRD's stored version)."""
+        return list(self.request("GET", self.path(kind, api_version=self.versions.get(kind)))["items"])
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
-            result: dict[str, Any] = self.request("GET", self.path(kind, namespace, name))
+            result: dict[str, Any] = self.request("GET", self.path(kind, namespace, name, api_version=self.versions.get(kind)))
             return result
         except ApiError as error:
             if error.status == 404:
@@ -356,9 +380,11 @@ class ControlPlane(Started):
         Pods and Nodes: their ``status`` is written through the status subresource. An
         existing Pod, Namespace or Node gets its labels replaced (a Pod's spec is immutable);
         an existing NetworkPolicy is replaced whole. Pods without an image get
-        :data:`SANDBOX_IMAGE` (no kubelet pulls it). Raises ApiError with the API's reason.
+        :data:`SANDBOX_IMAGE` (no kubelet pulls it). An object of another served version
+        (:data:`OTHER_VERSIONS`) is written at its version. Raises ApiError with the API's reason.
         """
         kind, meta = str(obj.get("kind")), dict(obj.get("metadata") or {})
+        version = obj.get("apiVersion") if isinstance(obj.get("apiVersion"), str) else self.versions.get(kind)
         name: str = meta.get("name", "")
         namespace: str | None = (meta.get("namespace") or "default") if RESOURCES.get(kind, ("", "", False))[2] else None
         body = {k: v for k, v in obj.items() if k != "status"}
@@ -366,7 +392,7 @@ class ControlPlane(Started):
             body = _with_images(body)
         existing = self.get(kind, name, namespace)
         if existing is None:
-            stored: dict[str, Any] = self.request("POST", self.path(kind, namespace), body)
+            stored: dict[str, Any] = self.request("POST", self.path(kind, namespace, api_version=version), body)
         elif kind in ("Pod", "Namespace", "Node"):
             old = (existing.get("metadata") or {}).get("labels") or {}
             new = meta.get("labels") or {}
@@ -374,7 +400,7 @@ class ControlPlane(Started):
             stored = self.request("PATCH", self.path(kind, namespace, name), patch, content_type="application/merge-patch+json")
         else:
             body["metadata"] = {**meta, "resourceVersion": existing["metadata"]["resourceVersion"]}
-            stored = self.request("PUT", self.path(kind, namespace, name), body)
+            stored = self.request("PUT", self.path(kind, namespace, name, api_version=version), body)
         if kind in WITH_STATUS and obj.get("status"):
             stored["status"] = dict(obj["status"])  # the object's state as given, not merged
             stored = self.request("PUT", self.path(kind, namespace, name, "status"), stored)
@@ -383,7 +409,8 @@ class ControlPlane(Started):
     def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
         """Delete at once (grace period 0: no kubelet confirms a pod's end); absent is fine."""
         try:
-            self.request("DELETE", self.path(kind, namespace, name), {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+            self.request("DELETE", self.path(kind, namespace, name, api_version=self.versions.get(kind)),
+                         {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
         except ApiError as error:
             if error.status != 404:
                 raise

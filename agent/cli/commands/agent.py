@@ -24,8 +24,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.kubeconfig and args.manifests:
         print("nftpolicy: --kubeconfig and --manifests exclude each other", file=sys.stderr)
         return 2
-    for flag in ("--kubeconfig", "--manifests", "--netns"):
-        check_exists(flag, getattr(args, flag[2:]))
+    if args.metrics_secure and args.manifests:
+        print("nftpolicy: --metrics-secure checks tokens with the Kubernetes API: not with --manifests", file=sys.stderr)
+        return 2
+    if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
+        print("nftpolicy: --tls-cert-file and --tls-private-key-file go together", file=sys.stderr)
+        return 2
+    if args.tls_cert_file and not args.metrics_secure:
+        print("nftpolicy: --tls-cert-file is for --metrics-secure true, which is off", file=sys.stderr)
+        return 2
+    for flag in ("--kubeconfig", "--manifests", "--netns", "--tls-cert-file", "--tls-private-key-file"):
+        check_exists(flag, getattr(args, flag[2:].replace("-", "_")))
     try:
         return run_agent(args, config_from(args))
     except SourceError as exc:

@@ -11,9 +11,8 @@ import argparse
 import dataclasses
 import ipaddress
 import json
+import http.client
 import sys
-import urllib.error
-import urllib.request
 from importlib.metadata import version
 from typing import Iterable, Mapping, Sequence
 
@@ -32,11 +31,10 @@ from nftpolicy.translators.verdict import (
 )
 from nftpolicy.translators.workloads import Service, place_pods, services_from
 
-from nftpolicy.agent.cli.flags import UsageError, config_from
+from nftpolicy.agent.cli.agenthttp import agent_get
+from nftpolicy.agent.cli.flags import DEFAULT_DEBUG_ADDRESS, UsageError, config_from
 from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
 from . import Manifests, plural, read_manifests, report_skipped
-
-AGENT_TIMEOUT = 5.0
 
 
 def parse_port(text: str) -> tuple[ConnectionProtocol, int | None]:
@@ -89,24 +87,28 @@ def _host_network(enforcement: Enforcement, text: str, pods: Mapping[str, Pod] |
 
 
 def _agent(url: str) -> Enforcement:
-    """The enforcement the agent at ``url`` holds. Raises UsageError when it cannot be read."""
-    address = url.rstrip("/") + DEBUG_PATH
+    """The enforcement the agent at ``url`` (``http://HOST:PORT`` or ``unix:PATH``) holds.
+    Raises UsageError when it cannot be read."""
     try:
-        with urllib.request.urlopen(address, timeout=AGENT_TIMEOUT) as reply:
-            data = json.loads(reply.read())
-            return enforcement_from_json(data)
+        status, body = agent_get(url, DEBUG_PATH)
+    except ValueError as exc:
+        raise UsageError(f"--agent: {exc}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise UsageError(f"cannot reach the agent at {url}: {getattr(exc, 'strerror', None) or exc}") from None
+    if status != 200:
+        hint = (f": nothing serves {DEBUG_PATH} there (the agent serves it on its --debug-address, default "
+                f"{DEFAULT_DEBUG_ADDRESS}, not on its --http-address)") if status == 404 else ""
+        raise UsageError(f"agent {url}: {status} {body.decode(errors='replace').strip()[:200]}{hint}")
+    data: dict[str, object] = {}
+    try:
+        data = json.loads(body)
+        return enforcement_from_json(data)
     except ModelShapeMismatch as exc:
         raise UsageError(f"agent {url} runs nftpolicy {data.get('version', 'of another version')} and this explain is "
                          f"{version('nftpolicy')} ({exc}): run explain of the agent's version, "
                          "or kubectl nftpolicy explain, which reads the API server") from None
-    except urllib.error.HTTPError as exc:
-        hint = (f": nothing serves {DEBUG_PATH} there (the agent serves it on its --debug-address, default "
-                "127.0.0.1:9479, not on its --http-address)") if exc.code == 404 else ""
-        raise UsageError(f"agent {url}: {exc.code} {exc.read().decode(errors='replace').strip()}{hint}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise UsageError(f"cannot reach the agent at {url}: {getattr(exc, 'reason', exc)}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"agent {url}: unreadable answer from {address}: {exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"agent {url}: unreadable answer from {DEBUG_PATH}: {exc}") from None
 
 
 def port_spec(text: str, target: Endpoint | None, pods: Mapping[str, Pod] | None) -> tuple[ConnectionProtocol, int | None]:

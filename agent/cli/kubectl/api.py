@@ -62,7 +62,6 @@ class Resource:
 PODS, NAMESPACES, NODES, SERVICES = Resource("pods"), Resource("namespaces"), Resource("nodes"), Resource("services")
 NETWORK_POLICIES = Resource("networkpolicies", "networking.k8s.io")
 CLUSTER_NETWORK_POLICIES = Resource("clusternetworkpolicies", "policy.networking.k8s.io")
-CNP_VERSION = "v1alpha2"  # the version the agent watches (agent/daemon/sources.py)
 
 
 def in_namespace(resource: Resource, namespace: str | None) -> Resource:
@@ -158,14 +157,15 @@ class Api:
         obj: dict[str, Any] = {"kind": kind, "apiVersion": api_version, **orjson.loads(response.data)}
         return obj
 
-    def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> tuple[int, str]:
-        """GET ``path`` of ``pod``'s ``port`` through the API server's pod proxy: (HTTP status,
-        body text). An error status is the pod's own answer (``/readyz``'s 503 and its reasons)
-        or the API server's, which could not reach the pod (its Status message). Raises
-        Forbidden (get on pods/proxy), Unreachable."""
+    def proxy_get(self, namespace: str, pod: str, port: int, path: str, https: bool = False) -> tuple[int, str]:
+        """GET ``path`` of ``pod``'s ``port`` through the API server's pod proxy, over TLS with
+        ``https`` (the API server does not check the pod's certificate): (HTTP status, body
+        text). An error status is the pod's own answer (``/readyz``'s 503 and its reasons) or
+        the API server's, which could not reach the pod (its Status message). Raises Forbidden
+        (get on pods/proxy), Unreachable."""
         try:
             response = self.call("get", Resource("pods/proxy", "", namespace), self.core.connect_get_namespaced_pod_proxy_with_path,
-                                 f"{pod}:{port}", namespace, path, _preload_content=False)
+                                 f"{'https:' if https else ''}{pod}:{port}", namespace, path, _preload_content=False)
             return int(response.status), response.data.decode(errors="replace")
         except k8s.ApiException as exc:
             return int(exc.status or 0), status_message(exc)

@@ -1,7 +1,9 @@
 """``kubectl nftpolicy explain SRC DST[:PORT/PROTO]``: ``nftpolicy explain`` on the live cluster.
 
 The objects come from the API (one list each of pods, namespaces, nodes, NetworkPolicies and
-ClusterNetworkPolicies; a cluster without the ClusterNetworkPolicy CRD has none), and the
+ClusterNetworkPolicies, the latter at the version the API prefers, as the agent watches them:
+:func:`~nftpolicy.agent.daemon.apiversions.served_version`; a cluster without the
+ClusterNetworkPolicy CRD has none), and the
 answer is :func:`nftpolicy.agent.cli.commands.explain.explain_objects`'s, the code path of
 ``nftpolicy explain`` on manifests: the same lines, JSON and exit codes.
 """
@@ -16,6 +18,7 @@ from kubernetes import client as k8s
 
 from nftpolicy.translators.manifests import build_cluster
 
+from nftpolicy.agent.daemon.apiversions import served_version
 from nftpolicy.agent.cli.commands import Manifests, report_skipped
 from nftpolicy.agent.cli.commands.explain import explain_objects
 from . import api as kube
@@ -60,9 +63,11 @@ def cluster_objects(api: Api, service: str | None) -> list[tuple[str, Any]]:
         *api.list_all(kube.NODES, "Node", "v1", core.list_node),
         *api.list_all(kube.NETWORK_POLICIES, "NetworkPolicy", "networking.k8s.io/v1", networking.list_network_policy_for_all_namespaces),
     ]
-    objects += api.list_all(kube.CLUSTER_NETWORK_POLICIES, "ClusterNetworkPolicy", f"policy.networking.k8s.io/{kube.CNP_VERSION}",
-                        k8s.CustomObjectsApi(api.client).list_cluster_custom_object, missing_ok=True,  # no CRD: none
-                        group=kube.CLUSTER_NETWORK_POLICIES.group, version=kube.CNP_VERSION, plural=kube.CLUSTER_NETWORK_POLICIES.plural)
+    version = api.call("list", kube.CLUSTER_NETWORK_POLICIES, lambda _request_timeout: served_version(api.client, _request_timeout))
+    if version is not None:  # None: no CRD, none
+        objects += api.list_all(kube.CLUSTER_NETWORK_POLICIES, "ClusterNetworkPolicy", f"{kube.CLUSTER_NETWORK_POLICIES.group}/{version}",
+                                k8s.CustomObjectsApi(api.client).list_cluster_custom_object, missing_ok=True,  # removed meanwhile: none
+                                group=kube.CLUSTER_NETWORK_POLICIES.group, version=version, plural=kube.CLUSTER_NETWORK_POLICIES.plural)
     if service is not None:
         namespace, _, name = service.partition("/")
         found = api.get(kube.in_namespace(kube.SERVICES, namespace), "Service", "v1", core.read_namespaced_service, name, namespace)

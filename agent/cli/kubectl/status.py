@@ -4,6 +4,12 @@ The agents are the pods of the chart's DaemonSet (``--selector``; by default the
 :data:`~nftpolicy.agent.cli.kubectl.AGENT_SELECTOR`); each is asked for ``/readyz`` and
 ``/metrics`` on its HTTP port (the container port named ``http``) through the API server's pod
 proxy (``pods/proxy``), never by reaching a node's address. What the agent serves is :mod:`nftpolicy.agent.daemon.health` and :mod:`nftpolicy.agent.daemon.metrics`.
+
+An agent with ``--metrics-secure`` (``NFTPOLICY_METRICS_SECURE=true`` in its pod, as the chart
+sets it) serves HTTPS, and ``/metrics`` to a bearer token only, which the pod proxy never passes
+on (the API server takes the caller's ``Authorization`` header off once it has authenticated
+it): ``/readyz`` comes through the proxy (``https:``), the numbers from ``nftpolicy status`` run
+in the agent's container (``pods/exec``), which reads them from the agent's debug endpoint.
 """
 
 from __future__ import annotations
@@ -12,40 +18,21 @@ import argparse
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Mapping
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from nftpolicy.agent.cli.agentstatus import AgentStatus, read_agent, table
+from nftpolicy.agent.cli.flags import env_name
 from . import api as kube
-from .api import Api
+from .api import Api, Forbidden, PluginError
+from .podexec import agent_debug_url, agent_env, run_in
 
-AGENT_CONTAINER = "agent"
 HTTP_PORT_NAME = "http"
 DEFAULT_HTTP_PORT = 9476  # the agent's --http-address default
 WORKERS = 8  # agents asked at once
-
-
-@dataclass
-class AgentStatus:
-    """One node's agent: its pod (``ns/name``, None: no agent pod on the node), whether it is
-    ready and why not, and from its metrics: seconds since the last committed sync, the table
-    generation (transactions committed since it started), chains, sets and set elements in its
-    table, packets dropped (rejected because no policy allowed them, since the counters were
-    last reset: each full resync rewrites the chains) and its version. A number the agent did
-    not serve is None."""
-
-    node: str
-    pod: str | None = None
-    ready: bool = False
-    reasons: list[str] = field(default_factory=list)
-    last_sync_seconds_ago: float | None = None
-    generation: int | None = None
-    chains: int | None = None
-    sets: int | None = None
-    elements: int | None = None
-    drops: int | None = None
-    version: str | None = None
+IN_POD_TIMEOUT = 10.0  # seconds for nftpolicy status in an agent's container
+# The numbers of an AgentStatus, which ``nftpolicy status -o json`` in the agent's container gives.
+NUMBERS = ("last_sync_seconds_ago", "generation", "chains", "sets", "elements", "drops", "version")
 
 
 def http_port(pod: Mapping[str, Any]) -> int:
@@ -71,31 +58,6 @@ def pod_problem(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def read_metrics(text: str, status: AgentStatus, now: float) -> None:
-    """Fill ``status``'s numbers from the agent's ``/metrics`` text."""
-    drops = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, sample.value
-            if name == "nftpolicy_last_successful_sync_timestamp_seconds" and value > 0:
-                status.last_sync_seconds_ago = round(max(0.0, now - value), 1)
-            elif name == "nftpolicy_table_generation":
-                status.generation = int(value)
-            elif name == "nftpolicy_table_objects":
-                kind = labels.get("type", "")
-                if kind.endswith("chains"):
-                    status.chains = (status.chains or 0) + int(value)
-                elif kind == "sets":
-                    status.sets = int(value)
-                elif kind == "elements":
-                    status.elements = int(value)
-            elif name in ("nftpolicy_denied_packets_total", "nftpolicy_cluster_denied_packets_total"):
-                drops += value
-            elif name == "nftpolicy_build_info":
-                status.version = labels.get("version")
-    status.drops = int(drops)
-
-
 def agent_status(api: Api, node: str, pod: Mapping[str, Any] | None, selector: str) -> AgentStatus:
     """Ask ``pod`` (the agent on ``node``, None: no pod matched ``selector`` there) through the
     pod proxy. Raises PluginError (refused)."""
@@ -108,19 +70,41 @@ def agent_status(api: Api, node: str, pod: Mapping[str, Any] | None, selector: s
         status.reasons = [problem]
         return status
     namespace, name, port = str(meta.get("namespace")), str(meta.get("name")), http_port(pod)
-    code, body = api.proxy_get(namespace, name, port, "readyz")
-    status.ready = code == 200
-    if not status.ready:
-        status.reasons = [line.strip() for line in body.splitlines() if line.strip()] or [f"/readyz answered {code}"]
-    code, body = api.proxy_get(namespace, name, port, "metrics")
-    if code == 200:
-        try:
-            read_metrics(body, status, time.time())
-        except (ValueError, OverflowError) as exc:  # not Prometheus text, or NaN/Inf where a count belongs
-            status.reasons.append(f"/metrics unreadable: {' '.join(str(exc).split())[:200]}")
-    elif status.ready or code not in (502, 503):
-        status.reasons.append(f"/metrics answered {code}: {' '.join(body.split())[:200]}")
+    secure = agent_env(pod).get(env_name("--metrics-secure"), "").lower() == "true"
+    read_agent(lambda path: api.proxy_get(namespace, name, port, path, https=secure), status, time.time(), metrics=not secure)
+    if secure:
+        read_in_pod(api, pod, status)
     return status
+
+
+def in_pod_argv(pod: Mapping[str, Any]) -> list[str] | None:
+    """The ``nftpolicy status`` command line that reads the numbers in ``pod``'s agent
+    container (from its debug endpoint), None when the agent has no debug endpoint."""
+    url = agent_debug_url(pod)
+    return ["nftpolicy", "status", "--agent", url, "--output", "json"] if url else None
+
+
+def read_in_pod(api: Api, pod: Mapping[str, Any], status: AgentStatus) -> None:
+    """Fill ``status``'s numbers from :func:`in_pod_argv` run in ``pod`` (``pods/exec``); what
+    keeps them unknown is a reason."""
+    argv = in_pod_argv(pod)
+    if argv is None:
+        status.reasons.append("/metrics is for bearer tokens only (--metrics-secure) and the agent has no --debug-address to read it in the pod")
+        return
+    try:
+        code, out, err = run_in(api, pod, argv, IN_POD_TIMEOUT)
+    except Forbidden as exc:
+        status.reasons.append(f"/metrics is for bearer tokens only (--metrics-secure); to read it in the pod: {exc}")
+        return
+    except PluginError as exc:
+        status.reasons.append(str(exc))
+        return
+    try:
+        found = json.loads(out)
+        for number in NUMBERS:
+            setattr(status, number, found[number])
+    except (ValueError, KeyError, TypeError):
+        status.reasons.append(f"nftpolicy status in the pod (exit {code}): {' '.join((err or out).split())[:200]}")
 
 
 def collect(api: Api, namespace: str | None, selector: str) -> list[AgentStatus]:
@@ -134,27 +118,6 @@ def collect(api: Api, namespace: str | None, selector: str) -> list[AgentStatus]
     nodes += sorted(set(agents) - set(nodes))
     with ThreadPoolExecutor(WORKERS) as pool:
         return list(pool.map(lambda node: agent_status(api, node, agents.get(node), selector), nodes))
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
-
-
-def _number(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
-def table(statuses: list[AgentStatus]) -> str:
-    """The statuses as a table, then one line per reason of an agent that is not ready."""
-    header = ("NODE", "AGENT", "READY", "LAST SYNC", "GENERATION", "CHAINS", "SETS", "DROPS", "VERSION")
-    rows = [header] + [(s.node, s.pod or "-", "yes" if s.ready else "no", _ago(s.last_sync_seconds_ago), _number(s.generation),
-                        _number(s.chains), _number(s.sets), _number(s.drops), s.version or "-") for s in statuses]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    lines += [f"{s.node}: {reason}" for s in statuses for reason in s.reasons]
-    return "\n".join(lines)
 
 
 def cmd_status(api: Api, args: argparse.Namespace) -> int:

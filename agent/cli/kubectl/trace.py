@@ -18,16 +18,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
-from kubernetes import stream
-from kubernetes.stream import ws_client
-
-from nftpolicy.agent.cli.flags import DEFAULT_DEBUG_ADDRESS, add_config_arguments, env_name
+from nftpolicy.agent.cli.flags import add_config_arguments, env_name
 from . import api as kube
 from .api import Api, PluginError
 from .explain import SERVICE_PREFIX, explain_port, split_port
-from .status import AGENT_CONTAINER, pod_problem
-
-EXEC_MARGIN = 30.0  # seconds the exec may take beyond the trace's own timeout
+from .podexec import agent_debug_url, agent_env, run_in
+from .status import pod_problem
 
 
 def endpoint(api: Api, text: str) -> tuple[str, str | None]:
@@ -55,17 +51,6 @@ def table_flags() -> list[tuple[str, bool]]:
     return [(action.option_strings[0], isinstance(action, argparse._AppendAction)) for action in flags._actions]
 
 
-def debug_url(address: str) -> str | None:
-    """The URL at which a process in the agent's network namespace reaches the agent's debug
-    endpoint served on ``address`` (``--debug-address``: ``HOST:PORT``, an empty HOST or
-    ``0.0.0.0``/``[::]`` every address, so loopback; ``''`` no endpoint: None)."""
-    if not address:
-        return None
-    host, _, port = address.rpartition(":")
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
-    return f"http://{host}:{port}"
-
-
 def trace_argv(agent: Mapping[str, Any], source: str, destination: str, port: str | None, timeout: float) -> list[str]:
     """The ``nftpolicy trace`` command line to run in ``agent`` (its pod): the connection, the
     timeout, ``--agent`` at the agent's debug endpoint (``NFTPOLICY_DEBUG_ADDRESS``, else the
@@ -74,14 +59,11 @@ def trace_argv(agent: Mapping[str, Any], source: str, destination: str, port: st
     table setting (:func:`table_flags`) its container's environment sets
     (``NFTPOLICY_TABLE=ours`` -> ``--table ours``; a repeatable one's comma-separated list, one
     flag each). A variable without a value (the API leaves out an empty one) is empty."""
-    env: dict[str, str] = {}
-    for container in (agent.get("spec") or {}).get("containers") or ():
-        if container.get("name") == AGENT_CONTAINER:
-            env = {e["name"]: str(e.get("value", "")) for e in container.get("env") or () if "valueFrom" not in e}
+    env = agent_env(agent)
     argv = ["nftpolicy", "trace", "--from", source, "--to", destination, "--timeout", f"{timeout:g}"]
     if port:
         argv += ["--port", port]
-    url = debug_url(env.get(env_name("--debug-address"), DEFAULT_DEBUG_ADDRESS))
+    url = agent_debug_url(agent)
     if url:
         argv += ["--agent", url]
     if env.get(env_name("--netns")):  # the agent's ruleset in a named namespace (the chart's agent.netns, for tests)
@@ -101,54 +83,6 @@ def agent_on(api: Api, node: str, namespace: str | None, selector: str) -> dict[
         why = f": {pod_problem(pods[0])}" if pods else f" (pods labelled {selector})"
         raise PluginError(f"no running agent pod on node {node}{why}")
     return running[0]
-
-
-def run_in(api: Api, agent: Mapping[str, Any], argv: list[str], timeout: float) -> tuple[int, str, str]:
-    """Run ``argv`` in ``agent``'s agent container (``pods/exec``): (exit code, stdout, stderr);
-    an exec without an exit code (:func:`exec_status`) is 2, with a line on stderr saying why.
-    Raises Forbidden (create on pods/exec), PluginError."""
-    meta = agent.get("metadata") or {}
-    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-    client = api.fresh()  # the exec's websocket takes over its client while it runs
-    try:
-        response = client.call("create", kube.Resource("pods/exec", "", namespace), _exec, client, name, namespace, argv)
-    except Exception as exc:  # noqa: BLE001 - the websocket's errors have no common base
-        if isinstance(exc, PluginError):
-            raise
-        raise PluginError(f"cannot exec in {namespace}/{name}: {' '.join(str(exc).split())}") from None
-    response.run_forever(timeout=timeout + EXEC_MARGIN)
-    ended = not response.is_open()
-    out, err = response.read_stdout(), response.read_stderr()
-    response.close()
-    code, problem = exec_status(response.read_channel(ws_client.ERROR_CHANNEL))
-    if problem:
-        late = "" if ended else f" (still running after {timeout + EXEC_MARGIN:g} s)"
-        err += f"kubectl nftpolicy: exec in {namespace}/{name}: {problem}{late}\n"
-    return code, out, err
-
-
-def exec_status(text: str) -> tuple[int, str | None]:
-    """The exit code of an exec from the Status its error channel carries (``text``, JSON;
-    k8s.io/apimachinery's metav1.Status): 0 on ``Success``, the number of the ``ExitCode`` cause
-    of a ``NonZeroExitCode`` failure; else 2 and why (the Status's message: the command could
-    not start, or no Status at all: the exec ended early or is still running)."""
-    try:
-        status = json.loads(text) if text else None
-    except ValueError:
-        status = None
-    if not isinstance(status, dict):
-        return 2, "no exit status"
-    if status.get("status") == "Success":
-        return 0, None
-    for cause in (status.get("details") or {}).get("causes") or ():
-        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
-            return int(cause["message"]), None
-    return 2, str(status.get("message") or "no exit code")
-
-
-def _exec(client: Api, name: str, namespace: str, argv: list[str], _request_timeout: float) -> Any:
-    return stream.stream(client.core.connect_get_namespaced_pod_exec, name, namespace, command=argv, container=AGENT_CONTAINER,
-                         stdin=False, stdout=True, stderr=True, tty=False, _preload_content=False, _request_timeout=_request_timeout)
 
 
 def cmd_trace(api: Api, args: argparse.Namespace) -> int:

@@ -80,10 +80,28 @@ every address, else the one address it listens on. */}}
 httpGet:
   path: {{ index . 1 }}
   port: http
+  {{- if $root.Values.agent.metricsSecure }}
+  scheme: HTTPS
+  {{- end }}
   {{- with include "nftpolicy.probeHost" $root }}
   host: {{ . | quote }}
   {{- end }}
 {{ toYaml (index . 2) }}
+{{- end }}
+
+{{/* The certificate the agent serves with agent.metricsSecure: agent.tlsCertFile, else the
+mounted tls.secretName's, else none (self-signed). */}}
+{{- define "nftpolicy.tlsCertFile" -}}
+{{- if .Values.agent.tlsCertFile }}{{ .Values.agent.tlsCertFile }}{{ else if .Values.tls.secretName }}/etc/nftpolicy/tls/tls.crt{{ end }}
+{{- end }}
+
+{{- define "nftpolicy.tlsPrivateKeyFile" -}}
+{{- if .Values.agent.tlsPrivateKeyFile }}{{ .Values.agent.tlsPrivateKeyFile }}{{ else if .Values.tls.secretName }}/etc/nftpolicy/tls/tls.key{{ end }}
+{{- end }}
+
+{{/* The metrics Service's port name: https-metrics with agent.metricsSecure, else http-metrics. */}}
+{{- define "nftpolicy.metricsPortName" -}}
+{{- if .Values.agent.metricsSecure }}https-metrics{{ else }}http-metrics{{ end }}
 {{- end }}
 
 {{/* A mark as the agent reads it: a string as it is (0x...), a YAML number in decimal (never in
