@@ -15,7 +15,7 @@ import pytest
 from nftpolicy.agent.daemon.health import Health, serve_http
 from nftpolicy.agent.daemon.kubeauth import ALLOW_TTL, DENY_TTL, DelegatedAuth
 from nftpolicy.agent.daemon.kubeclient import client as k8s
-from nftpolicy.agent.daemon.kubeclient import config as k8s_config
+from nftpolicy.agent.daemon.kubeclient import load_configuration
 from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.daemon.serving import ServingCertificate
 from nftpolicy.agent.testbed.controlplane import ControlPlane
@@ -35,7 +35,7 @@ def named(docs: list[dict], kind: str, suffix: str) -> dict:
 
 def api_client(kubeconfig: str) -> k8s.ApiClient:
     configuration = k8s.Configuration()
-    k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    load_configuration(kubeconfig, configuration)
     configuration.retries = False
     return k8s.ApiClient(configuration)
 

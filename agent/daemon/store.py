@@ -118,7 +118,7 @@ class Store:
         validation: its fail-closed stand-in); ``invalid`` (key -> message) records each invalid
         object."""
         if kind in FAIL_CLOSED:
-            meta = obj.get("metadata")
+            meta = reader.mapping(kind, obj).get("metadata")  # a protobuf message too (policies are few)
             meta = meta if isinstance(meta, Mapping) else {}
             self._identities[(kind, key)] = {f: meta[f] for f in IDENTITY_FIELDS if f in meta}
         try:
