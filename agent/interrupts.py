@@ -16,7 +16,12 @@ a shell reports a process a signal ended), and what it made removed.
   code leaves the loop unusable: this is how :class:`asyncio.Runner` handles Ctrl-C), and the
   code that ran the loop calls :func:`raise_pending` (as do the steps of a long command, for a
   signal whose exception a ``__del__`` swallowed). The agent asks for a callback instead
-  (:meth:`Guard.stop_with`): it stops its loop itself.
+  (:meth:`Guard.stop_with`): it stops its loop itself; and it has its signals handled in a thread
+  of their own (:meth:`Guard.handle_in_thread`): Python runs a handler in the main thread only,
+  so a signal that the kernel gave another thread (any thread may take a process's signal; the
+  agent has one per HTTP request) waited for the end of whatever the main thread was blocked in
+  (the loop's wait of up to 5 s, a C call), and the watchdog with it: under scrape load a SIGTERM
+  took up to 5 s more to act on.
 * A watchdog armed by the first signal, and any second signal at once, end the process the hard
   way (:meth:`Guard.force`): the leftovers still registered are removed, the line printed, and
   ``os._exit`` with the signal's code. Children that the sandbox started die with it
@@ -147,6 +152,34 @@ class Guard:
         self._callback = callback
         self._announced = True
 
+    def handle_in_thread(self) -> threading.Thread:
+        """Handle SIGINT and SIGTERM from now on in a daemon thread called ``signals`` (returned),
+        whichever thread the kernel gives them to, however long the main thread is busy (module
+        text); for a daemon that :meth:`stop_with` a callback. Call it from the main thread,
+        before any other thread starts: the C-level handler writes each signal's number to a
+        pipe (:func:`signal.set_wakeup_fd`) that the thread reads; the handler Python would run
+        in the main thread does nothing. Both are swapped with the signals blocked, so none is
+        lost or handled twice."""
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(MESSAGES))
+        try:
+            signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            for signum in MESSAGES:
+                signal.signal(signum, _ignored)
+
+            def run() -> None:
+                while True:
+                    for signum in os.read(read, 64):
+                        if signum in MESSAGES:
+                            self.handle(signum)
+
+            thread = threading.Thread(target=run, name="signals", daemon=True)
+            thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # one that came meanwhile is written to the pipe now
+        return thread
+
     def handle(self, signum: int, _frame: object = None) -> None:
         """The signal handler (see the module's text)."""
         if self.finished:  # the command is done: nothing to unwind any more
@@ -211,6 +244,10 @@ class Guard:
         """Disarm the watchdog (the command has ended by itself)."""
         if self.timer is not None:
             self.timer.cancel()
+
+
+def _ignored(signum: int, frame: object) -> None:
+    """The Python-level handler left once :meth:`Guard.handle_in_thread` handles the signals."""
 
 
 def _cancel_running_loop() -> bool:

@@ -53,7 +53,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -119,6 +119,20 @@ def rss_mib(pid: int) -> float:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
 
 
+def wait_ready(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 600) -> None:
+    """Until the agent process ``proc`` answers 200 on ``url``/readyz; RuntimeError naming
+    ``what`` when it ends first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if urllib.request.urlopen(f"{url}/readyz", timeout=5).status == 200:
+                return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{what} did not become ready") from None
+            time.sleep(0.2)
+
+
 def churn(cluster: Cluster, tree: Path, ns: str, args: argparse.Namespace) -> dict[str, Any]:
     """One agent of ``tree`` against a fresh fake API server holding ``cluster``, through the churn."""
     api = serve(cluster)
@@ -129,15 +143,7 @@ def churn(cluster: Cluster, tree: Path, ns: str, args: argparse.Namespace) -> di
                              "--netns", ns, "--http-address", f"127.0.0.1:{port}", "--api-timeout", "60", "--log-format", "json",
                              "--min-sync-interval", str(args.min_sync_interval)], stderr=log.open("wb"))
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"the agent of {tree} did not become ready") from None
-                time.sleep(0.2)
+        wait_ready(f"http://127.0.0.1:{port}", proc, f"the agent of {tree}")
         time.sleep(2)
         figures: dict[str, Any] = {"rss_ready_mib": rss_mib(proc.pid)}
         rng = random.Random(args.seed)
@@ -248,6 +254,33 @@ def cell(figures: dict[str, Any], key: str, fmt: str) -> str:
     return text if figures.get("exact", True) or not key.startswith("event_to_kernel") else f"<= {figures[key]:g}"
 
 
+def run_namespaces(kind: str, count: int) -> list[str]:
+    """The names of ``count`` network namespaces for this run (``nftp-b<tag>-<kind><i>``, the
+    tag set as this process's run tag, :data:`netns.RUN_TAG_ENV`), which the caller creates and
+    deletes in a ``finally``; SIGTERM from now on exits through those (exit 143)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tag = f"b{secrets.token_hex(2)}"
+    os.environ[netns.RUN_TAG_ENV] = tag
+    return [f"nftp-{tag}-{kind}{i}" for i in range(count)]
+
+
+def machine() -> str:
+    """``2 CPUs, load average 1.2 0.8 0.5``: what the figures beside it were measured on."""
+    return f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+
+
+def side_by_side(results: dict[str, dict[str, Any]], rows: list[tuple[str, Any, str]], cell: Callable[[dict[str, Any], Any, str], str],
+                 width: int, column: int) -> None:
+    """Print a header of the trees' names (``results``' keys), then each of ``rows`` (label, key,
+    format) whose ``cell`` is not ``-`` for every tree: its label in ``width`` characters, each
+    tree's cell right-aligned in ``column``."""
+    print("".ljust(width) + "".join(f"{Path(t).name:>{column}}" for t in results))
+    for label, key, fmt in rows:
+        cells = [cell(r, key, fmt) for r in results.values()]
+        if any(c != "-" for c in cells):
+            print(label.ljust(width) + "".join(f"{c:>{column}}" for c in cells))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="150k", choices=list(SIZES))
@@ -258,11 +291,8 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, action="append", default=[], help="another tree whose agent runs first (repeatable)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tag = f"b{secrets.token_hex(2)}"
-    os.environ[netns.RUN_TAG_ENV] = tag
     trees = [*args.baseline, ROOT]
-    names = [f"nftp-{tag}-churn{i}" for i in range(len(trees))]
+    names = run_namespaces("churn", len(trees))
     pods, policies, namespaces = SIZES[args.size]
     cluster = synthetic.generate(pods=pods, policies=policies, namespaces=namespaces, seed=args.seed).cluster
     results = {}
@@ -275,11 +305,8 @@ def main() -> int:
         netns.delete(names)
     width = 54
     print(f"churn at {args.size} pods: {args.rate:g} creates + {args.rate:g} deletes + {args.label_rate:g} label changes per second "
-          f"for {args.duration:g} s, --min-sync-interval {args.min_sync_interval:g} ({os.cpu_count()} CPUs, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
-    print("".ljust(width) + "".join(f"{Path(t).name:>18}" for t in results))
-    for label, key, fmt in ROWS:
-        print(label.ljust(width) + "".join(f"{cell(r, key, fmt):>18}" for r in results.values()))
+          f"for {args.duration:g} s, --min-sync-interval {args.min_sync_interval:g} ({machine()})")
+    side_by_side(results, ROWS, cell, width, 18)
     if len(results) > 1:
         first, last = list(results.values())[0], list(results.values())[-1]
         for label, key in (("CPU per event, ratio to the first", "cpu_per_event_ms"), ("RSS after the first sync, ratio", "rss_ready_mib")):

@@ -618,6 +618,7 @@ BAD_AGENT_VALUES = [
     {"httpAddress": "[zz::1]:9476"}, {"httpAddress": "a b:9476"},
     {"table": "a.b"}, {"table": "1table"}, {"priority": 2147483648},
     {"minSyncInterval": -1}, {"resyncInterval": 0}, {"apiTimeout": 0}, {"watchTimeout": 0}, {"watchTimeout": 1.5}, {"watchIdleTimeout": 0},
+    {"countersInterval": 0.5}, {"countersInterval": -1},
     {"logFormat": "xml"}, {"logLevel": "trace"}, {"denyAction": "REJECT"}, {"denyAction": "deny"}, {"denyAction": True},
     {"metricsSecure": "yes"}, {"debugAddress": "unix:run/debug.sock"}, {"debugAddress": "[::1]:99999"},
 ]
@@ -628,6 +629,7 @@ GOOD_AGENT_VALUES = [
     {"passMark": "0x80000"}, {"passMark": 1}, {"policyMark": "0x40000", "passMark": "0x100000"},
     {"httpAddress": "[::]:9476"}, {"httpAddress": "127.0.0.1:1"}, {"httpAddress": "localhost:9476"},
     {"httpAddress": ":9476"}, {"table": "my_table-2"}, {"priority": -2147483648}, {"denyAction": "drop"}, {"denyAction": "reject"},
+    {"countersInterval": 1},
     {"metricsSecure": False}, {"debugAddress": "unix:/run/nftpolicy/agent-1.sock"}, {"debugAddress": "127.0.0.1:9479"}, {"debugAddress": ""},
 ]
 

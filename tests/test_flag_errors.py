@@ -26,6 +26,7 @@ BAD = [
     ("agent", "--min-sync-interval", "-1", "must be >= 0 seconds, got -1"),
     ("agent", "--min-sync-interval", "soon", "invalid number of seconds 'soon'"),
     ("agent", "--resync-interval", "0", "must be > 0 seconds, got 0"),
+    ("agent", "--counters-interval", "0.5", "must be >= 1 seconds, got 0.5"),
     ("agent", "--api-timeout", "nan", "must be > 0 seconds, got nan"),
     ("agent", "--watch-timeout", "1.5", "must be a whole number of seconds, got 1.5"),
     ("agent", "--watch-timeout", "0", "must be >= 1 seconds, got 0"),

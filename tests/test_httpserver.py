@@ -6,6 +6,7 @@ on loopback; the timeouts are made short instead of waited out at their defaults
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import socket
 import ssl
@@ -242,6 +243,30 @@ def test_readyz_and_healthz_stay_short_whatever_the_failure():
         health.unlisted = list
         status, body = get(srv, "/readyz")
         assert (status, body) == (503, b"not ready: no sync committed yet; the last one failed (the log says why)\n")
+    finally:
+        srv.shutdown()
+
+
+def test_a_route_that_raises_is_a_500_and_one_log_line_a_minute_and_the_server_serves_on(caplog):
+    """A broken route (or guard) costs its answer only: each scrape of it would otherwise drop
+    its connection unanswered and log a traceback. The workers live on, and so does the rest."""
+    caplog.set_level(logging.ERROR, "nftpolicy.http")
+
+    def broken() -> tuple[int, bytes, str]:
+        raise KeyError("a key\nfrom two lines")
+
+    srv = start_http("127.0.0.1:0", {"/broken": broken, "/ok": lambda: (200, b"ok\n", TEXT)}, "127.0.0.1", "test-http-broken")
+    try:
+        for _ in range(3 * WORKERS):
+            assert get(srv, "/broken") == (500, b"internal error (the agent's log says why)\n")
+        assert get(srv, "/ok") == (200, b"ok\n")
+        logged_at, since = srv._failures["/broken"]
+        srv._failures["/broken"] = (logged_at - httpserver.FAILURE_LOG_SECONDS, since)  # a minute on
+        assert get(srv, "/broken")[0] == 500
+        assert [r.getMessage() for r in caplog.records] == [
+            "answering /broken failed: KeyError: 'a key\\nfrom two lines'",
+            f"answering /broken failed (and {3 * WORKERS - 1} times since the last line): KeyError: 'a key\\nfrom two lines'"]
+        assert all(r.exc_info is None for r in caplog.records)
     finally:
         srv.shutdown()
 

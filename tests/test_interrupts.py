@@ -10,6 +10,7 @@ unit tests drive :class:`~nftpolicy.agent.interrupts.Guard` with an injected tim
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import secrets
@@ -196,6 +197,40 @@ def test_an_interrupt_swallowed_in_a_del_is_raised_again(guard, monkeypatch):
         guard.raise_pending()
     guard.unraisable(types.SimpleNamespace(exc_value=AttributeError("nft_ctx_free"), object=None))  # dropped
     assert printed == [before] and guard.code == 130 and not guard.pending
+
+
+# A process whose main thread is blocked (as the agent's loop waits up to 5 s, or sits in a C
+# call) when the kernel gives SIGTERM to another of its threads: how long until the daemon's
+# callback runs (seconds, printed).
+BLOCKED_MAIN = """
+import signal, sys, threading, time
+from nftpolicy.agent import interrupts
+guard = interrupts.install()
+called = []
+guard.stop_with(lambda signum: called.append(time.monotonic()))
+if sys.argv[1] == "thread":
+    guard.handle_in_thread()
+worker = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+worker.start()
+sent = []
+def send():
+    time.sleep(0.2)  # the main thread is in its wait by then
+    sent.append(time.monotonic())
+    signal.pthread_kill(worker.ident, signal.SIGTERM)
+threading.Thread(target=send).start()
+threading.Event().wait(3)
+print(called[0] - sent[0] if called else "never")
+"""
+
+
+@pytest.mark.parametrize("where", ["thread", "main"])
+def test_a_signal_another_thread_takes_is_handled_at_once_in_the_signal_thread(where):
+    """With :meth:`Guard.handle_in_thread`, at once; with Python's own handling (the main
+    thread's, between bytecodes) only when the main thread's 3 s wait ends."""
+    out = subprocess.run([sys.executable, "-c", BLOCKED_MAIN, where], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seconds = float(out.stdout)
+    assert seconds < 0.5 if where == "thread" else seconds > 2.5, seconds
 
 
 def test_a_signal_after_the_command_finished_exits_at_once(guard):
@@ -419,3 +454,44 @@ def test_the_agent_stops_on_a_signal_at_random_moments(make_netns, capsys):
         print(f"\nagent interrupts (seed {SEED}): {len(outcomes)} runs, max {max(o.seconds for o in outcomes):.2f} s "
               f"from the signal to the exit, exit codes {sorted({o.code for o in outcomes})}")
     assert not problems, f"seed {SEED}:\n" + "\n".join(problems)
+
+
+def _takes_sigterm(pid: int, tid: int) -> bool:
+    """Whether thread ``tid`` of ``pid`` does not block SIGTERM (the kernel may give it the
+    process's signal; the signal thread blocks it: it reads the pipe)."""
+    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    blocked = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    return not blocked >> (signal.SIGTERM - 1) & 1
+
+
+@pytest.mark.kernel
+def test_the_agent_stops_at_once_whichever_of_its_threads_takes_the_signal(make_netns, tmp_path):
+    """SIGTERM given (tgkill) to a thread of the agent other than the main one (one that may take
+    the process's signal), another in each of three new agents: it logs that it stops and exits 143 well within its grace period (before
+    the signal thread, a signal another thread took waited for the loop's wait, up to 5 s, before
+    anything, the watchdog included, acted on it)."""
+    ns = make_netns()
+    libc = ctypes.CDLL(None, use_errno=True)
+    argv = [NFTPOLICY, "agent", "--manifests", SHOP, "--node", "node1", "--netns", ns, "--http-address", "127.0.0.1:0",
+            "--debug-address", ""]
+    slowest = 0.0
+    for turn in range(3):
+        log = tmp_path / f"agent{turn}.log"
+        proc = subprocess.Popen(argv, stderr=log.open("w"))
+        try:
+            deadline = time.monotonic() + 30
+            while "sync full" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            time.sleep(1)  # the loop is in its wait now
+            threads = sorted(t for t in map(int, os.listdir(f"/proc/{proc.pid}/task")) if t != proc.pid and _takes_sigterm(proc.pid, t))
+            sent = time.monotonic()
+            assert libc.tgkill(proc.pid, threads[turn % len(threads)], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+            code = proc.wait(timeout=interrupts.GRACE + 30)
+            slowest = max(slowest, time.monotonic() - sent)
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # the test's own process
+                proc.wait()
+        assert code == 143 and log.read_text().count("received SIGTERM, stopping") == 1, log.read_text()[-2000:]
+    assert slowest < 2.0, slowest

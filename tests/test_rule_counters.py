@@ -1,8 +1,12 @@
 """Drops that name the pod, allows that name the policy, ClusterNetworkPolicy denies that name
 the tier, policy and rule: the real agent's rule counters as Prometheus metrics, after real
-packets between sandbox pods in a namespace this test made."""
+packets between sandbox pods in a namespace this test made (read every second here,
+``--counters-interval 1``: a probe's count shows within a read). Scrapes are served from the
+last read: they list nothing, and each read gives its memory back."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -14,16 +18,18 @@ from nftpolicy.translators.rules import ChainOwner, RuleOrigin
 from .agentenv import AgentEnv
 from .conftest import eventually, nft
 from .fakeapi import FakeApiServer
+from .fakeclock import FakeClock
 from .test_agent_e2e import SLOTS, A, B, policy
 
 pytestmark = pytest.mark.kernel
 
 DENIED_PROBES, ALLOWED_PROBES = 3, 2
+READ_EVERY_SECOND = ("--counters-interval", "1")
 
 
 @pytest.fixture
 def env(tmp_path):
-    env = AgentEnv(tmp_path, SLOTS).put_slot_pods()
+    env = AgentEnv(tmp_path, SLOTS, READ_EVERY_SECOND).put_slot_pods()
     try:
         yield env
     finally:
@@ -36,16 +42,16 @@ def test_denied_and_allowed_metrics_count_each_probe(env):
     env.api.put(policy("b-from-c", {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [
         {"from": [{"podSelector": {"matchLabels": {"app": "c"}}}], "ports": [{"port": 80}]}]}))
     env.start_agent()
-    eventually(lambda: env.connects("x/a", B), False)
+    eventually(lambda: env.connects("x/a", B), False)  # the last probe was the first refused one
     denied = {"namespace": "x", "pod": "b", "direction": "ingress"}
     allowed = {"namespace": "x", "policy": "b-from-c", "direction": "ingress"}
-    before = env.metric("nftpolicy_denied_packets_total", **denied), env.metric("nftpolicy_allowed_packets_total", **allowed)
+    eventually(lambda: env.metric("nftpolicy_denied_packets_total", **denied), 1)
     for _ in range(DENIED_PROBES):
         assert not env.connects("x/a", B)
     for _ in range(ALLOWED_PROBES):
         assert env.connects("x/c", B)
-    assert env.metric("nftpolicy_denied_packets_total", **denied) - before[0] == DENIED_PROBES
-    assert env.metric("nftpolicy_allowed_packets_total", **allowed) - before[1] == ALLOWED_PROBES
+    eventually(lambda: env.metric("nftpolicy_denied_packets_total", **denied), 1 + DENIED_PROBES)
+    eventually(lambda: env.metric("nftpolicy_allowed_packets_total", **allowed), ALLOWED_PROBES)
     # x/b is not isolated for egress: no reject of that direction, so no sample for it
     _, text = env.http("/metrics")
     assert 'direction="egress",namespace="x",pod="b"' not in text
@@ -57,9 +63,10 @@ def test_first_probe_after_the_sync_counts_from_zero(env):
     env.api.put(policy("deny-b", {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}))
     env.start_agent()
     eventually(lambda: env.metric("nftpolicy_table_objects", type="pod chains"), 1.0)
-    assert env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress") == 0
+    sample = 'nftpolicy_denied_packets_total{direction="ingress",namespace="x",pod="b"} 0.0'
+    eventually(lambda: sample in env.http("/metrics")[1])  # read since the sync: its chain counted nothing
     assert not env.connects("x/a", B)
-    assert env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress") == 1
+    eventually(lambda: env.metric("nftpolicy_denied_packets_total", namespace="x", pod="b", direction="ingress"), 1)
 
 
 def _namespace(name: str) -> dict:
@@ -74,7 +81,7 @@ def test_a_deny_rule_of_the_admin_tier_counts_under_its_tier_policy_and_rule(tmp
     assert len(name) == 253
     api = FakeApiServer(bookmark_interval=0.5, cluster_network_policies=True)
     api.start()
-    env = AgentEnv(tmp_path, SLOTS, api=api).put_slot_pods()
+    env = AgentEnv(tmp_path, SLOTS, READ_EVERY_SECOND, api=api).put_slot_pods()
     try:
         env.api.put({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": name},
                      "spec": {"tier": "Admin", "priority": 1, "subject": {"pods": {"namespaceSelector": {},
@@ -82,12 +89,12 @@ def test_a_deny_rule_of_the_admin_tier_counts_under_its_tier_policy_and_rule(tmp
                               "ingress": [{"action": "Deny", "from": [_namespace("x")], "protocols": [{"tcp": {"destinationPort": {"number": 81}}}]},
                                           {"action": "Deny", "name": "no-y", "from": [_namespace("y")]}]}})
         env.start_agent()
-        eventually(lambda: env.connects("y/d", A), False)
+        eventually(lambda: env.connects("y/d", A), False)  # the last probe was the first refused one
         rule = {"tier": "Admin", "policy": name, "direction": "ingress"}
-        before = env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="1")
+        eventually(lambda: env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="1"), 1)
         for _ in range(DENIED_PROBES):
             assert not env.connects("y/d", A)
-        assert env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="1") - before == DENIED_PROBES
+        eventually(lambda: env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="1"), 1 + DENIED_PROBES)
         assert env.metric("nftpolicy_cluster_denied_packets_total", **rule, rule="0") == 0
         assert env.connects("x/c", A)  # rule 0 is port 81 only
         _, text = env.http("/metrics")
@@ -101,23 +108,52 @@ def test_a_deny_rule_of_the_admin_tier_counts_under_its_tier_policy_and_rule(tmp
 
 
 def test_a_missing_table_gives_no_samples(make_netns):
-    collector = RuleCounters(NftDataplane("nftpolicy", make_netns()), dict)
+    collector = RuleCounters(NftDataplane("nftpolicy", make_netns()), dict, 5.0)
+    collector.read()
     families = list(collector.collect())
     assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets", "nftpolicy_cluster_denied_packets"]
     assert all(not f.samples for f in families)
 
 
-def test_each_scrape_gives_the_listings_memory_back(monkeypatch):
-    class Listing:
-        def counted_rules(self):
-            return [{"chain": "KUBE-NWPLCY-X", "expr": [{"counter": {"packets": 3, "bytes": 180}}, {"accept": None}]}]
+class _Listing:
+    """A dataplane whose table holds one counted allow of ``packets``; counts its listings."""
 
+    def __init__(self) -> None:
+        self.listed, self.packets = 0, 3
+
+    def counted_rules(self):
+        self.listed += 1
+        return [{"chain": "KUBE-NWPLCY-X", "expr": [{"counter": {"packets": self.packets, "bytes": 180}}, {"accept": None}]}]
+
+
+def test_scrapes_serve_the_last_read_and_list_nothing(monkeypatch):
     trims = []
     monkeypatch.setattr(rulecounters, "release_memory", lambda: trims.append(len(trims)))
-    collector = RuleCounters(Listing(), dict)
-    for scrape in range(3):
+    listing = _Listing()
+    collector = RuleCounters(listing, dict, 5.0)
+    assert [s for f in collector.collect() for s in f.samples] == []  # before the first read
+    collector.read()
+    listing.packets = 8  # the kernel counts on; scrapes see it at the next read
+    for _ in range(20):
         assert [s.value for f in collector.collect() for s in f.samples] == [3]
-        assert len(trims) == scrape + 1
+    assert (listing.listed, len(trims)) == (1, 1)  # one listing, its memory given back
+    collector.read()
+    assert [s.value for f in collector.collect() for s in f.samples] == [8] and (listing.listed, len(trims)) == (2, 2)
+
+
+def test_one_thread_reads_at_each_interval_until_the_stop():
+    listing, clock, stop = _Listing(), FakeClock(), threading.Event()
+    thread = RuleCounters(listing, dict, 5.0, clock).start(stop)
+    assert thread.name == "counters" and thread.daemon
+    eventually(lambda: clock.waited, [5.0])  # read at once, then waits
+    assert listing.listed == 1
+    clock.advance(4.9)
+    assert listing.listed == 1
+    clock.advance(0.1)
+    eventually(lambda: listing.listed, 2)
+    stop.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and listing.listed == 2
 
 
 def test_labels_come_from_the_chain_owners_and_the_pod_chain_names():

@@ -419,6 +419,9 @@ def parser() -> argparse.ArgumentParser:
                             "before it counts as dead (a stuck proxy) and is watched again from its resourceVersion "
                             "(default %(default)s: two bookmark periods and 10 s)")
     agent.add_argument("--http-address", type=_http_address, default="0.0.0.0:9476", help="address of /healthz, /readyz and /metrics (default %(default)s)")
+    agent.add_argument("--counters-interval", type=_seconds(1), default=5.0,
+                       help="seconds between two reads of the kernel's rule counters, which /metrics serves from the last read "
+                            "(one listing of the table each, whatever the number of scrapers; default %(default)s)")
     agent.add_argument("--metrics-secure", type=_boolean, default=False, metavar="true|false",
                        help="serve --http-address over TLS, and /metrics only to a bearer token whose user may get /metrics "
                             "(TokenReview and SubjectAccessReview; needs the API, not --manifests); /healthz and /readyz "

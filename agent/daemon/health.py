@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import ssl
+import threading
 import time
+import traceback
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -11,12 +15,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .httpserver import TEXT, Guard, HttpServer, Route, start_http
 from .metrics import Metrics
 
+log = logging.getLogger("nftpolicy.health")
+
 
 class Health:
     """Liveness and readiness.
 
-    Alive: the reconcile loop ticked within ``window`` seconds. Ready: every source has listed
-    and the first sync committed.
+    Alive: the reconcile loop ticked within ``window`` seconds, and no thread of the agent died
+    (once :meth:`supervise` is on: the DNS hold's reader, the Event writer, the HTTP servers, the
+    rule counters' reader, the API watches, ...). Ready: every source has listed and the first
+    sync committed.
     """
 
     def __init__(self, window: float) -> None:
@@ -25,14 +33,40 @@ class Health:
         self._tick = time.monotonic()
         self.unlisted: Callable[[], list[str]] = list  # the kinds not listed yet (the store's)
         self.sync_failure: str | None = None  # why the last sync failed (None: it did not)
+        self.dead: list[str] = []  # the names of the threads that died, in order
 
     def beat(self) -> None:
         """Called by the reconcile loop on every iteration."""
         self._tick = time.monotonic()
 
+    def supervise(self) -> None:
+        """From now on, a thread of this process that ends with an exception nobody caught (every
+        thread of the agent but the main one, the reconcile loop, runs until the agent stops, or
+        catches its own errors) is logged in one line and fails liveness for good: what it did is
+        no longer done, so the kubelet's liveness probe restarts the agent. Sets
+        ``threading.excepthook`` (Python's default prints a traceback and carries on)."""
+        threading.excepthook = self.thread_died
+
+    def thread_died(self, args: threading.ExceptHookArgs) -> None:
+        """``threading.excepthook``: count ``args.thread`` dead and log one line (its name, the
+        exception and where it was raised)."""
+        name = args.thread.name if args.thread is not None else "unnamed"
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback is not None else []
+        where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+        log.error("thread %s died: %s: %s%s; /healthz fails until the agent is restarted", name, args.exc_type.__name__,
+                  " ".join(str(args.exc_value).split())[:500], where)
+        if name not in self.dead:  # one reason per thread name, however often threads of that name die
+            self.dead.append(name)
+
+    def not_alive(self) -> list[str]:
+        """Why the agent is not alive, one short reason each (empty when it is): the loop has not
+        ticked within the window, a thread died (by name; the log line has the exception)."""
+        stalled = ["reconcile loop stalled"] if time.monotonic() - self._tick >= self.window else []
+        return stalled + [f"thread {name} died" for name in self.dead]
+
     def alive(self) -> bool:
-        """True when the loop ticked recently."""
-        return time.monotonic() - self._tick < self.window
+        """True when the loop ticked recently and no thread died."""
+        return not self.not_alive()
 
     def not_ready(self) -> list[str]:
         """Why the agent is not ready, one reason a line (empty when it is): the kinds not
@@ -62,11 +96,12 @@ def short(text: str) -> bytes:
 
 
 def health_routes(metrics: Metrics, health: Health) -> dict[str, Route]:
-    """``/healthz`` (200 ``ok``, 503 when the reconcile loop stalled), ``/readyz`` (200 ``ok``,
+    """``/healthz`` (200 ``ok``, 503 and a line per reason: the reconcile loop stalled, a thread
+    died, :meth:`Health.not_alive`), ``/readyz`` (200 ``ok``,
     503 and a line per reason) and ``/metrics`` (the Prometheus text of ``metrics``)."""
     def healthz() -> tuple[int, bytes, str]:
-        ok = health.alive()
-        return (200 if ok else 503), short("ok\n" if ok else "reconcile loop stalled\n"), TEXT
+        reasons = health.not_alive()
+        return (503 if reasons else 200), (short("".join(f"{r}\n" for r in reasons)) or b"ok\n"), TEXT
 
     def readyz() -> tuple[int, bytes, str]:
         reasons = health.not_ready()

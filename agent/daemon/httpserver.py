@@ -15,7 +15,15 @@ Every client costs bounded time, memory and threads, whatever it does:
   next request on a kept-alive connection within :data:`IDLE_TIMEOUT`, and an answer must be
   taken by the client within :data:`WRITE_TIMEOUT` (a client that does not read);
 * a request is a head of :data:`MAX_HEAD` bytes at most (431 beyond) and no body (400): the
-  agent serves ``GET`` and ``HEAD`` only (405 otherwise).
+  agent serves ``GET`` and ``HEAD`` only (405 otherwise);
+* an answer whose route (or guard) raises is a 500 and one log line per path at most every
+  :data:`FAILURE_LOG_SECONDS`, with the count since; the worker and the loop serve on.
+
+Supervision: the loop's thread is called ``name``; if it ends with an exception the agent's
+``/healthz`` fails naming it (:meth:`~nftpolicy.agent.daemon.health.Health.supervise`). Its
+workers, ``<name>-answer_<n>``, never end by a task's exception (the executor hands it to the
+task: the 500 above). A loop or every worker stuck leaves the probes on that address
+unanswered, which the kubelet's liveness probe counts as failures.
 
 asyncio rather than a selector loop of our own: its streams and its TLS (``start_tls``, a
 handshake that cannot block the loop) are the standard library's, tested code; the TLS
@@ -30,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
+import logging
 import os
 import socket
 import ssl
@@ -48,7 +57,10 @@ WRITE_TIMEOUT = 10.0  # seconds a client has to take an answer
 MAX_HEAD = 8192  # bytes of a request line and its headers
 UNIX_PREFIX = "unix:"
 
+FAILURE_LOG_SECONDS = 60.0  # at most one log line about a path's failed answers this often
 TEXT = "text/plain; charset=utf-8"
+
+log = logging.getLogger("nftpolicy.http")
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,8 @@ class HttpServer:
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix=f"{name}-answer")
         self._idle_since: dict[asyncio.StreamWriter, float] = {}  # open connections: since when idle (inf: answering)
+        self._failures: dict[str, tuple[float, int]] = {}  # path -> (its failure last logged at, failures since)
+        self._failures_lock = threading.Lock()
         self._closed = False
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
@@ -180,11 +194,29 @@ class HttpServer:
             return 404, b"not found\n", TEXT
         if request.method not in ("GET", "HEAD"):
             return 405, b"only GET and HEAD\n", TEXT
-        if self._guard is not None and request.path in self._guarded:
-            refusal = self._guard(request)
-            if refusal is not None:
-                return refusal
-        return route()
+        try:
+            if self._guard is not None and request.path in self._guarded:
+                refusal = self._guard(request)
+                if refusal is not None:
+                    return refusal
+            return route()
+        except Exception as exc:  # noqa: BLE001 - a route's failure costs its answer, never the server
+            self._failed(request.path, exc)
+            return 500, b"internal error (the agent's log says why)\n", TEXT
+
+    def _failed(self, path: str, exc: Exception) -> None:
+        """Count a failed answer of ``path``; log one line at most every :data:`FAILURE_LOG_SECONDS`
+        for it (each scrape of a broken path would otherwise log a traceback), with how many
+        failed since the last line."""
+        with self._failures_lock:
+            logged_at, since = self._failures.get(path, (-FAILURE_LOG_SECONDS, 0))
+            now = time.monotonic()
+            if now - logged_at < FAILURE_LOG_SECONDS:
+                self._failures[path] = (logged_at, since + 1)
+                return
+            self._failures[path] = (now, 0)
+        log.error("answering %s failed%s: %s: %s", path, f" (and {since} times since the last line)" if since else "",
+                  type(exc).__name__, " ".join(str(exc).split())[:300])
 
     async def _send(self, writer: asyncio.StreamWriter, method: str, answer: Answer, keep: bool) -> None:
         code, body, content_type = answer
@@ -269,7 +301,7 @@ def start_http(address: str, routes: Mapping[str, Route], default_host: str, nam
     ``server.server_address`` tells which) or ``unix:PATH``, from a daemon thread called
     ``name``; any other path is 404. ``tls``: the TLS context of each new connection (None:
     plain HTTP). ``guard`` decides for the paths in ``guarded`` before their route answers.
-    Logs nothing. Raises OSError when the address cannot be bound."""
+    Logs only the answers that failed. Raises OSError when the address cannot be bound."""
     if address.startswith(UNIX_PREFIX):
         sock = _listen_unix(address[len(UNIX_PREFIX):])
     else:

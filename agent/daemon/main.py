@@ -50,6 +50,16 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     stop = threading.Event()
     metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
     store = Store(metrics)
+
+    def shutdown(signum: int) -> None:
+        log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)
+        stop.set()
+        store.changed.set()
+
+    signals = interrupts.guard()
+    signals.stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
+    signals.handle_in_thread()  # before any other thread: a signal is acted on at once, whichever thread the kernel gives it
+    health.supervise()  # a thread that dies from here on fails /healthz (the kubelet restarts the agent)
     tls = None
     if args.metrics_secure:
         try:
@@ -87,7 +97,9 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,
                             learning=learning)
-    metrics.registry.register(RuleCounters(dataplane, reconciler.chain_owners))  # read from the kernel at each scrape
+    counters = RuleCounters(dataplane, reconciler.chain_owners, args.counters_interval)
+    metrics.registry.register(counters)  # scrapes are served from its last read
+    counters.start(stop)
     health.unlisted = store.unlisted
     try:
         server = serve_http(args.http_address, metrics, health, tls=tls, guard=guard)
@@ -96,12 +108,6 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         log.error("cannot serve HTTP on %s: %s", args.http_address, exc)
         return 1
 
-    def shutdown(signum: int) -> None:
-        log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)
-        stop.set()
-        store.changed.set()
-
-    interrupts.guard().stop_with(shutdown)  # the watchdog bounds the way out (interrupts.GRACE)
     log.info("nftpolicy %s agent for node %s: source %s, table inet %s, %s %s:%d; settings: %s", version("nftpolicy"),
              args.node, source, config.table, "https" if tls else "http", *server.server_address[:2], settings(args, config))
     debug = None

@@ -1,11 +1,12 @@
-"""The kernel's rule counters as Prometheus metrics, read when Prometheus scrapes.
+"""The kernel's rule counters as Prometheus metrics, read by one thread every few seconds.
 
 Every refusal of a pod chain (its rejects, or its drop with ``--deny-action drop``), every allow
 rule of a policy chain and every drop of a ClusterNetworkPolicy ``Deny`` rule in a tier chain
 carries a counter
 (:class:`nftpolicy.translators.layout.CounterStatement`). :class:`RuleCounters` is a prometheus_client
-custom collector: on each scrape it lists our table through the dataplane (a terse list: rules
-and their counters, no set element) and sums the counters into
+custom collector whose thread (``counters``, :meth:`RuleCounters.start`) lists our table through
+the dataplane every ``--counters-interval`` seconds (a terse list: rules and their counters, no
+set element) and sums the counters into
 
 * ``nftpolicy_denied_packets_total{namespace, pod, direction}``: packets refused (rejected or
   dropped, as ``--deny-action`` says) because no policy allowed them, for that direction of that local pod;
@@ -18,12 +19,15 @@ and their counters, no set element) and sums the counters into
   counts per local pod what no policy allowed, this one per policy rule (a tier chain is shared
   by every pod its subject selects, so it knows no pod).
 
-The collector runs in the HTTP server's thread with its own libnftables context, and the kernel
-lists a table without holding up a commit; the memory the listing took is given back to the
-system after each scrape (glibc ``malloc_trim``). A missing table (before the first sync, or flushed by
-another tool) gives no samples. Counters start again at 0 when the agent rewrites a chain (every
-full resync, and a pod chain whose policies change); ``rate()`` and ``increase()`` take such
-resets in their stride.
+A scrape serves the families of the last read (at most that interval, plus one read, old): it
+lists nothing, takes no lock a sync holds, and costs the same however many scrapers there are
+(every listing of the whole table at each scrape, in each scraper's HTTP thread, had run
+libnftables concurrently, which aborts the process, and had grown the process by one listing per
+concurrent scrape). The memory a read took is given back to the system after it (glibc
+``malloc_trim``). Before the first read, and while our table is missing (before the first sync,
+or flushed by another tool), the families have no samples. Counters start again at 0 when the
+agent rewrites a chain (every full resync, and a pod chain whose policies change); ``rate()``
+and ``increase()`` take such resets in their stride.
 
 Labels come from the chain owners of the model the agent committed
 (:meth:`~nftpolicy.translators.noderender.NodeRenderer.chain_owners`: a pod chain's pod, a policy
@@ -37,6 +41,7 @@ model's, is counted under its own name with direction (and rule) ``unknown``.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
@@ -49,6 +54,7 @@ from nftpolicy.translators.layout import COMMON_CHAIN, DEFAULT_CHAIN
 from nftpolicy.translators.rules import ChainOwner
 
 from nftpolicy.agent.dataplane.nftables import release_memory
+from .clock import REAL_TIME, Clock
 
 DENIED = ("nftpolicy_denied_packets", "Packets refused (rejected or dropped) because no policy allowed them, by local pod and direction.",
           ["namespace", "pod", "direction"])
@@ -120,27 +126,52 @@ def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tall
 
 
 class RuleCounters(Collector):
-    """A prometheus_client collector of our table's rule counters (module docstring), read from
-    ``dataplane`` at each scrape and named by ``owners()`` (chain name -> what it enforces, of the
-    committed model); register it with ``registry.register(RuleCounters(dataplane, owners))``."""
+    """A prometheus_client collector of our table's rule counters (module docstring): the
+    families of the last :meth:`read` of ``dataplane``, named by ``owners()`` (chain name -> what
+    it enforces, of the committed model); the thread of :meth:`start` reads every ``interval``
+    seconds. Register it with ``registry.register(RuleCounters(dataplane, owners, interval))``."""
 
-    def __init__(self, dataplane: CountedRules, owners: Callable[[], Mapping[str, ChainOwner]]) -> None:
-        self.dataplane, self.owners = dataplane, owners
+    def __init__(self, dataplane: CountedRules, owners: Callable[[], Mapping[str, ChainOwner]], interval: float,
+                 clock: Clock = REAL_TIME) -> None:
+        self.dataplane, self.owners, self.interval, self.clock = dataplane, owners, interval, clock
+        self._families = self._built(Tally())  # replaced whole by each read: a scrape sees one read or the next
 
     def describe(self) -> Iterator[Metric]:
         """The metric families without samples (so registering lists nothing)."""
-        for name, help_text, labels in FAMILIES:
-            yield CounterMetricFamily(name, help_text, labels=labels)
+        return iter(self._built(Tally()))
 
     def collect(self) -> Iterator[Metric]:
-        """List the table now and yield every family (empty when the table is absent)."""
+        """The families of the last read (no samples before the first, or while the table is absent)."""
+        return iter(self._families)
+
+    def read(self) -> None:
+        """List the table now and keep its sums for the scrapes that follow."""
         sums = tally(self.dataplane.counted_rules(), self.owners())
         # The listing is freed now (libnftables' cache and output, the parsed rules: tens of MiB at
-        # 150k pods): give it back, or each scrape leaves the process larger (10k pods: 60 scrapes
+        # 150k pods): give it back, or each read leaves the process larger (10k pods: 60 reads
         # 73 -> 125 MiB without, 73 -> 75 MiB with; docs/benchmarks.md)
         release_memory()
+        self._families = self._built(sums)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        """Read now and then every :attr:`interval` seconds, until ``stop`` is set, in a daemon
+        thread called ``counters`` (returned)."""
+        def run() -> None:
+            while True:
+                self.read()
+                if self.clock.wait(stop, self.interval):
+                    return
+
+        thread = threading.Thread(target=run, name="counters", daemon=True)
+        thread.start()
+        return thread
+
+    @staticmethod
+    def _built(sums: Tally) -> list[Metric]:
+        families: list[Metric] = []
         for (name, help_text, labels), values in zip(FAMILIES, (sums.denied, sums.allowed, sums.cluster_denied)):
             family = CounterMetricFamily(name, help_text, labels=labels)
             for key, packets in sorted(values.items()):
                 family.add_metric(list(key), packets)
-            yield family
+            families.append(family)
+        return families

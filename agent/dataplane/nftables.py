@@ -3,6 +3,29 @@
 :class:`NftDataplane` commits typed transactions, printed as libnftables JSON batches
 (:func:`nftpolicy.translators.nft.transaction_json`, libnftables-json(5)), inside one network
 namespace; the kernel takes each batch as one transaction: it lands whole or not at all.
+
+**One owner.** libnftables 1.0.6 is not thread-safe: ``set_dtype_json`` walks a type's name
+with ``strtok()`` (one hidden pointer for the whole process), so two listings at once abort the
+process (``json.c:71: set_dtype_json: Assertion '__out' failed``) or print corrupted JSON. Every
+libnftables call of the process therefore holds :data:`LIBNFTABLES`, one lock for every
+:class:`NftDataplane` and :class:`KeptContext`: making a context, running a command, freeing the
+context (``nft_ctx_free``), and forking :class:`TraceMonitor`'s child (which then starts from a
+library no other thread was inside). A lock rather than one dataplane thread that runs every
+call: a call needs its caller's network namespace (setns(2) is per thread) and its answer, and
+the incremental commits, whose event-to-kernel latency is the agent's main figure, would pay a
+hand-off to another thread and back on every sync for the same exclusion. JSON is encoded and
+decoded outside the lock. What may wait on it is bounded: the rule counters are listed by one
+thread at most every ``--counters-interval`` seconds (:mod:`nftpolicy.agent.daemon.rulecounters`),
+never per scrape; a commit waits at most for one such listing.
+
+The element-only commits of :mod:`.nfnetlink` do not enter libnftables and do not take the lock
+(an incremental sync's commit then never waits for a counters' listing): the kernel serialises
+the nf_tables transactions of a network namespace (one commit mutex per namespace, held from a
+batch's begin to its commit or abort), so such a batch and a libnftables commit run one after
+the other whichever comes first, and a libnftables listing that a netlink commit overlaps sees
+the ruleset's generation move in its dump and dumps again (libnftables' cache replays on a
+generation change), never a torn listing. They come from the reconcile loop only, as every
+other commit of our sets does, so no two commits of the agent race on the same set.
 """
 
 from __future__ import annotations
@@ -69,6 +92,9 @@ FEATURE_TABLE = "nftpolicy-feature-check"
 NETLINK_NETFILTER = 12  # <linux/netlink.h>
 NFNLGRP_NFTRACE = 9  # <linux/netfilter/nfnetlink.h>: the group trace events are sent to
 MONITOR_START_TIMEOUT = 30.0  # seconds for ``monitor trace`` to join it
+# Held by every libnftables call of the process (module docstring). Reentrant: the garbage
+# collector may free a kept context (KeptContext.__del__) in a thread that holds it.
+LIBNFTABLES = threading.RLock()
 
 
 def release_memory() -> None:
@@ -83,27 +109,33 @@ def release_memory() -> None:
 class KeptContext:
     """One libnftables context kept for a stream of small commits (making a context and its
     netlink socket costs more than parsing a small batch): made at the first :meth:`cmd` inside
-    ``entered()`` (the namespace: its socket stays there), one command at a time (a lock), and
-    dropped after a refusal, so the next command gets a fresh one."""
+    ``entered()`` (the namespace: its socket stays there), one command at a time in the process
+    (:data:`LIBNFTABLES`), and dropped after a refusal, so the next command gets a fresh one."""
 
     def __init__(self, entered: Callable[[], Any]) -> None:
-        self._entered, self._lock = entered, threading.Lock()
+        self._entered = entered
         self._ctx: Any = None  # an nftables.Nftables once made
 
     def __repr__(self) -> str:
         return f"KeptContext({'made' if self._ctx is not None else 'not made'})"
 
+    def __del__(self) -> None:
+        with LIBNFTABLES:
+            self._ctx = None  # nft_ctx_free under the lock, as every call
+
     def cmd(self, batch: Json) -> None:
         """Run the libnftables JSON ``batch``; raises NftError with libnftables' reason."""
-        with self._lock:
+        text = orjson.dumps(batch).decode()
+        with LIBNFTABLES:
             if self._ctx is None:
                 with self._entered():
                     self._ctx = nftables.Nftables()
                 self._ctx.set_json_output(True)
-            rc, _, error = self._ctx.cmd(orjson.dumps(batch).decode())
+            rc, _, error = self._ctx.cmd(text)
             if rc != 0:
-                self._ctx = None
-                raise NftError(refusal(str(error), rc))
+                self._ctx = None  # freed here, under the lock
+        if rc != 0:
+            raise NftError(refusal(str(error), rc))
 
 
 class NftDataplane:
@@ -179,13 +211,17 @@ class NftDataplane:
         self._cmd(nft.transaction_json(tx), dry_run=True)
 
     def _cmd(self, batch: Json, terse: bool = False, stateless: bool = False, dry_run: bool = False) -> Json:
-        with self._entered():
+        text = orjson.dumps(batch).decode()
+        with LIBNFTABLES, self._entered():
             ctx = nftables.Nftables()
-            ctx.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
-            ctx.set_terse_output(terse)  # lists leave set elements out
-            ctx.set_stateless_output(stateless)  # lists leave counter values out
-            ctx.set_dry_run(dry_run)
-            rc, output, error = ctx.cmd(orjson.dumps(batch).decode())
+            try:
+                ctx.set_json_output(True)  # JSON in and out (libnftables reads its input as JSON then)
+                ctx.set_terse_output(terse)  # lists leave set elements out
+                ctx.set_stateless_output(stateless)  # lists leave counter values out
+                ctx.set_dry_run(dry_run)
+                rc, output, error = ctx.cmd(text)
+            finally:
+                del ctx  # freed (nft_ctx_free) under the lock, also when a traceback would keep this frame
         if rc != 0:
             raise NftError(refusal(str(error), rc))
         return orjson.loads(output) if output else {}
@@ -279,10 +315,14 @@ class NftDataplane:
     def _refused(probes: list[str]) -> str | None:
         """libnftables' first line of refusal of ``probes`` in a dry run in a scratch table (in
         the namespace the caller entered), or None when the kernel accepts them all."""
-        ctx = nftables.Nftables()
-        ctx.set_dry_run(True)
         batch = "\n".join([f"add table inet {FEATURE_TABLE}", *(p.format(t=FEATURE_TABLE) for p in probes)])
-        rc, _, error = ctx.cmd(batch)
+        with LIBNFTABLES:
+            ctx = nftables.Nftables()
+            try:
+                ctx.set_dry_run(True)
+                rc, _, error = ctx.cmd(batch)
+            finally:
+                del ctx
         if rc == 0:
             return None
         return error.strip().splitlines()[0] if error.strip() else str(rc)
@@ -315,7 +355,8 @@ class TraceMonitor:
 
     def __enter__(self) -> "TraceMonitor":
         read, write = os.pipe()
-        pid = os.fork()
+        with LIBNFTABLES:  # no other thread inside libnftables while the child's copy of it is made
+            pid = os.fork()
         if pid == 0:  # the child: never returns
             try:
                 os.close(read)
