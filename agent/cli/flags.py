@@ -450,6 +450,11 @@ def parser() -> argparse.ArgumentParser:
                        help="learned addresses one domainNames peer holds at most; more are dropped and counted (default %(default)s)")
     agent.add_argument("--dns-max-per-pod", type=_count(1, 10**7), default=1000,
                        help="learned addresses the answers to one pod add at most; more are dropped and counted (default %(default)s)")
+    agent.add_argument("--dns-max-records", type=_count(1, 65535), default=100,
+                       help="answer records read of one DNS message; the rest are not read, and teach nothing (default %(default)s)")
+    agent.add_argument("--dns-pod-budget", type=_count(1, 1024), default=32,
+                       help="DNS answers one pod may have waiting in the hold; more pass at once, unheld and unread (what they teach "
+                            "is not learned), so one pod's flood cannot delay other pods' answers (default %(default)s)")
     add_config_arguments(agent)
 
     cleanup = sub.add_parser("cleanup", help="remove our table and the DNS hold chain (and nothing else)")

@@ -8,16 +8,20 @@ policies queues no DNS answer), and stops when the last goes; a hold that cannot
 queue still bound by an agent that is stopping, iptables-nft failing) is tried again at the first
 sync :data:`HOLD_RETRY_SECONDS` later (a periodic resync comes at least every
 ``--resync-interval``). A full replace of the table
-carries what is learned (:meth:`DomainLearning.learned`, under :attr:`DomainLearning.lock`, so
-no answer's commit falls between the snapshot and the replace).
+carries what is learned (:meth:`DomainLearning.learned`), without holding the learning's lock
+across its render and commit (which would stall every held answer for the sync's length):
+inside :meth:`DomainLearning.replacing` answers are learned and committed as ever (through
+netlink, never waiting for libnftables), and what they taught since the snapshot is committed
+again once the replace is done, so an element that the replace's new table lacked is back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from typing import Callable, Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 from nftpolicy.translators.domainnames import DomainSet
 from nftpolicy.translators.rules import TimedAddress
@@ -25,7 +29,7 @@ from nftpolicy.translators.rules import TimedAddress
 from nftpolicy.agent.dataplane.iptables import IptablesError
 
 from .clock import REAL_TIME, Clock
-from .dnshold import DnsHold, DnsSegment, remove_hold_chain
+from .dnshold import DEFAULT_BUDGET, DnsHold, DnsSegment, remove_hold_chain
 from .dnslearn import RESULTS, DomainLearner
 from .metrics import Metrics
 
@@ -42,18 +46,22 @@ class DomainLearning:
     ``off`` (nothing is learned: domainNames rules match nothing), ``bypass`` or
     ``fail-closed`` (what the kernel does with answers while the agent does not read them);
     ``queue``: the nfqueue number; ``netns_name``: as the dataplane's; ``clock``: when a hold
-    that failed to start is tried again (:mod:`.clock`; tests give their own)."""
+    that failed to start is tried again (:mod:`.clock`; tests give their own); ``budget``:
+    answers one pod may have waiting in the hold (:class:`~.dnshold.DnsHold`)."""
 
     def __init__(self, learner: DomainLearner, add_elements: Callable[[Sequence[tuple[str, TimedAddress]]], None],
-                 metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None, clock: Clock = REAL_TIME) -> None:
+                 metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None, clock: Clock = REAL_TIME,
+                 budget: int = DEFAULT_BUDGET) -> None:
         self.learner, self.add_elements, self.metrics = learner, add_elements, metrics
-        self.hold_mode, self.queue, self.netns, self.clock = hold, queue, netns_name, clock
+        self.hold_mode, self.queue, self.netns, self.clock, self.budget = hold, queue, netns_name, clock, budget
+        self._over_budget = 0  # the hold's over_budget already counted in the metric
         self.lock = threading.RLock()
         self._hold: DnsHold | None = None
         self._counted = dict.fromkeys(RESULTS, 0)
         self.failure: str | None = None  # why the hold could not start last time (None: it did, or was not tried)
         self._failed_at = 0.0  # when, on the clock
         self._left_checked = False  # whether a chain an earlier agent left was looked for
+        self._since_snapshot: list[tuple[str, TimedAddress]] | None = None  # taught during a replace (replacing)
 
     def sets_changed(self, sets: Sequence[DomainSet]) -> None:
         """The domain sets of the committed model: the learner follows, the hold starts or stops.
@@ -70,7 +78,8 @@ class DomainLearning:
             if remove_hold_chain(self.netns):
                 log.info("removed the hold chain of DNS answers that an earlier agent left: this one holds none")
         if holds and self._hold is None:
-            hold = DnsHold(self.commit, self.queue, bypass=self.hold_mode == "bypass", netns_name=self.netns)
+            hold = DnsHold(self.commit, self.queue, bypass=self.hold_mode == "bypass", netns_name=self.netns, budget=self.budget,
+                           released=self.released)
             try:
                 hold.start()
             except (IptablesError, OSError) as exc:  # enforcement goes on; domainNames rules match no address
@@ -79,7 +88,7 @@ class DomainLearning:
                 log.error("cannot hold DNS answers, domainNames peers learn nothing until it can (tried again at the first "
                           "sync %.0f s from now): %s", HOLD_RETRY_SECONDS, self.failure)
                 return
-            self._hold, self.failure = hold, None
+            self._hold, self.failure, self._over_budget = hold, None, 0
             log.info("holding DNS answers in nfqueue %d until what they teach is committed (%s while the agent is away)",
                      self.queue, self.hold_mode)
         elif not sets and self._hold is not None:
@@ -97,11 +106,33 @@ class DomainLearning:
         if elements:
             log.info("kept %d addresses an earlier agent learned from DNS answers", sum(map(len, elements.values())))
 
+    @contextlib.contextmanager
+    def replacing(self) -> Iterator[None]:
+        """Around a full replace of the table, which carries :meth:`learned` (taken inside):
+        what answers teach from the start on is kept, and committed again at the end (after
+        the replace committed or failed: an element the old table had already is only renewed).
+        A commit that fails then is counted and logged as an answer's would be."""
+        with self.lock:
+            self._since_snapshot = []
+        try:
+            yield
+        finally:
+            with self.lock:
+                taught, self._since_snapshot = self._since_snapshot, None
+                taught = [(name, element) for name, element in taught or () if self.learner.has_set(name)]
+                if taught:
+                    try:
+                        self.add_elements(taught)
+                    except Exception as exc:  # noqa: BLE001 - the next answer or full replace puts them back
+                        log.error("could not commit again %d addresses learned during a full replace: %s: %s", len(taught),
+                                  type(exc).__name__, " ".join(str(exc).split()))
+
     def learned(self) -> dict[str, tuple[TimedAddress, ...]]:
-        """Every learned element by set, with the time it has left (call under :attr:`lock`)."""
+        """Every learned element by set, with the time it has left."""
         found: dict[str, list[TimedAddress]] = {}
-        for item in self.learner.held(time.monotonic()):
-            found.setdefault(item.set_name, []).append(TimedAddress(item.address, item.timeout))
+        with self.lock:
+            for item in self.learner.held(time.monotonic()):
+                found.setdefault(item.set_name, []).append(TimedAddress(item.address, item.timeout))
         return {name: tuple(elements) for name, elements in found.items()}
 
     def taught(self) -> dict[str, dict[str, str]]:
@@ -115,17 +146,26 @@ class DomainLearning:
 
     def commit(self, segment: DnsSegment) -> None:
         """Learn from one held DNS segment and commit it (the hold releases it after this)."""
-        started = time.monotonic()
         with self.lock:
-            learned = self.learner.learn(segment.client, segment.payload, started, segment.tcp)
+            learned = self.learner.learn(segment.client, segment.payload, time.monotonic(), segment.tcp)
             if learned:
-                self.add_elements([(x.set_name, TimedAddress(x.address, x.timeout)) for x in learned])
+                elements = [(x.set_name, TimedAddress(x.address, x.timeout)) for x in learned]
+                if self._since_snapshot is not None:
+                    self._since_snapshot += elements
+                self.add_elements(elements)
             for result, total in self.learner.counts.items():
                 if total > self._counted[result]:
                     self.metrics.dns_answers.labels(result).inc(total - self._counted[result])
                     self._counted[result] = total
             self.metrics.dns_learned_elements.set(self.learner.size())
-        self.metrics.dns_hold_seconds.observe(time.monotonic() - started)
+
+    def released(self, segment: DnsSegment, seconds: float) -> None:
+        """The hold let ``segment`` go on after ``seconds`` (waiting behind other pods' answers,
+        learn and commit): the metrics, with the answers let through over a pod's budget."""
+        self.metrics.dns_hold_seconds.observe(seconds)
+        if self._hold is not None and self._hold.over_budget > self._over_budget:
+            self.metrics.dns_over_budget.inc(self._hold.over_budget - self._over_budget)
+            self._over_budget = self._hold.over_budget
 
     def close(self) -> None:
         """The agent stops: stop reading the queue, leave the hold chain (answers pass or drop

@@ -98,8 +98,8 @@ class Reconciler:
             return transaction.replacing(self._table(renderer)), since, renderer
 
     def _table(self, renderer: NodeRenderer) -> layout.Table:
-        """The whole table of ``renderer``'s model, with what DNS answers taught (under the
-        learning's lock, see _sync)."""
+        """The whole table of ``renderer``'s model, with what DNS answers taught (inside the
+        learning's :meth:`~.domainlearning.DomainLearning.replacing`, see _sync)."""
         table = layout.table(renderer.model(ordered=False))
         return with_learned(table, self.learning.learned()) if self.learning is not None else table
 
@@ -125,7 +125,7 @@ class Reconciler:
         if full or self.renderer is None:
             mode = "full"
             if self.learning is not None:
-                with self.learning.lock:  # no learned element is committed between its snapshot and the replace
+                with self.learning.replacing():  # what answers teach meanwhile is committed again after the replace
                     tx, since, renderer = self._full_transaction()
                     return self._commit(tx, since, renderer, mode, started, cpu)
             tx, since, renderer = self._full_transaction()
