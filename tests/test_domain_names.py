@@ -29,8 +29,8 @@ from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.dataplane import iptables as xt
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import NftDataplane
-from nftpolicy.translators import transaction
-from nftpolicy.translators.domainnames import domain_sets
+from nftpolicy.translators import layout, transaction
+from nftpolicy.translators.domainnames import domain_sets, hold_subjects, with_hold_marks
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import TimedAddress
@@ -42,6 +42,7 @@ from .conftest import eventually, http_get, netns_factory, nft, tcp_connects
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
 
 POD4, POD6 = "10.0.1.5", "fd00:1::5"
+HOLD_MARK = 0x800000  # the agent's default --dns-hold-mark
 DNS4, DNS6 = "10.0.2.53", "fd00:2::53"
 PORT = 8080
 HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
@@ -119,10 +120,12 @@ class Bed:
             cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
             assert not errors
             self.dataplane = NftDataplane("nftpolicy", self.node)
-            self.dataplane.run(transaction.full(build_rule_model(cluster, "node-1")))
+            sets = domain_sets(cluster, ("ipv4", "ipv6"))
+            table = layout.table(build_rule_model(cluster, "node-1"))
+            self.dataplane.run(transaction.replacing(with_hold_marks(table, hold_subjects(sets), HOLD_MARK)))
             self.learner = DomainLearner(ttl_floor=1, ttl_cap=3600, max_per_set=1000, max_per_pod=1000)
-            self.learner.update(domain_sets(cluster, ("ipv4", "ipv6")))
-            self.hold = DnsHold(self._commit, netns_name=self.node)
+            self.learner.update(sets)
+            self.hold = DnsHold(self._commit, netns_name=self.node, mark=HOLD_MARK)
             self.hold.start()
         self.resolver = dns.resolver.Resolver(configure=False)
         self.resolver.nameservers, self.resolver.lifetime, self.resolver.cache = [DNS4], 3.0, None

@@ -106,7 +106,7 @@ def dns_segment(packet: bytes) -> DnsSegment | None:
     return None
 
 
-def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
+def hold_rules(queue: int, bypass: bool, mark: int | None = None) -> list[list[str]]:
     """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it from
     ``FORWARD`` (answers the node routes to its pods) and ``OUTPUT`` (answers a DNS server on the
     node's own network sends them: a node-local cache, a host-network CoreDNS; never through
@@ -114,9 +114,16 @@ def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
 
     Only a reply of a flow that the pod began is queued (conntrack: ``ESTABLISHED`` in the
     ``REPLY`` direction): a DNS message that anybody sends from port 53 to a pod unasked is
-    no answer to the pod's question and teaches nothing (it passes unheld and unread)."""
+    no answer to the pod's question and teaches nothing (it passes unheld and unread).
+
+    With ``mark`` (a bit), only packets that carry it are queued: our table sets it on packets
+    to the subject pods of domainNames peers
+    (:func:`~nftpolicy.translators.domainnames.with_hold_marks`), so an answer to any other pod
+    never leaves the kernel."""
     target = ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
     replies = ["-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY"]
+    if mark is not None:
+        replies += ["-m", "mark", "--mark", f"{mark:#x}/{mark:#x}"]
     return [["-N", HOLD_CHAIN],
             ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *replies, *target],
             ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *replies, *target],
@@ -247,15 +254,16 @@ class DnsHold:
     """Holds DNS answers in network namespace ``netns_name`` (one this process created, through
     :func:`nftpolicy.agent.dataplane.iptables.run`; None: the agent's own, the node's) until
     ``commit`` returns for what each teaches: ``commit(segment)`` learns and writes the set
-    elements (an exception there is logged and the answer let through). ``budget``: answers one
+    elements (an exception there is logged and the answer let through). ``mark``: as
+    :func:`hold_rules` (None: every answer to a pod is queued). ``budget``: answers one
     pod may have waiting (module docstring); ``released(segment, seconds)``: after each held
     answer's release, how long it was held from its read. :meth:`start` installs the hold chain
     and starts the reader thread; :meth:`close` stops it and removes the chain."""
 
     def __init__(self, commit: Callable[[DnsSegment], None], queue: int = 5300, bypass: bool = True,
-                 *, netns_name: str | None, budget: int = DEFAULT_BUDGET,
+                 *, netns_name: str | None, mark: int | None = None, budget: int = DEFAULT_BUDGET,
                  released: Callable[[DnsSegment, float], None] | None = None) -> None:
-        self.commit, self.queue_num, self.bypass, self.netns = commit, queue, bypass, netns_name
+        self.commit, self.queue_num, self.bypass, self.netns, self.mark = commit, queue, bypass, netns_name, mark
         self.budget, self.released = budget, released
         self.held = 0  # answers released after their commit
         self.failed = 0  # answers whose commit raised (let through all the same)
@@ -281,7 +289,7 @@ class DnsHold:
         self._thread.start()
         remove_hold_chain(self.netns)
         try:
-            for argv in hold_rules(self.queue_num, self.bypass):
+            for argv in hold_rules(self.queue_num, self.bypass, self.mark):
                 self._iptables(argv)
         except Exception:
             remove_hold_chain(self.netns)

@@ -4,7 +4,12 @@ domain sets (docs/domain-names.md).
 
 The reconcile loop calls :meth:`DomainLearning.sets_changed` after each committed sync with
 the model's domain sets: the hold runs while there is one (so a node without domainNames
-policies queues no DNS answer), and stops when the last goes; a hold that cannot start (its
+policies queues no DNS answer), and stops when the last goes. With a ``mark``, the hold queues
+only answers to the sets' clients (the subject pods): a full replace of the table carries the
+hold's set of their addresses and its marking chains (:meth:`DomainLearning.carry`,
+:func:`~nftpolicy.translators.domainnames.with_hold_marks`), an incremental sync changes that
+set's elements (through netlink), and the hold starts only once they are in the kernel (the
+first domain set that an incremental sync brings asks for a full replace, which comes at once); a hold that cannot start (its
 queue still bound by an agent that is stopping, iptables-nft failing) is tried again at the first
 sync :data:`HOLD_RETRY_SECONDS` later (a periodic resync comes at least every
 ``--resync-interval``). A full replace of the table
@@ -23,7 +28,9 @@ import threading
 import time
 from typing import Callable, Iterator, Literal, Sequence
 
-from nftpolicy.translators.domainnames import DomainSet
+from nftpolicy.translators.domainnames import HOLD_SETS, DomainSet, hold_subjects, with_hold_marks
+from nftpolicy.translators.layout import Table
+from nftpolicy.translators.model import Family
 from nftpolicy.translators.rules import TimedAddress
 
 from nftpolicy.agent.dataplane.iptables import IptablesError
@@ -47,11 +54,19 @@ class DomainLearning:
     ``fail-closed`` (what the kernel does with answers while the agent does not read them);
     ``queue``: the nfqueue number; ``netns_name``: as the dataplane's; ``clock``: when a hold
     that failed to start is tried again (:mod:`.clock`; tests give their own); ``budget``:
-    answers one pod may have waiting in the hold (:class:`~.dnshold.DnsHold`)."""
+    answers one pod may have waiting in the hold (:class:`~.dnshold.DnsHold`); ``mark``: the
+    bit that marks answers to subjects (None: the hold queues every answer to a pod, and no
+    object of the hold is carried); ``change_elements``: with a mark, commits ``(verb, set,
+    elements)`` changes of the hold's sets (the dataplane's
+    :meth:`~nftpolicy.agent.dataplane.nftables.NftDataplane.change_elements`)."""
 
     def __init__(self, learner: DomainLearner, add_elements: Callable[[Sequence[tuple[str, TimedAddress]]], None],
                  metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None, clock: Clock = REAL_TIME,
-                 budget: int = DEFAULT_BUDGET) -> None:
+                 budget: int = DEFAULT_BUDGET, mark: int | None = None,
+                 change_elements: Callable[[Sequence[tuple[str, str, tuple[str, ...]]]], None] | None = None) -> None:
+        self.mark, self.change_elements = mark, change_elements
+        self._carried: dict[Family, frozenset[str]] | None = None  # the subjects the last rendered full table carried
+        self._subjects: dict[Family, frozenset[str]] | None = None  # those in the kernel (None: no hold set there)
         self.learner, self.add_elements, self.metrics = learner, add_elements, metrics
         self.hold_mode, self.queue, self.netns, self.clock, self.budget = hold, queue, netns_name, clock, budget
         self._over_budget = 0  # the hold's over_budget already counted in the metric
@@ -63,23 +78,60 @@ class DomainLearning:
         self._left_checked = False  # whether a chain an earlier agent left was looked for
         self._since_snapshot: list[tuple[str, TimedAddress]] | None = None  # taught during a replace (replacing)
 
-    def sets_changed(self, sets: Sequence[DomainSet]) -> None:
-        """The domain sets of the committed model: the learner follows, the hold starts or stops.
-        The first time no hold is to run (``off``, or no domain set), a hold chain that an
-        earlier agent left is removed: nobody would read its queue (and with ``fail-closed``
-        it would drop every DNS answer the node forwards)."""
+    def carry(self, table: Table, sets: Sequence[DomainSet]) -> Table:
+        """``table`` (a full replace's, of a model with domain sets ``sets``) with the hold's
+        objects when the hold is to run with a mark; else ``table``."""
+        if self.mark is None or not sets or self.hold_mode == "off":
+            self._carried = None
+            return table
+        self._carried = hold_subjects(sets)
+        return with_hold_marks(table, self._carried, self.mark)
+
+    def _follow_subjects(self, sets: Sequence[DomainSet], replaced: bool) -> bool:
+        """Keep the kernel's hold sets equal to ``sets``' clients; False while they are not in
+        the kernel (a full replace has to bring them). A failed change forgets what is there:
+        the next full replace settles it."""
+        if replaced:
+            self._subjects = self._carried
+        if self._subjects is None:
+            return False
+        subjects = hold_subjects(sets)
+        changes = [(verb, HOLD_SETS[family], tuple(sorted(addresses)))
+                   for family in HOLD_SETS
+                   for verb, addresses in (("delete", self._subjects[family] - subjects[family]),
+                                           ("add", subjects[family] - self._subjects[family])) if addresses]
+        if changes and self.change_elements is not None:
+            try:
+                self.change_elements(changes)
+            except Exception as exc:  # noqa: BLE001 - the hold goes on with the set the kernel has
+                log.error("could not change the DNS hold's subjects, a full replace will: %s: %s", type(exc).__name__,
+                          " ".join(str(exc).split()))
+                self._subjects = None
+                return False
+        self._subjects = subjects
+        return True
+
+    def sets_changed(self, sets: Sequence[DomainSet], replaced: bool = False) -> bool:
+        """The domain sets of the committed model (``replaced``: by a full replace, which
+        carried :meth:`carry`'s objects): the learner follows, the hold starts or stops. The
+        first time no hold is to run (``off``, or no domain set), a hold chain that an earlier
+        agent left is removed: nobody would read its queue (and with ``fail-closed`` it would
+        drop every DNS answer the node forwards). True when the hold waits for a full replace
+        to bring its objects (the caller makes the next sync one)."""
         with self.lock:
             self.learner.update(sets)
             self.metrics.dns_learned_elements.set(self.learner.size())
         wants = bool(sets) and self.hold_mode != "off"
+        if wants and self.mark is not None and not self._follow_subjects(sets, replaced):
+            return True
         holds = wants and (self.failure is None or self.clock.now() - self._failed_at >= HOLD_RETRY_SECONDS)
         if not wants and self._hold is None and not self._left_checked:  # nobody will read the queue
             self._left_checked = True
             if remove_hold_chain(self.netns):
                 log.info("removed the hold chain of DNS answers that an earlier agent left: this one holds none")
         if holds and self._hold is None:
-            hold = DnsHold(self.commit, self.queue, bypass=self.hold_mode == "bypass", netns_name=self.netns, budget=self.budget,
-                           released=self.released)
+            hold = DnsHold(self.commit, self.queue, bypass=self.hold_mode == "bypass", netns_name=self.netns, mark=self.mark,
+                           budget=self.budget, released=self.released)
             try:
                 hold.start()
             except (IptablesError, OSError) as exc:  # enforcement goes on; domainNames rules match no address
@@ -87,13 +139,16 @@ class DomainLearning:
                 self.failure, self._failed_at = " ".join(str(exc).split()), self.clock.now()
                 log.error("cannot hold DNS answers, domainNames peers learn nothing until it can (tried again at the first "
                           "sync %.0f s from now): %s", HOLD_RETRY_SECONDS, self.failure)
-                return
+                return False
             self._hold, self.failure, self._over_budget = hold, None, 0
             log.info("holding DNS answers in nfqueue %d until what they teach is committed (%s while the agent is away)",
                      self.queue, self.hold_mode)
         elif not sets and self._hold is not None:
             self._hold.close()
             self._hold = None
+        if not wants and replaced:
+            self._subjects = None  # the replace carried no hold set
+        return False
 
     def adopt(self, elements: dict[str, list[TimedAddress]]) -> None:
         """Keep what an earlier agent learned (the kernel's domain set elements, before this

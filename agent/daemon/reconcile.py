@@ -101,7 +101,9 @@ class Reconciler:
         """The whole table of ``renderer``'s model, with what DNS answers taught (inside the
         learning's :meth:`~.domainlearning.DomainLearning.replacing`, see _sync)."""
         table = layout.table(renderer.model(ordered=False))
-        return with_learned(table, self.learning.learned()) if self.learning is not None else table
+        if self.learning is None:
+            return table
+        return self.learning.carry(with_learned(table, self.learning.learned()), renderer.domain_sets())
 
     def _delta_transaction(self) -> tuple[Transaction | None, float | None]:
         """Feed the objects that changed to the renderer; the transaction of what that changed
@@ -178,8 +180,9 @@ class Reconciler:
         if since is not None:
             self.metrics.event_to_kernel.observe(committed - since)
             timings.update(event_to_kernel_ms=round((committed - since) * 1000, 2), waited_ms=round((started - since) * 1000, 2))
-        if self.learning is not None:
-            self.learning.sets_changed(renderer.domain_sets())
+        if self.learning is not None and self.learning.sets_changed(renderer.domain_sets(), replaced=mode == "full"):
+            self.renderer = None  # the hold's objects come with a full replace: the next sync, at once
+            self.store.changed.set()
         if (why := empty_table_reason(renderer, counts["pod chains"])) != self.empty_reason and why:
             log.info("the table isolates no pod: %s", why)
         self.empty_reason = why

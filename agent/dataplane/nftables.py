@@ -239,6 +239,12 @@ class NftDataplane:
                         ("add", set_name, (element,))]
         self._netlink.commit(self.table, changes)
 
+    def change_elements(self, changes: Sequence[tuple[str, str, tuple[str, ...]]]) -> None:
+        """Commit ``(verb, set, addresses)`` changes (verb ``add`` or ``delete``) of address
+        sets of our table in one kernel transaction through netlink (:mod:`.nfnetlink`);
+        raises NetlinkError (nothing committed then)."""
+        self._netlink.commit(self.table, changes)
+
     def timed_elements(self) -> dict[str, list[TimedAddress]]:
         """The elements of our table's sets with ``flags timeout`` (the domain sets), each with
         the seconds it has left, by set: what an agent before this one learned. Empty when the
