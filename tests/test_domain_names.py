@@ -122,7 +122,7 @@ class Bed:
             self.dataplane = NftDataplane("nftpolicy", self.node)
             sets = domain_sets(cluster, ("ipv4", "ipv6"))
             table = layout.table(build_rule_model(cluster, "node-1"))
-            self.dataplane.run(transaction.replacing(with_hold_marks(table, hold_subjects(sets), HOLD_MARK)))
+            self.dataplane.run(transaction.replacing(with_hold_marks(table, hold_subjects(sets), HOLD_MARK, 200, 32)))
             self.learner = DomainLearner(ttl_floor=1, ttl_cap=3600, max_per_set=1000, max_per_pod=1000)
             self.learner.update(sets)
             self.hold = DnsHold(self._commit, netns_name=self.node, mark=HOLD_MARK)

@@ -44,14 +44,13 @@ Deliberate choices (each counted in ``nftpolicy_dns_answers_total`` by its ``res
 from __future__ import annotations
 
 import heapq
-import ipaddress
 import math
+import socket
+import struct
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Union
 
 import dns.exception
-import dns.flags
-import dns.message
 import dns.name
 import dns.rdatatype
 
@@ -60,7 +59,9 @@ from nftpolicy.translators.model import Family
 
 RESULTS = ("learned", "dropped", "ignored", "empty", "malformed", "capped")
 DEFAULT_MAX_RECORDS = 100  # answer records read of one message (--dns-max-records)
-_TYPES: dict[dns.rdatatype.RdataType, Family] = {dns.rdatatype.A: "ipv4", dns.rdatatype.AAAA: "ipv6"}
+_TYPES: dict[int, Family] = {dns.rdatatype.A: "ipv4", dns.rdatatype.AAAA: "ipv6"}
+_ADDRESS_BYTES: dict[int, int] = {dns.rdatatype.A: 4, dns.rdatatype.AAAA: 16}
+QR = 0x80  # the response bit, in the header's third byte (RFC 1035 4.1.1)
 ADOPTED = "(before this agent)"  # the name of an address an earlier agent learned
 MAX_CHAIN = 16  # CNAME links followed from the question (a loop ends there)
 
@@ -152,14 +153,12 @@ class DomainLearner:
         """What one DNS message teaches: its question first, its records only when the question
         matches one of ``sets`` (at most :attr:`max_records` of them)."""
         try:
-            head = dns.message.from_wire(wire, question_only=True, ignore_trailing=True)
+            if len(wire) < 12 or not wire[2] & QR or int.from_bytes(wire[4:6], "big") != 1:
+                raise ValueError("not a response to one question")
+            question, used = dns.name.from_wire(wire, 12)
         except (dns.exception.DNSException, ValueError, IndexError):
             self.counts["malformed"] += 1
             return []
-        if not head.flags & dns.flags.QR or len(head.question) != 1:
-            self.counts["malformed"] += 1
-            return []
-        question = head.question[0].name
         asked = question.to_text(omit_final_dot=True).lower()
         # a label with a dot in it is escaped ('x\\.cdn.example': one label under 'example'), which
         # a pattern's text would match as labels ('*.cdn.example'): no API name has an escape
@@ -167,19 +166,16 @@ class DomainLearner:
         if not matched:
             self.counts["ignored"] += 1
             return []
-        records = int.from_bytes(wire[6:8], "big")
-        if records > self.max_records:
+        count = int.from_bytes(wire[6:8], "big")
+        if count > self.max_records:
             self.counts["capped"] += 1
-        # the header's counts cut to the records read: the answer section's first max_records
-        # (authority and additional sections unread; the trailing bytes are ignored)
-        cut = wire[:6] + min(records, self.max_records).to_bytes(2, "big") + bytes(4) + wire[12:]
-        try:
-            message = dns.message.from_wire(cut, ignore_trailing=True)
-        except (dns.exception.DNSException, ValueError, IndexError):
+        try:  # the answer section's first max_records (the authority and additional sections unread)
+            records = _answer_records(wire, 12 + used + 4, min(count, self.max_records))
+        except (dns.exception.DNSException, ValueError, IndexError, struct.error):
             self.counts["malformed"] += 1
             return []
         self.decoded += 1
-        addresses = _chain_addresses(message, question)
+        addresses = _chain_addresses(records, question)
         if not addresses:
             self.counts["empty"] += 1
             return []
@@ -289,23 +285,61 @@ def _tcp_messages(segment: bytes) -> list[bytes] | None:
     return messages or None
 
 
-def _chain_addresses(message: dns.message.Message, question: dns.name.Name) -> list[tuple[Family, str, int]]:
-    """``(family, address, ttl)`` of the A/AAAA records that the answer section gives for
-    ``question``, following its CNAME chain; the TTL is the smallest along the chain (a CNAME
-    that expires first ends the addresses' validity too)."""
+Record = tuple[dns.name.Name, int, int, Union[str, dns.name.Name, None]]  # owner, type, TTL, address or CNAME target
+
+
+def _answer_records(wire: bytes, offset: int, count: int) -> list[Record]:
+    """The first ``count`` records of the answer section of message ``wire``, which starts at
+    ``offset`` (RFC 1035 4.1.3: owner, type, class, TTL, data length, data): ``(owner, type, ttl,
+    data)``, data an A or AAAA record's address, a CNAME's target, None for other types. Names
+    are read by dnspython (an owner name that is a compression pointer once for each pointer);
+    the rest is read here: dnspython's whole-message decode costs about 25 us a record (a
+    250-record answer cut to 100: 2.9 ms of CPU against 0.35 ms here).
+    Raises DNSException (a bad name), ValueError (an address of the wrong length), IndexError or
+    struct.error (cut short)."""
+    found: list[Record] = []
+    pointed: dict[int, dns.name.Name] = {}  # the owner names that compression pointers name, by pointer
+    for _ in range(count):
+        if wire[offset] & 0xC0 == 0xC0:  # a pointer (nearly every owner: to the question's name)
+            pointer = int.from_bytes(wire[offset:offset + 2], "big")
+            if pointer not in pointed:
+                pointed[pointer] = dns.name.from_wire(wire, offset)[0]
+            owner, used = pointed[pointer], 2
+        else:
+            owner, used = dns.name.from_wire(wire, offset)
+        rdtype, _, ttl, length = struct.unpack_from(">HHIH", wire, offset + used)
+        start = offset + used + 10
+        if start + length > len(wire):
+            raise IndexError("a record's data is cut short")
+        data: str | dns.name.Name | None = None
+        if rdtype in _TYPES:
+            if length != _ADDRESS_BYTES[rdtype]:
+                raise ValueError("an address of the wrong length")
+            data = socket.inet_ntop(socket.AF_INET if rdtype == dns.rdatatype.A else socket.AF_INET6, wire[start:start + length])
+        elif rdtype == dns.rdatatype.CNAME:
+            data = dns.name.from_wire(wire, start)[0]
+        found.append((owner, rdtype, ttl, data))
+        offset = start + length
+    return found
+
+
+def _chain_addresses(records: list[Record], question: dns.name.Name) -> list[tuple[Family, str, int]]:
+    """``(family, address, ttl)`` of the A/AAAA ``records`` for ``question``, following its
+    CNAME chain; the TTL is the smallest along the chain (a CNAME that expires first ends the
+    addresses' validity too)."""
     found: list[tuple[Family, str, int]] = []
     owner, chain_ttl = question, None
     for _ in range(MAX_CHAIN):
         step = None
-        for rrset in message.answer:
-            if rrset.name != owner:
+        for name, rdtype, record_ttl, data in records:
+            if name != owner:
                 continue
-            family = _TYPES.get(rrset.rdtype)
-            ttl = rrset.ttl if chain_ttl is None else min(rrset.ttl, chain_ttl)
-            if family is not None:
-                found.extend((family, str(ipaddress.ip_address(rdata.address)), ttl) for rdata in rrset)
-            elif rrset.rdtype == dns.rdatatype.CNAME:
-                step = (rrset[0].target, ttl)
+            family = _TYPES.get(rdtype)
+            ttl = record_ttl if chain_ttl is None else min(record_ttl, chain_ttl)
+            if family is not None and isinstance(data, str):
+                found.append((family, data, ttl))
+            elif rdtype == dns.rdatatype.CNAME and isinstance(data, dns.name.Name):
+                step = (data, ttl)
         if found or step is None:
             return found
         owner, chain_ttl = step

@@ -44,6 +44,7 @@ log = logging.getLogger("nftpolicy.domainnames")
 
 HoldMode = Literal["off", "bypass", "fail-closed"]
 HOLD_MODES: tuple[HoldMode, ...] = ("off", "bypass", "fail-closed")
+DEFAULT_RATE = 200  # answers a second to one pod that the kernel queues at most (--dns-pod-rate)
 HOLD_RETRY_SECONDS = 30.0  # a hold that could not start is tried again at the first sync this much later
 
 
@@ -56,15 +57,16 @@ class DomainLearning:
     that failed to start is tried again (:mod:`.clock`; tests give their own); ``budget``:
     answers one pod may have waiting in the hold (:class:`~.dnshold.DnsHold`); ``mark``: the
     bit that marks answers to subjects (None: the hold queues every answer to a pod, and no
-    object of the hold is carried); ``change_elements``: with a mark, commits ``(verb, set,
+    object of the hold is carried); ``rate``: answers a second to one pod the kernel queues at
+    most, after a burst of ``budget`` (the rest pass unheld); ``change_elements``: with a mark, commits ``(verb, set,
     elements)`` changes of the hold's sets (the dataplane's
     :meth:`~nftpolicy.agent.dataplane.nftables.NftDataplane.change_elements`)."""
 
     def __init__(self, learner: DomainLearner, add_elements: Callable[[Sequence[tuple[str, TimedAddress]]], None],
                  metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None, clock: Clock = REAL_TIME,
-                 budget: int = DEFAULT_BUDGET, mark: int | None = None,
+                 budget: int = DEFAULT_BUDGET, mark: int | None = None, rate: int = DEFAULT_RATE,
                  change_elements: Callable[[Sequence[tuple[str, str, tuple[str, ...]]]], None] | None = None) -> None:
-        self.mark, self.change_elements = mark, change_elements
+        self.mark, self.rate, self.change_elements = mark, rate, change_elements
         self._carried: dict[Family, frozenset[str]] | None = None  # the subjects the last rendered full table carried
         self._subjects: dict[Family, frozenset[str]] | None = None  # those in the kernel (None: no hold set there)
         self.learner, self.add_elements, self.metrics = learner, add_elements, metrics
@@ -85,7 +87,7 @@ class DomainLearning:
             self._carried = None
             return table
         self._carried = hold_subjects(sets)
-        return with_hold_marks(table, self._carried, self.mark)
+        return with_hold_marks(table, self._carried, self.mark, self.rate, self.budget)
 
     def _follow_subjects(self, sets: Sequence[DomainSet], replaced: bool) -> bool:
         """Keep the kernel's hold sets equal to ``sets``' clients; False while they are not in

@@ -230,14 +230,18 @@ class NftDataplane:
         kernel transaction through netlink (:mod:`.nfnetlink`, never libnftables: a full replace
         that holds libnftables for its render and commit does not stall the DNS hold): ``add``
         (so that it exists), ``delete``, ``add`` with the timeout (an older kernel keeps an
-        existing element's timeout on ``add``); raises NetlinkError (nothing added then)."""
-        if not elements:
-            return
-        changes: list[tuple[str, str, tuple[Any, ...]]] = []
+        existing element's timeout on ``add``), each a message for all of a set's elements (one
+        acknowledgement each: a message per element would overflow the socket with them);
+        raises NetlinkError (nothing added then)."""
+        by_set: dict[str, list[TimedAddress]] = {}
         for set_name, element in elements:
-            changes += [("add", set_name, (element.address,)), ("delete", set_name, (element.address,)),
-                        ("add", set_name, (element,))]
-        self._netlink.commit(self.table, changes)
+            by_set.setdefault(set_name, []).append(element)
+        changes: list[tuple[str, str, tuple[Any, ...]]] = []
+        for set_name, timed in by_set.items():
+            addresses = tuple(element.address for element in timed)
+            changes += [("add", set_name, addresses), ("delete", set_name, addresses), ("add", set_name, tuple(timed))]
+        if changes:
+            self._netlink.commit(self.table, changes)
 
     def change_elements(self, changes: Sequence[tuple[str, str, tuple[str, ...]]]) -> None:
         """Commit ``(verb, set, addresses)`` changes (verb ``add`` or ``delete``) of address
