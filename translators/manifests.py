@@ -14,7 +14,9 @@ a ``metadata.generateName`` without a name gets a name, as the API server does.
 Manifests are validated as the API server validates a create (``new=True``): CIDRs with host
 bits or IPv4-mapped IPv6 addresses are refused (kube-apiserver v1.36 does); objects read from the
 API may still hold such values, stored before the API server refused them (it keeps serving them),
-and are read as the API server reads them (host bits masked).
+and are read as the API server reads them (host bits masked). So is an object of a dump
+(``kubectl get -o yaml``): one with ``metadata.resourceVersion``, which only the API server sets
+(:func:`is_stored`).
 """
 
 from __future__ import annotations
@@ -392,8 +394,19 @@ def json_list_objects(chunks: Iterable[str], origin: str, errors: list[ManifestE
         raise NotStreamable("items given twice")
 
 
+def is_stored(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` was served by an API server (a dump's object, ``kubectl get -o yaml``): its
+    ``metadata.resourceVersion`` is a non-empty string, which the API server sets on every object
+    it stores and ignores in a create. Such an object is read as stored (``new=False``), as the
+    agent reads it: a CIDR with host bits that an older API server accepted is masked, not refused."""
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return isinstance(version, str) and bool(version)
+
+
 def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[ManifestError]]:
     """Build a :class:`Cluster` from ``(origin, object)`` pairs; a later object of the same name wins.
+    An object to be created is validated as a create, a dump's object as stored (:func:`is_stored`).
 
     Returns the cluster and the errors of the objects left out.
     """
@@ -419,10 +432,10 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 pod = pod_from(obj)
                 pods[pod.key] = pod
             elif kind == "NetworkPolicy":
-                policy = policy_from(obj, new=True)
+                policy = policy_from(obj, new=not is_stored(obj))
                 policies[policy.key] = policy
             elif kind == "ClusterNetworkPolicy":
-                cluster_policy = cluster_policy_from(obj, new=True)
+                cluster_policy = cluster_policy_from(obj, new=not is_stored(obj))
                 cluster_policies[cluster_policy.key] = cluster_policy
             else:
                 node = node_from(obj)

@@ -34,7 +34,7 @@ from nftpolicy.translators.workloads import Service, place_pods, services_from
 from nftpolicy.agent.cli.agenthttp import agent_get
 from nftpolicy.agent.cli.flags import DEFAULT_DEBUG_ADDRESS, UsageError, config_from
 from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
-from . import Manifests, plural, read_manifests, report_skipped
+from . import Manifests, cluster_warnings, note, plural, read_manifests, report_skipped, warn
 
 
 def parse_port(text: str) -> tuple[ConnectionProtocol, int | None]:
@@ -203,6 +203,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
     read = read_manifests(args, keep_objects=True)
+    note(read.dump_notes())
     stop = read.stop_when_empty(args)
     return stop if stop is not None else explain_objects(args, read)
 
@@ -213,6 +214,7 @@ def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
     alike. ``args``: explain's flags (``source``, ``destination``, ``port``, ``output``, the
     exemptions of :func:`~nftpolicy.agent.cli.flags.add_config_arguments`, ``strict`` and
     ``accept_skipped``). Prints the verdicts; returns the exit code. Raises UsageError."""
+    warn(cluster_warnings(read.cluster, []), args.strict)
     cluster = with_addresses(read.cluster)
     config = config_from(args)
     enforcement = enforcement_of(cluster, config=config)

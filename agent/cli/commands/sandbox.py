@@ -23,7 +23,7 @@ from nftpolicy.agent.daemon.manifestfiles import manifest_files
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.replay import Disagreement, disagreements, replay_twins, start_daemons
 from nftpolicy.agent.testbed.sandbox import Sandbox
-from . import cluster_warnings, finish, read_manifests, report_skipped, warn
+from . import cluster_warnings, finish, note, read_manifests, report_skipped, warn
 
 
 def _read_cases(paths: list[str]) -> list[Case] | None:
@@ -98,6 +98,7 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
                        out: report.SandboxOutput) -> int:
     read = read_manifests(args, nodes, report_invalid=control_plane is None, keep_objects=True)
     cluster = read.cluster
+    note(read.dump_notes())
     warn(cluster_warnings(cluster, []), args.strict)
     if read.empty:
         return read.finish(args, 0)
