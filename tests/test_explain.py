@@ -138,12 +138,26 @@ def test_an_agent_of_another_version_gets_one_line_naming_both_versions(capsys):
         "or kubectl nftpolicy explain, which reads the API server"]
 
 
+BROKEN_FRONTEND_INGRESS = """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: broken, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: frontend}}
+  ingress: [{ports: [{port: 70000}]}]
+"""
+
+
 @pytest.mark.kernel
 def test_explain_against_a_running_agent(make_netns, tmp_path):
     netns = make_netns()
     http, debug = free_port(), free_port()
     log = (tmp_path / "agent.log").open("w")
-    agent = subprocess.Popen([NFTPOLICY, "agent", "--manifests", SHOP, "--node", "node1", "--netns", netns,
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "cluster.yaml").write_text((REPO / "examples" / "shop" / "cluster.yaml").read_text())
+    (manifests / "broken.yaml").write_text(BROKEN_FRONTEND_INGRESS)
+    agent = subprocess.Popen([NFTPOLICY, "agent", "--manifests", str(manifests), "--node", "node1", "--netns", netns,
                               "--http-address", f"127.0.0.1:{http}", "--debug-address", f"127.0.0.1:{debug}"],
                              stdout=subprocess.DEVNULL, stderr=log)
     try:
@@ -168,6 +182,12 @@ def test_explain_against_a_running_agent(make_netns, tmp_path):
         assert denied.stdout.splitlines()[2] == "  ingress of shop/db-0: enforced on node node2, whose rules are not known here"
         unknown = ask("--from", "shop/api", "--to", "shop/db", "--port", "5432")
         assert unknown.returncode == 1 and unknown.stdout.startswith("UNKNOWN  shop/api-5f6b7c9d4-q8w2n -> shop/db-0 TCP/5432")
+        # an invalid policy is enforced fail-closed, and explain names it and why (issue 34 item 7)
+        closed = ask("--from", "ops/prometheus", "--to", "shop/frontend", "--port", "8080")
+        assert closed.returncode == 1 and closed.stdout.splitlines()[2] == (
+            "  ingress of shop/frontend-7d9c8b6f5-x2k4p: isolated by shop/broken; no rule allows "
+            "ops/prometheus-0 on TCP/8080; shop/broken is enforced fail-closed: "
+            "spec.ingress[0].ports[0].port: must be between 1 and 65535, got 70000; the kernel rejects it with a TCP reset")
         # the node itself (kubelet probes) always reaches its pods: the agent knows its node's addresses
         kubelet = ask("--from", "172.18.0.2", "--to", "shop/api", "--port", "8080")
         assert kubelet.returncode == 0 and kubelet.stdout.splitlines()[2] == (

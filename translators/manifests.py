@@ -815,14 +815,15 @@ def policy_from(obj: Mapping[str, Any], new: bool = False) -> NetworkPolicy:
     )
 
 
-def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
+def fail_closed_policy(obj: Mapping[str, Any], reason: str) -> NetworkPolicy | None:
     """For a NetworkPolicy that failed validation: a policy with no rules that isolates the pods
     it selects, for the directions it names (DESIGN.md section 4: an unrenderable policy fails
     closed for its pods and never blocks other policies).
 
     An unreadable podSelector selects every pod of the namespace; policyTypes default as the API
-    server does (Ingress, plus Egress when egress rules are present). None when the object has no
-    name at all.
+    server does (Ingress, plus Egress when egress rules are present); ``reason`` (the validation
+    error) is kept as :attr:`NetworkPolicy.fail_closed`, for explain to name. None when the object
+    has no name at all.
     """
     meta = _mapping_or_empty(obj.get("metadata"))
     name = meta.get("name")
@@ -839,5 +840,5 @@ def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
         directions = {"ingress", "egress"} if isinstance(spec.get("egress"), list) and spec["egress"] else {"ingress"}
     return NetworkPolicy(
         namespace=str(meta.get("namespace") or "default"), name=name, pod_selector=selector,
-        policy_types=frozenset(directions),
+        policy_types=frozenset(directions), fail_closed=reason,
     )

@@ -37,7 +37,8 @@ CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
     "ClusterNetworkPolicy": cluster_policy_from,
 }
-FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+# An invalid object -> its fail-closed stand-in, given the object and why it is invalid.
+FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any], str], Any]] = {
     "NetworkPolicy": fail_closed_policy, "ClusterNetworkPolicy": fail_closed_cluster_policy,
 }
 
@@ -133,7 +134,7 @@ class Store:
             if kind not in FAIL_CLOSED:
                 return None
             mapping = reader.mapping(kind, obj)
-            stand_in = FAIL_CLOSED[kind](mapping)
+            stand_in = FAIL_CLOSED[kind](mapping, safe_text(str(exc), MESSAGE_MAX_BYTES))
             if self.failed_closed is not None:
                 self.failed_closed(kind, mapping, exc, stand_in is not None)
             return stand_in
