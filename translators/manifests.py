@@ -570,6 +570,17 @@ def node_from(obj: Mapping[str, Any]) -> Node:
                 peer_addresses=tuple(peer_addresses))
 
 
+def node_ready(obj: Mapping[str, Any]) -> bool:
+    """Whether a Node object's ``Ready`` condition has status ``True`` (the kubelet's heartbeat:
+    the NodeCondition API reference); False without one. Never raises: a status it cannot read
+    is not ready. Not part of :class:`Node` (no rule depends on it, and a Node's readiness
+    changing must not wake a sync): the agent reads it to choose who writes an object's Events."""
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    return isinstance(conditions, list) and any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
+                                                for c in conditions)
+
+
 NODE_PEER_ADDRESS_TYPES = ("InternalIP", "ExternalIP")  # the Node addresses a nodes peer matches
 _IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
 
