@@ -68,7 +68,19 @@ def test_json_output(capsys):
     assert verdicts[1]["ingress"]["policies"] == ["shop/api-ingress"] and [r["rule"] for r in verdicts[1]["ingress"]["rules"]] == [0, 1]
 
 
+@pytest.mark.parametrize("kubectl_form", [
+    "--from ops/prometheus --to shop/api:9090/TCP",
+    "--from ops/prometheus --to shop/api --port 9090/tcp",
+    "--from ops/prometheus --to shop/api --port metrics/TCP",
+])
+def test_explain_takes_the_kubectl_plugin_s_syntax_too(capsys, kubectl_form):
+    """kubectl nftpolicy's DST:PORT/PROTO and PORT/PROTO mean what --to and --port [PROTO/]PORT
+    mean here (issue 34 item 3: one syntax accepted by both)."""
+    assert explain_text(capsys, kubectl_form, SHOP) == explain_text(capsys, "--from ops/prometheus --to shop/api --port tcp/9090", SHOP)
+
+
 @pytest.mark.parametrize("args, message", [
+    ("--from shop/frontend --to svc/shop", "nftpolicy: --to svc/shop: expected svc/NAMESPACE/NAME"),
     ("--from shop/nothing --to shop/db", "nftpolicy: --from shop/nothing: no running pod with an address of that name"),
     ("--from shop/frontend --to 10.0.0.300/8", "nftpolicy: --to 10.0.0.300/8: not NS/POD, an address or a CIDR"),
     ("--from shop/frontend --to shop/db --port tcp/70000", "nftpolicy: --port tcp/70000: a port number is 1-65535"),

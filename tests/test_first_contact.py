@@ -602,3 +602,19 @@ def test_explain_refuses_a_port_name_the_destination_does_not_have(tmp_path, to,
     (tmp_path / "s.yaml").write_text(SERVICE_WITH_NAMES)
     out = run("explain", "--accept-skipped", "--from", "demo/client", "--to", to, "--port", port, str(tmp_path))
     assert (out.returncode, out.stderr.splitlines()[-1]) == (2, f"nftpolicy: {error}")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--from", "demo/web", "--to", "demo/db-0", "--port", "5432"], "--from demo/web is Deployment demo/web"),
+    (["--from", "demo/db-0", "--to", "demo/report", "--port", "8080"], "--to demo/report is CronJob demo/report"),
+])
+def test_explain_takes_a_workload_s_name_for_one_of_its_pods(tmp_path, args, said):
+    """A Deployment's (or any workload's) name where one pod is meant: its first pod answers,
+    said with the stand-in's name, which the sandbox legend alone showed (issue 34 item 8)."""
+    (tmp_path / "w.yaml").write_text(WORKLOADS)
+    out = run("explain", *args, str(tmp_path))
+    line = next(line for line in out.stderr.splitlines() if said in line)
+    pod = re.fullmatch(rf"nftpolicy: {said}: its pod (\S+) answers for its 2 pods \(the same labels\)", line).group(1)
+    asked = [pod if a in ("demo/web", "demo/report") else a for a in args]
+    same = run("explain", *asked, str(tmp_path))
+    assert (out.returncode, out.stdout) == (same.returncode, same.stdout) and out.returncode in (0, 1), out.stderr
