@@ -267,7 +267,7 @@ status: {phase: Running, podIP: 10.244.0.5}
 def test_explain_says_a_host_network_pod_is_one(tmp_path):
     (tmp_path / "h.yaml").write_text(HOST_NETWORK)
     out = run("explain", "--from", "default/client", "--to", "kube-system/kube-proxy", str(tmp_path))
-    assert (out.returncode, out.stderr) == (2, "nftpolicy: --to kube-system/kube-proxy: kube-system/kube-proxy-x7k2p is a "
+    assert (out.returncode, out.stderr.splitlines(keepends=True)[-1]) == (2, "nftpolicy: --to kube-system/kube-proxy: kube-system/kube-proxy-x7k2p is a "
                                                "hostNetwork pod: it uses node node1's address (192.168.1.10), and NetworkPolicies "
                                                "do not apply to it; give that address\n")
     out = run("explain", "--from", "default/client", "--to", "192.168.1.10", str(tmp_path))
@@ -333,9 +333,9 @@ def test_sandbox_on_a_file_that_is_not_utf8_skips_it(tmp_path):
 
 
 def test_an_abbreviated_flag_is_not_taken_for_a_longer_one():
-    out = run("explain", "--node", "node1", "--from", "default/a", "--to", "default/b", "examples/shop")
+    out = run("explain", "--node-port", "30000-32767", "--from", "default/a", "--to", "default/b", "examples/shop")
     assert out.returncode == 2
-    assert "node-port-range" not in out.stderr and "--node" in out.stderr, out.stderr
+    assert "--node-port-range" not in out.stderr and "--node-port" in out.stderr, out.stderr
 
 
 def test_explain_accepts_a_pod_without_an_address(tmp_path):
@@ -618,3 +618,28 @@ def test_explain_takes_a_workload_s_name_for_one_of_its_pods(tmp_path, args, sai
     asked = [pod if a in ("demo/web", "demo/report") else a for a in args]
     same = run("explain", *asked, str(tmp_path))
     assert (out.returncode, out.stdout) == (same.returncode, same.stdout) and out.returncode in (0, 1), out.stderr
+
+
+TWO_NODES = """
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b}
+"""
+
+
+@pytest.mark.parametrize("flags, placed", [
+    ([], r"demo/web-\S+ 10\.244\.0\.10, demo/web-\S+ 10\.244\.1\.10"),  # one on each Node object, no phantom node1
+    (["--node", "node-b"], r"demo/web-\S+ 10\.244\.0\.10, demo/web-\S+ 10\.244\.0\.11"),  # both on the node given
+])
+def test_explain_places_stand_ins_on_the_manifests_nodes_as_the_sandbox_does(tmp_path, flags, placed):
+    """Pods without spec.nodeName go round-robin over --node, else the manifests' Node objects
+    (placement_nodes, which sandbox uses too), not a node1 the manifests lack (issue 34 item 2)."""
+    (tmp_path / "w.yaml").write_text(WORKLOADS.split("---\napiVersion: apps/v1\nkind: StatefulSet")[0] + "---" + TWO_NODES)
+    out = run("explain", "--from", "demo/web", "--to", "10.0.0.1", *flags, str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stderr.splitlines() if "without status.podIP" in line)
+    assert re.fullmatch(rf"nftpolicy: 2 pods without status.podIP get the sandbox's addresses: {placed}", line), line

@@ -252,6 +252,14 @@ def _peer_pods(cluster: Cluster, policy: NetworkPolicy, peers: Sequence[Peer], b
     return reached
 
 
+def placement_nodes(cluster: Cluster, given: Sequence[str]) -> list[str]:
+    """The nodes that pods without ``spec.nodeName`` (workloads' stand-ins, bare pods) are spread
+    over, round-robin: ``given`` (``--node``), else the manifests' Node objects, else ``node1``
+    (the sandbox's default node), so that sandbox and explain place them alike and never on a
+    node the manifests do not have."""
+    return list(given) or sorted(cluster.nodes) or ["node1"]
+
+
 def note(notes: list[str]) -> None:
     """One ``nftpolicy: note: ...`` line each (never an exit: see :meth:`Manifests.dump_notes`)."""
     for line in notes:

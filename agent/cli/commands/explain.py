@@ -34,7 +34,7 @@ from nftpolicy.translators.workloads import Service, StandIn, place_pods, servic
 from nftpolicy.agent.cli.agenthttp import agent_get
 from nftpolicy.agent.cli.flags import DEFAULT_DEBUG_ADDRESS, UsageError, config_from
 from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
-from . import Manifests, cluster_warnings, note, plural, read_manifests, report_skipped, warn
+from . import Manifests, cluster_warnings, note, placement_nodes, plural, read_manifests, report_skipped, warn
 
 
 SERVICE_PREFIX = "svc/"
@@ -244,7 +244,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return _answer(args, enforcement, connections(enforcement, args.source, destination, ports))
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
-    read = read_manifests(args, keep_objects=True)
+    read = read_manifests(args, args.node or [], keep_objects=True)
     note(read.dump_notes())
     stop = read.stop_when_empty(args)
     return stop if stop is not None else explain_objects(args, read)
@@ -256,8 +256,9 @@ def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
     alike. ``args``: explain's flags (``source``, ``destination``, ``port``, ``output``, the
     exemptions of :func:`~nftpolicy.agent.cli.flags.add_config_arguments`, ``strict`` and
     ``accept_skipped``). Prints the verdicts; returns the exit code. Raises UsageError."""
-    warn(cluster_warnings(read.cluster, []), args.strict)
-    cluster = with_addresses(read.cluster)
+    given = getattr(args, "node", None) or []  # kubectl nftpolicy explain: the live cluster's nodes
+    warn(cluster_warnings(read.cluster, given), args.strict)
+    cluster = with_addresses(read.cluster, placement_nodes(read.cluster, given))
     config = config_from(args)
     enforcement = enforcement_of(cluster, config=config)
     services, unread = services_from(read.objects)
@@ -302,15 +303,15 @@ def _answer(args: argparse.Namespace, enforcement: Enforcement, asked: Sequence[
     return 0 if all(v.allowed for v in verdicts) else 1
 
 
-def with_addresses(cluster: Cluster) -> Cluster:
-    """``cluster`` with every pod that has no ``status.podIP`` placed and addressed as the
-    sandbox and ``trace`` build it (:func:`~nftpolicy.translators.workloads.place_pods`: node1,
+def with_addresses(cluster: Cluster, nodes: Sequence[str]) -> Cluster:
+    """``cluster`` with every pod that has no ``status.podIP`` placed on ``nodes`` and addressed
+    as the sandbox and ``trace`` build it (:func:`~nftpolicy.translators.workloads.place_pods`:
     10.244.0.10 on), said in one line, so that all three answer for the same pods."""
     bare = sorted(p.key for p in cluster.pods.values() if not p.ips and not p.host_network and p.phase not in ("Succeeded", "Failed"))
     if not bare:
         return cluster
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
-    placed = place_pods(cluster.pods.values(), families=families)
+    placed = place_pods(cluster.pods.values(), nodes, families=families)
     shown = ", ".join(f"{key} {' '.join(placed[key].ips)}" for key in bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
     print(f"nftpolicy: {len(bare)} {plural(len(bare), 'pod without status.podIP gets', 'pods without status.podIP get')} "
           f"the sandbox's addresses: {shown}", file=sys.stderr)

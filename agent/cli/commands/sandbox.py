@@ -23,7 +23,7 @@ from nftpolicy.agent.daemon.manifestfiles import manifest_files
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.replay import Disagreement, disagreements, replay_twins, start_daemons
 from nftpolicy.agent.testbed.sandbox import Sandbox
-from . import cluster_warnings, finish, note, read_manifests, report_skipped, warn
+from . import cluster_warnings, finish, note, placement_nodes, read_manifests, report_skipped, warn
 
 
 def _read_cases(paths: list[str]) -> list[Case] | None:
@@ -96,8 +96,9 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
                        nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...],
                        out: report.SandboxOutput) -> int:
-    read = read_manifests(args, nodes, report_invalid=control_plane is None, keep_objects=True)
+    read = read_manifests(args, args.node or [], report_invalid=control_plane is None, keep_objects=True)
     cluster = read.cluster
+    nodes = placement_nodes(cluster, args.node or [])
     note(read.dump_notes())
     warn(cluster_warnings(cluster, []), args.strict)
     if read.empty:
