@@ -63,7 +63,7 @@ def test_json_output(capsys):
     verdicts = json.loads(out)
     assert code == 1 and [v["allowed"] for v in verdicts] == [True, False]
     assert verdicts[0]["connection"] == {"source": "10.244.1.12", "destination": "10.244.1.11", "protocol": "TCP", "port": 9090,
-                                         "icmp_type": "echo-request", "established": False}
+                                         "established": False}  # no icmp_type on TCP (issue 34 item 10)
     assert verdicts[0]["ingress"]["allowed_by"]["policy"] == "shop/api-ingress" and verdicts[0]["ingress"]["allowed_by"]["rule"] == 1
     assert verdicts[1]["ingress"]["policies"] == ["shop/api-ingress"] and [r["rule"] for r in verdicts[1]["ingress"]["rules"]] == [0, 1]
 
@@ -230,3 +230,9 @@ def test_the_debug_endpoint_holds_the_sync_lock_only_to_take_the_model(monkeypat
         server.shutdown()
     assert status == 200 and len(json.loads(body)["pods"]) == 6
     assert held and not any(held)
+
+
+def test_json_names_an_icmp_type_only_for_icmp(capsys):
+    _, out = explain_text(capsys, "--from ops/prometheus --to shop/api --port icmp --port udp/53 --output json", SHOP)
+    assert [(v["connection"]["protocol"], v["connection"].get("icmp_type")) for v in json.loads(out)] == [
+        ("ICMP", "echo-request"), ("UDP", None)]

@@ -177,3 +177,16 @@ def test_a_dump_without_cluster_network_policies_is_noted(stdin, noted):
             "kubectl get pods,namespaces,networkpolicies,nodes,clusternetworkpolicies -A -o yaml\n")
     assert (line in out.stderr) == noted, out.stderr
     assert out.returncode == (1 if "Deny" in stdin else 0), out.stderr + out.stdout
+
+
+def test_an_object_given_twice_is_a_warning_and_the_last_one_is_used(tmp_path):
+    """Duplicate objects were last-wins in silence (issue 34's earlier findings)."""
+    policy = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{namespace: ops, name: p}}\nspec: {{podSelector: {{}}, policyTypes: [{}]}}\n"
+    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: ops}\n---\n" + POD_IN_OPS + "---\n"
+                                     + policy.format("Ingress"))
+    (tmp_path / "b.yaml").write_text(policy.format("Egress"))
+    out = run("render", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"))
+    assert (out.returncode, out.stderr) == (0, f"nftpolicy: warning: NetworkPolicy ops/p is given twice ({tmp_path / 'a.yaml'}, then "
+                                               f"{tmp_path / 'b.yaml'}): the last one is used\n")
+    assert "reject egress ops/p" in out.stdout and "reject ingress ops/p" not in out.stdout  # b.yaml's
+    assert run("render", "--strict", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")).returncode == 2

@@ -130,8 +130,12 @@ class Verdict:
     ingress: DirectionVerdict
 
     def as_json(self) -> dict[str, Any]:
-        """The verdict as plain JSON data (``explain --output json``)."""
-        return dataclasses.asdict(self)
+        """The verdict as plain JSON data (``explain --output json``); the connection's
+        ``icmp_type`` only for ICMP (a TCP, UDP or SCTP connection has none)."""
+        data = dataclasses.asdict(self)
+        if self.connection.protocol != "ICMP":
+            del data["connection"]["icmp_type"]
+        return data
 
 
 class _Node:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Iterable, Sequence
 
-from nftpolicy.translators.manifests import ManifestError, NotStreamable, build_cluster, is_stored
+from nftpolicy.translators.manifests import KINDS, ManifestError, NotStreamable, build_cluster, is_stored
 from nftpolicy.translators.model import NAMESPACE_NAME_LABEL, Cluster, NetworkPolicy, Peer, Pod
 from nftpolicy.translators.workloads import StandIn, stand_in_pods
 
@@ -31,8 +31,9 @@ DUMP_COMMAND = "kubectl get pods,namespaces,networkpolicies,nodes,clusternetwork
 class Manifests:
     """What a command read from its paths: the ``cluster``, the ``objects`` it was built from
     (workloads already replaced by their Pods; empty unless :func:`read_manifests` was asked to
-    keep them), what was ``skipped`` (one error each), the workloads that stand in Pods and how
-    many objects were ``stored`` ones (a dump's, :func:`~nftpolicy.translators.manifests.is_stored`)."""
+    keep them), what was ``skipped`` (one error each), the workloads that stand in Pods, how
+    many objects were ``stored`` ones (a dump's, :func:`~nftpolicy.translators.manifests.is_stored`)
+    and the objects given twice (``duplicates``, warnings)."""
 
     paths: list[str]
     cluster: Cluster
@@ -40,6 +41,7 @@ class Manifests:
     skipped: list[ManifestError] = field(default_factory=list)
     stand_ins: list[StandIn] = field(default_factory=list)
     stored: int = 0
+    duplicates: list[str] = field(default_factory=list)  # one warning per object given twice
 
     def dump_notes(self) -> list[str]:
         """What a dump of a live cluster may lack, for the commands that give verdicts: a dump
@@ -89,6 +91,7 @@ def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_i
             read.skipped = [refused.error if (e.kind, e.ref, e.origin) == ("document", "#1", origin)
                             and e.message.startswith("not valid YAML/JSON") else e for e in read.skipped]
     report_skipped(read.skipped, args.strict)
+    warn(read.duplicates, args.strict)
     if read.stand_ins:
         print(f"nftpolicy: {stand_in_line(read.stand_ins)}", file=sys.stderr)
     if read.empty and args.strict:
@@ -103,19 +106,40 @@ def _read_manifests(args: argparse.Namespace, nodes: Sequence[str], report_inval
     unreadable: list[ManifestError] = []
     stand_ins: list[StandIn] = []
     bad: list[ManifestError] = []
+    duplicates: list[str] = []
     stored = [0]
+    first_seen: dict[tuple[str, str, str], str] = {}  # (kind, namespace, name) -> where it was given
 
     def counted(objects: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
         for origin, obj in objects:
-            if isinstance(obj, Mapping) and is_stored(obj):
-                stored[0] += 1
+            if isinstance(obj, Mapping):
+                stored[0] += is_stored(obj)
+                twice = _given_again(obj, origin, first_seen)
+                if twice is not None:
+                    duplicates.append(twice)
             yield origin, obj
 
     objects = stand_in_pods(counted(reader(args.paths, unreadable)), nodes, stand_ins, bad)
     kept = list(objects) if keep_objects else []
     cluster, invalid = build_cluster(kept if keep_objects else objects)
     return Manifests(list(args.paths), cluster, kept, unreadable + bad + (invalid if report_invalid else []), stand_ins,
-                     stored[0])
+                     stored[0], duplicates)
+
+
+def _given_again(obj: Mapping[str, Any], origin: str, first_seen: dict[tuple[str, str, str], str]) -> str | None:
+    """A warning when ``obj`` (of a kind the commands read, with a ``metadata.name``) was given
+    before, in ``first_seen`` (which it joins otherwise): the last one given is the one used, as
+    an API server keeps the last write, and a copy left in another file is most likely a mistake."""
+    kind, meta = obj.get("kind"), obj.get("metadata")
+    if kind not in KINDS or not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return None
+    namespace = str(meta.get("namespace") or "default") if kind in ("Pod", "NetworkPolicy") else ""
+    key = (str(kind), namespace, meta["name"])
+    if key not in first_seen:
+        first_seen[key] = origin
+        return None
+    ref = f"{namespace}/{meta['name']}" if namespace else meta["name"]
+    return f"{kind} {ref} is given twice ({first_seen[key]}, then {origin}): the last one is used"
 
 
 def _whole_objects(paths: Iterable[str], errors: list[ManifestError]) -> list[tuple[str, Any]]:
