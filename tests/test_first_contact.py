@@ -386,7 +386,7 @@ def test_a_dump_error_names_the_file(tmp_path):
     dump = tmp_path / "node1.iptables-save"
     dump.write_text("*filter\n:INPUT ACCEPT [0:0]\nbogus line\nCOMMIT\n")
     out = run("compare", "--node", "node1", "--iptables-save", str(dump), "--ipset-save", str(DUMP / "node1.ipset-save"), SHOP)
-    assert (out.returncode, out.stderr) == (2, f"nftpolicy: {dump}:3: expected '-A <chain> ...', got 'bogus line'\n")
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: --iptables-save {dump}:3: expected '-A <chain> ...', got 'bogus line'\n")
 
 
 @pytest.mark.kernel
@@ -645,3 +645,20 @@ def test_explain_places_stand_ins_on_the_manifests_nodes_as_the_sandbox_does(tmp
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stderr.splitlines() if "without status.podIP" in line)
     assert re.fullmatch(rf"nftpolicy: 2 pods without status.podIP get the sandbox's addresses: {placed}", line), line
+
+
+@pytest.mark.tools("helm")
+def test_a_bad_debug_address_is_one_line_without_the_pattern():
+    out = helm("template", "x", str(CHART), "--set", "agent.debugAddress=unix:run/debug.sock", check=False)
+    assert out.returncode != 0
+    assert out.stderr.splitlines()[0].endswith('agent.debugAddress: "unix:run/debug.sock" is not unix:/run/nftpolicy/NAME '
+                                               "(NAME: letters, digits, . _ -; at most 64), 127.x.x.x:PORT or [::1]:PORT "
+                                               "(PORT 1-65535), or empty (off)"), out.stderr
+    assert "[0-9]" not in out.stderr
+
+
+@pytest.mark.tools("helm")
+def test_a_whole_number_image_tag_is_taken():
+    out = helm("template", "x", str(CHART), "--set", "image.tag=2", check=False)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"image: \"\S+:2\"$", out.stdout, re.M)
