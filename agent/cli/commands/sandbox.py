@@ -15,7 +15,7 @@ from nftpolicy.translators.model import Cluster, Family, family_of
 from nftpolicy.translators.rules import Config
 
 from nftpolicy.agent.cli.flags import DATAPLANE_CHOICES, UsageError, config_from
-from nftpolicy.agent.testbed.compare import cells_differ, explain, verdict
+from nftpolicy.agent.testbed.compare import cells_differ, explain, probe_specs, verdict
 from nftpolicy.agent import interrupts
 from nftpolicy.agent.testbed import report
 from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary
@@ -124,8 +124,7 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
         report_skipped(refused, args.strict)
         for daemon in start_daemons(stack, sandboxes, control_plane, args.kube_router):
             daemon.wait_synced()
-    specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
-                   key=lambda s: (s.port, s.protocol))
+    specs = probe_specs(sandboxes[0].with_sandbox_pods(cluster))  # the policies' ports too: a range's ends and the port after
     results = [sandbox.probe(specs, families) for sandbox in sandboxes]
     if len(dataplanes) > 1:
         print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
@@ -146,7 +145,7 @@ def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[st
         raise UsageError(f"nothing to probe: no pod in {', '.join(paths)} (hostNetwork and finished pods are left out)")
     if not any(pod.ports for pod in sandbox.pods.values()):
         raise UsageError(f"nothing to probe: no pod in {', '.join(paths)} has a container port "
-                         "(the sandbox probes the ports of spec.containers[].ports; explain and trace take --port)")
+                         "(the sandbox probes the ports of spec.containers[].ports and those policies name; explain and trace take --port)")
     if not any(pod.addresses(family) for family in families for pod in sandbox.pods.values()):
         flag = "--ipv6" if families == ("ipv6",) else "the default, IPv4,"
         have = sorted({family_of(ip) for pod in sandbox.pods.values() for ip in pod.ips})
