@@ -145,7 +145,7 @@ def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[st
         raise UsageError(f"nothing to probe: no pod in {', '.join(paths)} (hostNetwork and finished pods are left out)")
     if not any(pod.ports for pod in sandbox.pods.values()):
         raise UsageError(f"nothing to probe: no pod in {', '.join(paths)} has a container port "
-                         "(the sandbox probes the ports of spec.containers[].ports and those policies name; explain and trace take --port)")
+                         "(the sandbox probes the ports of spec.containers[].ports; explain and trace take --port)")
     if not any(pod.addresses(family) for family in families for pod in sandbox.pods.values()):
         flag = "--ipv6" if families == ("ipv6",) else "the default, IPv4,"
         have = sorted({family_of(ip) for pod in sandbox.pods.values() for ip in pod.ips})
