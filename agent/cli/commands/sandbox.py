@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 
@@ -126,6 +127,7 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
             daemon.wait_synced()
     specs = probe_specs(sandboxes[0].with_sandbox_pods(cluster))  # the policies' ports too: a range's ends and the port after
     results = [sandbox.probe(specs, families) for sandbox in sandboxes]
+    _check_self_probes(results[0], args.timeout)
     if len(dataplanes) > 1:
         print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
     out.matrices(sandboxes[0].pods, results[0], sandboxes[0].with_sandbox_pods(cluster))
@@ -136,6 +138,19 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
               else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
         return read.finish(args, 1 if disagree else 0, refused)
     return read.finish(args, 0, refused)
+
+
+def _check_self_probes(result: Mapping[tuple[ProbeSpec, Family], Mapping[tuple[str, str], bool]], timeout: float) -> None:
+    """Refuse results that cannot be trusted (UsageError): a pod's probe of its own address is
+    always allowed (a pod's traffic to itself never leaves it; our chains exempt it), so one that
+    failed means the probes fail for another reason, most likely a ``--timeout`` too short for
+    this machine (0.005 s showed every cell blocked)."""
+    failed = sorted(f"{src} ({spec.protocol}/{spec.port})" for (spec, _), cells in result.items()
+                    for (src, dst), ok in cells.items() if src == dst and not ok)
+    if failed:
+        raise UsageError(f"{len(failed)} {'probe' if len(failed) == 1 else 'probes'} of a pod to its own address failed (always "
+                         f"allowed), e.g. {failed[0]}: --timeout {timeout:g} is too short for this machine, or the sandbox's "
+                         "servers did not answer; no cell can be trusted")
 
 
 def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[str]) -> None:
