@@ -244,7 +244,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return _answer(args, enforcement, connections(enforcement, args.source, destination, ports, ipv6=args.ipv6))
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
-    read = read_manifests(args, args.node or [], keep_objects=True)
+    read = read_manifests(args, args.node or [], keep_objects=True, say_stand_ins=False)
     note(read.dump_notes())
     stop = read.stop_when_empty(args)
     return stop if stop is not None else explain_objects(args, read)

@@ -312,7 +312,7 @@ def _print(head: str, node: str, steps: list[Step]) -> None:
 
 
 def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
-    read = read_manifests(args, args.node or [], keep_objects=True)
+    read = read_manifests(args, args.node or [], keep_objects=True, say_stand_ins=False)
     stop = read.stop_when_empty(args)
     if stop is not None:
         return stop
