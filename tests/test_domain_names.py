@@ -509,9 +509,9 @@ def test_answers_to_a_pod_no_policy_selects_never_reach_the_agent(bed, make_netn
 
 
 def test_the_kernel_queues_a_burst_of_one_pods_answers_up_to_its_budget(bed):
-    """300 answers to the subject at once: the meter of the hold's rule marks the first 32 (the
-    burst) and then 200 a second; the others pass unheld, so one pod's flood cannot fill the
-    kernel's queue. Every answer arrives."""
+    """1,000 answers to the subject at once: the meter of the hold's rule marks a burst of 232
+    (nft's limit: a second's rate, 200, plus the burst, 32) and then 200 a second; the others
+    pass unheld, so one pod's flood cannot fill the kernel's queue. Every answer arrives."""
     assert bed.hold is not None
     query = dns.message.make_query("burst.cdn.example", "A").to_wire()
     before = bed.hold.held
@@ -521,13 +521,12 @@ def test_the_kernel_queues_a_burst_of_one_pods_answers_up_to_its_budget(bed):
         sock.settimeout(3)
         sock.connect((DNS4, 53))
         started = time.monotonic()
-        for _ in range(300):
+        for _ in range(1000):
             sock.send(query)
-        answered = sum(1 for _ in range(300) if sock.recv(4096))
+            sock.recv(4096)  # one at a time: the pod's socket drops none
         took = time.monotonic() - started
     held = bed.hold.held - before
-    assert answered == 300
-    assert 32 <= held <= 32 + 200 * took + 5, (held, took)
+    assert 32 <= held <= 232 + 200 * took + 5, (held, took)
 
 
 def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes_unheld():

@@ -94,7 +94,7 @@ def with_hold_marks(table: Table, subjects: Mapping[Family, frozenset[str]], mar
     the node routes to its pods, ``output`` for those a DNS server on the node's own network
     sends) that sets bit ``mark`` on UDP and TCP packets from port 53 to them, and only sets it (``mark |=
     bit``, other bits untouched; no verdict, the table's other base chains decide), at most
-    ``rate`` packets a second to each, after a burst of ``burst`` (a meter per hook and family):
+    ``rate`` packets a second to each, after a burst of ``rate + burst`` (nft's limit; a meter per hook and family):
     the pod's packets beyond pass unmarked. The hold's queue rule takes only packets with that bit
     (:func:`~nftpolicy.agent.daemon.dnshold.hold_rules`): an answer to any other pod never leaves
     the kernel, and one pod's flood cannot fill the kernel's queue for the others."""

@@ -459,8 +459,8 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--dns-max-records", type=_count(1, 65535), default=100,
                        help="answer records read of one DNS message; the rest are not read, and teach nothing (default %(default)s)")
     agent.add_argument("--dns-pod-rate", type=_count(1, 10**6), default=200,
-                       help="DNS answers a second to one pod that the kernel queues for the hold at most, after a burst of "
-                            "--dns-pod-budget; more pass unheld and unread (default %(default)s)")
+                       help="DNS answers a second to one pod that the kernel queues for the hold at most, after a burst of as "
+                            "many plus --dns-pod-budget; more pass unheld and unread (default %(default)s)")
     agent.add_argument("--dns-pod-budget", type=_count(1, 1024), default=32,
                        help="DNS answers one pod may have waiting in the hold; more pass at once, unheld and unread (what they teach "
                             "is not learned), so one pod's flood cannot delay other pods' answers (default %(default)s)")

@@ -40,6 +40,7 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import os
 import select
 import socket
 import struct
@@ -73,6 +74,7 @@ NF_ACCEPT = 1
 COPY_RANGE = 65535
 POLL = 0.2  # seconds a read waits before the reader looks whether it should stop
 DEFAULT_BUDGET = 32  # answers one pod may have waiting in the agent (--dns-pod-budget)
+HOLD_NICE = -10  # the hold's thread's niceness, where the agent may raise it (CAP_SYS_NICE)
 READS_PER_ROUND = 16  # socket reads at most before a round of releases (each up to 256 KiB)
 FAILURE_LOG_SECONDS = 60.0  # at most one log line about failed commits this often
 
@@ -285,7 +287,7 @@ class DnsHold:
         cannot be made (what was made of it is removed again)."""
         with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
             self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
-        self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
+        self._thread = threading.Thread(target=self._reader, name="dns-hold", daemon=True)
         self._thread.start()
         remove_hold_chain(self.netns)
         try:
@@ -294,6 +296,16 @@ class DnsHold:
         except Exception:
             remove_hold_chain(self.netns)
             raise
+
+    def _reader(self) -> None:
+        """The reader thread: :meth:`_run` at :data:`HOLD_NICE` where the agent may raise its
+        priority (every held answer waits for this thread: ahead of the pods' processes for a
+        core), else at the agent's."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HOLD_NICE)
+        except PermissionError:  # without CAP_SYS_NICE
+            log.info("the DNS hold's thread runs at the agent's priority (nice %d needs CAP_SYS_NICE)", HOLD_NICE)
+        self._run()
 
     def _run(self) -> None:
         assert self._queue is not None

@@ -58,7 +58,7 @@ class DomainLearning:
     answers one pod may have waiting in the hold (:class:`~.dnshold.DnsHold`); ``mark``: the
     bit that marks answers to subjects (None: the hold queues every answer to a pod, and no
     object of the hold is carried); ``rate``: answers a second to one pod the kernel queues at
-    most, after a burst of ``budget`` (the rest pass unheld); ``change_elements``: with a mark, commits ``(verb, set,
+    most, after a burst of as many plus ``budget`` (the rest pass unheld); ``change_elements``: with a mark, commits ``(verb, set,
     elements)`` changes of the hold's sets (the dataplane's
     :meth:`~nftpolicy.agent.dataplane.nftables.NftDataplane.change_elements`)."""
 
