@@ -63,6 +63,7 @@ _TYPES: dict[int, Family] = {dns.rdatatype.A: "ipv4", dns.rdatatype.AAAA: "ipv6"
 _ADDRESS_BYTES: dict[int, int] = {dns.rdatatype.A: 4, dns.rdatatype.AAAA: 16}
 QR = 0x80  # the response bit, in the header's third byte (RFC 1035 4.1.1)
 ADOPTED = "(before this agent)"  # the name of an address an earlier agent learned
+MAX_QUESTIONS = 4096  # questions remembered (then forgotten at once)
 MAX_CHAIN = 16  # CNAME links followed from the question (a loop ends there)
 
 
@@ -106,6 +107,9 @@ class DomainLearner:
         self.max_records = max_records
         self.decoded = 0
         self._size = 0  # live entries
+        # the questions read lately: (the client's sets, the question's wire name) -> its name,
+        # text and matches (a segment of many messages for one name reads it once)
+        self._questions: dict[tuple[int, bytes], tuple[dns.name.Name, str, list[tuple[DomainSet, str]]]] = {}
         self._expiry: list[tuple[float, str, str]] = []  # (expires, set name, address), a heap; stale items skipped
         self._sets: dict[str, DomainSet] = {}
         self._by_client: dict[str, list[DomainSet]] = {}
@@ -116,7 +120,7 @@ class DomainLearner:
     def update(self, sets: Iterable[DomainSet]) -> None:
         """The domain sets now rendered: those gone forget what they held; the others keep it."""
         self._sets = {s.name: s for s in sets}
-        self._by_client = {}
+        self._by_client, self._questions = {}, {}
         for s in self._sets.values():
             for client in s.clients:
                 self._by_client.setdefault(client, []).append(s)
@@ -155,14 +159,21 @@ class DomainLearner:
         try:
             if len(wire) < 12 or not wire[2] & QR or int.from_bytes(wire[4:6], "big") != 1:
                 raise ValueError("not a response to one question")
-            question, used = dns.name.from_wire(wire, 12)
+            used = _name_length(wire, 12)
+            key = (id(sets), wire[12:12 + used])
+            if (known := self._questions.get(key)) is None:
+                question = dns.name.from_wire(wire, 12)[0]
+                asked = question.to_text(omit_final_dot=True).lower()
+                # a label with a dot in it is escaped ('x\\.cdn.example': one label under 'example'),
+                # which a pattern's text would match as labels ('*.cdn.example'): no API name has one
+                matched = [] if "\\" in asked else [(s, p) for s in sets for p in (s.matches(asked),) if p is not None]
+                if len(self._questions) >= MAX_QUESTIONS:
+                    self._questions.clear()
+                known = self._questions[key] = (question, asked, matched)
         except (dns.exception.DNSException, ValueError, IndexError):
             self.counts["malformed"] += 1
             return []
-        asked = question.to_text(omit_final_dot=True).lower()
-        # a label with a dot in it is escaped ('x\\.cdn.example': one label under 'example'), which
-        # a pattern's text would match as labels ('*.cdn.example'): no API name has an escape
-        matched = [] if "\\" in asked else [(s, p) for s in sets for p in (s.matches(asked),) if p is not None]
+        question, asked, matched = known
         if not matched:
             self.counts["ignored"] += 1
             return []
@@ -267,6 +278,17 @@ class DomainLearner:
     def size(self) -> int:
         """How many addresses are held."""
         return self._size
+
+
+def _name_length(wire: bytes, offset: int) -> int:
+    """The length of the uncompressed name at ``offset`` (a question's: RFC 1035 4.1.2; a
+    compression pointer there is refused, ValueError; cut short, IndexError)."""
+    at = offset
+    while wire[at]:
+        if wire[at] & 0xC0:
+            raise ValueError("a compression pointer in the question")
+        at += wire[at] + 1
+    return at + 1 - offset
 
 
 def _tcp_messages(segment: bytes) -> list[bytes] | None:
