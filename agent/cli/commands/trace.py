@@ -326,7 +326,8 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     # every Node of the manifests answers on its addresses (a host-network server in its namespace)
-    with Sandbox(cluster.pods.values(), placed_on, families, node_addresses, config, served_nodes=sorted(cluster.nodes)) as sandbox:
+    with Sandbox(cluster.pods.values(), placed_on, families, node_addresses, config, served_nodes=sorted(cluster.nodes),
+                 pod_cidrs={n.name: n.pod_cidrs for n in cluster.nodes.values()}) as sandbox:
         cluster = sandbox.with_sandbox_pods(cluster)
         sandbox.apply(cluster)
         engine = enforcement_of(cluster, list(sandbox.nodes), config)
