@@ -675,3 +675,12 @@ def test_a_whole_number_image_tag_is_taken():
     out = helm("template", "x", str(CHART), "--set", "image.tag=2", check=False)
     assert out.returncode == 0, out.stderr
     assert re.search(r"image: \"\S+:2\"$", out.stdout, re.M)
+
+
+def test_trace_takes_a_workload_s_name_as_explain_does(tmp_path):
+    """A new user's second trial: explain took web/frontend for its Deployment's pod, trace said
+    'names 2 pods'."""
+    (tmp_path / "w.yaml").write_text(WORKLOADS)
+    out = run("trace", "--from", "demo/web", "--to", "demo/db-0", "--port", "5432", str(tmp_path))
+    assert out.returncode in (0, 1) and out.stdout.startswith("TRACE  demo/web-"), out.stderr
+    assert "is Deployment demo/web: its pod demo/web-" in out.stderr

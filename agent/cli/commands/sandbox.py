@@ -157,8 +157,8 @@ def _check_self_probes(result: Mapping[tuple[ProbeSpec, Family], Mapping[tuple[s
                     for (src, dst), ok in cells.items() if src == dst and not ok)
     if failed:
         raise UsageError(f"{len(failed)} {'probe' if len(failed) == 1 else 'probes'} of a pod to its own address failed (always "
-                         f"allowed), e.g. {failed[0]}: --timeout {timeout:g} is too short for this machine, or the sandbox's "
-                         "servers did not answer; no cell can be trusted")
+                         f"allowed), e.g. {failed[0]}: --timeout {timeout:g} is too short for this machine (try 1, the default, "
+                         "or more on a loaded machine), or the sandbox's servers did not answer; no cell can be trusted")
 
 
 def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[str]) -> None:
