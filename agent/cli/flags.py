@@ -15,7 +15,8 @@ import sys
 from importlib.metadata import version
 from typing import Any, Callable, NoReturn, Sequence
 
-from nftpolicy.translators.rules import DENY_ACTIONS, Config
+from nftpolicy.translators.layout import HOLD_QUEUE_PRIORITY
+from nftpolicy.translators.rules import DENY_ACTIONS, UNKNOWN_PODS, Config
 
 from nftpolicy.translators.errors import OneLineError
 from nftpolicy.agent.dataplane.netns import NETNS_DIR, RUN_TAG_ENV
@@ -138,6 +139,11 @@ def _cidr(text: str) -> str:
         return str(ipaddress.ip_network(text, strict=False)) if "/" in text and "%" not in text else _bad_cidr(text)
     except ValueError:
         return _bad_cidr(text)
+
+
+def _cidr_list(text: str) -> tuple[str, ...]:
+    """``10.244.1.0/24,fd00:10:244:1::/64``: CIDRs separated by commas ('' : none)."""
+    return tuple(_cidr(part.strip()) for part in text.split(",") if part.strip())
 
 
 def _bad_cidr(text: str) -> str:
@@ -316,17 +322,24 @@ def config_from(args: argparse.Namespace) -> Config:
     """Build the :class:`Config` from parsed flags (the defaults for the flags a command lacks,
     see :func:`add_config_arguments`). Raises UsageError when two marks are the same bit."""
     defaults = Config()
-    for name in ("table", "priority", "policy_mark", "passed_mark", "pass_mark"):
+    for name in ("table", "priority", "policy_mark", "passed_mark", "pass_mark", "unknown_pods", "pod_cidrs"):
         if not hasattr(args, name):
             setattr(args, name, getattr(defaults, name))
     marks = {"--policy-mark": args.policy_mark, "--passed-mark": args.passed_mark, "--pass-mark": args.pass_mark}
+    if args.unknown_pods != "off":  # the unknown pods' marks are fixed: a mark flag must not take one of them
+        marks.update({"the unknown ingress mark": defaults.unknown_ingress_mark, "the unknown egress mark": defaults.unknown_egress_mark,
+                      "the released mark": defaults.released_mark})
     for (flag, mark), (other, other_mark) in itertools.combinations(marks.items(), 2):
         if mark == other_mark:
             raise UsageError(f"{flag} and {other} must differ (both {mark:#x})")
+    if args.unknown_pods == "hold" and args.priority >= HOLD_QUEUE_PRIORITY:
+        raise UsageError(f"--unknown-pods hold: --priority must be below {HOLD_QUEUE_PRIORITY} (iptables-nft's security table, "
+                         f"where the hold queues), got {args.priority}")
     return Config(
         table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark, pass_mark=args.pass_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
         node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr), deny_action=args.deny_action,
+        unknown_pods=args.unknown_pods, pod_cidrs=args.pod_cidrs,
     )
 
 
@@ -442,6 +455,19 @@ def parser() -> argparse.ArgumentParser:
                             "does not read it, answers pass unheld (bypass) or are dropped (fail-closed); off: learn nothing, "
                             "domainNames rules match no address (default %(default)s)")
     agent.add_argument("--dns-queue", type=_count(0, 65535), default=5300, help="nfqueue number of the DNS hold (default %(default)s)")
+    agent.add_argument("--unknown-pods", choices=UNKNOWN_PODS, default="hold",
+                       help="a packet from or to an address of the node's pod CIDRs that is no pod programmed yet (a new pod before "
+                            "its rules): hold it until the pod is programmed, then let its rules decide, dropping it after "
+                            "--unknown-pod-hold (while no agent reads the hold queue it is dropped); drop it at once; or off: let it "
+                            "through as a pod no policy selects (default %(default)s)")
+    agent.add_argument("--unknown-pod-hold", type=_seconds(0, inclusive=False), default=2.0,
+                       help="seconds a held packet of an unknown pod waits for the pod to be programmed before it is dropped "
+                            "(default %(default)s)")
+    agent.add_argument("--unknown-pod-queue", type=_count(0, 65535), default=5310,
+                       help="nfqueue number of the hold of unknown pods' packets (default %(default)s)")
+    agent.add_argument("--pod-cidrs", type=_cidr_list, default=(), metavar="CIDR[,CIDR]",
+                       help="this node's pod CIDRs, for a CNI whose IPAM does not follow Node.spec.podCIDRs (default: "
+                            "Node.spec.podCIDRs of --node)")
     agent.add_argument("--dns-ttl-floor", type=_whole_seconds, default=5,
                        help="seconds a learned address stays at least, whatever its record's TTL (default %(default)s)")
     agent.add_argument("--dns-ttl-cap", type=_whole_seconds, default=3600,

@@ -219,6 +219,12 @@ class Store:
         with self._lock:
             return set(kinds) <= self._listed
 
+    def one_pod_pending(self) -> bool:
+        """True when the only change since the last take is one Pod's: the reconcile loop's
+        fast path (a new pod's address is committed without waiting out the minimum interval)."""
+        with self._lock:
+            return len(self._changes) == 1 and next(iter(self._changes))[0] == "Pod"
+
     def take_changes(self) -> tuple[list[tuple[str, str, Any]], float | None]:
         """Every object that changed since the last take, as ``(kind, key, model or None)``
         (the latest state of each; none before the first :meth:`take`), and the time of the oldest
