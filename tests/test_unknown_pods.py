@@ -246,3 +246,84 @@ def test_the_walk_says_an_unknown_address_is_held_and_a_known_one_is_decided():
     assert walker.walk(Connection(OLD, SERVER, "TCP", PORT)).outcome == "through"
     assert walker.walk(Connection(GATEWAY, NEW, "TCP", PORT), chain="KUBE-ROUTER-OUTPUT").ended_by.rule.comment.startswith("to the hold")
     assert walker.walk(Connection(SERVER, "10.0.3.4", "TCP", PORT)).outcome == "through"  # outside the pod CIDRs
+
+
+NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
+
+
+def manifests(pods: list[tuple[str, str]], allow: bool) -> str:
+    """The agent's manifests: namespace ``shop``, its egress policy, node-1 with the pod CIDRs,
+    and ``pods`` ((name, address), Running on node-1)."""
+    import yaml
+    objects: list[dict] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}},
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"}, "spec": {"podCIDRs": list(NODE.pod_cidrs)},
+         "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "egress", "namespace": "shop"},
+         "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": f"{SERVER}/32"}}]}] if allow else []}}]
+    objects += [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "shop", "labels": {"app": name}},
+                 "spec": {"nodeName": "node-1"}, "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}} for name, ip in pods]
+    return yaml.safe_dump_all(objects)
+
+
+def test_the_agent_holds_a_new_pod_until_its_rules_and_a_restart_keeps_the_guarantee(make_netns, tmp_path):
+    """The real agent (--manifests, re-read every second): a new pod's first connection, made
+    before the agent has the pod, succeeds once its rules allow it; while the agent is stopped
+    a new pod's packets are dropped (its chain stays, nobody reads the queue) and a known pod is
+    decided by its rules; the next agent releases what it holds."""
+    from nftpolicy.agent.testbed.controlplane import free_port
+    from .conftest import http_get
+    made = Bed(make_netns, Config(unknown_pods="hold"))
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    (folder / "cluster.yaml").write_text(manifests([("old", OLD)], allow=True))
+    http = f"127.0.0.1:{free_port()}"
+    argv = [NFTPOLICY, "agent", "--netns", made.node, "--manifests", str(folder), "--node", "node-1", "--http-address", http,
+            "--debug-address", "", "--unknown-pod-hold", "5"]
+    import subprocess
+    agent = subprocess.Popen(argv, stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT)
+    try:
+        eventually(lambda: http_get(f"http://{http}/readyz")[0], 200, timeout=30)
+        assert made.connects_from(OLD)[0]
+        timer = threading.Timer(0.2, lambda: (folder / "cluster.yaml").write_text(manifests([("old", OLD), ("new", NEW)], allow=True)))
+        timer.start()
+        connected, took = made.connects_from(NEW, timeout=8)
+        timer.join()
+        assert connected and took > 0.2, took  # held until the agent read and committed the pod, then allowed
+        status, body = http_get(f"http://{http}/metrics")
+        assert 'nftpolicy_unknown_pod_packets_total{direction="egress",result="released"} 1.0' in body
+        agent.terminate()
+        agent.wait(timeout=20)
+        assert HOLD_CHAIN in netns_save(made.node)
+        assert made.connects_from(OLD)[0] and made.connects_from(NEW)[0]  # known pods: their rules, no agent needed
+        (folder / "cluster.yaml").write_text(manifests([("old", OLD)], allow=True))
+        netns.ip_batch(["addr add 10.0.1.7/24 dev eth0"], made.pod)
+        assert not made.connects_from("10.0.1.7", timeout=1.5)[0]  # unknown while no agent runs: dropped
+        agent = subprocess.Popen(argv, stdout=open(tmp_path / "agent2.log", "wb"), stderr=subprocess.STDOUT)
+        eventually(lambda: http_get(f"http://{http}/readyz")[0], 200, timeout=30)
+        assert made.connects_from(OLD)[0]
+        timer = threading.Timer(0.2, lambda: (folder / "cluster.yaml").write_text(manifests([("old", OLD), ("third", "10.0.1.7")], allow=True)))
+        timer.start()
+        assert made.connects_from("10.0.1.7", timeout=8)[0]
+        timer.join()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
+        remove_pod_hold_chain(made.node)
+        made.close()
+
+
+@pytest.mark.parametrize(("mode", "word", "says"), [("hold", "HELD", "held until the agent programs its pod"),
+                                                     ("drop", "DENIED", "dropped until the agent programs its pod")])
+def test_explain_says_what_an_unknown_pods_address_gets(tmp_path, mode, word, says):
+    import subprocess
+    (tmp_path / "cluster.yaml").write_text(manifests([("old", OLD)], allow=True))
+    out = subprocess.run([NFTPOLICY, "explain", str(tmp_path), "--from", "10.0.1.77", "--to", SERVER, "--port", "tcp/8080",
+                          "--unknown-pods", mode], capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1 and lines[0] == f"{word}  10.0.1.77 -> {SERVER} TCP/8080", out
+    assert lines[1] == (f"  egress of 10.0.1.77: an unknown pod (in node node-1's pod CIDRs, no pod programmed there): {says}"
+                        + (", then its rules decide (dropped if that takes longer than the hold)" if mode == "hold" else "")), out
+    known = subprocess.run([NFTPOLICY, "explain", str(tmp_path), "--from", "shop/old", "--to", SERVER, "--port", "tcp/8080"],
+                           capture_output=True, text=True, timeout=60)
+    assert known.returncode == 0 and known.stdout.startswith("ALLOWED"), known

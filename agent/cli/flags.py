@@ -296,11 +296,12 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: a summary line and exit 3)")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, unknown: bool = False) -> None:
     """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`.
     ``table=False``: only the deny action and the exemptions (service, node-port and external
     ranges), for a command whose answer the table's name, priority and marks do not change
-    (``explain``)."""
+    (``explain``); ``unknown``: also what unknown pods get and the pod CIDRs (``agent``,
+    ``explain``: docs/design.md "A new pod from its first packet")."""
     defaults = Config()
     if table:
         parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
@@ -313,6 +314,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) ->
                         help="what a pod chain does with traffic no NetworkPolicy allowed: reject (a TCP reset, else ICMP port "
                              "unreachable: the client fails at once, as with kube-router) or drop (the client times out); "
                              "a ClusterNetworkPolicy Deny always drops (default %(default)s)")
+    if unknown:
+        parser.add_argument("--unknown-pods", choices=UNKNOWN_PODS, default="hold",
+                            help="a packet from or to an address of the node's pod CIDRs that is no pod programmed yet (a new pod "
+                                 "before its rules): hold it until the pod is programmed, then let its rules decide, dropping it after "
+                                 "--unknown-pod-hold (while no agent reads the hold queue it is dropped); drop it at once; or off: let "
+                                 "it through as a pod no policy selects (default %(default)s)")
+        parser.add_argument("--pod-cidrs", type=_cidr_list, default=(), metavar="CIDR[,CIDR]",
+                            help="the node's pod CIDRs, for a CNI whose IPAM does not follow Node.spec.podCIDRs (default: "
+                                 "Node.spec.podCIDRs)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
@@ -455,19 +465,11 @@ def parser() -> argparse.ArgumentParser:
                             "does not read it, answers pass unheld (bypass) or are dropped (fail-closed); off: learn nothing, "
                             "domainNames rules match no address (default %(default)s)")
     agent.add_argument("--dns-queue", type=_count(0, 65535), default=5300, help="nfqueue number of the DNS hold (default %(default)s)")
-    agent.add_argument("--unknown-pods", choices=UNKNOWN_PODS, default="hold",
-                       help="a packet from or to an address of the node's pod CIDRs that is no pod programmed yet (a new pod before "
-                            "its rules): hold it until the pod is programmed, then let its rules decide, dropping it after "
-                            "--unknown-pod-hold (while no agent reads the hold queue it is dropped); drop it at once; or off: let it "
-                            "through as a pod no policy selects (default %(default)s)")
     agent.add_argument("--unknown-pod-hold", type=_seconds(0, inclusive=False), default=2.0,
                        help="seconds a held packet of an unknown pod waits for the pod to be programmed before it is dropped "
                             "(default %(default)s)")
     agent.add_argument("--unknown-pod-queue", type=_count(0, 65535), default=5310,
                        help="nfqueue number of the hold of unknown pods' packets (default %(default)s)")
-    agent.add_argument("--pod-cidrs", type=_cidr_list, default=(), metavar="CIDR[,CIDR]",
-                       help="this node's pod CIDRs, for a CNI whose IPAM does not follow Node.spec.podCIDRs (default: "
-                            "Node.spec.podCIDRs of --node)")
     agent.add_argument("--dns-ttl-floor", type=_whole_seconds, default=5,
                        help="seconds a learned address stays at least, whatever its record's TTL (default %(default)s)")
     agent.add_argument("--dns-ttl-cap", type=_whole_seconds, default=3600,
@@ -476,7 +478,7 @@ def parser() -> argparse.ArgumentParser:
                        help="learned addresses one domainNames peer holds at most; more are dropped and counted (default %(default)s)")
     agent.add_argument("--dns-max-per-pod", type=_count(1, 10**7), default=1000,
                        help="learned addresses the answers to one pod add at most; more are dropped and counted (default %(default)s)")
-    add_config_arguments(agent)
+    add_config_arguments(agent, unknown=True)
 
     cleanup = sub.add_parser("cleanup", help="remove our table and the DNS hold chain (and nothing else)")
     cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
@@ -493,7 +495,7 @@ def parser() -> argparse.ArgumentParser:
                          help="ask a running agent's debug endpoint (its --debug-address: its node's rules right now) instead of manifests")
     explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
     add_input_arguments(explain)
-    add_config_arguments(explain, table=False)
+    add_config_arguments(explain, table=False, unknown=True)
 
     status = sub.add_parser("status", help="this node's agent: ready or why not, last sync, generation, table, drops, version")
     status.add_argument("--agent", metavar="unix:PATH|http://ADDR", default=DEFAULT_DEBUG_ADDRESS,
