@@ -76,9 +76,9 @@ class Config:
     deny_action: DenyAction = "reject"
     unknown_pods: UnknownPods = "off"
     pod_cidrs: tuple[str, ...] = ()
-    unknown_ingress_mark: int = 0x80000
-    unknown_egress_mark: int = 0x100000
-    released_mark: int = 0x200000
+    unknown_ingress_mark: int = 0x1000000
+    unknown_egress_mark: int = 0x2000000
+    released_mark: int = 0x4000000
 
     def unknown_marks(self) -> dict[Direction, int]:
         """The unknown mark of each direction: ``ingress`` (the destination is an unknown pod),

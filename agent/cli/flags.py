@@ -141,11 +141,6 @@ def _cidr(text: str) -> str:
         return _bad_cidr(text)
 
 
-def _cidr_list(text: str) -> tuple[str, ...]:
-    """``10.244.1.0/24,fd00:10:244:1::/64``: CIDRs separated by commas ('' : none)."""
-    return tuple(_cidr(part.strip()) for part in text.split(",") if part.strip())
-
-
 def _bad_cidr(text: str) -> str:
     raise argparse.ArgumentTypeError(f"invalid CIDR {text!r} (expected ADDRESS/PREFIX)")
 
@@ -320,9 +315,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, un
                                  "before its rules): hold it until the pod is programmed, then let its rules decide, dropping it after "
                                  "--unknown-pod-hold (while no agent reads the hold queue it is dropped); drop it at once; or off: let "
                                  "it through as a pod no policy selects (default %(default)s)")
-        parser.add_argument("--pod-cidrs", type=_cidr_list, default=(), metavar="CIDR[,CIDR]",
-                            help="the node's pod CIDRs, for a CNI whose IPAM does not follow Node.spec.podCIDRs (default: "
-                                 "Node.spec.podCIDRs)")
+        parser.add_argument("--pod-cidr", action="append", type=_cidr, default=[],
+                            help="the node's pod CIDR, for a CNI whose IPAM does not follow Node.spec.podCIDRs (repeatable; "
+                                 "default: Node.spec.podCIDRs)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
@@ -332,7 +327,7 @@ def config_from(args: argparse.Namespace) -> Config:
     """Build the :class:`Config` from parsed flags (the defaults for the flags a command lacks,
     see :func:`add_config_arguments`). Raises UsageError when two marks are the same bit."""
     defaults = Config()
-    for name in ("table", "priority", "policy_mark", "passed_mark", "pass_mark", "unknown_pods", "pod_cidrs"):
+    for name in ("table", "priority", "policy_mark", "passed_mark", "pass_mark", "unknown_pods"):
         if not hasattr(args, name):
             setattr(args, name, getattr(defaults, name))
     marks = {"--policy-mark": args.policy_mark, "--passed-mark": args.passed_mark, "--pass-mark": args.pass_mark}
@@ -349,7 +344,7 @@ def config_from(args: argparse.Namespace) -> Config:
         table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark, pass_mark=args.pass_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
         node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr), deny_action=args.deny_action,
-        unknown_pods=args.unknown_pods, pod_cidrs=args.pod_cidrs,
+        unknown_pods=args.unknown_pods, pod_cidrs=tuple(getattr(args, "pod_cidr", ())),
     )
 
 
@@ -512,7 +507,7 @@ def parser() -> argparse.ArgumentParser:
     trace.add_argument("--timeout", type=_seconds(0, inclusive=False), default=30.0, help="on a node: seconds to wait for the packet (default %(default)s)")
     trace.add_argument("--agent", metavar="unix:PATH|http://ADDR", help="on a node: name the policy rules from this running agent's debug endpoint (its committed model)")
     add_input_arguments(trace)
-    add_config_arguments(trace)
+    add_config_arguments(trace, unknown=True)
     return top
 
 
