@@ -8,8 +8,8 @@
   the model (set elements, sets, chains, dispatch map elements): the cost of a change is what it
   touches, not the cluster. A full replace again on the resync timer and after any failure.
 * Changes are coalesced: two syncs are at least ``min_interval`` seconds apart, except the
-  fast path: one Pod's change alone (a new pod's address) is committed at once, since the hold of
-  unknown pods' packets (:mod:`.podhold`) waits for it; the hold is told after every commit.
+  fast path: a new pod's address alone, or any change while the hold of unknown pods' packets
+  (:mod:`.podhold`) has packets waiting, is committed at once; the hold is told after every commit.
 * A refused transaction leaves the kernel as it was; it is logged with libnftables' reason and
   retried with exponential backoff (full replace). A refused full replace first has the policies
   responsible singled out and failed closed (:mod:`.quarantine`), and the rest committed.
@@ -246,6 +246,12 @@ class Reconciler:
         renderer.take_changes()
         return transaction.replacing(self._table(renderer))
 
+    def _fast_path(self) -> bool:
+        """True when the pending change goes to the kernel at once, not after the minimum
+        interval: a new pod's address alone (:meth:`Store.new_address_pending`), or any change
+        while the hold has packets of unknown pods waiting (each may be the one they wait for)."""
+        return self.store.new_address_pending() or (self.hold is not None and bool(self.hold.waiting))
+
     def run(self, stop: threading.Event) -> None:
         """Loop until ``stop`` is set; rules are left in place when it ends."""
         while not self.store.listed() and not self.clock.wait(stop, 0.05):
@@ -266,7 +272,7 @@ class Reconciler:
                         log.warning("our table is gone or incomplete (another tool flushed the ruleset?): restoring it")
                         self.renderer, retry_at = None, self.clock.now()
                     continue
-                if now - last_sync < self.min_interval and not self.store.one_pod_pending():  # coalesce a burst of changes
+                if now - last_sync < self.min_interval and not self._fast_path():  # coalesce a burst of changes
                     self.clock.wait(stop, min(HEARTBEAT, self.min_interval - (now - last_sync)))
                     continue
             full = self.renderer is None or now - last_full >= self.resync_interval

@@ -103,6 +103,7 @@ class Store:
         # on: before it every sync is a full one (the first lists would leave a tuple per object)
         self._changes: dict[tuple[str, str], Any] = {}
         self._taken = False
+        self._new_address: tuple[str, str] | None = None  # the last Pod change that gave a pod a new address
         self.changed = threading.Event()
         self.pending_since: float | None = None
         self.failed_closed: FailedClosed | None = None
@@ -186,7 +187,8 @@ class Store:
             if event == "DELETED":
                 self._invalid[kind].pop(key, None)
                 self._identities.pop((kind, key), None)
-            if model == self._objects[kind].get(key) and len(self._invalid[kind]) == invalid_before:
+            old = self._objects[kind].get(key)
+            if model == old and len(self._invalid[kind]) == invalid_before:
                 return
             if model is None:
                 self._objects[kind].pop(key, None)
@@ -194,6 +196,8 @@ class Store:
                 self._objects[kind][key] = model
             if self._taken:
                 self._changes[(kind, key)] = model
+                if kind == "Pod" and model is not None and set(model.ips) - set(old.ips if old is not None else ()):
+                    self._new_address = (kind, key)
             self._touch(kind)
 
     def report_refused(self, kind: str, key: str, reason: str) -> None:
@@ -219,11 +223,12 @@ class Store:
         with self._lock:
             return set(kinds) <= self._listed
 
-    def one_pod_pending(self) -> bool:
-        """True when the only change since the last take is one Pod's: the reconcile loop's
-        fast path (a new pod's address is committed without waiting out the minimum interval)."""
+    def new_address_pending(self) -> bool:
+        """True when the only change since the last take is a Pod that got an address it did
+        not have (a new pod's, as the kubelet writes it once the CNI set the pod up): the
+        reconcile loop's fast path commits it without waiting out the minimum interval."""
         with self._lock:
-            return len(self._changes) == 1 and next(iter(self._changes))[0] == "Pod"
+            return len(self._changes) == 1 and self._new_address in self._changes
 
     def take_changes(self) -> tuple[list[tuple[str, str, Any]], float | None]:
         """Every object that changed since the last take, as ``(kind, key, model or None)``
