@@ -1,8 +1,8 @@
 """New pods under policy on the real node (issue 31): ``python -m tests.e2e_newpods``.
 
 On a :class:`~nftpolicy.agent.testbed.realnode.RealCluster` (two real kubelets and containerd,
-ptp CNI with host-local addresses from ``10.244.<node>.0/24``, set as each Node's
-``spec.podCIDRs``, as the controller manager's node IPAM would), the chart installed by Helm as
+ptp CNI with host-local addresses from each Node's ``spec.podCIDRs``, ``10.244.<node>.0/24``),
+the chart installed by Helm as
 shipped (``agent.unknownPods: hold``), a server (agnhost netexec, HTTP on 80) on node 2:
 
 1. **deny-all egress, three runs**: a NetworkPolicy that denies all egress in a fresh namespace,
@@ -33,7 +33,7 @@ from typing import Any
 
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.testbed import images
-from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError, node_ip, pod_cidr
+from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError, node_ip
 
 from .e2e_node import AGNHOST_IMAGE, REPO, TOOLS, Step, build_images, install_chart
 
@@ -211,10 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
             raise
     try:
-        with Step("Node.spec.podCIDRs as the CNI allocates"):
-            for index, name in enumerate(cluster.node_names, 1):
-                cidr = pod_cidr(index)
-                cluster.kubectl("patch", "node", name, "-p", json.dumps({"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}))
         with Step("helm install charts/nftpolicy"):
             report["install"] = install_chart(cluster, run)
         with Step("server on node 2"):
