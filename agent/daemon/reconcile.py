@@ -239,7 +239,7 @@ class Reconciler:
             policy = renderer.policy(kind, key)
             assert policy is not None  # it has rules in the table
             self.quarantine.hold((kind, key), policy, reason)
-            renderer.apply(kind, key, refusals.stand_in(policy))
+            renderer.apply(kind, key, refusals.stand_in(policy, reason))
             log.error("the kernel refused the rules of %s %s, enforcing it fail-closed until it changes: %s", kind, key, reason,
                       extra={"kind": kind, "object": key})
             self.store.report_refused(kind, key, reason)
