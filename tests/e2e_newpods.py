@@ -259,8 +259,14 @@ def main(argv: list[str] | None = None) -> int:
                     raise RealNodeError(f"{len(successes) - len(firsts)} allowed servers never answered")
         except RealNodeError:
             ok = False
-        held = cluster.run(["nft", "list", "chain", "inet", "nftpolicy", "NFTPOLICY-RELEASED-FORWARD"], check=False).stdout
-        report["released_chain"] = held
+        with Step("nothing dropped after the hold, nothing left unheld"):
+            logs = cluster.kubectl("logs", "-n", "nftpolicy", "-l", "app.kubernetes.io/name=nftpolicy", "--tail=-1", "--prefix")
+            drops = [line for line in logs.splitlines() if "held packet" in line]
+            unheld = cluster.run(["nft", "list", "chain", "inet", "nftpolicy", "NFTPOLICY-RELEASED-FORWARD"], check=False).stdout
+            report["drop_lines"], report["released_chain"] = drops, unheld
+            print(f"  agent log lines of dropped held packets: {len(drops)}", flush=True)
+            for line in drops[:5]:
+                print(f"    {line}", flush=True)
     finally:
         args.report_dir.mkdir(parents=True, exist_ok=True)
         (args.report_dir / "newpods-report.json").write_text(json.dumps(report, indent=2))
