@@ -123,7 +123,7 @@ def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
             ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
 
 
-def _xt(netns_name: str | None, command: list[str]) -> str:
+def run_xt(netns_name: str | None, command: list[str]) -> str:
     """Run an iptables ``command`` in ``netns_name`` (None: this process's namespace); its
     stdout. Raises IptablesError (the tool failed) or OSError (the tool is absent)."""
     if netns_name is not None:
@@ -151,14 +151,14 @@ def remove_chain(netns_name: str | None, chain: str, jumps: Sequence[Sequence[st
     for tool in TOOLS:
         for table in tables:
             try:
-                if f":{chain} " not in _xt(netns_name, [f"{tool}-save", "-t", table]):
+                if f":{chain} " not in run_xt(netns_name, [f"{tool}-save", "-t", table]):
                     continue
             except (xt.IptablesError, OSError):
                 continue
             found = True
             for argv in (*(["-D", *jump, "-j", chain] for jump in jumps), ["-F", chain], ["-X", chain]):
                 with contextlib.suppress(xt.IptablesError):  # a jump someone removed already
-                    _xt(netns_name, [tool, "-w", "-t", table, *argv])
+                    run_xt(netns_name, [tool, "-w", "-t", table, *argv])
     return found
 
 
@@ -274,7 +274,7 @@ class DnsHold:
 
     def _iptables(self, argv: list[str]) -> None:
         for tool in TOOLS:
-            _xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
+            run_xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain

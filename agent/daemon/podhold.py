@@ -36,7 +36,7 @@ from nftpolicy.agent.dataplane import netns
 from nftpolicy.translators.model import Direction
 from nftpolicy.translators.rules import Config
 
-from .dnshold import NF_DROP, NF_REPEAT, TOOLS, NfQueue, QueuedPacket, _xt, remove_chain
+from .dnshold import NF_DROP, NF_REPEAT, TOOLS, NfQueue, QueuedPacket, remove_chain, run_xt
 from .metrics import Metrics
 
 log = logging.getLogger("nftpolicy.podhold")
@@ -119,7 +119,7 @@ class PodHold:
         try:
             for argv in hold_rules(self.queue_num, tuple(self.marks.values())):
                 for tool in TOOLS:
-                    _xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
+                    run_xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
         except Exception:
             remove_pod_hold_chain(self.netns)
             raise
