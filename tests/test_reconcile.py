@@ -305,8 +305,10 @@ def test_a_new_pods_address_skips_the_minimum_interval_and_a_relabel_waits_it_ou
         new["metadata"]["name"], new["status"]["podIP"], new["status"]["podIPs"] = "new-0", "10.244.1.250", [{"ip": "10.244.1.250"}]
         store.apply("Pod", "ADDED", new)
         eventually(lambda: len(dataplane.transactions), 2)  # real time only: the clock never moves
-        _relabel(store, objects, "prometheus-0", app="other")
-        assert not store.new_address_pending()  # a label change: coalesced, committed once the interval is over
+        relabelled = copy.deepcopy(new)
+        relabelled["metadata"]["labels"] = {"app": "other"}
+        store.apply("Pod", "MODIFIED", relabelled)
+        assert not store.new_address_pending()  # the same pod's label change: coalesced, committed once the interval is over
         eventually(lambda: len(dataplane.transactions), 3, clock=clock, step=1.0)
         assert clock.now() >= 10.0
     finally:

@@ -210,7 +210,7 @@ class Store:
             if self._taken:
                 self._changes[(kind, key)] = model
                 if kind == "Pod" and model is not None and set(model.ips) - set(old.ips if old is not None else ()):
-                    self._new_address = (kind, key)
+                    self._new_address = (kind, key)  # until the next take: its change carries the new address
             self._touch(kind)
 
     def report_refused(self, kind: str, key: str, reason: str) -> None:
@@ -257,7 +257,7 @@ class Store:
         with self._lock:
             self.changed.clear()
             since, self.pending_since = self.pending_since, None
-            changes, self._changes = self._changes, {}
+            changes, self._changes, self._new_address = self._changes, {}, None
             return [(kind, key, model) for (kind, key), model in changes.items()], since
 
     def take(self) -> tuple[Cluster, float | None]:
@@ -266,7 +266,7 @@ class Store:
         with self._lock:
             self.changed.clear()
             since, self.pending_since = self.pending_since, None
-            self._changes, self._taken = {}, True
+            self._changes, self._taken, self._new_address = {}, True, None
             objects = self._objects
             return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
                            policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"]),
