@@ -236,3 +236,26 @@ def test_json_names_an_icmp_type_only_for_icmp(capsys):
     _, out = explain_text(capsys, "--from ops/prometheus --to shop/api --port icmp --port udp/53 --output json", SHOP)
     assert [(v["connection"]["protocol"], v["connection"].get("icmp_type")) for v in json.loads(out)] == [
         ("ICMP", "echo-request"), ("UDP", None)]
+
+
+DUAL = """
+apiVersion: v1
+kind: List
+items:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x}}
+  - {apiVersion: v1, kind: Pod, metadata: {namespace: x, name: a}, spec: {nodeName: node1, containers: [{name: c}]},
+     status: {phase: Running, podIPs: [{ip: 10.244.1.5}, {ip: "fd00:10:244:1::5"}]}}
+  - {apiVersion: v1, kind: Pod, metadata: {namespace: x, name: b}, spec: {nodeName: node1, containers: [{name: c}]},
+     status: {phase: Running, podIPs: [{ip: 10.244.1.6}, {ip: "fd00:10:244:1::6"}]}}
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["--ipv6"]])
+def test_explain_asks_over_ipv6_when_told(tmp_path, flags):
+    """Both ends dual-stack: IPv4 by default, IPv6 with --ipv6 (issue 34: explain had no --ipv6)."""
+    (tmp_path / "d.yaml").write_text(DUAL)
+    out = subprocess.run([NFTPOLICY, "explain", "--from", "x/a", "--to", "x/b", "--port", "80", "--output", "json", *flags,
+                          str(tmp_path / "d.yaml")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (verdict,) = json.loads(out.stdout)
+    assert verdict["connection"]["destination"] == ("fd00:10:244:1::6" if flags else "10.244.1.6")

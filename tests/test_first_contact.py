@@ -615,6 +615,7 @@ def test_explain_takes_a_workload_s_name_for_one_of_its_pods(tmp_path, args, sai
     said with the stand-in's name, which the sandbox legend alone showed (issue 34 item 8)."""
     (tmp_path / "w.yaml").write_text(WORKLOADS)
     out = run("explain", *args, str(tmp_path))
+    assert "workloads stand in" not in out.stderr  # render's and sandbox's line, not one per question
     line = next(line for line in out.stderr.splitlines() if said in line)
     pod = re.fullmatch(rf"nftpolicy: {said}: its pod (\S+) answers for its 2 pods \(the same labels\)", line).group(1)
     asked = [pod if a in ("demo/web", "demo/report") else a for a in args]

@@ -315,3 +315,16 @@ def test_a_new_pods_address_skips_the_minimum_interval_and_a_relabel_waits_it_ou
         stop.set()
         store.changed.set()
         thread.join(5)
+
+
+def test_a_sync_rendered_after_the_stop_commits_nothing():
+    """SIGTERM while a sync renders (the first full one at scale takes seconds): the agent once
+    committed after logging the stop (1 run in 12, issue 34); now the sync ends uncommitted."""
+    store, dataplane = _store(_objects()), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    reconciler.stop = threading.Event()
+    reconciler.stop.set()
+    assert reconciler.sync(full=True) is False
+    assert dataplane.transactions == []
+    reconciler.stop.clear()
+    assert reconciler.sync(full=True) is True and len(dataplane.transactions) == 1

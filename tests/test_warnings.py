@@ -190,3 +190,31 @@ def test_an_object_given_twice_is_a_warning_and_the_last_one_is_used(tmp_path):
                                                f"{tmp_path / 'b.yaml'}): the last one is used\n")
     assert "reject egress ops/p" in out.stdout and "reject ingress ops/p" not in out.stdout  # b.yaml's
     assert run("render", "--strict", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")).returncode == 2
+
+
+MIXED_FAMILIES = """
+apiVersion: v1
+kind: List
+items:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: ops}}
+  - apiVersion: v1
+    kind: Pod
+    metadata: {namespace: ops, name: dual, labels: {app: dual}}
+    spec: {nodeName: node1, containers: [{name: c, ports: [{containerPort: 80}]}]}
+    status: {phase: Running, podIPs: [{ip: 10.244.1.50}, {ip: "fd00:10:244:1::50"}]}
+  - apiVersion: v1
+    kind: Pod
+    metadata: {namespace: ops, name: four, labels: {app: four}}
+    spec: {nodeName: node1, containers: [{name: c, ports: [{containerPort: 80}]}]}
+    status: {phase: Running, podIP: 10.244.1.51}
+"""
+
+
+@pytest.mark.kernel
+def test_sandbox_warns_of_pods_without_an_address_of_the_family_asked(tmp_path):
+    """--ipv6 on manifests where some pods have no IPv6 address: their cells showed ? in silence."""
+    (tmp_path / "m.yaml").write_text(MIXED_FAMILIES)
+    out = run("sandbox", "--ipv6", "--timeout", "0.5", str(tmp_path / "m.yaml"))
+    assert out.returncode == 0 and out.stderr == ("nftpolicy: warning: 1 pod has no ipv6 address, so no ipv6 probe from or to it "
+                                                  "(its cells show ?): ops/four\n"), out.stderr
+    assert run("sandbox", "--strict", "--ipv6", "--timeout", "0.5", str(tmp_path / "m.yaml")).returncode == 2

@@ -490,6 +490,7 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("--agent", metavar="unix:PATH|http://ADDR",
                          help="ask a running agent's debug endpoint (its --debug-address: its node's rules right now) instead of manifests")
     explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
+    explain.add_argument("--ipv6", action="store_true", help="ask over IPv6 where both ends have both families (default: IPv4 first)")
     explain.add_argument("--node", action="append", type=_node, metavar="NAME",
                          help="node for pods without spec.nodeName, as sandbox --node (repeatable: round-robin; default: the "
                               "manifests' Node objects, else node1)")

@@ -72,12 +72,14 @@ class Manifests:
 
 
 def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_invalid: bool = True,
-                   keep_objects: bool = False) -> Manifests:
+                   keep_objects: bool = False, say_stand_ins: bool = True) -> Manifests:
     """The manifests in ``args.paths``: workloads stand in their Pods (``nodes``: where a
     DaemonSet runs, besides the nodes the manifests name), said in one line; each object,
     document or file left out is one ``nftpolicy: skipped ...`` line (``report_invalid=False``:
     objects that fail validation are kept for an API server to judge, only unreadable input is
-    reported). With ``--strict`` anything left out ends the command (exit 2).
+    reported). With ``--strict`` anything left out ends the command (exit 2). ``say_stand_ins``
+    False: no line for the workloads (explain and trace name a workload's pod when asked for it,
+    and list the pods they give addresses; the line on every question was noise).
 
     The objects are read one at a time (a JSON List item by item) and dropped once in the
     cluster, unless ``keep_objects`` (:attr:`Manifests.objects`, else empty): a 150,000-pod
@@ -92,7 +94,7 @@ def read_manifests(args: argparse.Namespace, nodes: Sequence[str] = (), report_i
                             and e.message.startswith("not valid YAML/JSON") else e for e in read.skipped]
     report_skipped(read.skipped, args.strict)
     warn(read.duplicates, args.strict)
-    if read.stand_ins:
+    if read.stand_ins and say_stand_ins:
         print(f"nftpolicy: {stand_in_line(read.stand_ins)}", file=sys.stderr)
     if read.empty and args.strict:
         print(f"nftpolicy: {_empty_line(read.paths)}", file=sys.stderr)

@@ -173,16 +173,16 @@ def port_spec(text: str, target: Endpoint | None, pods: Mapping[str, Pod] | None
 
 
 def connections(enforcement: Enforcement, source: str, destination: str, ports: Sequence[str],
-                pods: Mapping[str, Pod] | None = None) -> list[Connection]:
+                pods: Mapping[str, Pod] | None = None, ipv6: bool = False) -> list[Connection]:
     """The connections ``explain`` answers: one per port (see :func:`port_spec`; ``pods``: the
     manifests' pods, for port names), between the first addresses of the two ends in a family
-    both have (IPv4 first). Raises UsageError."""
+    both have (IPv4 first; ``ipv6``: IPv6 first). Raises UsageError."""
     _, sources = resolve(enforcement, source, "--from", pods)
     target, destinations = resolve(enforcement, destination, "--to", pods)
     pairs = [(s, d) for s in sources for d in destinations if family_of(s) == family_of(d)]
     if not pairs:
         raise UsageError(f"{source} and {destination} have no address family in common")
-    src, dst = min(pairs, key=lambda pair: family_of(pair[0]))
+    src, dst = min(pairs, key=lambda pair: (family_of(pair[0]) != "ipv6") if ipv6 else family_of(pair[0]))
     specs = [port_spec(p, target, pods) for p in ports] or [(protocol, port) for protocol, port in (target.ports if target else ())]  # type: ignore[misc]
     return [Connection(src, dst, protocol, port) for protocol, port in (specs or [("ICMP", None)])]
 
@@ -241,10 +241,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         enforcement = _agent(args.agent)
         destination, ports = asked(args.destination, args.port or ())
         service_at(destination, (), config_from(args))
-        return _answer(args, enforcement, connections(enforcement, args.source, destination, ports))
+        return _answer(args, enforcement, connections(enforcement, args.source, destination, ports, ipv6=args.ipv6))
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
-    read = read_manifests(args, args.node or [], keep_objects=True)
+    read = read_manifests(args, args.node or [], keep_objects=True, say_stand_ins=False)
     note(read.dump_notes())
     stop = read.stop_when_empty(args)
     return stop if stop is not None else explain_objects(args, read)
@@ -270,10 +270,10 @@ def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
     service = service or service_at(destination, services.values(), config)
     if service is None:
         destination = workload_pod(destination, read.stand_ins, cluster, "--to")
-        questions = connections(enforcement, source, destination, ports, cluster.pods)
+        questions = connections(enforcement, source, destination, ports, cluster.pods, args.ipv6)
     else:
         selected, targets = service_targets(service, cluster, ports)
-        questions = [c for key in selected for c in connections(enforcement, source, key, targets, cluster.pods)]
+        questions = [c for key in selected for c in connections(enforcement, source, key, targets, cluster.pods, args.ipv6)]
     return read.finish(args, _answer(args, enforcement, questions))
 
 

@@ -114,6 +114,12 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
                 for node in args.node or () if node not in made[0].nodes]
     warnings += [f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses their manifests give)"
                  for family in families if not any(pod.addresses(family) for pod in made[0].pods.values())]
+    for family in families:
+        lacking = sorted(key for key, pod in made[0].pods.items() if not pod.addresses(family))
+        if lacking and len(lacking) < len(made[0].pods):
+            warnings.append(f"{len(lacking)} {'pod has' if len(lacking) == 1 else 'pods have'} no {family} address, so no "
+                            f"{family} probe from or to {'it (its' if len(lacking) == 1 else 'them (their'} cells show ?): "
+                            f"{', '.join(lacking[:5])}{f' and {len(lacking) - 5} more' if len(lacking) > 5 else ''}")
     warn(warnings, args.strict)
     sandboxes = [stack.enter_context(sandbox) for sandbox in made]
     refused: list[ManifestError] = []
