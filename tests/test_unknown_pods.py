@@ -88,7 +88,7 @@ class Bed:
         self.hold: PodHold | None = None
         eventually(lambda: tcp_connects(self.node, SERVER, PORT, 1), timeout=10)
 
-    def start_hold(self, seconds: float = 2.0) -> PodHold:
+    def start_hold(self, seconds: float = 8.0) -> PodHold:
         self.hold = PodHold(self.config, 5310, seconds, self.metrics, netns_name=self.node)
         self.hold.start()
         self.hold.programmed(self.renderer.known_addresses())
@@ -101,7 +101,7 @@ class Bed:
         if self.hold is not None:
             self.hold.programmed(self.renderer.known_addresses())
 
-    def connects_from(self, source: str, timeout: float = 5.0) -> tuple[bool, float]:
+    def connects_from(self, source: str, timeout: float = 10.0) -> tuple[bool, float]:
         """A TCP connection from the pod namespace's ``source`` to the server: (connected, seconds)."""
         with netns.entered(self.pod):
             sock = socket.socket()
@@ -154,7 +154,7 @@ def test_a_new_pods_first_packet_is_held_until_programmed_then_its_deny_all_egre
     bed.start_hold()
     bed.apply("NetworkPolicy", "shop/egress", egress_policy(allow=False))
     connected, took = connect_while(bed, NEW, lambda: bed.apply("Pod", "shop/new", pod("new", NEW, "new")))
-    assert not connected and 0.25 < took < 2  # refused by its policy once programmed, not let through, not timed out
+    assert not connected and 0.25 < took < 5  # refused by its policy once programmed, not let through, not timed out
     assert bed.count("egress", "held") >= 1 and bed.count("egress", "released") >= 1 and bed.count("egress", "dropped") == 0
     assert bed.connects_from(OLD)[0] is False  # the known pod: its policy as always
 
@@ -163,7 +163,7 @@ def test_an_allowed_new_pods_first_connection_succeeds_after_the_hold(bed):
     bed.start_hold()
     bed.apply("NetworkPolicy", "shop/egress", egress_policy(allow=True))
     connected, took = connect_while(bed, NEW, lambda: bed.apply("Pod", "shop/new", pod("new", NEW, "new")))
-    assert connected and 0.25 < took < 1.5, took  # held for the reaction time, then its rules allowed it
+    assert connected and 0.25 < took < 5, took  # held for the reaction time, then its rules allowed it
     assert bed.count("egress", "released") >= 1
     assert bed.connects_from(NEW)[0]  # programmed: nothing held any more
     held = bed.count("egress", "held")
@@ -179,10 +179,10 @@ def test_ingress_to_a_new_pod_is_held_and_walks_its_ingress_rules(bed):
         timer = threading.Timer(0.3, lambda: bed.apply("Pod", "shop/new", pod("new", NEW, "new")))
         timer.start()
         started = time.monotonic()
-        connected = tcp_connects(bed.out, NEW, PORT, 5)
+        connected = tcp_connects(bed.out, NEW, PORT, 10)
         took = time.monotonic() - started
         timer.join()
-        assert not connected and took < 2  # deny-all ingress, from the first packet
+        assert not connected and took < 4  # deny-all ingress, from the first packet: refused, not timed out
         assert bed.count("ingress", "released") >= 1
     finally:
         server.terminate()
