@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Sequence, Union
 
 from .model import Direction, Family, family_of
-from .rules import AddressSet, Config, DenyAction, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
+from .rules import AddressSet, Config, DenyAction, MatchRule, PeerChain, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
 
 Field = Literal["saddr", "daddr"]
 Hook = Literal["input", "forward", "output"]
@@ -339,8 +339,30 @@ def allow_rule(config: Config, chain: PolicyChain, allow: MatchRule) -> Rule:
 
 
 def policy_chain(config: Config, chain: PolicyChain) -> Chain:
-    """``KUBE-NWPLCY-<hash>`` of one policy and direction; no rules: it allows nothing."""
-    return Chain(chain.name, tuple(allow_rule(config, chain, allow) for allow in chain.rules))
+    """``KUBE-NWPLCY-<hash>`` of one policy and direction; no rules: it allows nothing. A match
+    whose peers are a peer chain's (:attr:`~nftpolicy.translators.rules.MatchRule.peer_chain`)
+    is its port match and a jump there; after the last jump of a rule, a packet its peer chain
+    allowed (marked) returns, as an allow rule's return would (the first allow ends the walk)."""
+    rules: list[Rule] = []
+    for i, allow in enumerate(chain.rules):
+        if allow.peer_chain is None:
+            rules.append(allow_rule(config, chain, allow))
+            continue
+        rules.append(Rule((*peer_and_port(chain.direction, allow), Jump(allow.peer_chain)), allow.comment, allow.origin))
+        if i + 1 == len(chain.rules) or chain.rules[i + 1].peer_chain != allow.peer_chain:
+            rules.append(Rule((Marked(config.policy_mark), VerdictStatement("return")), f"{allow.comment} allowed"))
+    return Chain(chain.name, tuple(rules))
+
+
+def peer_chain(config: Config, chain: PolicyChain, peers: PeerChain) -> Chain:
+    """The peer chain of one rule of ``chain``: an allow rule (:func:`allow_rule`) per peer set."""
+    return Chain(peers.name, tuple(allow_rule(config, chain, allow) for allow in peers.rules))
+
+
+def policy_chains(config: Config, chain: PolicyChain) -> list[Chain]:
+    """The layout chains of one policy chain of the model: its peer chains, then itself (which
+    jumps to them)."""
+    return [*(peer_chain(config, chain, peers) for peers in chain.peer_chains), policy_chain(config, chain)]
 
 
 def log_prefix(direction: str, pod: str) -> str:
@@ -563,7 +585,7 @@ def table(model: RuleModel) -> Table:
     """The whole table of ``model``, in dependency order."""
     c = model.config
     chains = [common_chain(), default_chain(c)]
-    chains += [policy_chain(c, chain) for chain in model.policy_chains]
+    chains += [laid for chain in model.policy_chains for laid in policy_chains(c, chain)]
     chains += [tier_chain(c, chain) for chain in model.tier_chains]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
     chains += base_chains(c)

@@ -239,11 +239,14 @@ class NodeRenderer:
         return sum(len(pods) for pods in self._local.values())
 
     def chain_owners(self) -> dict[str, ChainOwner]:
-        """Chain name -> what it enforces, for every policy, tier and pod chain of the model; a
-        tier chain's owner with the origins of its counted rules (``counted``)."""
+        """Chain name -> what it enforces, for every policy, tier and pod chain of the model (and
+        a policy chain's peer chains: its owner); a tier chain's owner with the origins of its
+        counted rules (``counted``)."""
         self._refresh_pod_chains()
-        return {name: dataclasses.replace(owner_of(chain), counted=counted_origins(self.config, chain)) if isinstance(chain, TierChain)
-                else owner_of(chain) for name, chain in self._chains().items()}
+        owners = {name: dataclasses.replace(owner_of(chain), counted=counted_origins(self.config, chain)) if isinstance(chain, TierChain)
+                  else owner_of(chain) for name, chain in self._chains().items()}
+        owners.update((peers.name, owner_of(c)) for c, _ in self.policies.chains.values() for peers in c.peer_chains)
+        return owners
 
     def take_changes(self) -> Changes:
         """Everything that changed in the model since the last call (or since the start, or

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from . import layout
 from .model import Cluster, Direction, Pod, family_of
 from .noderender import build_rule_model
-from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
+from .rules import AddressSet, Config, MatchRule, PeerChain, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
 from .tablewalk import Connection as Connection, ConnectionProtocol as ConnectionProtocol  # the engine's input, named here too
 from .tablewalk import Step, TableWalker, Walk, canonical
 
@@ -148,15 +148,19 @@ class _Node:
         self.pod_chains = {chain.name: chain for chain in model.pod_chains}
         self.sets = {s.name: s for s in model.sets}
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
-        self._made_from: dict[str, list[MatchRule]] = {
-            **{c.name: list(c.rules) for c in model.policy_chains},  # layout.allow_rule: one rule each
+        self.peer_chains: dict[str, tuple[PolicyChain, PeerChain]] = {p.name: (c, p) for c in model.policy_chains for p in c.peer_chains}
+        self._made_from: dict[str, list[MatchRule | None]] = {
+            **{c.name: _aligned(c.rules, self.walker.chains[c.name].rules) for c in model.policy_chains},
+            **{p.name: list(p.rules) for c in model.policy_chains for p in c.peer_chains},  # layout.allow_rule: one rule each
             **{c.name: [r for r in c.rules for _ in layout.tier_rule(model.config, c, r)] for c in model.tier_chains}}
 
     def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, MatchRule]:
         """The policy or tier chain of the model and the rule of it that the layout rule of
-        ``step`` (a rule of a policy or tier chain) was made from."""
-        chain = self.policy_chains.get(step.chain) or self.tier_chains[step.chain]
-        return chain, self._made_from[step.chain][step.position]
+        ``step`` (a rule with an origin of a policy, peer or tier chain) was made from."""
+        chain = self.policy_chains.get(step.chain) or self.tier_chains.get(step.chain) or self.peer_chains[step.chain][0]
+        rule = self._made_from[step.chain][step.position]
+        assert rule is not None
+        return chain, rule
 
     def jumps(self, pod_chain: str) -> tuple[str, ...]:
         """The chains that pod chain ``pod_chain`` jumps to (its tier chains, policy chains or
@@ -287,15 +291,30 @@ class Enforcement:
         return dataclasses.replace(side, allowed=False, rules=summaries)
 
 
+def _aligned(rules: Sequence[MatchRule], laid: Sequence[layout.Rule]) -> list[MatchRule | None]:
+    """The model rule of each rule of a policy chain's layout (:func:`layout.policy_chain`: one
+    rule with an origin per model rule, in order; None for the others)."""
+    made = iter(rules)
+    return [next(made) if r.origin is not None else None for r in laid]
+
+
 def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, MatchRule] | None:
     """The policy or tier rule that decided a walk: the last rule with an origin (a policy
-    rule) that fired, a ``Pass`` aside (it only ends its tier); None when none fired, or
-    ``KUBE-NWPLCY-DEFAULT`` after it."""
-    for step in reversed(walk.fired()):
+    rule) that fired, a ``Pass`` aside (it only ends its tier) and a jump to a peer chain (it
+    decides nothing); None when none fired, or ``KUBE-NWPLCY-DEFAULT`` after it. A peer chain's
+    rule is given with the port of the match that jumped to it."""
+    fired = walk.fired()
+    for at in range(len(fired) - 1, -1, -1):
+        step = fired[at]
         if step.chain == layout.DEFAULT_CHAIN:
             return None
-        if step.rule.origin is not None and step.rule.origin.action != "Pass":
-            return index.made_from(step)
+        if step.rule.origin is None or step.rule.origin.action == "Pass" or any(isinstance(s, layout.Jump) for s in step.rule.statements):
+            continue
+        chain, rule = index.made_from(step)
+        if step.chain in index.peer_chains:
+            jumped = next(index.made_from(s)[1] for s in reversed(fired[:at]) if layout.Jump(step.chain) in s.rule.statements)
+            rule = dataclasses.replace(jumped, family=rule.family, peer_set=rule.peer_set, peer_chain=None)
+        return chain, rule
     return None
 
 
@@ -348,7 +367,9 @@ def _summaries(index: _Node, chain: PolicyChain | TierChain, rules: Sequence[Mat
             ports.append(port_text(rule.port))
         else:
             ports.append("any port")
-        if rule.peer_set is not None:
+        if rule.peer_chain is not None:
+            peers.extend(index.describe(p.peer_set) for p in index.peer_chains[rule.peer_chain][1].rules if p.peer_set is not None)
+        elif rule.peer_set is not None:
             peers.append(index.describe(rule.peer_set))
         elif rule.named_port_set is None or chain.direction == "ingress":
             peers.append("any source" if chain.direction == "ingress" else "any destination")
@@ -469,7 +490,7 @@ def _model_shape() -> str:
     """A fingerprint of the dataclasses :func:`enforcement_json` writes (their field names and
     types): it changes whenever one of them does, so that a reader of another nftpolicy version
     says so instead of misreading the data."""
-    classes = (RuleModel, Config, AddressSet, PolicyChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint)
+    classes = (RuleModel, Config, AddressSet, PolicyChain, PeerChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint)
     fields = [(c.__name__, [(f.name, str(f.type)) for f in dataclasses.fields(c)]) for c in classes]
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:12]
 
@@ -519,7 +540,9 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
             learned[entry["node"]] = entry["learned"]
         config = Config(**{k: _tuples(v) for k, v in m["config"].items()})
         sets = tuple(AddressSet(**{**s, "elements": _tuples(s["elements"])}) for s in m["sets"])
-        chains = tuple(PolicyChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m["policy_chains"])
+        chains = tuple(PolicyChain(**{**c, "rules": tuple(map(_match_rule, c["rules"])),
+                                      "peer_chains": tuple(PeerChain(p["name"], tuple(map(_match_rule, p["rules"]))) for p in c["peer_chains"])})
+                       for c in m["policy_chains"])
         pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
         tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m.get("tier_chains") or ())
         models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
