@@ -76,6 +76,11 @@ def _cluster_policies() -> dict:
         cnp("default-deny", "Baseline", 100, {"namespaces": {}}, ingress=[{"action": "Deny", "from": [{"namespaces": {}}]}], egress=[
             {"action": "Accept", "to": [{"pods": {"podSelector": {"matchLabels": {"app": "api"}}}}], "protocols": [{"destinationNamedPort": "http"}]},
             {"action": "Pass", "to": [{"namespaces": ops}]}]),
+        cnp("peers-by-ports", "Admin", 20, {"namespaces": {}}, ingress=[  # peer chains, one of each action
+            {"action": action, "from": [{"namespaces": ops}, {"pods": {"namespaceSelector": shop, "podSelector": {"matchLabels": {"app": app}}}}],
+             "protocols": [{"tcp": {"destinationPort": {"number": port}}}, {"udp": {"destinationPort": {"range": {"start": port, "end": port + 9}}}},
+                           {"destinationNamedPort": "metrics"}]}
+            for action, app, port in (("Deny", "web", 7000), ("Pass", "api", 7100), ("Accept", "db", 7200))]),
     ]
     cluster, errors = build_cluster(objects)
     assert not errors, errors
@@ -222,7 +227,8 @@ def test_a_shared_set_goes_with_its_last_user():
     (shared,) = [s.name for s in model.sets if s.comment == "pods in namespaces team=ops: (any)"]
     users = sorted({("NetworkPolicy", c.policy) for c in model.policy_chains
                     for r in (*c.rules, *(p for peers in c.peer_chains for p in peers.rules)) if r.peer_set == shared}
-                   | {("ClusterNetworkPolicy", c.policy) for c in model.tier_chains for r in c.rules if r.peer_set == shared})
+                   | {("ClusterNetworkPolicy", c.policy) for c in model.tier_chains
+                      for r in (*c.rules, *(p for peers in c.peer_chains for p in peers.rules)) if r.peer_set == shared})
     assert len(users) >= 3 and {kind for kind, _ in users} == {"NetworkPolicy", "ClusterNetworkPolicy"}
     for kind, key in users[:-1]:
         renderer.apply(kind, key, None)

@@ -7,8 +7,8 @@ What such a chain says depends only on the policy (and the address families in u
 :class:`~nftpolicy.translators.rules.MatchRule` per (peer, port) of each policy rule, whose peers
 name shared sets by key (:class:`~nftpolicy.translators.setstore.SetKey`). A peer is a
 :class:`~nftpolicy.translators.setstore.Scope` of pods (one address set per family) or an
-ipBlock (one interval set); peers of a rule are OR'ed. A NetworkPolicy rule with several peer
-sets and several ports is not multiplied out: one match per port jumps to the rule's
+ipBlock (one interval set); peers of a rule are OR'ed. A rule with several peer sets and
+several ports is not multiplied out: one match per port jumps to the rule's
 :class:`~nftpolicy.translators.rules.PeerChain`, which holds one match per peer set (P + Q
 rules for P peer sets and Q ports; the API server bounds neither list).
 
@@ -136,14 +136,18 @@ def build_tier_chain(policy: ClusterNetworkPolicy, direction: Direction, familie
     appended to ``keys`` (one per use)."""
     targets = _cluster_scope(policy.subject_namespaces, policy.subject_pods, local=True)
     rules: list[MatchRule] = []
+    peer_chains: list[PeerChain] = []
     for i, rule in enumerate(policy.rules(direction)):
         origin = RuleOrigin(policy.name, direction, i, policy.tier, rule.action, rule.name)
         text = comment(f"{policy.name} {policy.tier} {direction} rule {i}" + (f" {rule.name}" if rule.name else "") + f" ({rule.action})")
         peers = [target for peer in rule.peers for target in _cluster_peer(peer)]
-        found, _ = rule_matches(direction, peers, _cluster_ports(rule), targets, families, _user(keys))
-        rules.extend(MatchRule(*match[:4], origin, text) for match in found)
+        found, chained = rule_matches(direction, peers, _cluster_ports(rule), targets, families, _user(keys), chain_peers=True)
+        peer_chain = hashed_name(TIER_CHAIN_PREFIX[policy.tier], policy.name, direction, str(i)) if chained else None
+        rules.extend(MatchRule(*match[:4], origin, text, peer_chain if match[4] else None) for match in found)
+        if peer_chain is not None:
+            peer_chains.append(PeerChain(peer_chain, tuple(MatchRule(f, peer_set, None, None, origin, text) for f, peer_set in chained)))
     return TierChain(tier_chain_name(policy, direction), policy.name, policy.tier, direction, tuple(rules),
-                     comment(f"{policy.name} {policy.tier} {direction}"))
+                     comment(f"{policy.name} {policy.tier} {direction}"), tuple(peer_chains))
 
 
 def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports: Sequence[PortMatch | NamedPort],

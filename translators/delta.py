@@ -13,8 +13,8 @@ from .model import family_of
 from .rules import AnyChain, Changes, Config, PeerChain, PodChain, PolicyChain, TierChain
 from .transaction import ChainRule, Elements, OurTable, SetName, Transaction
 
-# A chain of the delta: one of the model's, or a peer chain with the policy chain it belongs to.
-DeltaChain = AnyChain | tuple[PolicyChain, PeerChain]
+# A chain of the delta: one of the model's, or a peer chain with the policy or tier chain it belongs to.
+DeltaChain = AnyChain | tuple[PolicyChain | TierChain, PeerChain]
 
 
 def decided_chain(config: Config, chain: DeltaChain) -> layout.Chain:
@@ -29,12 +29,12 @@ def decided_chain(config: Config, chain: DeltaChain) -> layout.Chain:
 
 
 def _with_peer_chains(chains: dict[str, tuple[AnyChain | None, AnyChain | None]]) -> dict[str, tuple[DeltaChain | None, DeltaChain | None]]:
-    """``changes.chains`` with the peer chains of each changed policy chain that differ before
-    and after, each before the policy chain that jumps to it."""
+    """``changes.chains`` with the peer chains of each changed policy or tier chain that differ
+    before and after, each before the chain that jumps to it."""
     found: dict[str, tuple[DeltaChain | None, DeltaChain | None]] = {}
     for name, (before, after) in chains.items():
-        old = {p.name: (before, p) for p in before.peer_chains} if isinstance(before, PolicyChain) else {}
-        new = {p.name: (after, p) for p in after.peer_chains} if isinstance(after, PolicyChain) else {}
+        old = {p.name: (before, p) for p in before.peer_chains} if isinstance(before, (PolicyChain, TierChain)) else {}
+        new = {p.name: (after, p) for p in after.peer_chains} if isinstance(after, (PolicyChain, TierChain)) else {}
         for peers in old.keys() | new.keys():
             was, now = old.get(peers), new.get(peers)
             if was is None or now is None or was[1] != now[1]:
@@ -57,7 +57,7 @@ def delta_transaction(config: Config, changes: Changes) -> Transaction:
     (empty) chains; delete stale elements, then add new ones; flush and refill every changed
     chain and fill new ones; move the verdict-map dispatch of changed pod chains; flush, then
     delete removed chains (pod chains, then the policy and tier chains they jumped to, then the
-    peer chains of policy chains); delete removed sets. A changed policy chain's peer chains
+    peer chains of those); delete removed sets. A changed policy chain's peer chains
     change with it (only those that differ).
     """
     tx = Transaction(config.table, config.priority)

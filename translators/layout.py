@@ -338,33 +338,6 @@ def allow_rule(config: Config, chain: PolicyChain, allow: MatchRule) -> Rule:
                 allow.origin)
 
 
-def policy_chain(config: Config, chain: PolicyChain) -> Chain:
-    """``KUBE-NWPLCY-<hash>`` of one policy and direction; no rules: it allows nothing. A match
-    whose peers are a peer chain's (:attr:`~nftpolicy.translators.rules.MatchRule.peer_chain`)
-    is its port match and a jump there; after the last jump of a rule, a packet its peer chain
-    allowed (marked) returns, as an allow rule's return would (the first allow ends the walk)."""
-    rules: list[Rule] = []
-    for i, allow in enumerate(chain.rules):
-        if allow.peer_chain is None:
-            rules.append(allow_rule(config, chain, allow))
-            continue
-        rules.append(Rule((*peer_and_port(chain.direction, allow), Jump(allow.peer_chain)), allow.comment, allow.origin))
-        if i + 1 == len(chain.rules) or chain.rules[i + 1].peer_chain != allow.peer_chain:
-            rules.append(Rule((Marked(config.policy_mark), VerdictStatement("return")), f"{allow.comment} allowed"))
-    return Chain(chain.name, tuple(rules))
-
-
-def peer_chain(config: Config, chain: PolicyChain, peers: PeerChain) -> Chain:
-    """The peer chain of one rule of ``chain``: an allow rule (:func:`allow_rule`) per peer set."""
-    return Chain(peers.name, tuple(allow_rule(config, chain, allow) for allow in peers.rules))
-
-
-def policy_chains(config: Config, chain: PolicyChain) -> list[Chain]:
-    """The layout chains of one policy chain of the model: its peer chains, then itself (which
-    jumps to them)."""
-    return [*(peer_chain(config, chain, peers) for peers in chain.peer_chains), policy_chain(config, chain)]
-
-
 def log_prefix(direction: str, pod: str) -> str:
     """The NFLOG prefix of a packet rejected for ``direction`` (``ingress``/``egress``) of pod
     ``pod`` (``namespace/name``): ``nftpolicy reject ingress shop/api-0: ``. The direction comes
@@ -426,16 +399,61 @@ def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     return [log, *refusal("drop", matches, text, origin)]
 
 
-def counted_origins(config: Config, chain: TierChain) -> tuple[RuleOrigin, ...]:
-    """The origins of the rules of ``chain``'s layout that hold a :class:`CounterStatement`, in chain
-    order (its ``Deny`` drops): the k-th counter the kernel lists in that chain is the k-th."""
-    return tuple(r.origin for r in tier_chain(config, chain).rules if r.origin is not None and CounterStatement() in r.statements)
+def counted_origins(laid: Chain) -> tuple[RuleOrigin, ...]:
+    """The origins of the rules of ``laid`` (a tier chain's or its peer chain's layout) that hold
+    a :class:`CounterStatement`, in chain order (its ``Deny`` drops): the k-th counter the kernel
+    lists in that chain is the k-th."""
+    return tuple(r.origin for r in laid.rules if r.origin is not None and CounterStatement() in r.statements)
+
+
+def match_rules(config: Config, chain: PolicyChain | TierChain, rule: MatchRule) -> list[Rule]:
+    """The layout rules of one match of a policy chain (:func:`allow_rule`) or tier chain
+    (:func:`tier_rule`)."""
+    return [allow_rule(config, chain, rule)] if isinstance(chain, PolicyChain) else tier_rule(config, chain, rule)
+
+
+def chain_rules(config: Config, chain: PolicyChain | TierChain) -> list[tuple[Rule, MatchRule | None]]:
+    """The layout rules of a policy or tier chain, each with the model rule it was made from
+    (None: a peer chain's return). A match whose peers are a peer chain's
+    (:attr:`~nftpolicy.translators.rules.MatchRule.peer_chain`) is its port match and a jump
+    there; after the last jump of a rule, a packet its peer chain allowed (the policy mark) or
+    passed (the pass mark) returns, as the rule's own return would (the first match decides; a
+    ``Deny`` drops in the peer chain)."""
+    laid: list[tuple[Rule, MatchRule | None]] = []
+    for i, rule in enumerate(chain.rules):
+        if rule.peer_chain is None:
+            laid += [(r, rule) for r in match_rules(config, chain, rule)]
+            continue
+        laid.append((Rule((*peer_and_port(chain.direction, rule), Jump(rule.peer_chain)), rule.comment, rule.origin), rule))
+        last = i + 1 == len(chain.rules) or chain.rules[i + 1].peer_chain != rule.peer_chain
+        mark = {"Accept": config.policy_mark, "Pass": config.pass_mark}.get(rule.origin.action)
+        if last and mark is not None:
+            laid.append((Rule((Marked(mark), VerdictStatement("return")), f"{rule.comment} decided"), None))
+    return laid
+
+
+def policy_chain(config: Config, chain: PolicyChain) -> Chain:
+    """``KUBE-NWPLCY-<hash>`` of one policy and direction (:func:`chain_rules`); no rules: it
+    allows nothing."""
+    return Chain(chain.name, tuple(r for r, _ in chain_rules(config, chain)))
 
 
 def tier_chain(config: Config, chain: TierChain) -> Chain:
     """``KUBE-ANP-<hash>`` / ``KUBE-BANP-<hash>`` of one ClusterNetworkPolicy and direction:
-    its matches in the order the policy writes its rules (the first match decides)."""
-    return Chain(chain.name, tuple(r for rule in chain.rules for r in tier_rule(config, chain, rule)))
+    its matches in the order the policy writes its rules (:func:`chain_rules`)."""
+    return Chain(chain.name, tuple(r for r, _ in chain_rules(config, chain)))
+
+
+def peer_chain(config: Config, chain: PolicyChain | TierChain, peers: PeerChain) -> Chain:
+    """The peer chain of one rule of a policy or tier chain: :func:`match_rules` of each peer set."""
+    return Chain(peers.name, tuple(r for rule in peers.rules for r in match_rules(config, chain, rule)))
+
+
+def laid_chains(config: Config, chain: PolicyChain | TierChain) -> list[Chain]:
+    """The layout chains of one policy or tier chain of the model: its peer chains, then itself
+    (which jumps to them)."""
+    own = policy_chain(config, chain) if isinstance(chain, PolicyChain) else tier_chain(config, chain)
+    return [*(peer_chain(config, chain, peers) for peers in chain.peer_chains), own]
 
 
 def pod_chain(config: Config, pod: PodChain) -> Chain:
@@ -585,8 +603,8 @@ def table(model: RuleModel) -> Table:
     """The whole table of ``model``, in dependency order."""
     c = model.config
     chains = [common_chain(), default_chain(c)]
-    chains += [laid for chain in model.policy_chains for laid in policy_chains(c, chain)]
-    chains += [tier_chain(c, chain) for chain in model.tier_chains]
+    chains += [laid for chain in model.policy_chains for laid in laid_chains(c, chain)]
+    chains += [laid for chain in model.tier_chains for laid in laid_chains(c, chain)]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
     chains += base_chains(c)
     return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains),

@@ -143,10 +143,12 @@ class MatchRule:
 
 @dataclass(frozen=True)
 class PeerChain:
-    """``KUBE-NWPLCY-<hash>`` of one rule of a policy (the hash of the policy's namespace, name,
-    direction and rule index) that has several peer sets and several ports: the port matches of
-    the rule jump here, and each of ``rules`` (a peer set of one family, no port) sets the policy
-    mark and returns."""
+    """The chain of one rule of a policy that has several peer sets and several ports: the port
+    matches of the rule jump here, and each of ``rules`` (a peer set of one family, no port)
+    does the rule's action (a NetworkPolicy rule: set the policy mark and return).
+    ``KUBE-NWPLCY-<hash>`` of a NetworkPolicy's rule (the hash of the policy's namespace, name,
+    direction and rule index), ``KUBE-ANP-<hash>`` or ``KUBE-BANP-<hash>`` of a
+    ClusterNetworkPolicy's (its name, direction and rule index)."""
 
     name: str
     rules: tuple[MatchRule, ...]
@@ -168,7 +170,8 @@ class PolicyChain:
 @dataclass(frozen=True)
 class TierChain:
     """``KUBE-ANP-<hash>`` (Admin tier) or ``KUBE-BANP-<hash>`` (Baseline tier) for one
-    ClusterNetworkPolicy and one direction: its rules in precedence order."""
+    ClusterNetworkPolicy and one direction: its rules in precedence order; ``peer_chains`` as a
+    :class:`PolicyChain`'s."""
 
     name: str
     policy: str
@@ -176,6 +179,7 @@ class TierChain:
     direction: Direction
     rules: tuple[MatchRule, ...]
     comment: str
+    peer_chains: tuple[PeerChain, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -243,10 +247,11 @@ def owner_of(chain: AnyChain) -> ChainOwner:
 
 def chain_owners(model: RuleModel) -> dict[str, ChainOwner]:
     """Chain name -> :class:`ChainOwner` for every policy, tier and pod chain of ``model``, and
-    every peer chain of a policy chain (its policy's owner)."""
+    every peer chain of a policy or tier chain (its policy's owner)."""
     chains: list[AnyChain] = [*model.policy_chains, *model.tier_chains, *model.pod_chains]
     owners = {c.name: owner_of(c) for c in chains}
-    owners.update((peers.name, owner_of(c)) for c in model.policy_chains for peers in c.peer_chains)
+    ruled: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains]
+    owners.update((peers.name, owner_of(c)) for c in ruled for peers in c.peer_chains)
     return owners
 
 

@@ -148,11 +148,11 @@ class _Node:
         self.pod_chains = {chain.name: chain for chain in model.pod_chains}
         self.sets = {s.name: s for s in model.sets}
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
-        self.peer_chains: dict[str, tuple[PolicyChain, PeerChain]] = {p.name: (c, p) for c in model.policy_chains for p in c.peer_chains}
+        chains: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains]
+        self.peer_chains: dict[str, tuple[PolicyChain | TierChain, PeerChain]] = {p.name: (c, p) for c in chains for p in c.peer_chains}
         self._made_from: dict[str, list[MatchRule | None]] = {
-            **{c.name: _aligned(c.rules, self.walker.chains[c.name].rules) for c in model.policy_chains},
-            **{p.name: list(p.rules) for c in model.policy_chains for p in c.peer_chains},  # layout.allow_rule: one rule each
-            **{c.name: [r for r in c.rules for _ in layout.tier_rule(model.config, c, r)] for c in model.tier_chains}}
+            **{c.name: [made for _, made in layout.chain_rules(model.config, c)] for c in chains},
+            **{p.name: [r for r in p.rules for _ in layout.match_rules(model.config, c, r)] for c, p in self.peer_chains.values()}}
 
     def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, MatchRule]:
         """The policy or tier chain of the model and the rule of it that the layout rule of
@@ -289,13 +289,6 @@ class Enforcement:
             return side
         summaries = tuple(s for t in targets for s in _summaries(index, t, [r for r in t.rules if r.family in (None, conn.family)]))
         return dataclasses.replace(side, allowed=False, rules=summaries)
-
-
-def _aligned(rules: Sequence[MatchRule], laid: Sequence[layout.Rule]) -> list[MatchRule | None]:
-    """The model rule of each rule of a policy chain's layout (:func:`layout.policy_chain`: one
-    rule with an origin per model rule, in order; None for the others)."""
-    made = iter(rules)
-    return [next(made) if r.origin is not None else None for r in laid]
 
 
 def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, MatchRule] | None:
@@ -544,7 +537,9 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
                                       "peer_chains": tuple(PeerChain(p["name"], tuple(map(_match_rule, p["rules"]))) for p in c["peer_chains"])})
                        for c in m["policy_chains"])
         pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
-        tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m.get("tier_chains") or ())
+        tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"])),
+                                   "peer_chains": tuple(PeerChain(p["name"], tuple(map(_match_rule, p["rules"]))) for p in c["peer_chains"])})
+                      for c in m.get("tier_chains") or ())
         models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
     endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
     return Enforcement(models, endpoints, data.get("node_addresses") or {}, learned)
