@@ -272,7 +272,7 @@ def main() -> int:
                     rules = f"{figures['rules']:>7} {figures['elements']:>8}" if err is None else f"{str(err)[:16]:>16}"
                     agent = (f"{figures['sync_ms']:>8.1f} {figures['peak_growth_mib']:>9.1f} {figures['rss_growth_mib']:>8.1f} "
                              f"{figures['full_sync_ms']:>8.0f}"
-                             if "sync_ms" in figures else f"{str(figures.get('agent_error', '-'))[:26]:>26}")
+                             + ("" if figures["committed"] else "  NOT COMMITTED") if "sync_ms" in figures else f"{str(figures.get('agent_error', '-'))[:26]:>26}")
                     print(f"{shape:<18} {size:>6} {nbytes:>8} {name:<6} {rules} {figures['render_s']:>8.2f} {figures['render_rss_mib']:>10.1f} {agent}",
                           flush=True)
     finally:

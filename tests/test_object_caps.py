@@ -55,7 +55,7 @@ def test_the_count_bounds_what_the_chain_builders_emit(obj):
         layout.COMMON_CHAIN, layout.DEFAULT_CHAIN))
     networks = sum(len(s.elements) for s in model.sets if s.kind == "interval")
     cost = policy_cost(policy_from(obj))
-    assert emitted <= cost.rules <= 2 * emitted + 2 and networks <= cost.elements
+    assert emitted <= cost.rules and networks <= cost.elements  # an upper bound (of the iptables variant too: a rule per port)
 
 
 def test_peers_and_ports_count_as_a_sum_and_egress_named_ports_as_the_product_they_are():

@@ -98,6 +98,15 @@ class DestinationPorts:
 
 
 @dataclass(frozen=True)
+class DestinationPortSet:
+    """The destination port is in one of ``ranges`` (inclusive ``(first, last)``, disjoint and
+    sorted; after a :class:`Protocols`): nft's anonymous set, the iptables variant's rule per
+    range."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class ConntrackState:
     """The connection's conntrack state is one of ``states`` (``invalid``, ``established``, ...)."""
 
@@ -219,7 +228,7 @@ class SetTrace:
     ``nft monitor trace`` listeners (only in the chains :func:`trace_chains` adds for a trace)."""
 
 
-Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
+Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, DestinationPortSet, ConntrackState, IcmpTypes,
                   LocalAddress, Unmarked, Marked, Limit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log, Reject, VerdictStatement,
                   Jump, Dispatch, SetTrace]
 
@@ -412,24 +421,58 @@ def match_rules(config: Config, chain: PolicyChain | TierChain, rule: MatchRule)
     return [allow_rule(config, chain, rule)] if isinstance(chain, PolicyChain) else tier_rule(config, chain, rule)
 
 
-def chain_rules(config: Config, chain: PolicyChain | TierChain) -> list[tuple[Rule, MatchRule | None]]:
-    """The layout rules of a policy or tier chain, each with the model rule it was made from
-    (None: a peer chain's return). A match whose peers are a peer chain's
+def chain_rules(config: Config, chain: PolicyChain | TierChain) -> list[tuple[Rule, tuple[MatchRule, ...]]]:
+    """The layout rules of a policy or tier chain, each with the model rules it was made from
+    (none: a peer chain's return). A match whose peers are a peer chain's
     (:attr:`~nftpolicy.translators.rules.MatchRule.peer_chain`) is its port match and a jump
-    there; after the last jump of a rule, a packet its peer chain allowed (the policy mark) or
-    passed (the pass mark) returns, as the rule's own return would (the first match decides; a
-    ``Deny`` drops in the peer chain)."""
-    laid: list[tuple[Rule, MatchRule | None]] = []
-    for i, rule in enumerate(chain.rules):
+    there, the numbered ports of one protocol in a row one rule with a port set
+    (:func:`port_jump`); after the last jump of a rule, a packet its peer chain allowed (the
+    policy mark) or passed (the pass mark) returns, as the rule's own return would (the first
+    match decides; a ``Deny`` drops in the peer chain)."""
+    laid: list[tuple[Rule, tuple[MatchRule, ...]]] = []
+    rules, i = chain.rules, 0
+    while i < len(rules):
+        rule = rules[i]
         if rule.peer_chain is None:
-            laid += [(r, rule) for r in match_rules(config, chain, rule)]
+            laid += [(r, (rule,)) for r in match_rules(config, chain, rule)]
+            i += 1
             continue
-        laid.append((Rule((*peer_and_port(chain.direction, rule), Jump(rule.peer_chain)), rule.comment, rule.origin), rule))
-        last = i + 1 == len(chain.rules) or chain.rules[i + 1].peer_chain != rule.peer_chain
+        group = [rule]
+        while i + len(group) < len(rules) and _same_port_set(rule, rules[i + len(group)]):
+            group.append(rules[i + len(group)])
+        i += len(group)
+        laid.append((port_jump(chain.direction, group), tuple(group)))
         mark = {"Accept": config.policy_mark, "Pass": config.pass_mark}.get(rule.origin.action)
-        if last and mark is not None:
-            laid.append((Rule((Marked(mark), VerdictStatement("return")), f"{rule.comment} decided"), None))
+        if (i == len(rules) or rules[i].peer_chain != rule.peer_chain) and mark is not None:
+            laid.append((Rule((Marked(mark), VerdictStatement("return")), f"{rule.comment} decided"), ()))
     return laid
+
+
+def _same_port_set(first: MatchRule, other: MatchRule) -> bool:
+    """``other`` joins ``first``'s port set: numbered ports of one protocol jumping to one peer chain."""
+    return (first.peer_chain == other.peer_chain and first.named_port_set is None and other.named_port_set is None
+            and first.port is not None and other.port is not None and first.port.first is not None and other.port.first is not None
+            and first.port.protocol == other.port.protocol)
+
+
+def port_jump(direction: Direction, group: Sequence[MatchRule]) -> Rule:
+    """The jump of a rule's port matches to its peer chain: one match as :func:`peer_and_port`
+    gives it, or numbered ports of one protocol as one port set (their ranges merged: nft refuses
+    overlapping intervals in a set)."""
+    first = group[0]
+    assert first.peer_chain is not None
+    if len(group) == 1:
+        return Rule((*peer_and_port(direction, first), Jump(first.peer_chain)), first.comment, first.origin)
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted((r.port.first, r.port.last if r.port.last is not None else r.port.first) for r in group
+                            if r.port is not None and r.port.first is not None):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    assert first.port is not None
+    return Rule((Protocols((first.port.protocol.lower(),)), DestinationPortSet(tuple(merged)), Jump(first.peer_chain)), first.comment,
+                first.origin)
 
 
 def policy_chain(config: Config, chain: PolicyChain) -> Chain:

@@ -150,17 +150,16 @@ class _Node:
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
         chains: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains]
         self.peer_chains: dict[str, tuple[PolicyChain | TierChain, PeerChain]] = {p.name: (c, p) for c in chains for p in c.peer_chains}
-        self._made_from: dict[str, list[MatchRule | None]] = {
+        self._made_from: dict[str, list[tuple[MatchRule, ...]]] = {
             **{c.name: [made for _, made in layout.chain_rules(model.config, c)] for c in chains},
-            **{p.name: [r for r in p.rules for _ in layout.match_rules(model.config, c, r)] for c, p in self.peer_chains.values()}}
+            **{p.name: [(r,) for r in p.rules for _ in layout.match_rules(model.config, c, r)] for c, p in self.peer_chains.values()}}
 
-    def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, MatchRule]:
-        """The policy or tier chain of the model and the rule of it that the layout rule of
-        ``step`` (a rule with an origin of a policy, peer or tier chain) was made from."""
+    def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, tuple[MatchRule, ...]]:
+        """The policy or tier chain of the model and the rules of it that the layout rule of
+        ``step`` (a rule with an origin of a policy, peer or tier chain) was made from (several:
+        the ports of a port set)."""
         chain = self.policy_chains.get(step.chain) or self.tier_chains.get(step.chain) or self.peer_chains[step.chain][0]
-        rule = self._made_from[step.chain][step.position]
-        assert rule is not None
-        return chain, rule
+        return chain, self._made_from[step.chain][step.position]
 
     def jumps(self, pod_chain: str) -> tuple[str, ...]:
         """The chains that pod chain ``pod_chain`` jumps to (its tier chains, policy chains or
@@ -272,7 +271,7 @@ class Enforcement:
             return dataclasses.replace(side, exemption=_exemption(ended.rule, index.model.config))
         if not walk.allowed and walk.ended_by is not None:
             side = dataclasses.replace(side, refusal=_refusal(walk.ended_by.rule))
-        decided = _deciding_rule(index, walk)
+        decided = _deciding_rule(index, walk, conn.port)
         if decided is not None:
             chain, rule = decided
             summary = _summaries(index, chain, [rule])[0]
@@ -291,11 +290,12 @@ class Enforcement:
         return dataclasses.replace(side, allowed=False, rules=summaries)
 
 
-def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, MatchRule] | None:
+def _deciding_rule(index: _Node, walk: Walk, port: int | None) -> tuple[PolicyChain | TierChain, MatchRule] | None:
     """The policy or tier rule that decided a walk: the last rule with an origin (a policy
     rule) that fired, a ``Pass`` aside (it only ends its tier) and a jump to a peer chain (it
     decides nothing); None when none fired, or ``KUBE-NWPLCY-DEFAULT`` after it. A peer chain's
-    rule is given with the port of the match that jumped to it."""
+    rule is given with the port (of the match that jumped to it) that the connection's ``port``
+    is in."""
     fired = walk.fired()
     for at in range(len(fired) - 1, -1, -1):
         step = fired[at]
@@ -303,9 +303,11 @@ def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, M
             return None
         if step.rule.origin is None or step.rule.origin.action == "Pass" or any(isinstance(s, layout.Jump) for s in step.rule.statements):
             continue
-        chain, rule = index.made_from(step)
+        chain, (rule,) = index.made_from(step)
         if step.chain in index.peer_chains:
-            jumped = next(index.made_from(s)[1] for s in reversed(fired[:at]) if layout.Jump(step.chain) in s.rule.statements)
+            ports = next(index.made_from(s)[1] for s in reversed(fired[:at]) if layout.Jump(step.chain) in s.rule.statements)
+            jumped = next((r for r in ports if r.port is None or r.port.first is None or r.port.last is None
+                           or (port is not None and r.port.first <= port <= r.port.last)), ports[0])
             rule = dataclasses.replace(jumped, family=rule.family, peer_set=rule.peer_set, peer_chain=None)
         return chain, rule
     return None
