@@ -92,7 +92,8 @@ def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tu
         if peer_chain is not None:
             peer_chains.append(PeerChain(peer_chain, tuple(MatchRule(f, peer_set, None, None, origin, text) for f, peer_set in chained)))
     name = hashed_name("KUBE-NWPLCY-", policy.namespace, policy.name, direction)
-    return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"), tuple(peer_chains))
+    return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"), tuple(peer_chains),
+                       policy.fail_closed)
 
 
 POD_CHAIN_PREFIX: dict[Direction, str] = {"ingress": "KUBE-POD-IN-", "egress": "KUBE-POD-EG-"}  # as long as kube-router's KUBE-POD-FW-
@@ -147,7 +148,7 @@ def build_tier_chain(policy: ClusterNetworkPolicy, direction: Direction, familie
         if peer_chain is not None:
             peer_chains.append(PeerChain(peer_chain, tuple(MatchRule(f, peer_set, None, None, origin, text) for f, peer_set in chained)))
     return TierChain(tier_chain_name(policy, direction), policy.name, policy.tier, direction, tuple(rules),
-                     comment(f"{policy.name} {policy.tier} {direction}"), tuple(peer_chains))
+                     comment(f"{policy.name} {policy.tier} {direction}"), tuple(peer_chains), policy.fail_closed)
 
 
 def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports: Sequence[PortMatch | NamedPort],

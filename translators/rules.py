@@ -157,7 +157,8 @@ class PeerChain:
 @dataclass(frozen=True)
 class PolicyChain:
     """``KUBE-NWPLCY-<hash>`` for one policy and one direction; no rules means deny all.
-    ``peer_chains``: the chains its rules' port matches jump to (:attr:`MatchRule.peer_chain`)."""
+    ``peer_chains``: the chains its rules' port matches jump to (:attr:`MatchRule.peer_chain`).
+    ``fail_closed``: why the policy is enforced fail-closed (:attr:`NetworkPolicy.fail_closed`)."""
 
     name: str
     policy: str
@@ -165,13 +166,15 @@ class PolicyChain:
     rules: tuple[MatchRule, ...]
     comment: str
     peer_chains: tuple[PeerChain, ...] = ()
+    fail_closed: str | None = None
 
 
 @dataclass(frozen=True)
 class TierChain:
     """``KUBE-ANP-<hash>`` (Admin tier) or ``KUBE-BANP-<hash>`` (Baseline tier) for one
     ClusterNetworkPolicy and one direction: its rules in precedence order; ``peer_chains`` as a
-    :class:`PolicyChain`'s."""
+    :class:`PolicyChain`'s. ``fail_closed``: why its rules were failed closed
+    (:attr:`ClusterNetworkPolicy.fail_closed`)."""
 
     name: str
     policy: str
@@ -180,6 +183,7 @@ class TierChain:
     rules: tuple[MatchRule, ...]
     comment: str
     peer_chains: tuple[PeerChain, ...] = ()
+    fail_closed: str | None = None
 
 
 @dataclass(frozen=True)
