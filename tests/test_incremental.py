@@ -45,6 +45,12 @@ def _extra_policies() -> dict:
             {"to": [{"namespaceSelector": {"matchLabels": {"team": "shop"}}}], "ports": [{"port": "metrics"}, {"port": "http"}]},
             {"to": [{"ipBlock": {"cidr": "10.244.0.0/16", "except": ["10.244.2.0/24"]}}], "ports": [{"port": "metrics"}]},
             {"ports": [{"port": "dns", "protocol": "UDP"}]}]}),
+        netpol("shop", "peers-by-ports", {"podSelector": {"matchLabels": {"app": "api"}}, "ingress": [  # a peer chain
+            {"from": [ops, {"podSelector": {"matchLabels": {"app": "web"}}}, {"ipBlock": {"cidr": "10.244.2.0/24"}}],
+             "ports": [{"port": 8080}, {"port": 9000, "endPort": 9010}, {"port": "http"}]}]}),
+        netpol("ops", "to-peers-by-ports", {"podSelector": {}, "policyTypes": ["Egress"], "egress": [
+            {"to": [{"namespaceSelector": {"matchLabels": {"team": "shop"}}, "podSelector": {"matchLabels": {"app": "db"}}}, ops],
+             "ports": [{"port": 5432}, {"protocol": "UDP"}, {"port": "metrics"}]}]}),
         netpol("shop", "cidr", {"podSelector": {"matchLabels": {"app": "api"}}, "ingress": [
             {"from": [{"ipBlock": {"cidr": "10.244.0.0/16", "except": ["10.244.1.0/24"]}}, {"ipBlock": {"cidr": "10.244.1.12/32"}}]}]}),
     ]
@@ -70,6 +76,11 @@ def _cluster_policies() -> dict:
         cnp("default-deny", "Baseline", 100, {"namespaces": {}}, ingress=[{"action": "Deny", "from": [{"namespaces": {}}]}], egress=[
             {"action": "Accept", "to": [{"pods": {"podSelector": {"matchLabels": {"app": "api"}}}}], "protocols": [{"destinationNamedPort": "http"}]},
             {"action": "Pass", "to": [{"namespaces": ops}]}]),
+        cnp("peers-by-ports", "Admin", 20, {"namespaces": {}}, ingress=[  # peer chains, one of each action
+            {"action": action, "from": [{"namespaces": ops}, {"pods": {"namespaceSelector": shop, "podSelector": {"matchLabels": {"app": app}}}}],
+             "protocols": [{"tcp": {"destinationPort": {"number": port}}}, {"udp": {"destinationPort": {"range": {"start": port, "end": port + 9}}}},
+                           {"destinationNamedPort": "metrics"}]}
+            for action, app, port in (("Deny", "web", 7000), ("Pass", "api", 7100), ("Accept", "db", 7200))]),
     ]
     cluster, errors = build_cluster(objects)
     assert not errors, errors
@@ -214,8 +225,10 @@ def test_a_shared_set_goes_with_its_last_user():
     renderer.take_changes()
     model = renderer.model()
     (shared,) = [s.name for s in model.sets if s.comment == "pods in namespaces team=ops: (any)"]
-    users = sorted({("NetworkPolicy", c.policy) for c in model.policy_chains for r in c.rules if r.peer_set == shared}
-                   | {("ClusterNetworkPolicy", c.policy) for c in model.tier_chains for r in c.rules if r.peer_set == shared})
+    users = sorted({("NetworkPolicy", c.policy) for c in model.policy_chains
+                    for r in (*c.rules, *(p for peers in c.peer_chains for p in peers.rules)) if r.peer_set == shared}
+                   | {("ClusterNetworkPolicy", c.policy) for c in model.tier_chains
+                      for r in (*c.rules, *(p for peers in c.peer_chains for p in peers.rules)) if r.peer_set == shared})
     assert len(users) >= 3 and {kind for kind, _ in users} == {"NetworkPolicy", "ClusterNetworkPolicy"}
     for kind, key in users[:-1]:
         renderer.apply(kind, key, None)

@@ -1124,3 +1124,66 @@ def test_egress_rules_with_only_named_ports_make_no_address_sets():
     assert [s.kind for s in m.sets] == ["named_port"]
     assert set_named(m, policy_chain(m, "x/p", "egress").rules[0].named_port_set).elements == (("10.0.0.9", "tcp", 5432),)
 
+
+
+# --------------------------------------------------------------------------- peers + ports, never peers x ports
+
+
+def _peers_by_ports(peers: int, ports: int) -> RuleModel:
+    """A policy whose one ingress rule names ``peers`` podSelector peers and ``ports`` ports."""
+    objects = [namespace("x"), pod("x/db", "10.0.0.1", app="db")]
+    objects += [pod(f"x/p{i}", f"10.0.1.{i}", app=f"p{i}") for i in range(peers)]
+    objects.append(netpol("x/p", labels(app="db"), ingress=[{"from": [{"podSelector": labels(app=f"p{i}")} for i in range(peers)],
+                                                             "ports": [{"port": 1000 + i} for i in range(ports)]}]))
+    return model_of(*objects)
+
+
+def test_a_rule_of_several_peers_and_ports_costs_peers_plus_ports_rules():
+    from nftpolicy.translators import layout
+
+    m = _peers_by_ports(30, 40)
+    chain = policy_chain(m, "x/p", "ingress")
+    (peers,) = chain.peer_chains
+    assert [r.port.first for r in chain.rules] == list(range(1000, 1040))
+    assert {r.peer_chain for r in chain.rules} == {peers.name} and all(r.peer_set is None for r in chain.rules)
+    assert len(peers.rules) == 30 and all(r.port is None and r.peer_set for r in peers.rules)
+    assert peers.name.startswith("KUBE-NWPLCY-") and peers.name != chain.name
+    laid = {c.name: c for c in layout.table(m).chains}
+    jump, done = laid[chain.name].rules  # the 40 ports as one port set, and the "decided" return
+    assert layout.DestinationPortSet(((1000, 1039),)) in jump.statements and layout.Jump(peers.name) in jump.statements
+    assert len(laid[peers.name].rules) == 30
+    assert model_allows(m, "10.0.1.7", "10.0.0.1", port=1039) and model_allows(m, "10.0.1.29", "10.0.0.1", port=1000)
+    assert not model_allows(m, "10.0.1.7", "10.0.0.1", port=1040) and not model_allows(m, "10.0.0.9", "10.0.0.1", port=1000)
+
+
+def test_explain_names_the_peer_and_the_port_of_a_peer_chain():
+    m = _peers_by_ports(3, 3)
+    verdict = Enforcement({None: m}).verdict(Connection("10.0.1.2", "10.0.0.1", "TCP", 1001))
+    assert verdict.allowed is True
+    assert verdict.ingress.allowed_by.peers == ("pods in x: app=p2",) and verdict.ingress.allowed_by.ports == ("TCP/1001",)
+    denied = Enforcement({None: m}).verdict(Connection("10.0.0.9", "10.0.0.1", "TCP", 1001))
+    (rule,) = denied.ingress.rules
+    assert rule.peers == ("pods in x: app=p0", "pods in x: app=p1", "pods in x: app=p2") and rule.ports == ("TCP/1000", "TCP/1001", "TCP/1002")
+
+
+def test_a_rule_of_one_peer_or_one_port_stays_one_match_each():
+    for peers, ports in ((1, 5), (5, 1)):
+        chain = policy_chain(_peers_by_ports(peers, ports), "x/p", "ingress")
+        assert not chain.peer_chains and len(chain.rules) == 5 and all(r.peer_set for r in chain.rules)
+
+
+def test_a_port_set_merges_overlapping_ranges_and_explain_names_the_port_that_matched():
+    from nftpolicy.translators import layout
+
+    objects = [namespace("x"), pod("x/db", "10.0.0.1", app="db"), pod("x/a", "10.0.1.1", app="a"), pod("x/b", "10.0.1.2", app="b")]
+    objects.append(netpol("x/p", labels(app="db"), ingress=[{"from": [{"podSelector": labels(app="a")}, {"podSelector": labels(app="b")}],
+                                                             "ports": [{"port": 10, "endPort": 20}, {"port": 15, "endPort": 30}, {"port": 31},
+                                                                       {"port": 50}, {"port": 53, "protocol": "UDP"}]}]))
+    m = model_of(*objects)
+    chain = policy_chain(m, "x/p", "ingress")
+    tcp, udp, _ = {c.name: c for c in layout.table(m).chains}[chain.name].rules
+    assert layout.DestinationPortSet(((10, 31), (50, 50))) in tcp.statements and layout.Protocols(("udp",)) in udp.statements
+    verdict = Enforcement({None: m}).verdict(Connection("10.0.1.2", "10.0.0.1", "TCP", 25))
+    assert verdict.allowed is True and verdict.ingress.allowed_by.ports in (("TCP/10-20",), ("TCP/15-30",))
+    assert Enforcement({None: m}).verdict(Connection("10.0.1.2", "10.0.0.1", "TCP", 50)).ingress.allowed_by.ports == ("TCP/50",)
+    assert not model_allows(m, "10.0.1.2", "10.0.0.1", port=40) and model_allows(m, "10.0.1.1", "10.0.0.1", "UDP", 53)

@@ -123,7 +123,7 @@ def test_a_deny_is_logged_once_then_counted_on_its_drop_and_named_from_its_origi
     counted = renderer.chain_owners()[tier.name].counted
     assert [(o.tier, o.policy, o.direction, o.index, o.name) for o in counted] == [
         ("Admin", "p", "ingress", 1, ""), ("Admin", "p", "ingress", 2, "rest")]
-    assert counted == layout.counted_origins(CONFIG, tier)
+    assert counted == layout.counted_origins(layout.tier_chain(CONFIG, tier))
 
 
 def test_a_deny_prefix_keeps_within_the_kernel_limit_for_the_longest_name():
@@ -255,3 +255,32 @@ def test_the_pass_mark_is_a_setting(tmp_path, capsys):
     hex_numbers = re.compile(r"0x[0-9a-f]{8}")
     assert hex_numbers.sub("0x", moved) == hex_numbers.sub("0x", default)
     assert [int(m, 16) for m in hex_numbers.findall(moved)] == [swapped(int(d, 16)) for d in hex_numbers.findall(default)]
+
+
+def test_a_tier_rule_of_several_peers_and_ports_jumps_to_its_peer_chain():
+    """25 peers x 25 ports of a Deny rule: one jump from the 25 ports' set and 25 peers' log and
+    drop, not 625 of each; an Accept rule's chain returns once its peer chain set the policy mark."""
+    from nftpolicy.translators.manifests import build_cluster
+    from nftpolicy.translators.noderender import build_rule_model
+
+    def cnp(action: str) -> dict:
+        return {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": action.lower()},
+                "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {}}, "ingress": [
+                    {"action": action, "from": [{"namespaces": {"matchLabels": {"p": str(i)}}} for i in range(25)],
+                     "protocols": [{"tcp": {"destinationPort": {"number": 1000 + i}}} for i in range(25)]}]}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "x", "name": "a"}, "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+           "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.1"}]}}
+    cluster, errors = build_cluster([("t", cnp("Deny")), ("t", cnp("Accept")), ("t", pod)])
+    assert not errors
+    m = build_rule_model(cluster, None, CONFIG)
+    chains = {c.name: c for c in layout.table(m).chains}
+    for tier in m.tier_chains:
+        (peers,) = tier.peer_chains
+        own, peer = chains[tier.name].rules, chains[peers.name].rules
+        if tier.policy == "deny":
+            assert len(own) == 1 and len(peer) == 2 * 25  # NFLOG and the counted drop of each peer set
+            assert layout.DestinationPortSet(((1000, 1024),)) in own[0].statements
+            assert len(layout.counted_origins(chains[peers.name])) == 25
+        else:
+            assert len(own) == 1 + 1 and own[-1].statements == (layout.Marked(CONFIG.policy_mark), layout.VerdictStatement("return"))
+            assert len(peer) == 25

@@ -77,7 +77,7 @@ def network_policy(draw: Any, i: int) -> dict[str, Any]:
                             {"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.1.0/24"]}}])
     port = st.sampled_from([{"port": 80}, {"protocol": "UDP", "port": 50, "endPort": 54}, {"port": "web"}])
     rule = st.builds(lambda peers, ports: {k: v for k, v in (("peers", peers), ("ports", ports)) if v},
-                     st.lists(peer, max_size=2), st.lists(port, max_size=1))
+                     st.lists(peer, max_size=2), st.lists(port, max_size=2))
     types = draw(st.sampled_from([["Ingress"], ["Egress"], ["Ingress", "Egress"]]))
     spec: dict[str, Any] = {"podSelector": draw(POD_SELECTOR), "policyTypes": types}
     for t in types:

@@ -356,3 +356,19 @@ def test_a_rule_that_matched_a_learned_address_names_the_dns_name_that_taught_it
     assert "partner" in taught[0]
     other = listed_rules(listing, model, learned, Connection(source, "203.0.113.8", "TCP", 443))
     assert not any(listed.taught for listed in other.values())  # an address nobody's answer taught
+
+
+def test_a_peer_chain_rule_names_its_rule_and_the_peer_that_matched():
+    """A rule of several peers and ports: its port match says it goes on to the peers, and the
+    peer chain's rule names the policy rule and what its peer set selects (from the model)."""
+    from nftpolicy.translators import layout
+    from nftpolicy.agent.cli.commands.trace import listed_rules, rule_text
+
+    from .test_rules import _peers_by_ports
+
+    model = _peers_by_ports(3, 3)
+    listing = [{"rule": {"chain": chain.name, "handle": 10 + i * 100 + j, "comment": rule.comment}}
+               for i, chain in enumerate(layout.table(model).chains) for j, rule in enumerate(chain.rules)]
+    words = {rule_text(listed) for listed in listed_rules(listing, model).values()}
+    assert "policy x/p ingress rule 0: a port of it, to its peers" in words
+    assert {f"policy x/p ingress rule 0 (allows pods in x: app=p{i})" for i in range(3)} <= words

@@ -7,7 +7,10 @@ What such a chain says depends only on the policy (and the address families in u
 :class:`~nftpolicy.translators.rules.MatchRule` per (peer, port) of each policy rule, whose peers
 name shared sets by key (:class:`~nftpolicy.translators.setstore.SetKey`). A peer is a
 :class:`~nftpolicy.translators.setstore.Scope` of pods (one address set per family) or an
-ipBlock (one interval set); peers of a rule are OR'ed.
+ipBlock (one interval set); peers of a rule are OR'ed. A rule with several peer sets and
+several ports is not multiplied out: one match per port jumps to the rule's
+:class:`~nftpolicy.translators.rules.PeerChain`, which holds one match per peer set (P + Q
+rules for P peer sets and Q ports; the API server bounds neither list).
 
 * NetworkPolicyPeer (the API reference): selectors in one peer are AND'ed, no
   namespaceSelector means the policy's namespace; an ipBlock minus its excepts.
@@ -43,7 +46,7 @@ from .model import (
     Protocol,
     family_of,
 )
-from .rules import MatchRule, PodChain, PolicyChain, PortMatch, RuleOrigin, TierChain, address_order, comment, hashed_name
+from .rules import MatchRule, PeerChain, PodChain, PolicyChain, PortMatch, RuleOrigin, TierChain, address_order, comment, hashed_name
 from .selectors import ALL, LabelSelector, canonical_selector
 from .setstore import Scope, SetKey
 
@@ -59,7 +62,9 @@ class DomainNames:
 
 # a peer: pods (their addresses), an ipBlock, domain names, or Nodes (a selector over their labels)
 PeerTarget = Scope | IPBlock | DomainNames | LabelSelector
-Match = tuple[Family | None, str | None, PortMatch | None, str | None]  # family, peer set, port, named-port set
+# family, peer set, port, named-port set, and whether the rule's peer chain matches its peers
+Match = tuple[Family | None, str | None, PortMatch | None, str | None, bool]
+PeerOption = tuple[Family | None, str | None]  # (family, peer set): one alternative of a rule's peers
 
 
 @dataclass(frozen=True)
@@ -76,14 +81,19 @@ def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tu
     (one per use)."""
     targets = Scope(namespace=policy.namespace, pod_selector=canonical_selector(policy.pod_selector), local=True)
     rules: list[MatchRule] = []
+    peer_chains: list[PeerChain] = []
     for i, rule in enumerate(policy.rules(direction)):
         origin = RuleOrigin(policy.key, direction, i)
         text = comment(f"{policy.key} {direction} rule {i}")
         peers = [_policy_peer(policy, peer) for peer in rule.peers] if rule.peers else None
-        found = rule_matches(direction, peers, _policy_ports(rule), targets, families, _user(keys))
-        rules.extend(MatchRule(*match, origin, text) for match in found)
+        found, chained = rule_matches(direction, peers, _policy_ports(rule), targets, families, _user(keys), chain_peers=True)
+        peer_chain = hashed_name("KUBE-NWPLCY-", policy.namespace, policy.name, direction, str(i)) if chained else None
+        rules.extend(MatchRule(*match[:4], origin, text, peer_chain if match[4] else None) for match in found)
+        if peer_chain is not None:
+            peer_chains.append(PeerChain(peer_chain, tuple(MatchRule(f, peer_set, None, None, origin, text) for f, peer_set in chained)))
     name = hashed_name("KUBE-NWPLCY-", policy.namespace, policy.name, direction)
-    return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"), policy.fail_closed)
+    return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"), tuple(peer_chains),
+                       policy.fail_closed)
 
 
 POD_CHAIN_PREFIX: dict[Direction, str] = {"ingress": "KUBE-POD-IN-", "egress": "KUBE-POD-EG-"}  # as long as kube-router's KUBE-POD-FW-
@@ -127,54 +137,71 @@ def build_tier_chain(policy: ClusterNetworkPolicy, direction: Direction, familie
     appended to ``keys`` (one per use)."""
     targets = _cluster_scope(policy.subject_namespaces, policy.subject_pods, local=True)
     rules: list[MatchRule] = []
+    peer_chains: list[PeerChain] = []
     for i, rule in enumerate(policy.rules(direction)):
         origin = RuleOrigin(policy.name, direction, i, policy.tier, rule.action, rule.name)
         text = comment(f"{policy.name} {policy.tier} {direction} rule {i}" + (f" {rule.name}" if rule.name else "") + f" ({rule.action})")
         peers = [target for peer in rule.peers for target in _cluster_peer(peer)]
-        found = rule_matches(direction, peers, _cluster_ports(rule), targets, families, _user(keys))
-        rules.extend(MatchRule(*match, origin, text) for match in found)
+        found, chained = rule_matches(direction, peers, _cluster_ports(rule), targets, families, _user(keys), chain_peers=True)
+        peer_chain = hashed_name(TIER_CHAIN_PREFIX[policy.tier], policy.name, direction, str(i)) if chained else None
+        rules.extend(MatchRule(*match[:4], origin, text, peer_chain if match[4] else None) for match in found)
+        if peer_chain is not None:
+            peer_chains.append(PeerChain(peer_chain, tuple(MatchRule(f, peer_set, None, None, origin, text) for f, peer_set in chained)))
     return TierChain(tier_chain_name(policy, direction), policy.name, policy.tier, direction, tuple(rules),
-                     comment(f"{policy.name} {policy.tier} {direction}"), policy.fail_closed)
+                     comment(f"{policy.name} {policy.tier} {direction}"), tuple(peer_chains), policy.fail_closed)
 
 
 def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports: Sequence[PortMatch | NamedPort],
-                 targets: Scope, families: tuple[Family, ...], use: Callable[[SetKey], str]) -> list[Match]:
-    """The (family, peer set, port, named-port set) matches of one policy rule, in order: one per
-    peer set for each numbered port (or just one per peer set without ports), one per peer set
-    and family for each ingress named port (resolved on ``targets``, the policy's local pods),
-    one per peer scope and family for each egress named port (resolved on the peers). ``peers``
-    None: any peer. ``use`` names a set key the rule uses (and takes note of it)."""
+                 targets: Scope, families: tuple[Family, ...], use: Callable[[SetKey], str],
+                 chain_peers: bool = False) -> tuple[list[Match], list[PeerOption]]:
+    """The (family, peer set, port, named-port set, jumps) matches of one policy rule, in order:
+    one per peer set for each numbered port (or just one per peer set without ports), one per
+    peer set and family for each ingress named port (resolved on ``targets``, the policy's local
+    pods), one per peer scope and family for each egress named port (resolved on the peers);
+    and the peer alternatives of the rule's peer chain (empty: none). ``peers`` None: any peer.
+    ``use`` names a set key the rule uses (and takes note of it).
+
+    With ``chain_peers``, a rule of several peer sets and several port matches (numbered, or
+    ingress named) is not multiplied out: each port match has no peer set and ``jumps`` True
+    (its peers are matched in the rule's peer chain), and the peer sets come back as that
+    chain's alternatives. An egress named port's set holds its peers' addresses: it stays one
+    match per peer scope (:mod:`~nftpolicy.translators.objectcost` bounds what still multiplies)."""
     egress_named_only = direction == "egress" and bool(ports) and all(isinstance(p, NamedPort) for p in ports)
     # The peer sets, unless only egress named ports use this rule's peers (their own sets
     # hold the peers' addresses with the port): a set exists only while a rule uses it.
     options = [] if egress_named_only else peer_sets(peers, families, use)
     if not ports:
-        return [(family, peer_set, None, None) for family, peer_set in options]
+        return [(family, peer_set, None, None, False) for family, peer_set in options], []
+    multiplying = sum(1 for p in ports if isinstance(p, PortMatch) or direction == "ingress")
+    chained = options if chain_peers and len(options) > 1 and multiplying > 1 else []
+    jumps = bool(chained)
+    if jumps:
+        options = [(None, None)]  # any peer here: the peer chain decides
     found: list[Match] = []
     for port in ports:
         if isinstance(port, PortMatch):
-            found.extend((family, peer_set, port, None) for family, peer_set in options)
+            found.extend((family, peer_set, port, None, jumps) for family, peer_set in options)
             continue
         for protocol in port.protocols:
             if direction == "ingress":
                 for family, peer_set in options:
                     for fam in (families if family is None else (family,)):
-                        found.append((fam, peer_set, None, use(SetKey("named_port", fam, targets, port=port.name, protocol=protocol))))
+                        found.append((fam, peer_set, None, use(SetKey("named_port", fam, targets, port=port.name, protocol=protocol)), jumps))
             else:
                 for scope, scope_families in _named_port_scopes(peers, families):
                     for fam in scope_families:
-                        found.append((fam, None, None, use(SetKey("named_port", fam, scope, port=port.name, protocol=protocol))))
-    return found
+                        found.append((fam, None, None, use(SetKey("named_port", fam, scope, port=port.name, protocol=protocol)), False))
+    return found, chained
 
 
 def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
-              use: Callable[[SetKey], str]) -> list[tuple[Family | None, str | None]]:
+              use: Callable[[SetKey], str]) -> list[PeerOption]:
     """(family, peer set) alternatives of a rule's peers: ``(None, None)`` for any peer, else an
     address set per family for each pod scope, each domainNames peer and each Node selector, and
     an interval set for each ipBlock."""
     if peers is None:
         return [(None, None)]
-    options: list[tuple[Family | None, str | None]] = []
+    options: list[PeerOption] = []
     for peer in peers:
         if isinstance(peer, Scope):
             options.extend((f, use(SetKey("addr", f, peer))) for f in families)

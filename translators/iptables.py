@@ -193,7 +193,8 @@ class _Printer:
                 self.rules.append(IptablesRule(chain, (*matches, *target)))
 
     def _expanded(self, statements: tuple[layout.Statement, ...]) -> list[tuple[layout.Statement, ...]]:
-        """``statements`` once per address, protocol and ICMP type (iptables matches one of each)."""
+        """``statements`` once per address, protocol, ICMP type and port range of a port set
+        (iptables matches one of each)."""
         variants: list[tuple[layout.Statement, ...]] = [()]
         for s in statements:
             if isinstance(s, layout.AddressIs):
@@ -202,6 +203,8 @@ class _Printer:
                 options = [layout.Protocols((name,)) for name in s.names]
             elif isinstance(s, layout.IcmpTypes):
                 options = [layout.IcmpTypes(s.family, (kind,)) for kind in s.types]
+            elif isinstance(s, layout.DestinationPortSet):
+                options = [layout.DestinationPorts(first, last) for first, last in s.ranges]
             else:
                 options = [s]
             variants = [v + (o,) for v in variants for o in options]

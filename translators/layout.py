@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal, Sequence, Union
 
 from .model import Direction, Family, family_of
-from .rules import AddressSet, Config, DenyAction, MatchRule, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
+from .rules import AddressSet, Config, DenyAction, MatchRule, PeerChain, PodChain, PolicyChain, RuleModel, RuleOrigin, TierChain
 
 Field = Literal["saddr", "daddr"]
 Hook = Literal["input", "forward", "output"]
@@ -107,6 +107,15 @@ class DestinationPorts:
 
     first: int
     last: int
+
+
+@dataclass(frozen=True)
+class DestinationPortSet:
+    """The destination port is in one of ``ranges`` (inclusive ``(first, last)``, disjoint and
+    sorted; after a :class:`Protocols`): nft's anonymous set, the iptables variant's rule per
+    range."""
+
+    ranges: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -252,8 +261,9 @@ class SetTrace:
     ``nft monitor trace`` listeners (only in the chains :func:`trace_chains` adds for a trace)."""
 
 
-Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, SourcePort, ConntrackState, IcmpTypes,
-                  LocalAddress, Unmarked, Marked, Limit, PerAddressLimit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log, Reject, VerdictStatement,
+Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, DestinationPortSet, SourcePort, ConntrackState,
+                  IcmpTypes, LocalAddress, Unmarked, Marked, Limit, PerAddressLimit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log,
+                  Reject, VerdictStatement,
                   Jump, Dispatch, SetTrace]
 
 
@@ -373,11 +383,6 @@ def allow_rule(config: Config, chain: PolicyChain, allow: MatchRule) -> Rule:
                 allow.origin)
 
 
-def policy_chain(config: Config, chain: PolicyChain) -> Chain:
-    """``KUBE-NWPLCY-<hash>`` of one policy and direction; no rules: it allows nothing."""
-    return Chain(chain.name, tuple(allow_rule(config, chain, allow) for allow in chain.rules))
-
-
 def log_prefix(direction: str, pod: str) -> str:
     """The NFLOG prefix of a packet rejected for ``direction`` (``ingress``/``egress``) of pod
     ``pod`` (``namespace/name``): ``nftpolicy reject ingress shop/api-0: ``. The direction comes
@@ -439,16 +444,95 @@ def tier_rule(config: Config, chain: TierChain, rule: MatchRule) -> list[Rule]:
     return [log, *refusal("drop", matches, text, origin)]
 
 
-def counted_origins(config: Config, chain: TierChain) -> tuple[RuleOrigin, ...]:
-    """The origins of the rules of ``chain``'s layout that hold a :class:`CounterStatement`, in chain
-    order (its ``Deny`` drops): the k-th counter the kernel lists in that chain is the k-th."""
-    return tuple(r.origin for r in tier_chain(config, chain).rules if r.origin is not None and CounterStatement() in r.statements)
+def counted_origins(laid: Chain) -> tuple[RuleOrigin, ...]:
+    """The origins of the rules of ``laid`` (a tier chain's or its peer chain's layout) that hold
+    a :class:`CounterStatement`, in chain order (its ``Deny`` drops): the k-th counter the kernel
+    lists in that chain is the k-th."""
+    return tuple(r.origin for r in laid.rules if r.origin is not None and CounterStatement() in r.statements)
+
+
+def match_rules(config: Config, chain: PolicyChain | TierChain, rule: MatchRule) -> list[Rule]:
+    """The layout rules of one match of a policy chain (:func:`allow_rule`) or tier chain
+    (:func:`tier_rule`)."""
+    return [allow_rule(config, chain, rule)] if isinstance(chain, PolicyChain) else tier_rule(config, chain, rule)
+
+
+def chain_rules(config: Config, chain: PolicyChain | TierChain) -> list[tuple[Rule, tuple[MatchRule, ...]]]:
+    """The layout rules of a policy or tier chain, each with the model rules it was made from
+    (none: a peer chain's return). A match whose peers are a peer chain's
+    (:attr:`~nftpolicy.translators.rules.MatchRule.peer_chain`) is its port match and a jump
+    there, the numbered ports of one protocol in a row one rule with a port set
+    (:func:`port_jump`); after the last jump of a rule, a packet its peer chain allowed (the
+    policy mark) or passed (the pass mark) returns, as the rule's own return would (the first
+    match decides; a ``Deny`` drops in the peer chain)."""
+    laid: list[tuple[Rule, tuple[MatchRule, ...]]] = []
+    rules, i = chain.rules, 0
+    while i < len(rules):
+        rule = rules[i]
+        if rule.peer_chain is None:
+            laid += [(r, (rule,)) for r in match_rules(config, chain, rule)]
+            i += 1
+            continue
+        group = [rule]
+        while i + len(group) < len(rules) and _same_port_set(rule, rules[i + len(group)]):
+            group.append(rules[i + len(group)])
+        i += len(group)
+        laid.append((port_jump(chain.direction, group), tuple(group)))
+        mark = {"Accept": config.policy_mark, "Pass": config.pass_mark}.get(rule.origin.action)
+        if (i == len(rules) or rules[i].peer_chain != rule.peer_chain) and mark is not None:
+            laid.append((Rule((Marked(mark), VerdictStatement("return")), f"{rule.comment} decided"), ()))
+    return laid
+
+
+def _same_port_set(first: MatchRule, other: MatchRule) -> bool:
+    """``other`` joins ``first``'s port set: numbered ports of one protocol jumping to one peer chain."""
+    return (first.peer_chain == other.peer_chain and first.named_port_set is None and other.named_port_set is None
+            and first.port is not None and other.port is not None and first.port.first is not None and other.port.first is not None
+            and first.port.protocol == other.port.protocol)
+
+
+def port_jump(direction: Direction, group: Sequence[MatchRule]) -> Rule:
+    """The jump of a rule's port matches to its peer chain: one match as :func:`peer_and_port`
+    gives it, or numbered ports of one protocol as one port set (their ranges merged: nft refuses
+    overlapping intervals in a set)."""
+    first = group[0]
+    assert first.peer_chain is not None
+    if len(group) == 1:
+        return Rule((*peer_and_port(direction, first), Jump(first.peer_chain)), first.comment, first.origin)
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted((r.port.first, r.port.last if r.port.last is not None else r.port.first) for r in group
+                            if r.port is not None and r.port.first is not None):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    assert first.port is not None
+    return Rule((Protocols((first.port.protocol.lower(),)), DestinationPortSet(tuple(merged)), Jump(first.peer_chain)), first.comment,
+                first.origin)
+
+
+def policy_chain(config: Config, chain: PolicyChain) -> Chain:
+    """``KUBE-NWPLCY-<hash>`` of one policy and direction (:func:`chain_rules`); no rules: it
+    allows nothing."""
+    return Chain(chain.name, tuple(r for r, _ in chain_rules(config, chain)))
 
 
 def tier_chain(config: Config, chain: TierChain) -> Chain:
     """``KUBE-ANP-<hash>`` / ``KUBE-BANP-<hash>`` of one ClusterNetworkPolicy and direction:
-    its matches in the order the policy writes its rules (the first match decides)."""
-    return Chain(chain.name, tuple(r for rule in chain.rules for r in tier_rule(config, chain, rule)))
+    its matches in the order the policy writes its rules (:func:`chain_rules`)."""
+    return Chain(chain.name, tuple(r for r, _ in chain_rules(config, chain)))
+
+
+def peer_chain(config: Config, chain: PolicyChain | TierChain, peers: PeerChain) -> Chain:
+    """The peer chain of one rule of a policy or tier chain: :func:`match_rules` of each peer set."""
+    return Chain(peers.name, tuple(r for rule in peers.rules for r in match_rules(config, chain, rule)))
+
+
+def laid_chains(config: Config, chain: PolicyChain | TierChain) -> list[Chain]:
+    """The layout chains of one policy or tier chain of the model: its peer chains, then itself
+    (which jumps to them)."""
+    own = policy_chain(config, chain) if isinstance(chain, PolicyChain) else tier_chain(config, chain)
+    return [*(peer_chain(config, chain, peers) for peers in chain.peer_chains), own]
 
 
 def pod_chain(config: Config, pod: PodChain) -> Chain:
@@ -657,8 +741,8 @@ def table(model: RuleModel) -> Table:
     """The whole table of ``model``, in dependency order."""
     c = model.config
     chains = [common_chain(), default_chain(c)]
-    chains += [policy_chain(c, chain) for chain in model.policy_chains]
-    chains += [tier_chain(c, chain) for chain in model.tier_chains]
+    chains += [laid for chain in model.policy_chains for laid in laid_chains(c, chain)]
+    chains += [laid for chain in model.tier_chains for laid in laid_chains(c, chain)]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
     chains += base_chains(c)
     chains += released_chains(c)

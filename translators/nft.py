@@ -56,6 +56,8 @@ def statement_json(s: Statement) -> Json:
         return _match(L4PROTO, _one_or_set(list(s.names)))
     if isinstance(s, layout.DestinationPorts):
         return _match(DPORT, s.first if s.first == s.last else {"range": [s.first, s.last]})
+    if isinstance(s, layout.DestinationPortSet):
+        return _match(DPORT, {"set": [first if first == last else {"range": [first, last]} for first, last in s.ranges]})
     if isinstance(s, layout.SourcePort):
         return _match(SPORT, s.port)
     if isinstance(s, layout.ConntrackState):

@@ -38,7 +38,7 @@ from .rules import (
     TierChain,
     owner_of,
 )
-from .layout import KNOWN_POD_SETS, POD_CIDR_SETS, counted_origins
+from .layout import KNOWN_POD_SETS, POD_CIDR_SETS, counted_origins, peer_chain, tier_chain
 from .setstore import SelectorSets
 from .domainnames import DomainSet, domain_sets
 from .chainbuilders import build_pod_chains
@@ -268,11 +268,16 @@ class NodeRenderer:
         return sum(len(pods) for pods in self._local.values())
 
     def chain_owners(self) -> dict[str, ChainOwner]:
-        """Chain name -> what it enforces, for every policy, tier and pod chain of the model; a
-        tier chain's owner with the origins of its counted rules (``counted``)."""
+        """Chain name -> what it enforces, for every policy, tier and pod chain of the model (and
+        a policy or tier chain's peer chains: its owner); a tier chain's owner (and its peer
+        chains') with the origins of its counted rules (``counted``)."""
         self._refresh_pod_chains()
-        return {name: dataclasses.replace(owner_of(chain), counted=counted_origins(self.config, chain)) if isinstance(chain, TierChain)
-                else owner_of(chain) for name, chain in self._chains().items()}
+        owners = {name: dataclasses.replace(owner_of(chain), counted=counted_origins(tier_chain(self.config, chain)))
+                  if isinstance(chain, TierChain) else owner_of(chain) for name, chain in self._chains().items()}
+        owners.update((peers.name, owner_of(c)) for c, _ in self.policies.chains.values() for peers in c.peer_chains)
+        owners.update((peers.name, dataclasses.replace(owner_of(c), counted=counted_origins(peer_chain(self.config, c, peers))))
+                      for c, _ in self.tiers.chains.values() for peers in c.peer_chains)
+        return owners
 
     def take_changes(self) -> Changes:
         """Everything that changed in the model since the last call (or since the start, or

@@ -53,7 +53,12 @@ def stand_in(policy: NetworkPolicy | ClusterNetworkPolicy, reason: str) -> Netwo
     :func:`~nftpolicy.translators.clusterpolicy.closed_cluster_policy`. Its rules print no text of
     the policy's but its name (an object name: the API server's validation, and ours).
     ``reason``: the kernel's refusal, kept as ``fail_closed`` for explain to name."""
-    why = f"the kernel refused its rules: {reason}"
+    return closed_policy(policy, f"the kernel refused its rules: {reason}")
+
+
+def closed_policy(policy: NetworkPolicy | ClusterNetworkPolicy, why: str) -> NetworkPolicy | ClusterNetworkPolicy:
+    """``policy`` enforced fail-closed as :func:`stand_in` says, ``why`` kept as its
+    ``fail_closed`` (also for a policy beyond a per-object cap: :mod:`~nftpolicy.translators.objectcost`)."""
     if isinstance(policy, NetworkPolicy):
         return dataclasses.replace(policy, ingress=(), egress=(), fail_closed=why)
     return closed_cluster_policy(policy, why)

@@ -144,7 +144,10 @@ class MatchRule:
     returns).
 
     ``peer_set`` names the set the peer address (source for ingress, destination for egress)
-    must be in; None means any peer. ``named_port_set`` names a ``named_port`` set that the
+    must be in; None means any peer, unless ``peer_chain`` names the :class:`PeerChain` (of the
+    same policy chain) that this rule jumps to once its port matches: the rule's peers are
+    matched there, one rule per peer set, so a rule of P peer sets and Q ports costs P + Q rules,
+    never P x Q. ``named_port_set`` names a ``named_port`` set that the
     packet's ``destination address . protocol . port`` must be in (for an egress named port it
     holds the peers' addresses, so it is the peer match as well). ``family`` is None when the
     rule has no address match and applies to both families.
@@ -156,11 +159,26 @@ class MatchRule:
     named_port_set: str | None
     origin: RuleOrigin
     comment: str
+    peer_chain: str | None = None
+
+
+@dataclass(frozen=True)
+class PeerChain:
+    """The chain of one rule of a policy that has several peer sets and several ports: the port
+    matches of the rule jump here, and each of ``rules`` (a peer set of one family, no port)
+    does the rule's action (a NetworkPolicy rule: set the policy mark and return).
+    ``KUBE-NWPLCY-<hash>`` of a NetworkPolicy's rule (the hash of the policy's namespace, name,
+    direction and rule index), ``KUBE-ANP-<hash>`` or ``KUBE-BANP-<hash>`` of a
+    ClusterNetworkPolicy's (its name, direction and rule index)."""
+
+    name: str
+    rules: tuple[MatchRule, ...]
 
 
 @dataclass(frozen=True)
 class PolicyChain:
     """``KUBE-NWPLCY-<hash>`` for one policy and one direction; no rules means deny all.
+    ``peer_chains``: the chains its rules' port matches jump to (:attr:`MatchRule.peer_chain`).
     ``fail_closed``: why the policy is enforced fail-closed (:attr:`NetworkPolicy.fail_closed`)."""
 
     name: str
@@ -168,14 +186,16 @@ class PolicyChain:
     direction: Direction
     rules: tuple[MatchRule, ...]
     comment: str
+    peer_chains: tuple[PeerChain, ...] = ()
     fail_closed: str | None = None
 
 
 @dataclass(frozen=True)
 class TierChain:
     """``KUBE-ANP-<hash>`` (Admin tier) or ``KUBE-BANP-<hash>`` (Baseline tier) for one
-    ClusterNetworkPolicy and one direction: its rules in precedence order. ``fail_closed``: why
-    its rules were failed closed (:attr:`ClusterNetworkPolicy.fail_closed`)."""
+    ClusterNetworkPolicy and one direction: its rules in precedence order; ``peer_chains`` as a
+    :class:`PolicyChain`'s. ``fail_closed``: why its rules were failed closed
+    (:attr:`ClusterNetworkPolicy.fail_closed`)."""
 
     name: str
     policy: str
@@ -183,6 +203,7 @@ class TierChain:
     direction: Direction
     rules: tuple[MatchRule, ...]
     comment: str
+    peer_chains: tuple[PeerChain, ...] = ()
     fail_closed: str | None = None
 
 
@@ -250,9 +271,13 @@ def owner_of(chain: AnyChain) -> ChainOwner:
 
 
 def chain_owners(model: RuleModel) -> dict[str, ChainOwner]:
-    """Chain name -> :class:`ChainOwner` for every policy, tier and pod chain of ``model``."""
+    """Chain name -> :class:`ChainOwner` for every policy, tier and pod chain of ``model``, and
+    every peer chain of a policy or tier chain (its policy's owner)."""
     chains: list[AnyChain] = [*model.policy_chains, *model.tier_chains, *model.pod_chains]
-    return {c.name: owner_of(c) for c in chains}
+    owners = {c.name: owner_of(c) for c in chains}
+    ruled: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains]
+    owners.update((peers.name, owner_of(c)) for c in ruled for peers in c.peer_chains)
+    return owners
 
 
 @dataclass

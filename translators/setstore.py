@@ -155,8 +155,8 @@ def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
     return () if number is None else tuple((ip, key.protocol.lower(), number) for ip in ips)
 
 
-@functools.lru_cache(maxsize=4096)
 def _block_elements(key: SetKey) -> tuple[str, ...]:
+    """The networks of interval set ``key``: its ipBlock minus its excepts, collapsed."""
     assert key.block is not None
     return tuple(str(n) for n in ipaddress.collapse_addresses(key.block.networks()))  # type: ignore[type-var]  # one family
 
@@ -188,10 +188,13 @@ def _sorted_elements(key: SetKey, elements: Iterable[Any]) -> list[Any]:
 
 @dataclass
 class _Set:
-    """A live set: its users and how many pods give each element."""
+    """A live set: its users and how many pods give each element (an interval set: its
+    networks, computed once when it is made; a cache shared by every set thrashed beyond its
+    size, so that 5,000 ipBlocks cost each of them again at every count)."""
 
     users: int = 0
     counts: Counter[Any] = field(default_factory=Counter)
+    networks: tuple[str, ...] = ()
 
 
 class SelectorSets:
@@ -310,7 +313,7 @@ class SelectorSets:
         """One more user of set ``key`` (the first makes it, with the elements of its scope)."""
         live = self._sets.get(key)
         if live is None:
-            live = self._sets[key] = _Set()
+            live = self._sets[key] = _Set(networks=_block_elements(key) if key.kind == "interval" else ())
             if key.scope is not None:
                 self._watch(key.scope, key)
             elif key.nodes is not None:
@@ -354,7 +357,7 @@ class SelectorSets:
 
     def counts(self) -> tuple[int, int]:
         """How many sets live and how many elements they hold."""
-        return len(self._sets), sum(len(_block_elements(k)) if k.kind == "interval" else len(live.counts)
+        return len(self._sets), sum(len(live.networks) if k.kind == "interval" else len(live.counts)
                                     for k, live in self._sets.items())
 
     def take_changes(self, changes: Changes) -> None:
@@ -375,7 +378,7 @@ class SelectorSets:
 
     def _address_set(self, key: SetKey, ordered: bool = True) -> AddressSet:
         if key.kind == "interval":
-            elements: tuple[Any, ...] = _block_elements(key)
+            elements: tuple[Any, ...] = self._sets[key].networks
         elif key.kind == "domain":  # learned by the agent, never rendered
             elements = ()
         elif ordered:

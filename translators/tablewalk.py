@@ -204,6 +204,8 @@ class _Walking:
             return p.layout_protocol in s.names
         if isinstance(s, DestinationPorts):
             return p.port is not None and s.first <= p.port <= s.last
+        if isinstance(s, layout.DestinationPortSet):
+            return p.port is not None and any(first <= p.port <= last for first, last in s.ranges)
         if isinstance(s, ConntrackState):
             return ("established" if p.established else "new") in s.states
         if isinstance(s, IcmpTypes):

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from . import layout
 from .model import Cluster, Direction, Pod, family_of
 from .noderender import build_rule_model
-from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain, UnknownPods
+from .rules import AddressSet, Config, MatchRule, PeerChain, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain, UnknownPods
 from .tablewalk import Connection as Connection, ConnectionProtocol as ConnectionProtocol  # the engine's input, named here too
 from .tablewalk import Step, TableWalker, Walk, canonical
 
@@ -154,14 +154,17 @@ class _Node:
         self.pod_chains = {chain.name: chain for chain in model.pod_chains}
         self.sets = {s.name: s for s in model.sets}
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
-        self._made_from: dict[str, list[MatchRule]] = {
-            **{c.name: list(c.rules) for c in model.policy_chains},  # layout.allow_rule: one rule each
-            **{c.name: [r for r in c.rules for _ in layout.tier_rule(model.config, c, r)] for c in model.tier_chains}}
+        chains: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains]
+        self.peer_chains: dict[str, tuple[PolicyChain | TierChain, PeerChain]] = {p.name: (c, p) for c in chains for p in c.peer_chains}
+        self._made_from: dict[str, list[tuple[MatchRule, ...]]] = {
+            **{c.name: [made for _, made in layout.chain_rules(model.config, c)] for c in chains},
+            **{p.name: [(r,) for r in p.rules for _ in layout.match_rules(model.config, c, r)] for c, p in self.peer_chains.values()}}
 
-    def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, MatchRule]:
-        """The policy or tier chain of the model and the rule of it that the layout rule of
-        ``step`` (a rule of a policy or tier chain) was made from."""
-        chain = self.policy_chains.get(step.chain) or self.tier_chains[step.chain]
+    def made_from(self, step: Step) -> tuple[PolicyChain | TierChain, tuple[MatchRule, ...]]:
+        """The policy or tier chain of the model and the rules of it that the layout rule of
+        ``step`` (a rule with an origin of a policy, peer or tier chain) was made from (several:
+        the ports of a port set)."""
+        chain = self.policy_chains.get(step.chain) or self.tier_chains.get(step.chain) or self.peer_chains[step.chain][0]
         return chain, self._made_from[step.chain][step.position]
 
     def jumps(self, pod_chain: str) -> tuple[str, ...]:
@@ -283,7 +286,7 @@ class Enforcement:
             return dataclasses.replace(side, exemption=_exemption(ended.rule, index.model.config))
         if not walk.allowed and walk.ended_by is not None:
             side = dataclasses.replace(side, refusal=_refusal(walk.ended_by.rule))
-        decided = _deciding_rule(index, walk)
+        decided = _deciding_rule(index, walk, conn.port)
         if decided is not None:
             chain, rule = decided
             summary = _summaries(index, chain, [rule])[0]
@@ -308,15 +311,26 @@ def _why_closed(chains: Sequence[PolicyChain | TierChain]) -> tuple[tuple[str, s
     return tuple(dict.fromkeys((c.policy, c.fail_closed) for c in chains if c.fail_closed))
 
 
-def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, MatchRule] | None:
+def _deciding_rule(index: _Node, walk: Walk, port: int | None) -> tuple[PolicyChain | TierChain, MatchRule] | None:
     """The policy or tier rule that decided a walk: the last rule with an origin (a policy
-    rule) that fired, a ``Pass`` aside (it only ends its tier); None when none fired, or
-    ``KUBE-NWPLCY-DEFAULT`` after it."""
-    for step in reversed(walk.fired()):
+    rule) that fired, a ``Pass`` aside (it only ends its tier) and a jump to a peer chain (it
+    decides nothing); None when none fired, or ``KUBE-NWPLCY-DEFAULT`` after it. A peer chain's
+    rule is given with the port (of the match that jumped to it) that the connection's ``port``
+    is in."""
+    fired = walk.fired()
+    for at in range(len(fired) - 1, -1, -1):
+        step = fired[at]
         if step.chain == layout.DEFAULT_CHAIN:
             return None
-        if step.rule.origin is not None and step.rule.origin.action != "Pass":
-            return index.made_from(step)
+        if step.rule.origin is None or step.rule.origin.action == "Pass" or any(isinstance(s, layout.Jump) for s in step.rule.statements):
+            continue
+        chain, (rule,) = index.made_from(step)
+        if step.chain in index.peer_chains:
+            ports = next(index.made_from(s)[1] for s in reversed(fired[:at]) if layout.Jump(step.chain) in s.rule.statements)
+            jumped = next((r for r in ports if r.port is None or r.port.first is None or r.port.last is None
+                           or (port is not None and r.port.first <= port <= r.port.last)), ports[0])
+            rule = dataclasses.replace(jumped, family=rule.family, peer_set=rule.peer_set, peer_chain=None)
+        return chain, rule
     return None
 
 
@@ -369,7 +383,9 @@ def _summaries(index: _Node, chain: PolicyChain | TierChain, rules: Sequence[Mat
             ports.append(port_text(rule.port))
         else:
             ports.append("any port")
-        if rule.peer_set is not None:
+        if rule.peer_chain is not None:
+            peers.extend(index.describe(p.peer_set) for p in index.peer_chains[rule.peer_chain][1].rules if p.peer_set is not None)
+        elif rule.peer_set is not None:
             peers.append(index.describe(rule.peer_set))
         elif rule.named_port_set is None or chain.direction == "ingress":
             peers.append("any source" if chain.direction == "ingress" else "any destination")
@@ -505,7 +521,7 @@ def _model_shape() -> str:
     """A fingerprint of the dataclasses :func:`enforcement_json` writes (their field names and
     types): it changes whenever one of them does, so that a reader of another nftpolicy version
     says so instead of misreading the data."""
-    classes = (RuleModel, Config, AddressSet, PolicyChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint)
+    classes = (RuleModel, Config, AddressSet, PolicyChain, PeerChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint)
     fields = [(c.__name__, [(f.name, str(f.type)) for f in dataclasses.fields(c)]) for c in classes]
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:12]
 
@@ -555,9 +571,13 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
             learned[entry["node"]] = entry["learned"]
         config = Config(**{k: _tuples(v) for k, v in m["config"].items()})
         sets = tuple(AddressSet(**{**s, "elements": _tuples(s["elements"])}) for s in m["sets"])
-        chains = tuple(PolicyChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m["policy_chains"])
+        chains = tuple(PolicyChain(**{**c, "rules": tuple(map(_match_rule, c["rules"])),
+                                      "peer_chains": tuple(PeerChain(p["name"], tuple(map(_match_rule, p["rules"]))) for p in c["peer_chains"])})
+                       for c in m["policy_chains"])
         pods = tuple(PodChain(**{k: _tuples(v) for k, v in p.items()}) for p in m["pod_chains"])
-        tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"]))}) for c in m.get("tier_chains") or ())
+        tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"])),
+                                   "peer_chains": tuple(PeerChain(p["name"], tuple(map(_match_rule, p["rules"]))) for p in c["peer_chains"])})
+                      for c in m.get("tier_chains") or ())
         models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
     endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
     return Enforcement(models, endpoints, data.get("node_addresses") or {}, learned)

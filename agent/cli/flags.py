@@ -16,6 +16,7 @@ from importlib.metadata import version
 from typing import Any, Callable, NoReturn, Sequence
 
 from nftpolicy.translators.layout import HOLD_QUEUE_PRIORITY
+from nftpolicy.translators.objectcost import ObjectLimits
 from nftpolicy.translators.rules import DENY_ACTIONS, UNKNOWN_PODS, Config
 
 from nftpolicy.translators.errors import OneLineError
@@ -455,6 +456,12 @@ def parser() -> argparse.ArgumentParser:
                        help="address of the read-only /debug/model for explain, trace and status --agent, with /healthz, "
                             "/readyz and /metrics, without a token: unix:PATH (a socket of mode 0600) or HOST:PORT (it names "
                             "every pod, label and policy: never a network address; '' turns it off; default %(default)s)")
+    agent.add_argument("--max-object-rules", type=_count(1, 10**7), default=ObjectLimits().rules,
+                       help="rules one NetworkPolicy or ClusterNetworkPolicy may cost (peer chains included); one beyond is enforced "
+                            "fail-closed, with an Event and a metric (default %(default)s)")
+    agent.add_argument("--max-object-elements", type=_count(1, 10**8), default=ObjectLimits().elements,
+                       help="networks one policy's ipBlocks may be after their excepts; one beyond is enforced fail-closed, with an "
+                            "Event and a metric (default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
     agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")

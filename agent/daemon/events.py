@@ -51,6 +51,7 @@ from typing import AbstractSet, Any, Callable, Mapping, Protocol
 from urllib.parse import quote
 
 from nftpolicy.translators.rules import safe_text
+from nftpolicy.translators.objectcost import OverLimit
 from nftpolicy.translators.validation import InvalidField
 
 from .clock import REAL_TIME, Clock
@@ -74,12 +75,17 @@ RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full", "other_
 
 # Reasons (the Event's ``reason``), one per way the agent falls short of an object.
 INVALID = "InvalidPolicy"  # a field fails validation
+OVER_LIMIT = "PolicyOverLimit"  # beyond a per-object cap (nftpolicy.translators.objectcost)
 REFUSED = "RefusedByKernel"  # the kernel refused its rules (nftpolicy.agent.daemon.quarantine)
 CRD_MISSING = "ClusterNetworkPolicyCRDMissing"  # on the Node: the API has no ClusterNetworkPolicies
 
 # The apiVersion of an object that comes without one (items of a built-in kind's list); a custom
 # resource's items carry theirs (a ClusterNetworkPolicy's: the version the agent watches).
 API_VERSIONS = {"NetworkPolicy": "networking.k8s.io/v1", "ClusterNetworkPolicy": "policy.networking.k8s.io/v1beta1"}
+OVER_LIMIT_EFFECT = {  # what refusals.stand_in enforces
+    "NetworkPolicy": "the pods it selects are isolated, with nothing allowed, in the directions it names",
+    "ClusterNetworkPolicy": "each of its Accept rules is left out, each other rule denies everything",
+}
 FAIL_CLOSED_EFFECT = {
     "NetworkPolicy": "enforced fail-closed: the pods it selects are isolated, with nothing allowed, in the directions it names",
     "ClusterNetworkPolicy": "enforced fail-closed: each rule that cannot be read matches nothing (Accept) or denies everything "
@@ -244,8 +250,10 @@ class EventRecorder:
         ``enforced``: its fail-closed stand-in is enforced (else nothing of it is: a
         ClusterNetworkPolicy whose tier, priority or subject cannot be read)."""
         effect = FAIL_CLOSED_EFFECT[kind] if enforced else "not enforced: its tier, priority or subject cannot be read"
-        self.record(Subject.of({**obj, "kind": kind, "apiVersion": obj.get("apiVersion") or API_VERSIONS[kind]}), INVALID,
-                    f"{exc}; {effect}")
+        if isinstance(exc, OverLimit):  # its rules were read: every Accept left out, every other rule denying everything
+            effect = OVER_LIMIT_EFFECT[kind]
+        self.record(Subject.of({**obj, "kind": kind, "apiVersion": obj.get("apiVersion") or API_VERSIONS[kind]}),
+                    OVER_LIMIT if isinstance(exc, OverLimit) else INVALID, f"{exc}; {effect}")
 
     def kernel_refused(self, kind: str, obj: Mapping[str, Any], reason: str) -> None:
         """Record that the kernel refused the rules of ``obj`` (a ``kind`` of

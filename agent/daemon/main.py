@@ -9,6 +9,7 @@ import threading
 from importlib.metadata import version
 
 from nftpolicy.translators.rules import Config
+from nftpolicy.translators.objectcost import ObjectLimits
 
 from nftpolicy.agent import interrupts
 from .debughttp import start_debug
@@ -51,7 +52,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         return 2
     stop = threading.Event()
     metrics, health = Metrics(), Health(window=6 * HEARTBEAT)
-    store = Store(metrics)
+    store = Store(metrics, ObjectLimits(args.max_object_rules, args.max_object_elements))
 
     def shutdown(signum: int) -> None:
         log.info("received %s, stopping; the ruleset stays in place", signal.Signals(signum).name)

@@ -47,6 +47,8 @@ class Metrics:
         self.watched_objects = Gauge("nftpolicy_watched_objects", "Objects held in memory, by kind.", ["kind"], registry=r)
         self.invalid_objects = Gauge("nftpolicy_invalid_objects", "Objects that failed validation (skipped, or failing closed for policies).",
                                      ["kind"], registry=r)
+        self.over_limit_objects = Gauge("nftpolicy_over_limit_objects", "Policies beyond a per-object cap (--max-object-rules, "
+                                        "--max-object-elements), enforced fail-closed, by kind and cap.", ["kind", "limit"], registry=r)
         self.refused_objects = Gauge("nftpolicy_refused_objects", "Policies whose rules the kernel refused, enforced fail-closed "
                                      "until they change, by kind.", ["kind"], registry=r)
         for kind in ("NetworkPolicy", "ClusterNetworkPolicy"):

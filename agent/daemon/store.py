@@ -24,6 +24,8 @@ from nftpolicy.translators.manifests import (
     policy_from,
 )
 from nftpolicy.translators.model import Cluster
+from nftpolicy.translators.objectcost import ObjectLimits, OverLimit, over_limit, policy_cost
+from nftpolicy.translators.refusals import closed_policy
 from nftpolicy.translators.rules import safe_text
 from nftpolicy.translators.validation import InvalidField
 
@@ -84,6 +86,7 @@ FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
 # name, namespace, uid, generation and resourceVersion, the kernel's reason); an Event too.
 KernelRefused = Callable[[str, Mapping[str, Any], str], None]
 IDENTITY_FIELDS = ("name", "namespace", "uid", "generation", "resourceVersion")
+LIMITS = ("rules", "elements")  # the caps of ObjectLimits, as the over-limit metric names them
 MESSAGE_MAX_BYTES = 1024  # of an invalid object's log line (an invalid name can be long)
 
 
@@ -94,11 +97,12 @@ class Store:
     change not yet taken by :meth:`take` (for the event-to-kernel latency).
     """
 
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
+    def __init__(self, metrics: Metrics, limits: ObjectLimits = ObjectLimits()) -> None:
+        self.metrics, self.limits = metrics, limits
         self._lock = threading.Lock()
         self._objects: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
         self._invalid: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
+        self._over: dict[str, dict[str, str]] = {kind: {} for kind in FAIL_CLOSED}  # policies beyond a cap: key -> the cap's name
         self._listed: set[str] = set()
         # (kind, key) -> the model object now (None: gone), for every object that changed since
         # the last take: what an incremental sync feeds the renderer. Kept from the first take()
@@ -116,17 +120,26 @@ class Store:
         for kind in KINDS:  # every series from the start; then each kind's when it changes
             metrics.watched_objects.labels(kind).set(0)
             metrics.invalid_objects.labels(kind).set(0)
+        for kind in FAIL_CLOSED:
+            for limit in LIMITS:
+                metrics.over_limit_objects.labels(kind, limit).set(0)
 
     def _convert(self, kind: str, key: str, obj: Any, invalid: dict[str, str], reader: Reader) -> Any:
         """The model object, or None (a NetworkPolicy or ClusterNetworkPolicy that fails
-        validation: its fail-closed stand-in); ``invalid`` (key -> message) records each invalid
-        object."""
+        validation, or is beyond a cap of :attr:`limits` (:mod:`~nftpolicy.translators.objectcost`):
+        its fail-closed stand-in); ``invalid`` (key -> message) records each invalid object."""
+        model = None
         if kind in FAIL_CLOSED:
             meta = reader.mapping(kind, obj).get("metadata")  # a protobuf message too (policies are few)
             meta = meta if isinstance(meta, Mapping) else {}
             self._identities[(kind, key)] = {f: meta[f] for f in IDENTITY_FIELDS if f in meta}
+            self._over[kind].pop(key, None)
         try:
             model = reader.convert(kind, obj)
+            beyond = over_limit(policy_cost(model), self.limits) if kind in FAIL_CLOSED else None
+            if beyond is not None:
+                self._over[kind][key] = beyond.limit
+                raise beyond
             invalid.pop(key, None)
             return model
         except InvalidField as exc:
@@ -137,10 +150,11 @@ class Store:
             if kind not in FAIL_CLOSED:
                 return None
             mapping = reader.mapping(kind, obj)
-            stand_in = FAIL_CLOSED[kind](mapping, safe_text(str(exc), MESSAGE_MAX_BYTES))
+            reason = safe_text(str(exc), MESSAGE_MAX_BYTES)
+            closed = closed_policy(model, reason) if isinstance(exc, OverLimit) and model is not None else FAIL_CLOSED[kind](mapping, reason)
             if self.failed_closed is not None:
-                self.failed_closed(kind, mapping, exc, stand_in is not None)
-            return stand_in
+                self.failed_closed(kind, mapping, exc, closed is not None)
+            return closed
 
     def _touch(self, kind: str) -> None:
         """A change of ``kind``: its gauges, the oldest pending change's time, the wake-up."""
@@ -148,6 +162,9 @@ class Store:
             self.pending_since = time.monotonic()
         self.metrics.watched_objects.labels(kind).set(len(self._objects[kind]))
         self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
+        if kind in FAIL_CLOSED:
+            for limit in LIMITS:
+                self.metrics.over_limit_objects.labels(kind, limit).set(sum(1 for v in self._over[kind].values() if v == limit))
         self.changed.set()
 
     def replace(self, kind: str, objects: Iterable[Any], reader: Reader = JSON) -> int:
@@ -171,6 +188,8 @@ class Store:
             if kind == "Node":
                 self._ready_nodes = ready
             self._invalid[kind] = invalid
+            if kind in FAIL_CLOSED:
+                self._over[kind] = {k: v for k, v in self._over[kind].items() if k in invalid}
             old = self._objects[kind]
             for gone in old.keys() - converted.keys():
                 self._identities.pop((kind, gone), None)
@@ -199,6 +218,7 @@ class Store:
             model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind], reader)
             if event == "DELETED":
                 self._invalid[kind].pop(key, None)
+                self._over.get(kind, {}).pop(key, None)
                 self._identities.pop((kind, key), None)
             old = self._objects[kind].get(key)
             if model == old and len(self._invalid[kind]) == invalid_before:

@@ -55,11 +55,14 @@ def node_port_flag(config: Config) -> str:
 def config_flags(config: Config) -> list[str]:
     """``nftpolicy agent`` flags that give the agent ``config`` (the inverse of cli.config_from)."""
     flags = ["--table", config.table, "--priority", str(config.priority), "--policy-mark", hex(config.policy_mark),
-             "--passed-mark", hex(config.passed_mark), "--node-port-range", node_port_flag(config)]
+             "--passed-mark", hex(config.passed_mark), "--pass-mark", hex(config.pass_mark), "--node-port-range", node_port_flag(config),
+             "--deny-action", config.deny_action, "--unknown-pods", config.unknown_pods]
     for cidr in config.service_cidrs:
         flags += ["--service-cidr", cidr]
     for cidr in config.external_cidrs:
         flags += ["--external-cidr", cidr]
+    for cidr in config.pod_cidrs:
+        flags += ["--pod-cidr", cidr]
     return flags
 
 

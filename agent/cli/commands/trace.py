@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping
 from nftpolicy.translators import layout
 from nftpolicy.translators.chainbuilders import POD_CHAIN_PREFIX
 from nftpolicy.translators.model import family_of
-from nftpolicy.translators.rules import ChainOwner, Config, RuleModel, chain_owners
+from nftpolicy.translators.rules import ChainOwner, Config, PolicyChain, RuleModel, TierChain, chain_owners
 from nftpolicy.translators.transaction import ChainRule, Transaction
 from nftpolicy.translators.verdict import Connection, enforcement_of
 
@@ -165,13 +165,15 @@ class Listed:
     the table was made from is known, the layout ``rule`` at its place (with its origin);
     ``taught``: for a rule that matches the traced address in a domainNames peer's set, the DNS
     name whose answer put it there (the agent's, from ``--agent``); ``answer``: what the rule
-    sends back when it rejects (:func:`reject_answer`), "" for any other."""
+    sends back when it rejects (:func:`reject_answer`), "" for any other; ``peer``: for a rule
+    of a rule's peer chain, what its peer set selects (the model's set comment)."""
 
     chain: str
     comment: str
     rule: layout.Rule | None = None
     taught: str = ""
     answer: str = ""
+    peer: str = ""
 
 
 def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
@@ -181,6 +183,9 @@ def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
     ``learned`` (domain set -> address -> DNS name) and ``conn``: the traced connection, whose
     address a rule matching a domain set was taught by that name."""
     chains = {c.name: c.rules for c in layout.table(model).chains} if model is not None else {}
+    ruled: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains] if model is not None else []
+    peer_chains = {p.name for c in ruled for p in c.peer_chains}
+    selects = {s.name: s.comment for s in model.sets} if model is not None else {}
     by_chain: dict[str, list[dict[str, Any]]] = {}
     for item in listing:
         if "rule" in item:
@@ -190,8 +195,10 @@ def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
         decided = chains.get(chain, ())
         for i, rule in enumerate(rules):
             decided_rule = decided[i] if len(decided) == len(rules) else None
+            peer = next((selects.get(st.name, st.name) for st in decided_rule.statements if isinstance(st, layout.AddressInSet)), "") \
+                if decided_rule is not None and chain in peer_chains else ""
             found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided_rule, _taught(decided_rule, learned, conn),
-                                                reject_answer(rule))
+                                                reject_answer(rule), peer)
     return found
 
 
@@ -222,12 +229,16 @@ def _taught(rule: layout.Rule | None, learned: Mapping[str, Mapping[str, str]] |
 
 def rule_text(listed: Listed | None) -> str:
     """A matched rule in words: a policy rule ``policy <policy> <direction> rule <i> (allows)``
-    (from its origin), a pod chain's rule ``pod <comment>``, any other its comment."""
+    (from its origin; in a rule's peer chain with what its peer set selects, ``(allows pods in
+    x: app=web)``, and the match of a port that jumps there ``...: a port of it, to its
+    peers``), a pod chain's rule ``pod <comment>``, any other its comment."""
     if listed is None:
         return "a rule"
     origin = listed.rule.origin if listed.rule is not None else None
     if origin is not None and origin.tier is None:
-        return f"policy {origin.policy} {origin.direction} rule {origin.index} (allows)"
+        if any(isinstance(s, layout.Jump) for s in listed.rule.statements):  # type: ignore[union-attr]
+            return f"policy {origin.policy} {origin.direction} rule {origin.index}: a port of it, to its peers"
+        return f"policy {origin.policy} {origin.direction} rule {origin.index} (allows{' ' + listed.peer if listed.peer else ''})"
     if listed.chain.startswith(tuple(POD_CHAIN_PREFIX.values())):
         return f"pod {listed.comment}"
     return f"{listed.comment or 'a rule'}; {listed.taught}" if listed.taught else listed.comment or "a rule"
