@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ip-family", choices=list(IP_FAMILIES), default="ipv4",
                         help="the cluster's IP families: ipv4, ipv6 (single-stack) or dual (dual-stack, IPv4 first)")
     args = parser.parse_args(argv)
+    args.report_dir = args.report_dir.resolve()  # ginkgo and the suites run with cwd in it
     missing = [tool for tool in ("helm", "ginkgo", "e2e-netpol.test", "cnp-conformance.test", "pause", "agnhost")
                if not (TOOLS / "bin" / tool).exists()]
     if missing:
