@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,3 +200,18 @@ def test_a_pipe_among_the_paths_is_read_once_whole(tmp_path):
         assert (out.returncode, out.stdout) == (0, alone.stdout), out.stderr
     out = piped(listed, nan)
     assert (out.returncode, out.stdout) == (0, run("render", "--node", "node1", str(listed), str(nan)).stdout), out.stderr
+
+
+def test_the_launcher_without_a_python3_says_so_in_one_line(tmp_path):
+    """The launcher (agent/cli/nftpolicy) copied where no python3 is beside it and none on PATH:
+    one line naming what to do, exit 127 (the shell's 'not found'), never the shell's own error."""
+    launcher = tmp_path / "bin" / "nftpolicy"
+    launcher.parent.mkdir()
+    launcher.write_bytes((REPO / "agent" / "cli" / "nftpolicy").read_bytes())
+    launcher.chmod(0o755)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "readlink").symlink_to(shutil.which("readlink"))
+    out = subprocess.run([str(launcher), "--help"], capture_output=True, text=True, env={"PATH": str(tools)}, timeout=30)
+    assert (out.returncode, out.stderr) == (127, f"nftpolicy: no python3 beside {launcher.parent}/ or on PATH: run it from the "
+                                                 "virtual environment it was installed in\n")

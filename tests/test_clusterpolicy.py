@@ -245,7 +245,7 @@ def test_fail_closed_keeps_good_rules_drops_bad_accepts_and_denies_for_bad_deny_
               egress=[rule("Deny", [{"future": {}}], key="to")])
     with pytest.raises(InvalidField):
         cluster_policy_from(obj)
-    policy = fail_closed_cluster_policy(obj)
+    policy = fail_closed_cluster_policy(obj, "spec.ingress[0]: bad")
     assert policy is not None and (policy.name, policy.tier, policy.priority) == ("p", "Admin", 3)
     assert policy.ingress == (ClusterRule("Accept", (ClusterPeer(namespaces=RAVENCLAW),)),
                               ClusterRule("Deny", (ClusterPeer(namespaces=LabelSelector()),), name="fail-closed rule 2"))
@@ -256,8 +256,8 @@ def test_fail_closed_keeps_good_rules_drops_bad_accepts_and_denies_for_bad_deny_
 def test_fail_closed_needs_tier_priority_and_subject():
     from nftpolicy.translators.clusterpolicy import fail_closed_cluster_policy
 
-    assert fail_closed_cluster_policy(cnp(priority=5000)) is None
-    assert fail_closed_cluster_policy(cnp(subject={})) is None
+    assert fail_closed_cluster_policy(cnp(priority=5000), "x") is None
+    assert fail_closed_cluster_policy(cnp(subject={}), "x") is None
 
 
 @pytest.mark.parametrize("command", [

@@ -217,3 +217,16 @@ def test_a_cell_a_cluster_policy_decides_names_its_rule():
     assert note == "deliberate: kube-router has no ClusterNetworkPolicy; in nftpolicy ClusterNetworkPolicy deny-y ingress rule 0 (Deny) " \
         "decides this cell"
     assert explain(cluster, ProbeSpec(81, "TCP"), "y/a", "x/a", kube_router=True, ours=False) is None  # no rule of it matches
+
+
+def test_the_report_says_why_each_left_out_item_is_left_out():
+    """An unreferenced set of kube-router's own is no 'not kube-router's network policy' (issue 34
+    item 10): the heading says they are not loaded, each line why."""
+    from nftpolicy.agent.testbed.compare import Comparison, format_report
+
+    report = Comparison(node="node1", local_pods=[], rules_kept=0, loader="nft", specs=[], families=["ipv4"], cells=0,
+                        differences=[], left_out=["ipset save: set KUBE-SRC-X: no kube-router rule of the dump references it"],
+                        not_built=[])
+    assert format_report(report).splitlines()[3:5] == [
+        "left out of the dump (1: not loaded into kube-router's twin; each line says why):",
+        "  ipset save: set KUBE-SRC-X: no kube-router rule of the dump references it"]

@@ -17,10 +17,11 @@ from nftpolicy.agent.daemon import events
 from nftpolicy.agent.daemon.events import (CRD_MISSING, INVALID, EventGone, EventRecorder, Subject,
                                            TokenBucket)
 from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.testbed.controlplane import free_port
 from nftpolicy.translators.validation import InvalidField
 
-from .agentenv import AgentEnv, RealApi
-from .conftest import clear_api, eventually
+from .agentenv import NFTPOLICY, AgentEnv, RealApi
+from .conftest import clear_api, eventually, http_get
 from .fakeapi import FakeApiServer
 from .fakeclock import FakeClock
 
@@ -308,3 +309,147 @@ def test_kubectl_describe_shows_the_event(control_plane, tmp_path):
     finally:
         env.close()
         clear_api(control_plane)
+
+
+# ---- one writer per object ------------------------------------------------------------------------
+
+NODES = frozenset(f"node-{i}" for i in range(5))
+
+
+def subject(i: int) -> Subject:
+    return Subject("NetworkPolicy", "networking.k8s.io/v1", "x", f"p{i}", f"uid-{i}", "1")
+
+
+def test_every_agent_picks_the_same_writer_and_a_node_leaving_moves_only_its_objects():
+    """Rendezvous hashing (events.event_writer): the choice depends on the set of Ready Nodes
+    alone (not its order), spreads the objects over the nodes, and a node that leaves hands on
+    only the objects it wrote."""
+    chosen = {i: events.event_writer(subject(i), NODES) for i in range(1000)}
+    assert chosen == {i: events.event_writer(subject(i), frozenset(sorted(NODES, reverse=True))) for i in range(1000)}
+    spread = sorted(list(chosen.values()).count(node) for node in NODES)
+    assert spread[0] > 120 and spread[-1] < 280, spread  # 200 each, give or take
+    fewer = {i: events.event_writer(subject(i), NODES - {"node-3"}) for i in range(1000)}
+    assert {i for i in chosen if chosen[i] != fewer[i]} == {i for i in chosen if chosen[i] == "node-3"}
+    assert events.event_writer(subject(1), frozenset()) is None
+
+
+@pytest.mark.parametrize("ready", [NODES, frozenset()])
+def test_an_invalid_object_s_event_is_written_by_one_agent_of_the_ready_nodes(ready):
+    """Five agents see the same invalid policy: one of them writes its Event when Nodes are
+    Ready (the others count other_writer); with no Ready Node known, each writes its own."""
+    written = {}
+    for node in sorted(NODES):
+        writer, metrics = MemoryWriter(), Metrics()
+        rec = EventRecorder(writer, node, metrics, ready_nodes=lambda: ready)
+        rec.failed_closed("NetworkPolicy", policy(), InvalidField("spec.ingress", "bad"), True)
+        rec.record(Subject.node(node), CRD_MISSING, "no CRD", event_type="Normal")  # a node's own: always written
+        drain(rec)
+        written[node] = (sorted(e["reason"] for e in writer.events.values()), count(metrics, "other_writer"))
+    if ready:
+        [first] = [node for node, (reasons, _) in written.items() if INVALID in reasons]
+        assert first == events.event_writer(Subject.of({**policy(), "kind": "NetworkPolicy"}), ready)
+        assert {node: w for node, w in written.items() if node != first} == {
+            node: ([CRD_MISSING], 1.0) for node in NODES - {first}}
+    else:
+        assert written == {node: ([CRD_MISSING, INVALID], 0.0) for node in NODES}
+
+
+def test_a_kernel_refusal_is_each_node_s_own_event():
+    writer, metrics = MemoryWriter(), Metrics()
+    rec = EventRecorder(writer, "node-0", metrics, ready_nodes=lambda: NODES)
+    for i in range(20):  # whoever ranks first for them, a refusal of this node's kernel is said here
+        rec.kernel_refused("NetworkPolicy", policy(name=f"p{i}"), "Invalid argument")
+    drain(rec)
+    assert len(writer.events) == 20 and count(metrics, "other_writer") == 0
+
+
+def test_the_store_knows_the_ready_nodes_from_lists_and_watches():
+    from nftpolicy.agent.daemon.store import Store
+
+    def node(name: str, status: str | None) -> dict:
+        conditions = [{"type": "MemoryPressure", "status": "False"}] + ([{"type": "Ready", "status": status}] if status else [])
+        return {"metadata": {"name": name}, "spec": {}, "status": {"conditions": conditions}}
+
+    store = Store(Metrics())
+    store.replace("Node", [node("a", "True"), node("b", "False"), node("c", None), node("d", "True")])
+    assert store.ready_nodes() == {"a", "d"}
+    store.take()
+    store.apply("Node", "MODIFIED", node("b", "True"))
+    assert not store.changed.is_set(), "a Node's readiness is no rule's: no sync"
+    store.apply("Node", "MODIFIED", node("a", "Unknown"))  # the node controller's verdict on a silent kubelet
+    store.apply("Node", "DELETED", node("d", "True"))
+    assert store.ready_nodes() == {"b"}
+
+
+def dns_policy(i: int, name: str = "example.com") -> dict:
+    """A ClusterNetworkPolicy the CRD accepts and nftpolicy refuses (DNS_POLICY's Deny of a name)."""
+    return {**DNS_POLICY, "metadata": {"name": f"deny-names-{i}"},
+            "spec": {**DNS_POLICY["spec"], "priority": 10 + i, "egress": [{**DNS_POLICY["spec"]["egress"][0], "to": [{"domainNames": [name]}]}]}}
+
+
+@pytest.mark.kernel
+@pytest.mark.tools("etcd", "kube-apiserver")
+def test_three_agents_write_one_event_per_invalid_object(control_plane, make_netns, tmp_path):
+    """Three agents against the real kube-apiserver, on nodes a and b (Ready) and c (its Ready
+    condition Unknown: the node controller's verdict on a silent kubelet), see eight invalid
+    ClusterNetworkPolicies: each gets one Event, from the agent that event_writer names among
+    the Ready Nodes; c's agent writes none (issue 34: 5,000 Events of one invalid policy at
+    5,000 nodes)."""
+    ready = {"node-a": "True", "node-b": "True", "node-c": "Unknown"}
+    for name, status in ready.items():
+        control_plane.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                             "status": {"conditions": [{"type": "Ready", "status": status}]}})
+    stored = [control_plane.apply(dns_policy(i)) for i in range(8)]
+    agents, logs, ports = [], [], {name: free_port() for name in ready}
+    try:
+        for name in ready:
+            logs.append(tmp_path / f"{name}.log")
+            agents.append(subprocess.Popen(
+                [NFTPOLICY, "agent", "--kubeconfig", control_plane.kubeconfig, "--node", name, "--netns", make_netns(),
+                 "--http-address", f"127.0.0.1:{ports[name]}", "--debug-address", "", "--min-sync-interval", "0.05"],
+                stdout=subprocess.DEVNULL, stderr=logs[-1].open("w")))
+
+        def left_to_others(node: str) -> float:
+            status, text = http_get(f"http://127.0.0.1:{ports[node]}/metrics")
+            found = re.search(r'^nftpolicy_events_total\{result="other_writer"\} (\S+)$', text, re.M) if status == 200 else None
+            return float(found.group(1)) if found else -1.0
+
+        def invalid_events() -> dict[str, list[str]]:
+            found: dict[str, list[str]] = {}
+            for e in control_plane.request("GET", "/api/v1/namespaces/default/events")["items"]:
+                if e["reason"] == INVALID and e["involvedObject"]["uid"] in uids:  # not an earlier test's
+                    found.setdefault(e["involvedObject"]["name"], []).append(f"{e['source']['host']} {e['count']}")
+            return found
+
+        uids = {p["metadata"]["uid"] for p in stored}
+        writers = frozenset(name for name, status in ready.items() if status == "True")
+        expected = {p["metadata"]["name"]: [f"{events.event_writer(Subject.of({**p, 'kind': 'ClusterNetworkPolicy'}), writers)} 1"]
+                    for p in stored}
+        assert {hosts[0].split()[0] for hosts in expected.values()} == writers, "eight objects spread over both"
+        eventually(invalid_events, expected, timeout=30)
+        for name in ready:  # each agent saw all eight and left to the others those it does not write
+            mine = sum(1 for hosts in expected.values() if hosts[0].startswith(f"{name} "))
+            eventually(lambda: left_to_others(name), 8.0 - mine, timeout=30)
+        assert invalid_events() == expected
+        assert all(agent.poll() is None for agent in agents), [log.read_text()[-2000:] for log in logs]
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            agent.wait(timeout=15)
+        clear_api(control_plane)
+        for name in ready:
+            control_plane.delete("Node", name)
+
+
+def test_an_invalid_object_s_event_waits_for_the_nodes_to_be_listed():
+    """Before the Nodes are listed nobody knows the writer: the Event waits (else every agent of
+    a rollout would write its own), then goes to the one event_writer names."""
+    nodes: list[frozenset[str] | None] = [None]
+    writer, metrics = MemoryWriter(), Metrics()
+    rec = EventRecorder(writer, "node-0", metrics, ready_nodes=lambda: nodes[0])
+    rec.failed_closed("NetworkPolicy", policy(), InvalidField("spec.ingress", "bad"), True)
+    pending = rec.queue.get_nowait()
+    assert rec.write(pending) is False and writer.writes == []
+    nodes[0] = frozenset({"node-0"})
+    assert rec.write(pending) is True and writer.writes == ["create"]

@@ -63,12 +63,24 @@ def test_json_output(capsys):
     verdicts = json.loads(out)
     assert code == 1 and [v["allowed"] for v in verdicts] == [True, False]
     assert verdicts[0]["connection"] == {"source": "10.244.1.12", "destination": "10.244.1.11", "protocol": "TCP", "port": 9090,
-                                         "icmp_type": "echo-request", "established": False}
+                                         "established": False}  # no icmp_type on TCP (issue 34 item 10)
     assert verdicts[0]["ingress"]["allowed_by"]["policy"] == "shop/api-ingress" and verdicts[0]["ingress"]["allowed_by"]["rule"] == 1
     assert verdicts[1]["ingress"]["policies"] == ["shop/api-ingress"] and [r["rule"] for r in verdicts[1]["ingress"]["rules"]] == [0, 1]
 
 
+@pytest.mark.parametrize("kubectl_form", [
+    "--from ops/prometheus --to shop/api:9090/TCP",
+    "--from ops/prometheus --to shop/api --port 9090/tcp",
+    "--from ops/prometheus --to shop/api --port metrics/TCP",
+])
+def test_explain_takes_the_kubectl_plugin_s_syntax_too(capsys, kubectl_form):
+    """kubectl nftpolicy's DST:PORT/PROTO and PORT/PROTO mean what --to and --port [PROTO/]PORT
+    mean here (issue 34 item 3: one syntax accepted by both)."""
+    assert explain_text(capsys, kubectl_form, SHOP) == explain_text(capsys, "--from ops/prometheus --to shop/api --port tcp/9090", SHOP)
+
+
 @pytest.mark.parametrize("args, message", [
+    ("--from shop/frontend --to svc/shop", "nftpolicy: --to svc/shop: expected svc/NAMESPACE/NAME"),
     ("--from shop/nothing --to shop/db", "nftpolicy: --from shop/nothing: no running pod with an address of that name"),
     ("--from shop/frontend --to 10.0.0.300/8", "nftpolicy: --to 10.0.0.300/8: not NS/POD, an address or a CIDR"),
     ("--from shop/frontend --to shop/db --port tcp/70000", "nftpolicy: --port tcp/70000: a port number is 1-65535"),
@@ -138,12 +150,26 @@ def test_an_agent_of_another_version_gets_one_line_naming_both_versions(capsys):
         "or kubectl nftpolicy explain, which reads the API server"]
 
 
+BROKEN_FRONTEND_INGRESS = """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: broken, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: frontend}}
+  ingress: [{ports: [{port: 70000}]}]
+"""
+
+
 @pytest.mark.kernel
 def test_explain_against_a_running_agent(make_netns, tmp_path):
     netns = make_netns()
     http, debug = free_port(), free_port()
     log = (tmp_path / "agent.log").open("w")
-    agent = subprocess.Popen([NFTPOLICY, "agent", "--manifests", SHOP, "--node", "node1", "--netns", netns,
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "cluster.yaml").write_text((REPO / "examples" / "shop" / "cluster.yaml").read_text())
+    (manifests / "broken.yaml").write_text(BROKEN_FRONTEND_INGRESS)
+    agent = subprocess.Popen([NFTPOLICY, "agent", "--manifests", str(manifests), "--node", "node1", "--netns", netns,
                               "--http-address", f"127.0.0.1:{http}", "--debug-address", f"127.0.0.1:{debug}"],
                              stdout=subprocess.DEVNULL, stderr=log)
     try:
@@ -168,6 +194,12 @@ def test_explain_against_a_running_agent(make_netns, tmp_path):
         assert denied.stdout.splitlines()[2] == "  ingress of shop/db-0: enforced on node node2, whose rules are not known here"
         unknown = ask("--from", "shop/api", "--to", "shop/db", "--port", "5432")
         assert unknown.returncode == 1 and unknown.stdout.startswith("UNKNOWN  shop/api-5f6b7c9d4-q8w2n -> shop/db-0 TCP/5432")
+        # an invalid policy is enforced fail-closed, and explain names it and why (issue 34 item 7)
+        closed = ask("--from", "ops/prometheus", "--to", "shop/frontend", "--port", "8080")
+        assert closed.returncode == 1 and closed.stdout.splitlines()[2] == (
+            "  ingress of shop/frontend-7d9c8b6f5-x2k4p: isolated by shop/broken; no rule allows "
+            "ops/prometheus-0 on TCP/8080; shop/broken is enforced fail-closed: "
+            "spec.ingress[0].ports[0].port: must be between 1 and 65535, got 70000; the kernel rejects it with a TCP reset")
         # the node itself (kubelet probes) always reaches its pods: the agent knows its node's addresses
         kubelet = ask("--from", "172.18.0.2", "--to", "shop/api", "--port", "8080")
         assert kubelet.returncode == 0 and kubelet.stdout.splitlines()[2] == (
@@ -198,3 +230,32 @@ def test_the_debug_endpoint_holds_the_sync_lock_only_to_take_the_model(monkeypat
         server.shutdown()
     assert status == 200 and len(json.loads(body)["pods"]) == 6
     assert held and not any(held)
+
+
+def test_json_names_an_icmp_type_only_for_icmp(capsys):
+    _, out = explain_text(capsys, "--from ops/prometheus --to shop/api --port icmp --port udp/53 --output json", SHOP)
+    assert [(v["connection"]["protocol"], v["connection"].get("icmp_type")) for v in json.loads(out)] == [
+        ("ICMP", "echo-request"), ("UDP", None)]
+
+
+DUAL = """
+apiVersion: v1
+kind: List
+items:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x}}
+  - {apiVersion: v1, kind: Pod, metadata: {namespace: x, name: a}, spec: {nodeName: node1, containers: [{name: c}]},
+     status: {phase: Running, podIPs: [{ip: 10.244.1.5}, {ip: "fd00:10:244:1::5"}]}}
+  - {apiVersion: v1, kind: Pod, metadata: {namespace: x, name: b}, spec: {nodeName: node1, containers: [{name: c}]},
+     status: {phase: Running, podIPs: [{ip: 10.244.1.6}, {ip: "fd00:10:244:1::6"}]}}
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["--ipv6"]])
+def test_explain_asks_over_ipv6_when_told(tmp_path, flags):
+    """Both ends dual-stack: IPv4 by default, IPv6 with --ipv6 (issue 34: explain had no --ipv6)."""
+    (tmp_path / "d.yaml").write_text(DUAL)
+    out = subprocess.run([NFTPOLICY, "explain", "--from", "x/a", "--to", "x/b", "--port", "80", "--output", "json", *flags,
+                          str(tmp_path / "d.yaml")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (verdict,) = json.loads(out.stdout)
+    assert verdict["connection"]["destination"] == ("fd00:10:244:1::6" if flags else "10.244.1.6")

@@ -222,7 +222,9 @@ def test_empty_input_ends_in_a_summary_and_exit_3(tmp_path, make):
         (tmp_path / "x.yaml").write_text("# nothing\n")
     out = run("render", str(tmp_path))
     assert (out.returncode, out.stderr) == (3, f"nftpolicy: no Pod, Namespace, NetworkPolicy, ClusterNetworkPolicy, Node or workload found in {tmp_path}{SUMMARY}\n")
-    assert run("render", "--accept-skipped", str(tmp_path)).returncode == 0
+    assert out.stdout == ""  # no table for an input of nothing (issue 34: it printed one before exit 3)
+    accepted = run("render", "--accept-skipped", str(tmp_path))
+    assert accepted.returncode == 0 and "table inet nftpolicy" in accepted.stdout
     for command in ("explain", "trace"):  # before they look for the pods
         out = run(command, "--from", "a/b", "--to", "c/d", str(tmp_path))
         assert (out.returncode, out.stderr, out.stdout) == \
@@ -267,7 +269,7 @@ status: {phase: Running, podIP: 10.244.0.5}
 def test_explain_says_a_host_network_pod_is_one(tmp_path):
     (tmp_path / "h.yaml").write_text(HOST_NETWORK)
     out = run("explain", "--from", "default/client", "--to", "kube-system/kube-proxy", str(tmp_path))
-    assert (out.returncode, out.stderr) == (2, "nftpolicy: --to kube-system/kube-proxy: kube-system/kube-proxy-x7k2p is a "
+    assert (out.returncode, out.stderr.splitlines(keepends=True)[-1]) == (2, "nftpolicy: --to kube-system/kube-proxy: kube-system/kube-proxy-x7k2p is a "
                                                "hostNetwork pod: it uses node node1's address (192.168.1.10), and NetworkPolicies "
                                                "do not apply to it; give that address\n")
     out = run("explain", "--from", "default/client", "--to", "192.168.1.10", str(tmp_path))
@@ -333,9 +335,9 @@ def test_sandbox_on_a_file_that_is_not_utf8_skips_it(tmp_path):
 
 
 def test_an_abbreviated_flag_is_not_taken_for_a_longer_one():
-    out = run("explain", "--node", "node1", "--from", "default/a", "--to", "default/b", "examples/shop")
+    out = run("explain", "--node-port", "30000-32767", "--from", "default/a", "--to", "default/b", "examples/shop")
     assert out.returncode == 2
-    assert "node-port-range" not in out.stderr and "--node" in out.stderr, out.stderr
+    assert "--node-port-range" not in out.stderr and "--node-port" in out.stderr, out.stderr
 
 
 def test_explain_accepts_a_pod_without_an_address(tmp_path):
@@ -384,7 +386,7 @@ def test_a_dump_error_names_the_file(tmp_path):
     dump = tmp_path / "node1.iptables-save"
     dump.write_text("*filter\n:INPUT ACCEPT [0:0]\nbogus line\nCOMMIT\n")
     out = run("compare", "--node", "node1", "--iptables-save", str(dump), "--ipset-save", str(DUMP / "node1.ipset-save"), SHOP)
-    assert (out.returncode, out.stderr) == (2, f"nftpolicy: {dump}:3: expected '-A <chain> ...', got 'bogus line'\n")
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: --iptables-save {dump}:3: expected '-A <chain> ...', got 'bogus line'\n")
 
 
 @pytest.mark.kernel
@@ -602,3 +604,62 @@ def test_explain_refuses_a_port_name_the_destination_does_not_have(tmp_path, to,
     (tmp_path / "s.yaml").write_text(SERVICE_WITH_NAMES)
     out = run("explain", "--accept-skipped", "--from", "demo/client", "--to", to, "--port", port, str(tmp_path))
     assert (out.returncode, out.stderr.splitlines()[-1]) == (2, f"nftpolicy: {error}")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--from", "demo/web", "--to", "demo/db-0", "--port", "5432"], "--from demo/web is Deployment demo/web"),
+    (["--from", "demo/db-0", "--to", "demo/report", "--port", "8080"], "--to demo/report is CronJob demo/report"),
+])
+def test_explain_takes_a_workload_s_name_for_one_of_its_pods(tmp_path, args, said):
+    """A Deployment's (or any workload's) name where one pod is meant: its first pod answers,
+    said with the stand-in's name, which the sandbox legend alone showed (issue 34 item 8)."""
+    (tmp_path / "w.yaml").write_text(WORKLOADS)
+    out = run("explain", *args, str(tmp_path))
+    assert "workloads stand in" not in out.stderr  # render's and sandbox's line, not one per question
+    line = next(line for line in out.stderr.splitlines() if said in line)
+    pod = re.fullmatch(rf"nftpolicy: {said}: its pod (\S+) answers for its 2 pods \(the same labels\)", line).group(1)
+    asked = [pod if a in ("demo/web", "demo/report") else a for a in args]
+    same = run("explain", *asked, str(tmp_path))
+    assert (out.returncode, out.stdout) == (same.returncode, same.stdout) and out.returncode in (0, 1), out.stderr
+
+
+TWO_NODES = """
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b}
+"""
+
+
+@pytest.mark.parametrize("flags, placed", [
+    ([], r"demo/web-\S+ 10\.244\.0\.10, demo/web-\S+ 10\.244\.1\.10"),  # one on each Node object, no phantom node1
+    (["--node", "node-b"], r"demo/web-\S+ 10\.244\.0\.10, demo/web-\S+ 10\.244\.0\.11"),  # both on the node given
+])
+def test_explain_places_stand_ins_on_the_manifests_nodes_as_the_sandbox_does(tmp_path, flags, placed):
+    """Pods without spec.nodeName go round-robin over --node, else the manifests' Node objects
+    (placement_nodes, which sandbox uses too), not a node1 the manifests lack (issue 34 item 2)."""
+    (tmp_path / "w.yaml").write_text(WORKLOADS.split("---\napiVersion: apps/v1\nkind: StatefulSet")[0] + "---" + TWO_NODES)
+    out = run("explain", "--from", "demo/web", "--to", "10.0.0.1", *flags, str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stderr.splitlines() if "without status.podIP" in line)
+    assert re.fullmatch(rf"nftpolicy: 2 pods without status.podIP get the sandbox's addresses: {placed}", line), line
+
+
+@pytest.mark.tools("helm")
+def test_a_bad_debug_address_is_one_line_without_the_pattern():
+    out = helm("template", "x", str(CHART), "--set", "agent.debugAddress=unix:run/debug.sock", check=False)
+    assert out.returncode != 0
+    assert out.stderr.splitlines()[0].endswith('agent.debugAddress: "unix:run/debug.sock" is not unix:/run/nftpolicy/NAME '
+                                               "(NAME: letters, digits, . _ -; at most 64), 127.x.x.x:PORT or [::1]:PORT "
+                                               "(PORT 1-65535), or empty (off)"), out.stderr
+    assert "[0-9]" not in out.stderr
+
+
+@pytest.mark.tools("helm")
+def test_a_whole_number_image_tag_is_taken():
+    out = helm("template", "x", str(CHART), "--set", "image.tag=2", check=False)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"image: \"\S+:2\"$", out.stdout, re.M)

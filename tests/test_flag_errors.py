@@ -301,3 +301,12 @@ def test_a_certificate_that_cannot_be_used_is_one_line(tmp_path):
                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert f"--tls-cert-file: cannot use the certificate {tmp_path}/cert.pem with the key {tmp_path}/cert.pem: " in out.stderr
+
+
+def test_swapped_dumps_given_to_compare_name_the_flag_and_say_so():
+    """--iptables-save and --ipset-save the wrong way round: the line names the flag, not only the
+    file, and says what the file holds (issue 34 item 10)."""
+    out = run("compare", "--node", "node1", "--iptables-save", str(DUMPS / "node1.ipset-save"),
+              "--ipset-save", str(DUMPS / "node1.iptables-save"), SHOP)
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: --ipset-save {DUMPS / 'node1.iptables-save'}:2: expected 'create' or "
+                                               "'add', got '*filter' (iptables-save output: is the iptables dump given as the ipset one?)\n")

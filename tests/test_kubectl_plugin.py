@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from nftpolicy.agent.cli.kubectl import main as plugin
-from nftpolicy.agent.cli.kubectl.explain import explain_port, split_port
+from nftpolicy.agent.cli.commands.explain import explain_port, split_port
 from nftpolicy.agent.cli.kubectl.status import agent_status
 from nftpolicy.agent.cli.kubectl.podexec import debug_url, exec_status
 from nftpolicy.agent.cli.kubectl.trace import trace_argv

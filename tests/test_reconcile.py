@@ -290,3 +290,16 @@ def test_the_fake_prints_its_table():
         assert f"\tchain {chain.name} {{" in text
     assert "ip daddr vmap @KUBE-POD-IN-MAP4" in text and "ip saddr vmap @KUBE-POD-EG-MAP4" in text
     assert dataplane.remove() and dataplane.text() == "" and not dataplane.remove()
+
+
+def test_a_sync_rendered_after_the_stop_commits_nothing():
+    """SIGTERM while a sync renders (the first full one at scale takes seconds): the agent once
+    committed after logging the stop (1 run in 12, issue 34); now the sync ends uncommitted."""
+    store, dataplane = _store(_objects()), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane)
+    reconciler.stop = threading.Event()
+    reconciler.stop.set()
+    assert reconciler.sync(full=True) is False
+    assert dataplane.transactions == []
+    reconciler.stop.clear()
+    assert reconciler.sync(full=True) is True and len(dataplane.transactions) == 1

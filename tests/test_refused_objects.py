@@ -79,8 +79,8 @@ def _expected(objects: list[dict[str, Any]], refused: set[tuple[str, str]]) -> A
     """The fake table of ``objects`` where each refused policy is its stand-in."""
     cluster, errors = build_cluster(("test", o) for o in objects)
     assert not errors
-    cluster.policies.update({k: refusals.stand_in(p) for k, p in cluster.policies.items() if ("NetworkPolicy", k) in refused})
-    cluster.cluster_policies.update({k: refusals.stand_in(p) for k, p in cluster.cluster_policies.items()
+    cluster.policies.update({k: refusals.stand_in(p, "refused") for k, p in cluster.policies.items() if ("NetworkPolicy", k) in refused})
+    cluster.cluster_policies.update({k: refusals.stand_in(p, "refused") for k, p in cluster.cluster_policies.items()
                                      if ("ClusterNetworkPolicy", k) in refused})
     return FakeTable().apply(transaction.full(build_rule_model(cluster, NODE))).state()
 

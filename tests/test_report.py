@@ -147,13 +147,16 @@ def test_sandbox_json_report_and_html_on_the_example(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     (section,) = json.loads(out.stdout)["sections"]
-    assert len(section["pods"]) == 6 and len(section["matrices"]) == 4
+    # the container ports and the policies' own (a range's ends and the port after it: 6000, 6999, 7000; DNS's 53)
+    assert [(m["protocol"], m["port"]) for m in section["matrices"]] == [
+        ("TCP", 53), ("UDP", 53), ("TCP", 5432), ("TCP", 6000), ("TCP", 6379), ("TCP", 6999), ("TCP", 7000), ("TCP", 8080), ("TCP", 9090)]
+    assert len(section["pods"]) == 6
     assert all(len(m["cells"]) == 36 for m in section["matrices"])
     cell = next(c for m in section["matrices"] if m["port"] == 5432 for c in m["cells"]
                 if c["from"] == "shop/api-5f6b7c9d4-q8w2n" and c["to"] == "shop/db-0")
     assert cell["allowed"] is True
     dom, _ = _browser_dom(page, tmp_path)
-    assert len(re.findall(r'<td class="cell ', dom)) == 4 * 36
+    assert len(re.findall(r'<td class="cell ', dom)) == 9 * 36
 
 
 @pytest.mark.kernel

@@ -147,3 +147,16 @@ def test_a_killed_sandbox_takes_its_daemons_along():
         if directory:
             shutil.rmtree(directory, ignore_errors=True)
         netns.delete(sorted(_ours()[1] - netns_before))
+
+
+@pytest.mark.kernel
+def test_probes_that_fail_even_to_a_pod_s_own_address_are_refused():
+    """A timeout too short for the machine failed every probe and the sandbox said 'blocked'
+    everywhere with exit 0 (issue 34's earlier findings): a pod to itself is always allowed, so
+    such a run is refused in one line, exit 2."""
+    out = subprocess.run([NFTPOLICY, "sandbox", "--timeout", "0.0001", str(REPO / "examples" / "shop")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert re.fullmatch(r"nftpolicy: \d+ probes of a pod to its own address failed \(always allowed\), e\.g\. \S+ \(\w+/\d+\): "
+                        r"--timeout 0\.0001 is too short for this machine, or the sandbox's servers did not answer; no cell can "
+                        r"be trusted\n", out.stderr), out.stderr

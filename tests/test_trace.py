@@ -40,6 +40,24 @@ def test_an_allowed_packet_shows_the_policy_rules_that_allowed_it():
     assert lines[-1] == "  KUBE-ROUTER-FORWARD: end of chain, policy -> accept"
 
 
+SERVICE = """
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: shop}
+spec: {selector: {app: api}, ports: [{name: metrics, port: 80, targetPort: 9090}]}
+"""
+
+
+@pytest.mark.parametrize("to", [["--to", "shop/api", "--port", "80"], ["--to", "svc/shop/api:80/TCP"]])
+def test_a_packet_to_a_service_goes_to_its_pod_on_the_target_port(tmp_path, to):
+    """trace --to a Service (issue 34: refused) sends to its first pod on the target port, as
+    kube-proxy would; kubectl nftpolicy's form is read too."""
+    (tmp_path / "svc.yaml").write_text(SERVICE)
+    result = trace("--from", "ops/prometheus", *to, SHOP, str(tmp_path / "svc.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "TRACE  ops/prometheus-0 -> shop/api-5f6b7c9d4-q8w2n TCP/9090: connected"
+
+
 def test_a_denied_packet_shows_the_reject():
     result = trace("--from", "shop/frontend", "--to", "shop/db", "--port", "tcp/5432", SHOP)
     lines = result.stdout.splitlines()

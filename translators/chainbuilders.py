@@ -83,7 +83,7 @@ def build_policy_chain(policy: NetworkPolicy, direction: Direction, families: tu
         found = rule_matches(direction, peers, _policy_ports(rule), targets, families, _user(keys))
         rules.extend(MatchRule(*match, origin, text) for match in found)
     name = hashed_name("KUBE-NWPLCY-", policy.namespace, policy.name, direction)
-    return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"))
+    return PolicyChain(name, policy.key, direction, tuple(rules), comment(f"{policy.key} {direction}"), policy.fail_closed)
 
 
 POD_CHAIN_PREFIX: dict[Direction, str] = {"ingress": "KUBE-POD-IN-", "egress": "KUBE-POD-EG-"}  # as long as kube-router's KUBE-POD-FW-
@@ -134,7 +134,7 @@ def build_tier_chain(policy: ClusterNetworkPolicy, direction: Direction, familie
         found = rule_matches(direction, peers, _cluster_ports(rule), targets, families, _user(keys))
         rules.extend(MatchRule(*match, origin, text) for match in found)
     return TierChain(tier_chain_name(policy, direction), policy.name, policy.tier, direction, tuple(rules),
-                     comment(f"{policy.name} {policy.tier} {direction}"))
+                     comment(f"{policy.name} {policy.tier} {direction}"), policy.fail_closed)
 
 
 def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports: Sequence[PortMatch | NamedPort],

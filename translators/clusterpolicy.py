@@ -241,13 +241,14 @@ def cluster_policy_from(obj: Mapping[str, Any], new: bool = False) -> ClusterNet
     )
 
 
-def fail_closed_cluster_policy(obj: Mapping[str, Any]) -> ClusterNetworkPolicy | None:
+def fail_closed_cluster_policy(obj: Mapping[str, Any], reason: str) -> ClusterNetworkPolicy | None:
     """For a ClusterNetworkPolicy that failed validation (the agent should never meet one from
     the API server; an incompatible CRD version could hold fields it does not know): the policy
     with each rule that fails validation replaced as the API reference prescribes for a peer it
     cannot read ("For Accept rules, fail closed means: treat the rule as matching no traffic.
     For Deny and Pass rules, fail closed means: treat the rule as a 'Deny all' rule"): an Accept
-    rule is left out, any other becomes Deny from/to every pod (and, for egress, every address).
+    rule is left out, any other becomes Deny from/to every pod (and, for egress, every address);
+    ``reason`` (the validation error) is kept as ``fail_closed``, for explain to name.
 
     None when the tier, priority or subject cannot be read (the policy cannot be placed).
     """
@@ -269,7 +270,7 @@ def fail_closed_cluster_policy(obj: Mapping[str, Any]) -> ClusterNetworkPolicy |
                     kept[direction].append(deny_everything(direction, i))
     return ClusterNetworkPolicy(name=skeleton.name, tier=skeleton.tier, priority=skeleton.priority,
                                 subject_namespaces=skeleton.subject_namespaces, subject_pods=skeleton.subject_pods,
-                                ingress=tuple(kept["ingress"]), egress=tuple(kept["egress"]))
+                                ingress=tuple(kept["ingress"]), egress=tuple(kept["egress"]), fail_closed=reason)
 
 
 def deny_everything(direction: Direction, index: int) -> ClusterRule:
@@ -282,10 +283,11 @@ def deny_everything(direction: Direction, index: int) -> ClusterRule:
     return ClusterRule("Deny", tuple(everything), name=f"fail-closed rule {index}")
 
 
-def closed_cluster_policy(policy: ClusterNetworkPolicy) -> ClusterNetworkPolicy:
+def closed_cluster_policy(policy: ClusterNetworkPolicy, reason: str) -> ClusterNetworkPolicy:
     """``policy`` with every rule failed closed as the API reference prescribes for a rule it
     cannot read (see :func:`fail_closed_cluster_policy`): each ``Accept`` rule left out, each
-    other :func:`deny_everything`; tier, priority and subject kept."""
+    other :func:`deny_everything`; tier, priority and subject kept, ``reason`` as ``fail_closed``."""
     def closed(direction: Direction, rules: tuple[ClusterRule, ...]) -> tuple[ClusterRule, ...]:
         return tuple(deny_everything(direction, i) for i, rule in enumerate(rules) if rule.action != "Accept")
-    return dataclasses.replace(policy, ingress=closed("ingress", policy.ingress), egress=closed("egress", policy.egress))
+    return dataclasses.replace(policy, ingress=closed("ingress", policy.ingress), egress=closed("egress", policy.egress),
+                               fail_closed=reason)

@@ -110,7 +110,8 @@ def parse_iptables_save(text: str, source: str = "iptables-save") -> dict[str, S
         elif line == "COMMIT":
             current = None
         elif current is None:
-            raise DumpError(f"{where}: {line[:60]!r} outside a *table ... COMMIT block")
+            swapped = " (ipset save output: is the ipset dump given as the iptables one?)" if line.startswith(("create ", "add ")) else ""
+            raise DumpError(f"{where}: {line[:60]!r} outside a *table ... COMMIT block{swapped}")
         elif line.startswith(":"):
             parts = line[1:].split()
             if len(parts) < 2:
@@ -154,7 +155,8 @@ def parse_ipset_save(text: str, source: str = "ipset save") -> dict[str, SavedSe
                 raise DumpError(f"{source}:{number}: 'add' to set {words[1]} before its 'create'")
             adds[words[1]].append(line)
         else:
-            raise DumpError(f"{source}:{number}: expected 'create' or 'add', got {line[:60]!r}")
+            swapped = " (iptables-save output: is the iptables dump given as the ipset one?)" if line.startswith(("*", ":", "-A ")) else ""
+            raise DumpError(f"{source}:{number}: expected 'create' or 'add', got {line[:60]!r}{swapped}")
     return {name: SavedSet(name, create, tuple(adds[name])) for name, create in creates.items()}
 
 

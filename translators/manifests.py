@@ -14,7 +14,9 @@ a ``metadata.generateName`` without a name gets a name, as the API server does.
 Manifests are validated as the API server validates a create (``new=True``): CIDRs with host
 bits or IPv4-mapped IPv6 addresses are refused (kube-apiserver v1.36 does); objects read from the
 API may still hold such values, stored before the API server refused them (it keeps serving them),
-and are read as the API server reads them (host bits masked).
+and are read as the API server reads them (host bits masked). So is an object of a dump
+(``kubectl get -o yaml``): one with ``metadata.resourceVersion``, which only the API server sets
+(:func:`is_stored`).
 """
 
 from __future__ import annotations
@@ -392,8 +394,19 @@ def json_list_objects(chunks: Iterable[str], origin: str, errors: list[ManifestE
         raise NotStreamable("items given twice")
 
 
+def is_stored(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` was served by an API server (a dump's object, ``kubectl get -o yaml``): its
+    ``metadata.resourceVersion`` is a non-empty string, which the API server sets on every object
+    it stores and ignores in a create. Such an object is read as stored (``new=False``), as the
+    agent reads it: a CIDR with host bits that an older API server accepted is masked, not refused."""
+    meta = obj.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return isinstance(version, str) and bool(version)
+
+
 def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[ManifestError]]:
     """Build a :class:`Cluster` from ``(origin, object)`` pairs; a later object of the same name wins.
+    An object to be created is validated as a create, a dump's object as stored (:func:`is_stored`).
 
     Returns the cluster and the errors of the objects left out.
     """
@@ -419,10 +432,10 @@ def build_cluster(objects: Iterable[tuple[str, Any]]) -> tuple[Cluster, list[Man
                 pod = pod_from(obj)
                 pods[pod.key] = pod
             elif kind == "NetworkPolicy":
-                policy = policy_from(obj, new=True)
+                policy = policy_from(obj, new=not is_stored(obj))
                 policies[policy.key] = policy
             elif kind == "ClusterNetworkPolicy":
-                cluster_policy = cluster_policy_from(obj, new=True)
+                cluster_policy = cluster_policy_from(obj, new=not is_stored(obj))
                 cluster_policies[cluster_policy.key] = cluster_policy
             else:
                 node = node_from(obj)
@@ -555,6 +568,17 @@ def node_from(obj: Mapping[str, Any]) -> Node:
     labels = labels_field(obj["metadata"].get("labels"), "metadata.labels")
     return Node(name=name, addresses=tuple(addresses), pod_cidrs=tuple(cidrs), labels=Labels.interned(labels),
                 peer_addresses=tuple(peer_addresses))
+
+
+def node_ready(obj: Mapping[str, Any]) -> bool:
+    """Whether a Node object's ``Ready`` condition has status ``True`` (the kubelet's heartbeat:
+    the NodeCondition API reference); False without one. Never raises: a status it cannot read
+    is not ready. Not part of :class:`Node` (no rule depends on it, and a Node's readiness
+    changing must not wake a sync): the agent reads it to choose who writes an object's Events."""
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    return isinstance(conditions, list) and any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
+                                                for c in conditions)
 
 
 NODE_PEER_ADDRESS_TYPES = ("InternalIP", "ExternalIP")  # the Node addresses a nodes peer matches
@@ -802,14 +826,15 @@ def policy_from(obj: Mapping[str, Any], new: bool = False) -> NetworkPolicy:
     )
 
 
-def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
+def fail_closed_policy(obj: Mapping[str, Any], reason: str) -> NetworkPolicy | None:
     """For a NetworkPolicy that failed validation: a policy with no rules that isolates the pods
     it selects, for the directions it names (DESIGN.md section 4: an unrenderable policy fails
     closed for its pods and never blocks other policies).
 
     An unreadable podSelector selects every pod of the namespace; policyTypes default as the API
-    server does (Ingress, plus Egress when egress rules are present). None when the object has no
-    name at all.
+    server does (Ingress, plus Egress when egress rules are present); ``reason`` (the validation
+    error) is kept as :attr:`NetworkPolicy.fail_closed`, for explain to name. None when the object
+    has no name at all.
     """
     meta = _mapping_or_empty(obj.get("metadata"))
     name = meta.get("name")
@@ -826,5 +851,5 @@ def fail_closed_policy(obj: Mapping[str, Any]) -> NetworkPolicy | None:
         directions = {"ingress", "egress"} if isinstance(spec.get("egress"), list) and spec["egress"] else {"ingress"}
     return NetworkPolicy(
         namespace=str(meta.get("namespace") or "default"), name=name, pod_selector=selector,
-        policy_types=frozenset(directions),
+        policy_types=frozenset(directions), fail_closed=reason,
     )

@@ -174,7 +174,8 @@ class NetworkPolicy:
     """A NetworkPolicy with defaulted ``policy_types``.
 
     ``policy_types`` follows the API server's defaulting: Ingress always, plus Egress when the
-    spec has egress rules, unless the object lists them.
+    spec has egress rules, unless the object lists them. ``fail_closed``: why this is the
+    rule-less stand-in of an invalid object (DESIGN.md section 4), None for a valid policy.
     """
 
     namespace: str
@@ -183,6 +184,7 @@ class NetworkPolicy:
     policy_types: frozenset[Direction]
     ingress: tuple[PolicyRule, ...] = ()
     egress: tuple[PolicyRule, ...] = ()
+    fail_closed: str | None = None  # a fail-closed stand-in's reason: the object's validation error
 
     @property
     def key(self) -> str:
@@ -246,6 +248,7 @@ class ClusterNetworkPolicy:
     subject_pods: tuple[LabelSelector, LabelSelector] | None = None
     ingress: tuple[ClusterRule, ...] = ()
     egress: tuple[ClusterRule, ...] = ()
+    fail_closed: str | None = None  # as NetworkPolicy.fail_closed: why its rules were failed closed
 
     @property
     def key(self) -> str:

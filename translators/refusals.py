@@ -46,12 +46,14 @@ def only(table: layout.Table, policies: Collection[PolicyRef]) -> layout.Table:
     return dataclasses.replace(table, sets=tuple(s for s in table.sets if s.name in named), chains=chains, maps=())
 
 
-def stand_in(policy: NetworkPolicy | ClusterNetworkPolicy) -> NetworkPolicy | ClusterNetworkPolicy:
+def stand_in(policy: NetworkPolicy | ClusterNetworkPolicy, reason: str) -> NetworkPolicy | ClusterNetworkPolicy:
     """What the table enforces in place of ``policy`` once the kernel refused it: a NetworkPolicy
     without rules (it isolates the pods it selects, in its policyTypes, allowing nothing: as
     :func:`~nftpolicy.translators.manifests.fail_closed_policy`), a ClusterNetworkPolicy as
     :func:`~nftpolicy.translators.clusterpolicy.closed_cluster_policy`. Its rules print no text of
-    the policy's but its name (an object name: the API server's validation, and ours)."""
+    the policy's but its name (an object name: the API server's validation, and ours).
+    ``reason``: the kernel's refusal, kept as ``fail_closed`` for explain to name."""
+    why = f"the kernel refused its rules: {reason}"
     if isinstance(policy, NetworkPolicy):
-        return dataclasses.replace(policy, ingress=(), egress=())
-    return closed_cluster_policy(policy)
+        return dataclasses.replace(policy, ingress=(), egress=(), fail_closed=why)
+    return closed_cluster_policy(policy, why)

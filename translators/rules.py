@@ -139,19 +139,22 @@ class MatchRule:
 
 @dataclass(frozen=True)
 class PolicyChain:
-    """``KUBE-NWPLCY-<hash>`` for one policy and one direction; no rules means deny all."""
+    """``KUBE-NWPLCY-<hash>`` for one policy and one direction; no rules means deny all.
+    ``fail_closed``: why the policy is enforced fail-closed (:attr:`NetworkPolicy.fail_closed`)."""
 
     name: str
     policy: str
     direction: Direction
     rules: tuple[MatchRule, ...]
     comment: str
+    fail_closed: str | None = None
 
 
 @dataclass(frozen=True)
 class TierChain:
     """``KUBE-ANP-<hash>`` (Admin tier) or ``KUBE-BANP-<hash>`` (Baseline tier) for one
-    ClusterNetworkPolicy and one direction: its rules in precedence order."""
+    ClusterNetworkPolicy and one direction: its rules in precedence order. ``fail_closed``: why
+    its rules were failed closed (:attr:`ClusterNetworkPolicy.fail_closed`)."""
 
     name: str
     policy: str
@@ -159,6 +162,7 @@ class TierChain:
     direction: Direction
     rules: tuple[MatchRule, ...]
     comment: str
+    fail_closed: str | None = None
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ class DirectionVerdict:
     cluster_action: str | None = None  # its tier and action: "Admin Deny", "Baseline Accept"
     peer_node: str | None = None  # the Node whose address the other end is (a nodes peer matches it)
     refusal: Refusal | None = None  # what the kernel does with the packet when it is not allowed
+    fail_closed: tuple[tuple[str, str], ...] = ()  # (policy, why) of each deciding policy enforced fail-closed
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,12 @@ class Verdict:
     ingress: DirectionVerdict
 
     def as_json(self) -> dict[str, Any]:
-        """The verdict as plain JSON data (``explain --output json``)."""
-        return dataclasses.asdict(self)
+        """The verdict as plain JSON data (``explain --output json``); the connection's
+        ``icmp_type`` only for ICMP (a TCP, UDP or SCTP connection has none)."""
+        data = dataclasses.asdict(self)
+        if self.connection.protocol != "ICMP":
+            del data["connection"]["icmp_type"]
+        return data
 
 
 class _Node:
@@ -279,12 +284,18 @@ class Enforcement:
             if rule.origin.tier is not None:
                 action = rule.origin.action
                 return dataclasses.replace(side, allowed=action == "Accept", cluster_rule=summary,
-                                           cluster_action=f"{rule.origin.tier} {action}")
+                                           cluster_action=f"{rule.origin.tier} {action}", fail_closed=_why_closed([chain]))
             return dataclasses.replace(side, allowed_by=summary)
         if walk.allowed:
             return side
         summaries = tuple(s for t in targets for s in _summaries(index, t, [r for r in t.rules if r.family in (None, conn.family)]))
-        return dataclasses.replace(side, allowed=False, rules=summaries)
+        return dataclasses.replace(side, allowed=False, rules=summaries, fail_closed=_why_closed(targets))
+
+
+def _why_closed(chains: Sequence[PolicyChain | TierChain]) -> tuple[tuple[str, str], ...]:
+    """``(policy, why)`` of each of ``chains`` whose policy is enforced fail-closed (DESIGN.md
+    section 4: invalid, or refused by the kernel), each policy once."""
+    return tuple(dict.fromkeys((c.policy, c.fail_closed) for c in chains if c.fail_closed))
 
 
 def _deciding_rule(index: _Node, walk: Walk) -> tuple[PolicyChain | TierChain, MatchRule] | None:
@@ -413,7 +424,8 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
         verb = "allowed" if action == "Accept" else "denied"
         peer = conn.destination if side.direction == "egress" else conn.source
         node = f", {peer} is an address of node {side.peer_node}" if side.peer_node is not None else ""
-        return f"{head}: {verb} by the {tier} tier: ClusterNetworkPolicy {_rule_text(side.cluster_rule, True)}{node}{_refused(side)}"
+        return (f"{head}: {verb} by the {tier} tier: ClusterNetworkPolicy {_rule_text(side.cluster_rule, True)}{node}"
+                f"{_closed(side)}{_refused(side)}")
     if not side.isolated:
         return f"{head}: not isolated (no policy selects it for {side.direction}), allowed"
     isolated = f"isolated by {', '.join(side.policies)}"
@@ -421,8 +433,15 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
         return f"{head}: {isolated}; allowed by {_rule_text(side.allowed_by, True)}"
     peer = conn.destination if side.direction == "egress" else conn.source
     target = f"{_name(verdict, peer)} on {conn.text()}"
-    allowing = "; ".join(_rule_text(s, len(side.policies) > 1, "allows") for s in side.rules) or "its policies have no rules: deny all"
-    return f"{head}: {isolated}; no rule allows {target} ({allowing}){_refused(side)}"
+    allowing = "; ".join(_rule_text(s, len(side.policies) > 1, "allows") for s in side.rules) or \
+        ("" if side.fail_closed else "its policies have no rules: deny all")
+    return f"{head}: {isolated}; no rule allows {target}{f' ({allowing})' if allowing else ''}{_closed(side)}{_refused(side)}"
+
+
+def _closed(side: DirectionVerdict) -> str:
+    """``; shop/bad is enforced fail-closed: spec.ingress[0]...: why`` for each policy enforced
+    fail-closed that decided the side, else ``""``."""
+    return "".join(f"; {policy} is enforced fail-closed: {why}" for policy, why in side.fail_closed)
 
 
 def _refused(side: DirectionVerdict) -> str:

@@ -369,7 +369,8 @@ def parser() -> argparse.ArgumentParser:
     sandbox = sub.add_parser("sandbox", help="build the cluster from network namespaces, enforce, probe every pod pair")
     sandbox.add_argument("paths", nargs="+", metavar="PATH",
                          help="manifests, or conformance case files (several: replayed in order as live steps)")
-    sandbox.add_argument("--node", action="append", type=_node, help="node for pods without spec.nodeName (repeatable: round-robin; default node1)")
+    sandbox.add_argument("--node", action="append", type=_node,
+                         help="node for pods without spec.nodeName (repeatable: round-robin; default: the manifests' Node objects, else node1)")
     stack = sandbox.add_mutually_exclusive_group()
     stack.add_argument("--dual-stack", action="store_true", help="allocate IPv4 and IPv6 addresses and probe both")
     stack.add_argument("--ipv6", action="store_true", help="allocate IPv6 addresses only")
@@ -466,6 +467,10 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("--agent", metavar="unix:PATH|http://ADDR",
                          help="ask a running agent's debug endpoint (its --debug-address: its node's rules right now) instead of manifests")
     explain.add_argument("--output", choices=("text", "json"), default="text", help="plain lines, or JSON for tools (default %(default)s)")
+    explain.add_argument("--ipv6", action="store_true", help="ask over IPv6 where both ends have both families (default: IPv4 first)")
+    explain.add_argument("--node", action="append", type=_node, metavar="NAME",
+                         help="node for pods without spec.nodeName, as sandbox --node (repeatable: round-robin; default: the "
+                              "manifests' Node objects, else node1)")
     add_input_arguments(explain)
     add_config_arguments(explain, table=False)
 

@@ -25,18 +25,29 @@ follow the rules of client-go's ``record.EventRecorder`` (k8s.io/client-go/tools
 * what it remembers (the generation queued and the Event written per object, reason and message)
   is bounded: the :data:`REMEMBERED` most recent of each. An object forgotten and seen failing
   again gets a new Event, as after the API server expired the old one.
+
+Every agent sees an invalid object alike, so one agent writes its ``InvalidPolicy`` Events, not
+one per node (5,000 nodes made 5,000 Events of one policy): the agent of the node that ranks
+first for the object among the Ready Nodes (:func:`event_writer`: rendezvous hashing of the
+object's uid over the node names, so every agent picks the same one without asking anyone, and a
+node joining or leaving moves only the objects it ranks first for). An agent that knows no Ready
+Node writes its own (nothing to choose from). A refusal of the kernel is the node's own
+(``RefusedByKernel``: kernels can differ) and the CRD's absence is said on each Node: those stay
+per node. The writer chosen is the one of the generation seen: if its agent is down while its
+Node is still Ready, that generation gets no Event (its next does, once the Node is not Ready).
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import AbstractSet, Any, Callable, Mapping, Protocol
 from urllib.parse import quote
 
 from nftpolicy.translators.rules import safe_text
@@ -56,8 +67,9 @@ REFILL_SECONDS = 10.0  # then one more every this many seconds
 QUEUE_SIZE = 256  # Events waiting for the writer; more are dropped
 REMEMBERED = 4096  # (object, reason, message) keys kept for deduplication and counting; oldest go first
 MAX_MESSAGE = 1024  # bytes of a message (events.k8s.io's limit; core v1 Events keep longer ones)
-# Every result of an Event, the values of nftpolicy_events_total's label.
-RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full")
+# Every result of an Event, the values of nftpolicy_events_total's label ("other_writer": another
+# node's agent writes it, see event_writer).
+RESULTS = ("created", "patched", "failed", "rate_limited", "queue_full", "other_writer")
 
 
 # Reasons (the Event's ``reason``), one per way the agent falls short of an object.
@@ -171,6 +183,16 @@ def _remember(memory: OrderedDict[Any, Any], key: Any, value: Any) -> None:
         memory.popitem(last=False)
 
 
+def event_writer(subject: Subject, nodes: AbstractSet[str]) -> str | None:
+    """The node among ``nodes`` (names of Ready Nodes) whose agent writes ``subject``'s Events:
+    the one with the highest BLAKE2b hash of ``node NUL uid`` (rendezvous hashing: each agent
+    computes the same answer from the same Nodes; uid, else namespace/name, names the object).
+    None when ``nodes`` is empty."""
+    identity = subject.uid or f"{subject.kind}/{subject.namespace}/{subject.name}"
+    return max(nodes, key=lambda node: (hashlib.blake2b(f"{node}\0{identity}".encode(), digest_size=8).digest(), node),
+               default=None)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -178,11 +200,15 @@ def _now() -> str:
 class EventRecorder:
     """Records Events for this ``node`` through ``writer`` (see the module): :meth:`record`
     from any thread, :meth:`start` the writer thread. ``clock`` drives the rate limit
-    (:mod:`~nftpolicy.agent.daemon.clock`); tests give their own."""
+    (:mod:`~nftpolicy.agent.daemon.clock`); tests give their own. ``ready_nodes``: the names of
+    the Ready Nodes now (the store's; None until the Nodes are listed: an invalid object's Event
+    waits for them, or every agent of a rollout would write its own), from which
+    :func:`event_writer` picks who writes an invalid object's Events."""
 
     def __init__(self, writer: EventWriter, node: str, metrics: Metrics, clock: Clock = REAL_TIME,
-                 burst: int = BURST, refill_seconds: float = REFILL_SECONDS, queue_size: int = QUEUE_SIZE) -> None:
-        self.writer, self.node, self.metrics = writer, node, metrics
+                 burst: int = BURST, refill_seconds: float = REFILL_SECONDS, queue_size: int = QUEUE_SIZE,
+                 ready_nodes: Callable[[], AbstractSet[str] | None] = frozenset) -> None:
+        self.writer, self.node, self.metrics, self.ready_nodes = writer, node, metrics, ready_nodes
         self.bucket = TokenBucket(burst, refill_seconds, clock)
         self.queue: queue.Queue[_Pending] = queue.Queue(queue_size)
         self._lock = threading.Lock()
@@ -248,22 +274,32 @@ class EventRecorder:
                     pending = self.queue.get(timeout=0.5)
                 except queue.Empty:
                     continue
-                self.write(pending)
+                while not self.write(pending) and not stop.wait(0.5):
+                    pass  # the Nodes are not listed yet
 
         thread = threading.Thread(target=run, name="events", daemon=True)
         thread.start()
         return thread
 
-    def write(self, pending: _Pending) -> None:
+    def write(self, pending: _Pending) -> bool:
         """Write one queued Event (the writer thread's step): create it, or bump the count of the
         one written before; a failure is logged and counted, and forgotten so the next sighting
-        tries again."""
+        tries again. False: not yet (an invalid object's, before the Nodes are listed)."""
         subject, key = pending.subject, self._key(pending.subject, pending.reason, pending.message)
+        if pending.reason == INVALID:
+            nodes = self.ready_nodes()
+            if nodes is None:
+                return False
+            writer = event_writer(subject, nodes)
+            if writer is not None and writer != self.node:  # remembered as queued: asked again at its next generation
+                self.metrics.events.labels("other_writer").inc()
+                log.debug("Event %s on %s %s: written by node %s's agent", pending.reason, subject.kind, subject.name, writer)
+                return True
         if not self.bucket.take():
             self._unqueue(key, subject.generation)
             self.metrics.events.labels("rate_limited").inc()
             log.debug("Event rate limit: dropped %s on %s %s", pending.reason, subject.kind, subject.name)
-            return
+            return True
         namespace, now = subject.event_namespace, _now()
         written = self._written.get(key)
         try:
@@ -273,7 +309,7 @@ class EventRecorder:
                     written.count += 1
                     self._written.move_to_end(key)
                     self.metrics.events.labels("patched").inc()
-                    return
+                    return True
                 except EventGone:
                     del self._written[key]
             stamp = f"{time.time_ns():x}"  # as client-go names them; the name stays a DNS subdomain (<= 253)
@@ -287,12 +323,14 @@ class EventRecorder:
             })
             _remember(self._written, key, _Written(name, 1))
             self.metrics.events.labels("created").inc()
+            return True
         except Exception as exc:  # an Event is a courtesy: enforcement never waits for it
             self._unqueue(key, subject.generation)
             self.metrics.events.labels("failed").inc()
             log.warning("cannot write Event %s on %s %s: %s", pending.reason, subject.kind,
                         f"{subject.namespace}/{subject.name}" if subject.namespace else subject.name, describe(exc),
                         extra={"kind": subject.kind, "reason": pending.reason})
+            return True
 
 
 class KubeEventWriter:

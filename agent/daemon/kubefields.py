@@ -44,7 +44,8 @@ NAMESPACE: Entry = (f"{CORE}.Namespace", {"metadata": CLUSTER_META})
 NODE: Entry = (f"{CORE}.Node", {
     "metadata": CLUSTER_META,
     "spec": (f"{CORE}.NodeSpec", {"podCIDR": None, "podCIDRs": None}),
-    "status": (f"{CORE}.NodeStatus", {"addresses": (f"{CORE}.NodeAddress", {"type": None, "address": None})}),
+    "status": (f"{CORE}.NodeStatus", {"addresses": (f"{CORE}.NodeAddress", {"type": None, "address": None}),
+                                      "conditions": (f"{CORE}.NodeCondition", {"type": None, "status": None})}),
 })
 NETWORK_POLICY: Entry = (f"{NETWORKING}.NetworkPolicy", {"metadata": POLICY_META,
                                                          "spec": (f"{NETWORKING}.NetworkPolicySpec", ALL)})

@@ -79,7 +79,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         kube = KubeSource(store, metrics, args.kubeconfig, args.api_timeout, args.watch_timeout, stop,
                           idle_timeout=args.watch_idle_timeout)
         guard = DelegatedAuth(kube.api, args.api_timeout, metrics) if args.metrics_secure else None
-        events = EventRecorder(KubeEventWriter(kube.api, args.api_timeout), args.node, metrics)
+        events = EventRecorder(KubeEventWriter(kube.api, args.api_timeout), args.node, metrics, ready_nodes=store.ready_nodes)
         store.failed_closed, store.kernel_refused, kube.crd_missing = events.failed_closed, events.kernel_refused, events.crd_missing
         events.start(stop)
         kube.start()

@@ -96,7 +96,7 @@ class Quarantine:
         if held is None:
             return obj
         if obj is not None and obj == held.original:
-            return stand_in(obj)
+            return stand_in(obj, held.reason)
         self._release((kind, key), obj)
         return obj
 

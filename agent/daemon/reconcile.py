@@ -74,6 +74,7 @@ class Reconciler:
         self.failures = 0
         self.empty_reason: str | None = None  # why the committed table isolates no pod (logged once)
         self.quarantine = Quarantine(metrics)  # policies the kernel refused, enforced fail-closed
+        self.stop: threading.Event | None = None  # run()'s: once set (SIGTERM), a sync rendered is not committed
 
     def chain_owners(self) -> Mapping[str, ChainOwner]:
         """Chain name -> what it enforces (policy and direction, or pod; a tier chain's counted
@@ -145,6 +146,9 @@ class Reconciler:
         changed = tx.summary()
         commands = sum(changed.values())
         rendered = time.monotonic()
+        if self.stop is not None and self.stop.is_set():  # stopping: the kernel keeps what it has, as at any stop
+            log.info("stopping: the %s sync rendered meanwhile is not committed", mode)
+            return False
         try:
             tx = self._run(tx, renderer)
             committed = time.monotonic()
@@ -233,7 +237,7 @@ class Reconciler:
             policy = renderer.policy(kind, key)
             assert policy is not None  # it has rules in the table
             self.quarantine.hold((kind, key), policy, reason)
-            renderer.apply(kind, key, refusals.stand_in(policy))
+            renderer.apply(kind, key, refusals.stand_in(policy, reason))
             log.error("the kernel refused the rules of %s %s, enforcing it fail-closed until it changes: %s", kind, key, reason,
                       extra={"kind": kind, "object": key})
             self.store.report_refused(kind, key, reason)
@@ -241,7 +245,9 @@ class Reconciler:
         return transaction.replacing(self._table(renderer))
 
     def run(self, stop: threading.Event) -> None:
-        """Loop until ``stop`` is set; rules are left in place when it ends."""
+        """Loop until ``stop`` is set; rules are left in place when it ends, and a sync under way
+        when it is set commits nothing (its log line would follow the stop's)."""
+        self.stop = stop
         while not self.store.listed() and not self.clock.wait(stop, 0.05):
             self.health.beat()
         last_sync, last_full = float("-inf"), float("-inf")  # a full sync is due at once

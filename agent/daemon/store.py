@@ -18,6 +18,7 @@ from nftpolicy.translators.manifests import (
     fail_closed_policy,
     namespace_from,
     node_from,
+    node_ready,
     object_ref,
     pod_from,
     policy_from,
@@ -37,7 +38,8 @@ CONVERT: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "Namespace": namespace_from, "Pod": pod_from, "NetworkPolicy": policy_from, "Node": node_from,
     "ClusterNetworkPolicy": cluster_policy_from,
 }
-FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+# An invalid object -> its fail-closed stand-in, given the object and why it is invalid.
+FAIL_CLOSED: dict[str, Callable[[Mapping[str, Any], str], Any]] = {
     "NetworkPolicy": fail_closed_policy, "ClusterNetworkPolicy": fail_closed_cluster_policy,
 }
 
@@ -109,6 +111,7 @@ class Store:
         self.kernel_refused: KernelRefused | None = None
         # The policies' identities (what an Event names): (kind, key) -> metadata; no other kind's
         self._identities: dict[tuple[str, str], dict[str, Any]] = {}
+        self._ready_nodes: set[str] = set()  # the Nodes whose Ready condition is True (:meth:`ready_nodes`)
         for kind in KINDS:  # every series from the start; then each kind's when it changes
             metrics.watched_objects.labels(kind).set(0)
             metrics.invalid_objects.labels(kind).set(0)
@@ -133,7 +136,7 @@ class Store:
             if kind not in FAIL_CLOSED:
                 return None
             mapping = reader.mapping(kind, obj)
-            stand_in = FAIL_CLOSED[kind](mapping)
+            stand_in = FAIL_CLOSED[kind](mapping, safe_text(str(exc), MESSAGE_MAX_BYTES))
             if self.failed_closed is not None:
                 self.failed_closed(kind, mapping, exc, stand_in is not None)
             return stand_in
@@ -153,6 +156,7 @@ class Store:
         converted = {}
         count = 0
         invalid: dict[str, str] = {}
+        ready: set[str] = set()
         with gc_paused():
             for obj in objects:  # outside the lock: fetching pages takes a while
                 count += 1
@@ -160,7 +164,11 @@ class Store:
                 model = self._convert(kind, key, obj, invalid, reader)
                 if model is not None:
                     converted[key] = model
+                if kind == "Node" and node_ready(reader.mapping(kind, obj)):
+                    ready.add(key)
         with self._lock:
+            if kind == "Node":
+                self._ready_nodes = ready
             self._invalid[kind] = invalid
             old = self._objects[kind]
             for gone in old.keys() - converted.keys():
@@ -180,7 +188,12 @@ class Store:
         model object equals the one held (a Node's status heartbeat, a Pod's condition or
         container status: fields the translator does not read) changes nothing and wakes no sync."""
         key = reader.ref(kind, obj)
+        ready = kind == "Node" and event != "DELETED" and node_ready(reader.mapping(kind, obj))
         with self._lock:
+            if ready:
+                self._ready_nodes.add(key)
+            elif kind == "Node":
+                self._ready_nodes.discard(key)
             invalid_before = len(self._invalid[kind])
             model = None if event == "DELETED" else self._convert(kind, key, obj, self._invalid[kind], reader)
             if event == "DELETED":
@@ -203,6 +216,13 @@ class Store:
             identity = self._identities.get((kind, key))
         if self.kernel_refused is not None and identity is not None:
             self.kernel_refused(kind, {"metadata": identity}, reason)
+
+    def ready_nodes(self) -> frozenset[str] | None:
+        """The names of the Nodes whose ``Ready`` condition is True, as last listed or watched
+        (:func:`~nftpolicy.translators.manifests.node_ready`): the agents that can write Events;
+        None before the Nodes are listed."""
+        with self._lock:
+            return frozenset(self._ready_nodes) if "Node" in self._listed else None
 
     def get(self, kind: str, key: str) -> Any:
         """The model object of ``kind`` called ``key`` (``ns/name`` or ``name``), or None."""

@@ -266,7 +266,7 @@ def format_report(report: Comparison) -> str:
                 f"nftpolicy {verdict(d.nftpolicy)}; policies: {', '.join(d.policies) or 'none'}")
         lines.append(line + (f" [{d.note}]" if d.note else ""))
     if report.left_out:
-        lines.append(f"left out of the dump ({len(report.left_out)}: not kube-router's network policy):")
+        lines.append(f"left out of the dump ({len(report.left_out)}: not loaded into kube-router's twin; each line says why):")
         lines += [f"  {item}" for item in report.left_out]
     if report.not_built:
         lines.append(f"pods not built ({len(report.not_built)}): {', '.join(report.not_built)}")

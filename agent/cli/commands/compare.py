@@ -58,8 +58,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not saves:
         print("nftpolicy: give --iptables-save and/or --ip6tables-save", file=sys.stderr)
         return 2
-    dump = select(saves, read_dump("--ipset-save", args.ipset_save), args.ipset_save,
-                  {"ipv4": args.iptables_save, "ipv6": args.ip6tables_save})
+    dump = select(saves, read_dump("--ipset-save", args.ipset_save), f"--ipset-save {args.ipset_save}",  # errors name the flag
+                  {"ipv4": f"--iptables-save {args.iptables_save}", "ipv6": f"--ip6tables-save {args.ip6tables_save}"})
     other = dump_of_another_node(cluster, args.node, dump.pod_addresses)
     if other:
         raise DumpError(f"--iptables-save {args.iptables_save or args.ip6tables_save}: {other}")

@@ -29,12 +29,53 @@ from nftpolicy.translators.verdict import (
     enforcement_of,
     verdict_lines,
 )
-from nftpolicy.translators.workloads import Service, place_pods, services_from
+from nftpolicy.translators.workloads import Service, StandIn, place_pods, services_from
 
 from nftpolicy.agent.cli.agenthttp import agent_get
 from nftpolicy.agent.cli.flags import DEFAULT_DEBUG_ADDRESS, UsageError, config_from
 from nftpolicy.agent.daemon.debughttp import DEBUG_PATH
-from . import Manifests, plural, read_manifests, report_skipped
+from . import Manifests, cluster_warnings, note, placement_nodes, plural, read_manifests, report_skipped, warn
+
+
+SERVICE_PREFIX = "svc/"
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+
+
+def split_port(text: str) -> tuple[str, str | None]:
+    """``DST[:PORT[/PROTO]]`` -> (DST, the port part or None). An address or CIDR takes no port
+    unless bracketed (``[fd00::1]:80/TCP``)."""
+    try:
+        ipaddress.ip_network(text, strict=False)
+        return text, None
+    except ValueError:
+        pass
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise UsageError(f"{text}: expected [ADDRESS]:PORT/PROTO")
+        return host, rest[1:] or None
+    host, colon, port = text.rpartition(":")
+    return (host, port or None) if colon else (text, None)
+
+
+def explain_port(text: str) -> str:
+    """kubectl's ``PORT/PROTO`` (``5432/TCP``, ``53/udp``, ``http/TCP``) as ``--port`` reads it
+    (``TCP/5432``); anything else as it is, for :func:`port_spec` to judge."""
+    first, slash, second = text.partition("/")
+    return f"{second.upper()}/{first}" if slash and second.upper() in PROTOCOLS and first.upper() not in PROTOCOLS else text
+
+
+def asked(destination: str, ports: Sequence[str]) -> tuple[str, list[str]]:
+    """``--to`` and ``--port`` in either syntax, as :func:`connections` reads them: ``--to``
+    may also be kubectl nftpolicy's ``DST[:PORT/PROTO]`` (the port joins ``ports``, first) and
+    ``svc/NS/NAME`` (a Service, as ``NS/NAME``); each port ``[PROTO/]PORT`` or ``PORT/PROTO``.
+    Raises UsageError."""
+    destination, port = split_port(destination)
+    if destination.startswith(SERVICE_PREFIX):
+        destination = destination.removeprefix(SERVICE_PREFIX)
+        if destination.count("/") != 1 or not all(destination.split("/")):
+            raise UsageError(f"--to {SERVICE_PREFIX}{destination}: expected svc/NAMESPACE/NAME")
+    return destination, [explain_port(p) for p in ([port] if port else []) + list(ports)]
 
 
 def parse_port(text: str) -> tuple[ConnectionProtocol, int | None]:
@@ -132,16 +173,16 @@ def port_spec(text: str, target: Endpoint | None, pods: Mapping[str, Pod] | None
 
 
 def connections(enforcement: Enforcement, source: str, destination: str, ports: Sequence[str],
-                pods: Mapping[str, Pod] | None = None) -> list[Connection]:
+                pods: Mapping[str, Pod] | None = None, ipv6: bool = False) -> list[Connection]:
     """The connections ``explain`` answers: one per port (see :func:`port_spec`; ``pods``: the
     manifests' pods, for port names), between the first addresses of the two ends in a family
-    both have (IPv4 first). Raises UsageError."""
+    both have (IPv4 first; ``ipv6``: IPv6 first). Raises UsageError."""
     _, sources = resolve(enforcement, source, "--from", pods)
     target, destinations = resolve(enforcement, destination, "--to", pods)
     pairs = [(s, d) for s in sources for d in destinations if family_of(s) == family_of(d)]
     if not pairs:
         raise UsageError(f"{source} and {destination} have no address family in common")
-    src, dst = min(pairs, key=lambda pair: family_of(pair[0]))
+    src, dst = min(pairs, key=lambda pair: (family_of(pair[0]) != "ipv6") if ipv6 else family_of(pair[0]))
     specs = [port_spec(p, target, pods) for p in ports] or [(protocol, port) for protocol, port in (target.ports if target else ())]  # type: ignore[misc]
     return [Connection(src, dst, protocol, port) for protocol, port in (specs or [("ICMP", None)])]
 
@@ -198,11 +239,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if args.paths:
             raise UsageError("give manifests or --agent, not both")
         enforcement = _agent(args.agent)
-        service_at(args.destination, (), config_from(args))
-        return _answer(args, enforcement, connections(enforcement, args.source, args.destination, args.port or ()))
+        destination, ports = asked(args.destination, args.port or ())
+        service_at(destination, (), config_from(args))
+        return _answer(args, enforcement, connections(enforcement, args.source, destination, ports, ipv6=args.ipv6))
     if not args.paths:
         raise UsageError("give manifest paths, or --agent http://ADDR")
-    read = read_manifests(args, keep_objects=True)
+    read = read_manifests(args, args.node or [], keep_objects=True, say_stand_ins=False)
+    note(read.dump_notes())
     stop = read.stop_when_empty(args)
     return stop if stop is not None else explain_objects(args, read)
 
@@ -213,20 +256,41 @@ def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
     alike. ``args``: explain's flags (``source``, ``destination``, ``port``, ``output``, the
     exemptions of :func:`~nftpolicy.agent.cli.flags.add_config_arguments`, ``strict`` and
     ``accept_skipped``). Prints the verdicts; returns the exit code. Raises UsageError."""
-    cluster = with_addresses(read.cluster)
+    given = getattr(args, "node", None) or []  # kubectl nftpolicy explain: the live cluster's nodes
+    warn(cluster_warnings(read.cluster, given), args.strict)
+    cluster = with_addresses(read.cluster, placement_nodes(read.cluster, given))
     config = config_from(args)
     enforcement = enforcement_of(cluster, config=config)
     services, unread = services_from(read.objects)
     report_skipped(unread, args.strict)
     read.skipped += unread
-    service = services.get(args.destination) if args.destination not in cluster.pods else None
-    service = service or service_at(args.destination, services.values(), config)
+    destination, ports = asked(args.destination, args.port or ())
+    source = workload_pod(args.source, read.stand_ins, cluster, "--from")
+    service = services.get(destination) if destination not in cluster.pods else None
+    service = service or service_at(destination, services.values(), config)
     if service is None:
-        asked = connections(enforcement, args.source, args.destination, args.port or (), cluster.pods)
+        destination = workload_pod(destination, read.stand_ins, cluster, "--to")
+        questions = connections(enforcement, source, destination, ports, cluster.pods, args.ipv6)
     else:
-        selected, targets = service_targets(service, cluster, args.port or ())
-        asked = [c for key in selected for c in connections(enforcement, args.source, key, targets, cluster.pods)]
-    return read.finish(args, _answer(args, enforcement, asked))
+        selected, targets = service_targets(service, cluster, ports)
+        questions = [c for key in selected for c in connections(enforcement, source, key, targets, cluster.pods, args.ipv6)]
+    return read.finish(args, _answer(args, enforcement, questions))
+
+
+def workload_pod(text: str, stand_ins: Sequence[StandIn], cluster: Cluster, flag: str) -> str:
+    """``--from``/``--to`` naming a workload of the manifests (``NS/NAME`` of a Deployment,
+    StatefulSet, ... that stands in its pods, and no pod of that name): the first of its pods
+    with an address, which answers for all of them (they share the template's labels, which is
+    all a policy selects by), said in one line; anything else as it is."""
+    if text in cluster.pods:
+        return text
+    workload = next((s for s in stand_ins if s.ref == text), None)
+    placed = [key for key in sorted(workload.pods) if key in cluster.pods] if workload is not None else []
+    if workload is None or not placed:
+        return text
+    print(f"nftpolicy: {flag} {text} is {workload.kind} {workload.ref}: its pod {placed[0]} answers for its "
+          f"{len(workload.pods)} {plural(len(workload.pods), 'pod', 'pods')} (the same labels)", file=sys.stderr)
+    return placed[0]
 
 
 def _answer(args: argparse.Namespace, enforcement: Enforcement, asked: Sequence[Connection]) -> int:
@@ -239,15 +303,15 @@ def _answer(args: argparse.Namespace, enforcement: Enforcement, asked: Sequence[
     return 0 if all(v.allowed for v in verdicts) else 1
 
 
-def with_addresses(cluster: Cluster) -> Cluster:
-    """``cluster`` with every pod that has no ``status.podIP`` placed and addressed as the
-    sandbox and ``trace`` build it (:func:`~nftpolicy.translators.workloads.place_pods`: node1,
+def with_addresses(cluster: Cluster, nodes: Sequence[str]) -> Cluster:
+    """``cluster`` with every pod that has no ``status.podIP`` placed on ``nodes`` and addressed
+    as the sandbox and ``trace`` build it (:func:`~nftpolicy.translators.workloads.place_pods`:
     10.244.0.10 on), said in one line, so that all three answer for the same pods."""
     bare = sorted(p.key for p in cluster.pods.values() if not p.ips and not p.host_network and p.phase not in ("Succeeded", "Failed"))
     if not bare:
         return cluster
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
-    placed = place_pods(cluster.pods.values(), families=families)
+    placed = place_pods(cluster.pods.values(), nodes, families=families)
     shown = ", ".join(f"{key} {' '.join(placed[key].ips)}" for key in bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
     print(f"nftpolicy: {len(bare)} {plural(len(bare), 'pod without status.podIP gets', 'pods without status.podIP get')} "
           f"the sandbox's addresses: {shown}", file=sys.stderr)

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 
@@ -15,7 +16,7 @@ from nftpolicy.translators.model import Cluster, Family, family_of
 from nftpolicy.translators.rules import Config
 
 from nftpolicy.agent.cli.flags import DATAPLANE_CHOICES, UsageError, config_from
-from nftpolicy.agent.testbed.compare import cells_differ, explain, verdict
+from nftpolicy.agent.testbed.compare import cells_differ, explain, probe_specs, verdict
 from nftpolicy.agent import interrupts
 from nftpolicy.agent.testbed import report
 from nftpolicy.agent.testbed.controlplane import ControlPlane, find_binary
@@ -23,7 +24,7 @@ from nftpolicy.agent.daemon.manifestfiles import manifest_files
 from nftpolicy.agent.testbed.probes import ProbeSpec
 from nftpolicy.agent.testbed.replay import Disagreement, disagreements, replay_twins, start_daemons
 from nftpolicy.agent.testbed.sandbox import Sandbox
-from . import cluster_warnings, finish, read_manifests, report_skipped, warn
+from . import cluster_warnings, finish, note, placement_nodes, read_manifests, report_skipped, warn
 
 
 def _read_cases(paths: list[str]) -> list[Case] | None:
@@ -96,8 +97,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, control_plane: ControlPlane | None,
                        nodes: list[str], families: tuple[Family, ...], config: Config, dataplanes: tuple[str, ...],
                        out: report.SandboxOutput) -> int:
-    read = read_manifests(args, nodes, report_invalid=control_plane is None, keep_objects=True)
+    read = read_manifests(args, args.node or [], report_invalid=control_plane is None, keep_objects=True)
     cluster = read.cluster
+    nodes = placement_nodes(cluster, args.node or [])
+    note(read.dump_notes())
     warn(cluster_warnings(cluster, []), args.strict)
     if read.empty:
         return read.finish(args, 0)
@@ -111,6 +114,12 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
                 for node in args.node or () if node not in made[0].nodes]
     warnings += [f"nothing probed over {family}: no pod has an {family} address (pods keep the addresses their manifests give)"
                  for family in families if not any(pod.addresses(family) for pod in made[0].pods.values())]
+    for family in families:
+        lacking = sorted(key for key, pod in made[0].pods.items() if not pod.addresses(family))
+        if lacking and len(lacking) < len(made[0].pods):
+            warnings.append(f"{len(lacking)} {'pod has' if len(lacking) == 1 else 'pods have'} no {family} address, so no "
+                            f"{family} probe from or to {'it (its' if len(lacking) == 1 else 'them (their'} cells show ?): "
+                            f"{', '.join(lacking[:5])}{f' and {len(lacking) - 5} more' if len(lacking) > 5 else ''}")
     warn(warnings, args.strict)
     sandboxes = [stack.enter_context(sandbox) for sandbox in made]
     refused: list[ManifestError] = []
@@ -122,9 +131,9 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
         report_skipped(refused, args.strict)
         for daemon in start_daemons(stack, sandboxes, control_plane, args.kube_router):
             daemon.wait_synced()
-    specs = sorted({ProbeSpec(p.port, p.protocol) for pod in sandboxes[0].pods.values() for p in pod.ports},
-                   key=lambda s: (s.port, s.protocol))
+    specs = probe_specs(sandboxes[0].with_sandbox_pods(cluster))  # the policies' ports too: a range's ends and the port after
     results = [sandbox.probe(specs, families) for sandbox in sandboxes]
+    _check_self_probes(results[0], args.timeout)
     if len(dataplanes) > 1:
         print(f"dataplanes: {' and '.join(dataplanes)} (twin sandboxes); matrices of {dataplanes[0]}")
     out.matrices(sandboxes[0].pods, results[0], sandboxes[0].with_sandbox_pods(cluster))
@@ -135,6 +144,19 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
               else f"\n{dataplanes[0]} and {dataplanes[1]} agree on every cell")
         return read.finish(args, 1 if disagree else 0, refused)
     return read.finish(args, 0, refused)
+
+
+def _check_self_probes(result: Mapping[tuple[ProbeSpec, Family], Mapping[tuple[str, str], bool]], timeout: float) -> None:
+    """Refuse results that cannot be trusted (UsageError): a pod's probe of its own address is
+    always allowed (a pod's traffic to itself never leaves it; our chains exempt it), so one that
+    failed means the probes fail for another reason, most likely a ``--timeout`` too short for
+    this machine (0.005 s showed every cell blocked)."""
+    failed = sorted(f"{src} ({spec.protocol}/{spec.port})" for (spec, _), cells in result.items()
+                    for (src, dst), ok in cells.items() if src == dst and not ok)
+    if failed:
+        raise UsageError(f"{len(failed)} {'probe' if len(failed) == 1 else 'probes'} of a pod to its own address failed (always "
+                         f"allowed), e.g. {failed[0]}: --timeout {timeout:g} is too short for this machine, or the sandbox's "
+                         "servers did not answer; no cell can be trusted")
 
 
 def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[str]) -> None:

@@ -50,8 +50,10 @@ from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import NftDataplane, NftError, TraceMonitor
 from nftpolicy.agent.testbed.probes import ProbeSpec, sctp_supported
 from nftpolicy.agent.testbed.sandbox import Sandbox
-from . import read_manifests
-from .explain import _agent, connections, parse_port
+from nftpolicy.translators.workloads import services_from
+
+from . import placement_nodes, read_manifests, report_skipped
+from .explain import _agent, asked, connections, parse_port, service_targets
 
 # A monitor event (``trace id <id> inet <table> <chain> <rest>``), and a rule event's rest: the
 # monitor prints handles, so both a rule it knows and one it does not end in the rule's handle (the
@@ -310,19 +312,28 @@ def _print(head: str, node: str, steps: list[Step]) -> None:
 
 
 def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
-    read = read_manifests(args, args.node or ["node1"])
+    read = read_manifests(args, args.node or [], keep_objects=True, say_stand_ins=False)
     stop = read.stop_when_empty(args)
     if stop is not None:
         return stop
     cluster = read.cluster
+    destination, ports = asked(args.destination, [args.port] if args.port else [])
+    services, unread = services_from(read.objects)
+    report_skipped(unread, args.strict)
+    read.skipped += unread
+    service = services.get(destination) if destination not in cluster.pods else None
+    placed_on = placement_nodes(cluster, args.node or [])
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     # every Node of the manifests answers on its addresses (a host-network server in its namespace)
-    with Sandbox(cluster.pods.values(), args.node or ["node1"], families, node_addresses, config, served_nodes=sorted(cluster.nodes)) as sandbox:
+    with Sandbox(cluster.pods.values(), placed_on, families, node_addresses, config, served_nodes=sorted(cluster.nodes)) as sandbox:
         cluster = sandbox.with_sandbox_pods(cluster)
         sandbox.apply(cluster)
         engine = enforcement_of(cluster, list(sandbox.nodes), config)
-        conn = connections(engine, args.source, args.destination, [args.port] if args.port else [], cluster.pods)[0]
+        if service is not None:  # a Service: the packet goes to its first pod, on the target port (kube-proxy's choice)
+            selected, targets = service_targets(service, cluster, ports)
+            destination, ports = selected[0], targets[:1]
+        conn = connections(engine, args.source, destination, ports, cluster.pods)[0]
         source, target = engine.pod_at(conn.source), engine.pod_at(conn.destination)
         if source is None or source.key not in sandbox.pods:
             raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")

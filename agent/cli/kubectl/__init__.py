@@ -75,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
                               "optionally with :5432/TCP, :53/UDP, :8080 or :NAME")
     explain.add_argument("--port", action="append", metavar="[PROTO/]PORT", help="more ports, as nftpolicy explain --port takes them (repeatable)")
     explain.add_argument("-o", "--output", choices=("text", "json"), default="text", help="plain lines, or JSON (default %(default)s)")
+    explain.add_argument("--ipv6", action="store_true", help="ask over IPv6 where both ends have both families (default: IPv4 first)")
     add_input_arguments(explain)
     add_config_arguments(explain, table=False)
 

@@ -11,7 +11,6 @@ answer is :func:`nftpolicy.agent.cli.commands.explain.explain_objects`'s, the co
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from typing import Any
 
 from kubernetes import client as k8s
@@ -20,37 +19,9 @@ from nftpolicy.translators.manifests import build_cluster
 
 from nftpolicy.agent.daemon.apiversions import served_version
 from nftpolicy.agent.cli.commands import Manifests, report_skipped
-from nftpolicy.agent.cli.commands.explain import explain_objects
+from nftpolicy.agent.cli.commands.explain import SERVICE_PREFIX, explain_objects, split_port
 from . import api as kube
 from .api import Api, PluginError
-
-SERVICE_PREFIX = "svc/"
-PROTOCOLS = ("TCP", "UDP", "SCTP")
-
-
-def split_port(text: str) -> tuple[str, str | None]:
-    """``DST[:PORT[/PROTO]]`` -> (DST, the port part or None). An address or CIDR takes no port
-    unless bracketed (``[fd00::1]:80/TCP``)."""
-    try:
-        ipaddress.ip_network(text, strict=False)
-        return text, None
-    except ValueError:
-        pass
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        if rest and not rest.startswith(":"):
-            raise PluginError(f"{text}: expected [ADDRESS]:PORT/PROTO")
-        return host, rest[1:] or None
-    host, colon, port = text.rpartition(":")
-    return (host, port or None) if colon else (text, None)
-
-
-def explain_port(text: str) -> str:
-    """kubectl's ``PORT/PROTO`` (``5432/TCP``, ``53/udp``, ``http``) as ``nftpolicy explain
-    --port`` takes it (``TCP/5432``); anything else as it is, for explain to judge."""
-    first, slash, second = text.partition("/")
-    return f"{second.upper()}/{first}" if slash and second.upper() in PROTOCOLS and first.isdigit() else text
-
 
 def cluster_objects(api: Api, service: str | None) -> list[tuple[str, Any]]:
     """Every Pod, Namespace, Node, NetworkPolicy and ClusterNetworkPolicy, and the Service
@@ -81,19 +52,14 @@ def cluster_objects(api: Api, service: str | None) -> list[tuple[str, Any]]:
 def cmd_explain(api: Api, args: argparse.Namespace) -> int:
     """List the cluster, answer as ``nftpolicy explain`` (exit 0 allowed, 1 denied, 3 objects
     left out unless ``--accept-skipped``). Raises PluginError, UsageError."""
-    destination, port = split_port(args.destination)
     if args.source.startswith(SERVICE_PREFIX):
         raise PluginError(f"{args.source}: a Service can only be the destination")
-    service = None
-    if destination.startswith(SERVICE_PREFIX):
-        service = destination.removeprefix(SERVICE_PREFIX)
-        if service.count("/") != 1 or not all(service.split("/")):
-            raise PluginError(f"{destination}: expected svc/NAMESPACE/NAME")
-        destination = service
+    destination, _ = split_port(args.destination)
+    service = destination.removeprefix(SERVICE_PREFIX) if destination.startswith(SERVICE_PREFIX) else None
+    if service is not None and (service.count("/") != 1 or not all(service.split("/"))):
+        raise PluginError(f"{destination}: expected svc/NAMESPACE/NAME")
     objects = cluster_objects(api, service)
     cluster, invalid = build_cluster(objects)
     read = Manifests([api.server], cluster, objects, list(invalid))
     report_skipped(read.skipped, args.strict)
-    ports = [explain_port(p) for p in ([port] if port else []) + (args.port or [])]
-    asked = argparse.Namespace(**{**vars(args), "destination": destination, "port": ports or None})
-    return explain_objects(asked, read)
+    return explain_objects(args, read)  # which reads DST[:PORT/PROTO] and svc/ as nftpolicy explain does

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from nftpolicy.agent.cli.flags import add_config_arguments, env_name
 from . import api as kube
 from .api import Api, PluginError
-from .explain import SERVICE_PREFIX, explain_port, split_port
+from nftpolicy.agent.cli.commands.explain import SERVICE_PREFIX, explain_port, split_port
 from .podexec import agent_debug_url, agent_env, run_in
 from .status import pod_problem
 
