@@ -407,9 +407,12 @@ def main(argv: list[str] | None = None) -> int:
                         raise RealNodeError(f"the deny spec did not fail on its matrix without nftpolicy: "
                                             f"{vacuity['summary']}")
             with Step("helm install charts/nftpolicy"):
-                # the Service ranges of the cluster's families, as values.yaml asks of operators
+                # the Service ranges of the cluster's families, as values.yaml asks of operators, and
+                # with IPv6 the HTTP server on [::] (the probes go to the node's primary address:
+                # on 0.0.0.0 an IPv6 single-stack node's agent is never Ready)
                 services = json.dumps([plan.services for plan in cluster.plans])
-                report["install"] = install_chart(cluster, run, "--set-json", f"agent.serviceCidrs={services}")
+                address = [] if cluster.family == "ipv4" else ["--set", "agent.httpAddress=[::]:9476"]
+                report["install"] = install_chart(cluster, run, "--set-json", f"agent.serviceCidrs={services}", *address)
                 print(f"  DaemonSet Ready {report['install']['ready_seconds']} s, tables committed "
                       f"{report['install']['table_seconds']} s after helm install", flush=True)
             with Step("agent at idle (20 s)"):
