@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 # with IPv6 the HTTP server on [::] (the probes go to the node's primary address:
                 # on 0.0.0.0 an IPv6 single-stack node's agent is never Ready)
                 services = json.dumps([plan.services for plan in cluster.plans])
-                address = [] if cluster.family == "ipv4" else ["--set", "agent.httpAddress=[::]:9476"]
+                address = [] if cluster.family == "ipv4" else ["--set-json", 'agent.httpAddress="[::]:9476"']
                 report["install"] = install_chart(cluster, run, "--set-json", f"agent.serviceCidrs={services}", *address)
                 print(f"  DaemonSet Ready {report['install']['ready_seconds']} s, tables committed "
                       f"{report['install']['table_seconds']} s after helm install", flush=True)
