@@ -241,3 +241,12 @@ def test_every_expression_names_a_metric_the_agent_exports(make_netns, tmp_path)
     named = {m for e in exprs for m in re.findall(r"\bnftpolicy_[a-z_]+", e)}
     assert len(named) >= 12
     assert named <= exported, sorted(named - exported)
+
+
+def test_the_values_prometheus_rule_comment_names_every_alert_the_template_makes():
+    """values.yaml's comment above prometheusRule lists the alerts (issue 34 item 9: it lacked
+    one): each alert the template renders is named there, and no other."""
+    values = (REPO / "charts" / "nftpolicy" / "values.yaml").read_text()
+    comment = values[:values.index("\nprometheusRule:")].rsplit("\n\n", 1)[-1]
+    named = set(re.findall(r"\bNftpolicy[A-Za-z]+\b", comment))
+    assert named == {r["alert"] for r in _rules(render("default", *ENABLED))}, comment

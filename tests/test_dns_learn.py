@@ -185,3 +185,53 @@ def test_adopted_addresses_are_held_until_they_expire_and_named_as_before_this_a
     assert made.why("192.0.2.99", now=10) == [("KUBE-DNS-A", "(before this agent)", "(before this agent)")]
     made.expire(now=31)
     assert made.size() == 0
+
+
+def test_an_answer_to_a_pod_no_set_has_as_client_is_not_read_at_all():
+    """Not even its question: a message that would be malformed costs the same nothing."""
+    made = learner()
+    assert made.learn(OTHER_POD, answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10")), now=0) == []
+    assert made.learn(OTHER_POD, b"\xff" * 40, now=0) == []
+    assert made.counts["ignored"] == 2 and made.counts["malformed"] == 0 and made.decoded == 0
+
+
+def test_an_answer_for_a_name_no_set_matches_costs_its_question_only():
+    """Its records are never read: a record cut short after the question is not even seen."""
+    made = learner()
+    whole = answer("www.other.example", *[("www.other.example.", 60, "A", f"192.0.2.{i}") for i in range(1, 200)])
+    assert made.learn(POD, whole[:-30], now=0) == []
+    assert made.counts["ignored"] == 1 and made.counts["malformed"] == 0 and made.decoded == 0
+
+
+def test_at_most_max_records_answer_records_are_read():
+    made = DomainLearner(ttl_floor=5, ttl_cap=3600, max_per_set=1000, max_per_pod=1000, max_records=100)
+    made.update([V4])
+    wire = answer("n1.cdn.example", *[("n1.cdn.example.", 60, "A", f"192.0.{i >> 8}.{i & 255}") for i in range(250)])
+    got = made.learn(POD, wire, now=0)
+    assert [x.address for x in got] == [f"192.0.{i >> 8}.{i & 255}" for i in range(100)]
+    assert made.counts["capped"] == 1 and made.decoded == 1
+    assert made.learn(POD, wire[:-16 * 150 - 10], now=1) == []  # cut inside the 100th record: malformed, nothing learned
+    assert made.counts["malformed"] == 1
+
+
+def test_a_tcp_segment_of_many_messages_reads_the_questions_of_those_nobody_asked_for():
+    """1,140 messages in one 64 KB segment, only the last for a name of the set."""
+    made = learner()
+    other = answer("www.other.example", ("www.other.example.", 60, "A", "192.0.2.1"))
+    asked = answer("api.partner.example", ("api.partner.example.", 60, "A", "192.0.2.10"))
+    segment = b"".join(len(w).to_bytes(2, "big") + w for w in [other] * 1139 + [asked])
+    assert [x.address for x in made.learn(POD, segment, now=0, tcp=True)] == ["192.0.2.10"]
+    assert made.counts["ignored"] == 1139 and made.decoded == 1
+
+
+def test_expiry_forgets_the_earliest_first_and_keeps_what_a_later_answer_renewed():
+    made = learner(floor=1)
+    made.learn(POD, answer("api.partner.example", ("api.partner.example.", 10, "A", "192.0.2.10")), now=0)
+    made.learn(POD, answer("n1.cdn.example", ("n1.cdn.example.", 20, "A", "192.0.2.11")), now=0)
+    made.learn(POD, answer("api.partner.example", ("api.partner.example.", 10, "A", "192.0.2.10")), now=5)  # renewed to 15
+    made.expire(now=12)
+    assert made.size() == 2
+    made.expire(now=15)
+    assert made.size() == 1 and made.why("192.0.2.11", now=15)
+    made.expire(now=20)
+    assert made.size() == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -29,8 +30,8 @@ from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.dataplane import iptables as xt
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import NftDataplane
-from nftpolicy.translators import transaction
-from nftpolicy.translators.domainnames import domain_sets
+from nftpolicy.translators import layout, transaction
+from nftpolicy.translators.domainnames import domain_sets, hold_subjects, with_hold_marks
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import TimedAddress
@@ -42,6 +43,7 @@ from .conftest import eventually, http_get, netns_factory, nft, tcp_connects
 pytestmark = [pytest.mark.kernel, pytest.mark.tools("dnsmasq", "iptables-nft")]
 
 POD4, POD6 = "10.0.1.5", "fd00:1::5"
+HOLD_MARK = 0x800000  # the agent's default --dns-hold-mark
 DNS4, DNS6 = "10.0.2.53", "fd00:2::53"
 PORT = 8080
 HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
@@ -55,6 +57,9 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
     "moving.cdn.example": ("10.0.2.60", None, 2),
     "zero.cdn.example": ("10.0.2.90", None, 0),
     **{f"n{i}.cdn.example": (f"10.0.2.{100 + i}", None, 60) for i in range(20)},
+    "far.cdn.example": ("10.0.2.130", None, 60),  # asked by a pod no policy selects
+    "near.cdn.example": ("10.0.2.131", None, 60),
+    "burst.cdn.example": ("10.0.2.132", None, 60),
 }
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
@@ -119,10 +124,12 @@ class Bed:
             cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
             assert not errors
             self.dataplane = NftDataplane("nftpolicy", self.node)
-            self.dataplane.run(transaction.full(build_rule_model(cluster, "node-1")))
+            sets = domain_sets(cluster, ("ipv4", "ipv6"))
+            table = layout.table(build_rule_model(cluster, "node-1"))
+            self.dataplane.run(transaction.replacing(with_hold_marks(table, hold_subjects(sets), HOLD_MARK, 200, 32)))
             self.learner = DomainLearner(ttl_floor=1, ttl_cap=3600, max_per_set=1000, max_per_pod=1000)
-            self.learner.update(domain_sets(cluster, ("ipv4", "ipv6")))
-            self.hold = DnsHold(self._commit, netns_name=self.node)
+            self.learner.update(sets)
+            self.hold = DnsHold(self._commit, netns_name=self.node, mark=HOLD_MARK)
             self.hold.start()
         self.resolver = dns.resolver.Resolver(configure=False)
         self.resolver.nameservers, self.resolver.lifetime, self.resolver.cache = [DNS4], 3.0, None
@@ -472,6 +479,142 @@ def test_failing_commits_log_one_line_a_minute_with_their_count(caplog):
     assert hold.failed == 101 and all(r.exc_info is None for r in caplog.records)
     assert lines == ["could not commit what 1 DNS answer taught, let through unlearned: RuntimeError: nft: no such table",
                      "could not commit what 100 DNS answers taught, let through unlearned: RuntimeError: still"]
+
+
+def _other_pod(bed: Bed, make_netns) -> str:
+    """A second pod's namespace on the node (10.0.4.5), which no policy selects."""
+    other = make_netns()
+    netns.ip_batch([f"link add vother netns {bed.node} type veth peer name eth0 netns {other}"])
+    netns.ip_batch(["link set vother up", "addr add 10.0.4.1/24 dev vother"], bed.node)
+    netns.ip_batch(["link set lo up", "link set eth0 up", "addr add 10.0.4.5/24 dev eth0", "route add default via 10.0.4.1"], other)
+    return other
+
+
+def test_answers_to_a_pod_no_policy_selects_never_reach_the_agent(bed, make_netns):
+    """Our table marks answers to subject pods only; the queue rule takes only marked ones: the
+    other pod's answers for a policy name pass in the kernel (held counts none), the subject's
+    are held as ever."""
+    other = _other_pod(bed, make_netns)
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.lifetime, resolver.cache = [DNS4], 3.0, None
+    assert bed.hold is not None
+    before = bed.hold.held
+    with netns.entered(other):
+        for tcp in (False, True):
+            assert [r.address for r in resolver.resolve("far.cdn.example", "A", tcp=tcp).rrset] == ["10.0.2.130"]
+    assert bed.hold.held == before
+    assert not bed.learner.why("10.0.2.130", time.monotonic())
+    [address] = bed.resolve("near.cdn.example")
+    assert bed.hold.held > before and bed.connects(address)
+
+
+def test_the_kernel_queues_a_burst_of_one_pods_answers_up_to_its_budget(bed):
+    """1,000 answers to the subject at once: the meter of the hold's rule marks a burst of 232
+    (nft's limit: a second's rate, 200, plus the burst, 32) and then 200 a second; the others
+    pass unheld, so one pod's flood cannot fill the kernel's queue. Every answer arrives."""
+    assert bed.hold is not None
+    query = dns.message.make_query("burst.cdn.example", "A").to_wire()
+    before = bed.hold.held
+    with netns.entered(bed.pod):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.settimeout(3)
+        sock.connect((DNS4, 53))
+        started = time.monotonic()
+        for _ in range(1000):
+            sock.send(query)
+            sock.recv(4096)  # one at a time: the pod's socket drops none
+        took = time.monotonic() - started
+    held = bed.hold.held - before
+    assert 32 <= held <= 232 + 200 * took + 5, (held, took)
+
+
+def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes_unheld():
+    """One read brings 40 answers of pod A, then one of pod B: B's is released second (after
+    A's oldest), not 41st; A's beyond the budget (32) are let through at once, unread."""
+    from nftpolicy.agent.daemon.dnshold import DEFAULT_BUDGET
+
+    def packet(client: str, n: int) -> bytes:  # an IPv4 UDP packet to client, its payload n
+        return bytes([0x45]) + bytes(8) + bytes([17]) + bytes(6) + socket.inet_aton(client) + bytes(8) + n.to_bytes(2, "big")
+
+    class Queue:
+        def __init__(self, hold: DnsHold) -> None:
+            self.hold, self.accepted, self.reads = hold, [], 0
+
+        def packets(self, wait: bool = True) -> list[tuple[int, bytes]]:
+            self.reads += 1
+            if self.reads == 1:
+                return [(i, packet("10.0.1.7", i)) for i in range(40)] + [(40, packet("10.0.1.8", 40))]
+            if wait:  # the reader waits only when nothing of its own waits: all released
+                self.hold._stopping.set()
+            return []
+
+        def accept(self, packet_id: int) -> None:
+            self.accepted.append(packet_id)
+
+    committed: list[tuple[str, int]] = []
+    hold = DnsHold(lambda segment: committed.append((segment.client, int.from_bytes(segment.payload, "big"))), netns_name=None)
+    queue = Queue(hold)
+    hold._queue = queue  # type: ignore[assignment]
+    hold._run()
+    assert queue.accepted[:8] == list(range(DEFAULT_BUDGET, 40))  # over the budget: at once, uncommitted
+    assert committed[:2] == [("10.0.1.7", 0), ("10.0.1.8", 40)]
+    assert [n for _, n in committed] == [0, 40, *range(1, DEFAULT_BUDGET)]
+    assert hold.over_budget == 40 - DEFAULT_BUDGET and sorted(queue.accepted) == list(range(41))
+
+
+def test_with_a_mark_the_hold_starts_once_a_full_replace_brought_its_subjects_and_follows_them(make_netns):
+    """The first domain set comes by an incremental sync: no hold yet, a full replace is asked
+    for; the replace carries the subjects' set and the marking chains, then the hold starts;
+    later syncs change the set's elements only (netlink)."""
+    ns = make_netns()
+    cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+    assert not errors
+    sets = domain_sets(cluster, ("ipv4", "ipv6"))
+    dataplane = NftDataplane("nftpolicy", ns)
+    learning = DomainLearning(DomainLearner(1, 3600, 1000, 1000), dataplane.add_timed_elements, Metrics(), "bypass", 5300, ns,
+                              mark=HOLD_MARK, change_elements=dataplane.change_elements)
+    try:
+        dataplane.run(transaction.full(build_rule_model(cluster, "node-1")))  # as an earlier full replace left it
+        assert learning.sets_changed(sets) is True and learning._hold is None
+        table = learning.carry(layout.table(build_rule_model(cluster, "node-1")), sets)
+        dataplane.run(transaction.replacing(table))
+        assert learning.sets_changed(sets, replaced=True) is False and learning._hold is not None
+        assert "mark match 0x800000/0x800000" in xt.run(ns, ["iptables-nft-save", "-t", "security"]).replace(
+            "-m mark --mark", "mark match")
+        assert POD4 in nft(ns, "list", "set", "inet", "nftpolicy", "KUBE-DNS-SUBJECTS4")
+        assert POD6 in nft(ns, "list", "set", "inet", "nftpolicy", "KUBE-DNS-SUBJECTS6")
+        more = [dataclasses.replace(s, clients=s.clients | {"10.0.1.9"}) for s in sets]
+        assert learning.sets_changed(more) is False
+        assert "10.0.1.9" in nft(ns, "list", "set", "inet", "nftpolicy", "KUBE-DNS-SUBJECTS4")
+        learning.sets_changed(sets)
+        assert "10.0.1.9" not in nft(ns, "list", "set", "inet", "nftpolicy", "KUBE-DNS-SUBJECTS4")
+    finally:
+        learning.close()
+
+
+def test_what_answers_teach_during_a_full_replace_is_committed_again_after_it():
+    """A full replace renders and commits without the learning's lock: an answer meanwhile is
+    committed at once (to the old table) and again once the replace is done (the new table may
+    lack it); one for a set that the replace removed is not."""
+    cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
+    assert not errors
+    [v4] = [s for s in domain_sets(cluster, ("ipv4", "ipv6")) if s.family == "ipv4"]
+    committed: list[list[tuple[str, TimedAddress]]] = []
+    learning = DomainLearning(DomainLearner(1, 3600, 1000, 1000), lambda elements: committed.append(list(elements)), Metrics(),
+                              "off", 5300, None)
+    learning.sets_changed([v4])
+    response = dns.message.make_response(dns.message.make_query("n1.cdn.example", "A"))
+    response.answer.append(dns.rrset.from_text("n1.cdn.example.", 60, "IN", "A", "10.0.2.101"))
+    with learning.replacing():
+        assert learning.learned() == {}  # the snapshot the replace carries
+        learning.commit(DnsSegment(POD4, response.to_wire(), False))
+        assert committed == [[(v4.name, TimedAddress("10.0.2.101", 60))]]
+    assert committed[1] == committed[0]
+    with learning.replacing():
+        learning.commit(DnsSegment(POD4, response.to_wire().replace(b"\x00\x00\x00\x3c", b"\x00\x00\x00\x78"), False))
+        learning.sets_changed([])  # the replace's model has no domain set any more
+    assert len(committed) == 3
 
 
 @pytest.fixture(scope="module")

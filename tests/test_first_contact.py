@@ -318,6 +318,18 @@ def test_place_pods_gives_the_sandbox_addresses():
         "default/c": ("node1", ("10.1.2.3",))}
 
 
+def test_place_pods_takes_addresses_from_the_node_s_pod_cidrs():
+    """A Node with spec.podCIDRs: its stand-ins get addresses in them, as its IPAM would give (a
+    new user's cluster: n1 10.244.1.0/24, n2 10.244.2.0/24; the sandbox's own 10.244.<index>
+    ranges put n2's pods in n1's range, and an ipBlock with an except on n2's range allowed them);
+    a node without one keeps the sandbox's range."""
+    pods = [Pod("web", "a", {}, "n1", ()), Pod("web", "b", {}, "n2", ()), Pod("web", "c", {}, "n3", ())]
+    placed = place_pods(pods, ("n1",), ("ipv4", "ipv6"), {"n1": ("10.244.1.0/24", "fd00:1::/64"), "n2": ("10.244.2.0/24",)})
+    assert {k: p.ips for k, p in placed.items()} == {
+        "web/a": ("10.244.1.10", "fd00:1::a"), "web/b": ("10.244.2.10", "fd00:10:244:1::a"),
+        "web/c": ("10.244.2.11", "fd00:10:244:2::b")}  # n3's own range holds b's address: the next one
+
+
 def test_a_placed_pod_never_gets_an_address_another_pod_has():
     """A Pending pod in a dump beside a running pod on 10.244.0.10 (found by a new user:
     explain answered ALLOWED default/a -> default/a)."""
@@ -663,3 +675,12 @@ def test_a_whole_number_image_tag_is_taken():
     out = helm("template", "x", str(CHART), "--set", "image.tag=2", check=False)
     assert out.returncode == 0, out.stderr
     assert re.search(r"image: \"\S+:2\"$", out.stdout, re.M)
+
+
+def test_trace_takes_a_workload_s_name_as_explain_does(tmp_path):
+    """A new user's second trial: explain took web/frontend for its Deployment's pod, trace said
+    'names 2 pods'."""
+    (tmp_path / "w.yaml").write_text(WORKLOADS)
+    out = run("trace", "--from", "demo/web", "--to", "demo/db-0", "--port", "5432", str(tmp_path))
+    assert out.returncode in (0, 1) and out.stdout.startswith("TRACE  demo/web-"), out.stderr
+    assert "is Deployment demo/web: its pod demo/web-" in out.stderr

@@ -65,7 +65,7 @@ class _Recording:
         self.held.append(("free", _held()))
 
 
-@pytest.mark.parametrize("call", ["replace", "delta", "dry run", "timed elements", "listing", "counted rules", "has table",
+@pytest.mark.parametrize("call", ["replace", "delta", "dry run", "listing", "counted rules", "has table",
                                   "timed sets", "remove", "feature probe"])
 def test_every_call_holds_the_owner_lock_from_making_its_context_to_freeing_it(monkeypatch, call):
     monkeypatch.setattr(dataplane_module.nftables, "Nftables", _Recording)
@@ -76,7 +76,6 @@ def test_every_call_holds_the_owner_lock_from_making_its_context_to_freeing_it(m
     {"replace": lambda: dataplane.run(replacing(layout.Table("t", 0, (), (), ()))),
      "delta": lambda: dataplane.run(delta),
      "dry run": lambda: dataplane.check(replacing(layout.Table("t", 0, (), (), ()))),
-     "timed elements": lambda: dataplane.add_timed_elements([("KUBE-DNS-X", TimedAddress("192.0.2.1", 5))]),
      "listing": dataplane.listing, "counted rules": dataplane.counted_rules, "has table": dataplane.has_table,
      "timed sets": dataplane.timed_elements, "remove": dataplane.remove, "feature probe": dataplane.missing_features}[call]()
     del dataplane, delta
@@ -89,14 +88,15 @@ def test_every_call_holds_the_owner_lock_from_making_its_context_to_freeing_it(m
 
 @pytest.mark.kernel
 def test_an_element_only_commit_needs_neither_libnftables_nor_its_lock(make_netns, monkeypatch):
-    """An incremental sync's element-only commit goes through nf_tables netlink
-    (agent/dataplane/nfnetlink.py): it commits while another thread holds the owner's lock (a
-    counters' listing), and makes no libnftables context. The kernel orders it with libnftables'
-    transactions (one commit mutex per namespace)."""
+    """An incremental sync's element-only commit, and the DNS hold's timed elements, go through
+    nf_tables netlink (agent/dataplane/nfnetlink.py): they commit while another thread holds the
+    owner's lock (a counters' listing, a full replace), and make no libnftables context. The
+    kernel orders them with libnftables' transactions (one commit mutex per namespace)."""
     ns = make_netns()
     dataplane = NftDataplane("t", ns)
     pods = AddressSet("KUBE-PODS-X", "ipv4", "addr", ("10.0.0.1",), "pods")
-    dataplane.run(replacing(layout.Table("t", 0, (pods,), (), ())))
+    learned = AddressSet("KUBE-DNS-X", "ipv4", "domain", (), "DNS")
+    dataplane.run(replacing(layout.Table("t", 0, (pods, learned), (), ())))
     monkeypatch.setattr(dataplane_module.nftables, "Nftables", _Recording)
     monkeypatch.setattr(_Recording, "held", [])
     holding, release = threading.Event(), threading.Event()
@@ -113,11 +113,14 @@ def test_an_element_only_commit_needs_neither_libnftables_nor_its_lock(make_netn
         delta = Transaction("t", 0)
         delta.add(Elements("KUBE-PODS-X", ("10.0.0.2",)))
         dataplane.run(delta)  # returns while the lock is held elsewhere
+        dataplane.add_timed_elements([("KUBE-DNS-X", TimedAddress("192.0.2.1", 50))])
+        dataplane.add_timed_elements([("KUBE-DNS-X", TimedAddress("192.0.2.1", 300))])  # a later answer moves it later
         assert _Recording.held == []  # no libnftables context was made
     finally:
         release.set()
         holder.join()
     assert "10.0.0.2" in nft(ns, "list", "set", "inet", "t", "KUBE-PODS-X")
+    assert "192.0.2.1 timeout 5m" in nft(ns, "list", "set", "inet", "t", "KUBE-DNS-X")
 
 
 @pytest.mark.kernel

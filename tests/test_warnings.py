@@ -70,6 +70,12 @@ items:
       policyTypes: [Egress]
       egress: [{to: [{podSelector: {matchLabels: {app: server}}}], ports: [{port: web, protocol: UDP}]}]
 """
+def stopped(warnings: str) -> str:
+    """--strict's last line after ``warnings`` (one or more warning lines, the first unprefixed)."""
+    count = warnings.count("\nnftpolicy: warning: ") + 1
+    return f"nftpolicy: --strict: stopped on {count} {'warning' if count == 1 else 'warnings'} (exit 2)\n"
+
+
 NAMESPACE_NOTE = ("their labels are unknown, so a namespaceSelector sees only kubernetes.io/metadata.name "
                   "(add the Namespace objects to the manifests)")
 
@@ -81,9 +87,9 @@ NAMESPACE_NOTE = ("their labels are unknown, so a namespaceSelector sees only ku
                                 "node1; such a node has no labels or addresses for a nodes peer"),
     (["-"], POLICY_IN_A_NAMESPACE_TYPO, "NetworkPolicies in namespaces that no Namespace object or pod names: opps/deny; "
                                         "the API server refuses a policy in a namespace that does not exist (a typo, most likely)"),
-    (["-"], PORT_NAME_TYPOS, "NetworkPolicy ops/client: egress rule 1 names port 'web' (UDP), which none of the pods its peers "
+    (["-"], PORT_NAME_TYPOS, "NetworkPolicy ops/client: egress rule 0 names port 'web' (UDP), which none of the pods its peers "
                              "select has; their port names: metrics/TCP, web/TCP\n"
-                             "nftpolicy: warning: NetworkPolicy ops/server: ingress rule 1 names port 'http' (TCP), which none "
+                             "nftpolicy: warning: NetworkPolicy ops/server: ingress rule 0 names port 'http' (TCP), which none "
                              "of the pods it selects has; their port names: metrics/TCP, web/TCP"),
 ])
 def test_render_warns_and_strict_refuses(args, stdin, warning):
@@ -91,7 +97,7 @@ def test_render_warns_and_strict_refuses(args, stdin, warning):
     assert (out.returncode, out.stderr) == (0, f"nftpolicy: warning: {warning}\n")
     assert "table inet nftpolicy" in out.stdout
     strict = run("render", "--strict", *args, stdin=stdin)
-    assert (strict.returncode, strict.stderr, strict.stdout) == (2, f"nftpolicy: warning: {warning}\n", "")
+    assert (strict.returncode, strict.stderr, strict.stdout) == (2, f"nftpolicy: warning: {warning}\n{stopped(warning)}", "")
 
 
 def test_the_example_gets_no_warning():
@@ -103,7 +109,8 @@ def test_compare_warns_about_a_node_without_pods():
     dumps = REPO / "tests" / "fixtures" / "kube-router-v2.1.0" / "shop"
     out = run("compare", "--strict", "--node", "node7", "--iptables-save", str(dumps / "node1.iptables-save"),
               "--ipset-save", str(dumps / "node1.ipset-save"), str(SHOP))
-    assert (out.returncode, out.stderr) == (2, "nftpolicy: warning: no pod runs on node node7 (--node) and no Node object has that name; the nodes named: node1, node2\n")
+    warning = "no pod runs on node node7 (--node) and no Node object has that name; the nodes named: node1, node2"
+    assert (out.returncode, out.stderr) == (2, f"nftpolicy: warning: {warning}\n{stopped(warning)}")
 
 
 @pytest.mark.kernel
@@ -114,7 +121,7 @@ def test_sandbox_warns_and_strict_refuses(args, warning):
     out = run("sandbox", *args, str(SHOP))
     assert out.returncode == 0 and out.stderr == f"nftpolicy: warning: {warning}\n", out.stderr
     strict = run("sandbox", "--strict", *args, str(SHOP))
-    assert (strict.returncode, strict.stderr, strict.stdout) == (2, f"nftpolicy: warning: {warning}\n", "")
+    assert (strict.returncode, strict.stderr, strict.stdout) == (2, f"nftpolicy: warning: {warning}\n{stopped(warning)}", "")
 
 
 def test_strict_renders_a_fresh_node_that_runs_no_pod_yet(tmp_path):
@@ -128,7 +135,7 @@ def test_strict_renders_a_fresh_node_that_runs_no_pod_yet(tmp_path):
     unnamed = run("render", "--strict", "--node", "node4", str(SHOP), str(fresh))
     assert (unnamed.returncode, unnamed.stderr) == (
         2, "nftpolicy: warning: no pod runs on node node4 (--node) and no Node object has that name; "
-           "the nodes named: node1, node2, node3\n")
+           "the nodes named: node1, node2, node3\nnftpolicy: --strict: stopped on 1 warning (exit 2)\n")
 
 
 @pytest.mark.parametrize("stdin", [POLICY_IN_A_NAMESPACE_TYPO, PORT_NAME_TYPOS])
@@ -138,7 +145,7 @@ def test_explain_warns_as_render_does(stdin):
     out = run("explain", "--from", "ops/client" if "client" in stdin else "10.0.0.1", "--to", "10.0.0.2", "-", stdin=stdin)
     assert rendered.stderr and out.stderr.startswith(rendered.stderr), out.stderr
     strict = run("explain", "--strict", "--from", "10.0.0.1", "--to", "10.0.0.2", "-", stdin=stdin)
-    assert (strict.returncode, strict.stderr) == (2, rendered.stderr)
+    assert (strict.returncode, strict.stderr) == (2, rendered.stderr + stopped(rendered.stderr.strip()))
 
 
 DUMPED_POD = """

@@ -16,10 +16,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from .layout import Table
-from .model import Cluster, Family, domain_name_matches
-from .rules import TimedAddress
+from .layout import AddressInSet, Chain, Hook, PerAddressLimit, Protocols, Rule, SetMark, SourcePort, Table
+from .model import Cluster, Family, domain_name_matches, family_of
+from .rules import AddressSet, TimedAddress
 from .setstore import SetKey
+
+# The hold's own objects (docs/domain-names.md, "The hold"): the subject pods' addresses by
+# family, and a base chain per hook of the hold that marks the packets to them.
+HOLD_SETS: dict[Family, str] = {"ipv4": "KUBE-DNS-SUBJECTS4", "ipv6": "KUBE-DNS-SUBJECTS6"}
+HOLD_CHAINS: dict[Hook, str] = {"forward": "KUBE-DNS-HOLD-FORWARD", "output": "KUBE-DNS-HOLD-OUTPUT"}
 
 
 @dataclass(frozen=True)
@@ -71,3 +76,34 @@ def with_learned(table: Table, learned: Mapping[str, tuple[TimedAddress, ...]]) 
         return table
     return dataclasses.replace(table, sets=tuple(dataclasses.replace(s, elements=learned.get(s.name, ())) if s.kind == "domain" else s
                                                  for s in table.sets))
+
+
+def hold_subjects(sets: Iterable[DomainSet]) -> dict[Family, frozenset[str]]:
+    """The addresses of every domain set's clients (the subject pods of domainNames peers), by
+    address family: whose DNS answers the hold queues."""
+    found: dict[Family, set[str]] = {"ipv4": set(), "ipv6": set()}
+    for domain_set in sets:
+        for address in domain_set.clients:
+            found[family_of(address)].add(address)
+    return {family: frozenset(addresses) for family, addresses in found.items()}
+
+
+def with_hold_marks(table: Table, subjects: Mapping[Family, frozenset[str]], mark: int, rate: int, burst: int) -> Table:
+    """``table`` with the hold's objects: a set of the ``subjects``' addresses per family
+    (:data:`HOLD_SETS`) and a base chain per hook (:data:`HOLD_CHAINS`: ``forward`` for answers
+    the node routes to its pods, ``output`` for those a DNS server on the node's own network
+    sends) that sets bit ``mark`` on UDP and TCP packets from port 53 to them, and only sets it (``mark |=
+    bit``, other bits untouched; no verdict, the table's other base chains decide), at most
+    ``rate`` packets a second to each, after a burst of ``rate + burst`` (nft's limit; a meter per hook and family):
+    the pod's packets beyond pass unmarked. The hold's queue rule takes only packets with that bit
+    (:func:`~nftpolicy.agent.daemon.dnshold.hold_rules`): an answer to any other pod never leaves
+    the kernel, and one pod's flood cannot fill the kernel's queue for the others."""
+    sets = tuple(AddressSet(name, family, "addr", tuple(sorted(subjects.get(family, ()))),
+                            "subjects of domainNames peers: the DNS hold queues the answers to them")
+                 for family, name in HOLD_SETS.items())
+    chains = tuple(Chain(chain, tuple(Rule((Protocols(("udp", "tcp")), SourcePort(53), AddressInSet(family, "daddr", name),
+                                            PerAddressLimit(family, "daddr", f"{chain}-{family[-1]}", rate, burst), SetMark(mark)),
+                                           f"DNS hold: answers to subjects of domainNames peers ({family})")
+                                      for family, name in HOLD_SETS.items()), hook)
+                   for hook, chain in HOLD_CHAINS.items())
+    return dataclasses.replace(table, sets=table.sets + sets, chains=table.chains + chains)

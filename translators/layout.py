@@ -98,6 +98,13 @@ class DestinationPorts:
 
 
 @dataclass(frozen=True)
+class SourcePort:
+    """The source port is ``port`` (after a :class:`Protocols`)."""
+
+    port: int
+
+
+@dataclass(frozen=True)
 class ConntrackState:
     """The connection's conntrack state is one of ``states`` (``invalid``, ``established``, ...)."""
 
@@ -144,6 +151,19 @@ class Limit:
 
 
 # ---- statements: actions ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PerAddressLimit:
+    """At most ``rate`` packets a second, after a burst of ``burst``, for each ``field`` address
+    of ``family``, counted in a meter (nft(8) METER: a dynamic set of the table) named ``meter``;
+    a packet over its address's rate does not match."""
+
+    family: Family
+    field: Field
+    meter: str
+    rate: int
+    burst: int
+
 
 @dataclass(frozen=True)
 class SetMark:
@@ -219,8 +239,8 @@ class SetTrace:
     ``nft monitor trace`` listeners (only in the chains :func:`trace_chains` adds for a trace)."""
 
 
-Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, ConntrackState, IcmpTypes,
-                  LocalAddress, Unmarked, Marked, Limit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log, Reject, VerdictStatement,
+Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, SourcePort, ConntrackState, IcmpTypes,
+                  LocalAddress, Unmarked, Marked, Limit, PerAddressLimit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log, Reject, VerdictStatement,
                   Jump, Dispatch, SetTrace]
 
 

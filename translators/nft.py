@@ -27,6 +27,7 @@ Json = dict[str, Any]
 MARK: Json = {"meta": {"key": "mark"}}
 L4PROTO: Json = {"meta": {"key": "l4proto"}}
 DPORT: Json = {"payload": {"protocol": "th", "field": "dport"}}
+SPORT: Json = {"payload": {"protocol": "th", "field": "sport"}}
 CT_STATE: Json = {"ct": {"key": "state"}}
 
 
@@ -55,6 +56,8 @@ def statement_json(s: Statement) -> Json:
         return _match(L4PROTO, _one_or_set(list(s.names)))
     if isinstance(s, layout.DestinationPorts):
         return _match(DPORT, s.first if s.first == s.last else {"range": [s.first, s.last]})
+    if isinstance(s, layout.SourcePort):
+        return _match(SPORT, s.port)
     if isinstance(s, layout.ConntrackState):
         return _match(CT_STATE, s.states[0] if len(s.states) == 1 else list(s.states), "in")
     if isinstance(s, layout.IcmpTypes):
@@ -67,6 +70,9 @@ def statement_json(s: Statement) -> Json:
         return _match({"&": [MARK, s.bits]}, s.bits)
     if isinstance(s, layout.Limit):
         return {"limit": {"rate": s.rate, "per": s.per, "burst": s.burst}}
+    if isinstance(s, layout.PerAddressLimit):
+        limit = {"limit": {"rate": s.rate, "per": "second", "burst": s.burst}}
+        return {"meter": {"name": s.meter, "key": _payload(IP[s.family], s.field), "stmt": limit, "size": 65535}}
     if isinstance(s, layout.CounterStatement):
         return {"counter": None}
     if isinstance(s, layout.SetMark):

@@ -65,6 +65,8 @@ def _statement(s: Json) -> str:
         return f"{_value(body['key'])} vmap {body['data']}"
     if key == "limit":
         return f"limit rate {body['rate']}/{body['per']} burst {body['burst']} packets"
+    if key == "meter":
+        return f"meter {body['name']} size {body['size']} {{ {_value(body['key'])} {_statement(body['stmt'])} }}"
     if key == "log":
         return f'log prefix "{body["prefix"]}" group {body["group"]}'
     if key == "counter":

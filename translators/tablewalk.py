@@ -26,7 +26,7 @@ from typing import Any, Iterable, Literal
 from . import layout
 from .layout import (
     AddressInSet, AddressIs, ClearAndSetMark, ClearMark, ConntrackState, CounterStatement, DestinationPorts, Dispatch, Field, IcmpTypes,
-    Jump, Limit, LocalAddress, Log, Marked, NamedPortInSet, Protocols, Reject, SetMark, SetTrace, Statement, Unmarked,
+    Jump, Limit, LocalAddress, Log, Marked, NamedPortInSet, PerAddressLimit, Protocols, Reject, SetMark, SetTrace, Statement, Unmarked,
 )
 from .model import Direction, Family, family_of
 
@@ -214,7 +214,7 @@ class _Walking:
             return self.mark & s.bits == 0
         if isinstance(s, Marked):
             return self.mark & s.bits == s.bits
-        if isinstance(s, Limit):
+        if isinstance(s, (Limit, PerAddressLimit)):
             return True  # the first packet is within any rate
         raise AssertionError(f"not a match: {s!r}")
 

@@ -29,6 +29,7 @@ counts are not whole numbers >= 0, is reported (a :class:`ManifestError`) and le
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from .manifests import ManifestError, unread_object
 from .validation import InvalidField, generated_suffix
-from .model import Family, Pod
+from .model import Family, IPNetwork, Pod, family_of
 
 WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob")
 
@@ -168,14 +169,16 @@ class PlacementError(ValueError):
 
 
 def place_pods(pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
-               families: Sequence[Family] = ("ipv4",)) -> dict[str, Pod]:
+               families: Sequence[Family] = ("ipv4",), pod_cidrs: Mapping[str, Sequence[str]] | None = None) -> dict[str, Pod]:
     """The pods (key -> pod, in key order) as the sandbox builds them: hostNetwork and finished
     (``Succeeded``/``Failed``) pods left out, the others ``Running``; a pod without a node on the
     next of ``default_nodes`` (round-robin, in key order); a pod without addresses gets one per
-    family in ``families``: ``10.<244 + i // 256>.<i % 256>.<n>`` and ``fd00:10:244:<i>::<n>``,
-    ``i`` its node's index among the sorted node names, ``n`` counting from 10 on each node and
-    skipping an address another pod already has. Raises PlacementError past 244 such pods on one
-    node."""
+    family in ``families``: the ``n``-th address of its node's pod CIDR of that family
+    (``pod_cidrs``: node -> its ``spec.podCIDRs``, where the cluster's IPAM would take it, so an
+    ipBlock on a node's range judges stand-ins as it would the real pods), else
+    ``10.<244 + i // 256>.<i % 256>.<n>`` and ``fd00:10:244:<i>::<n>``, ``i`` its node's index
+    among the sorted node names; ``n`` counts from 10 on each node, skipping an address another
+    pod already has. Raises PlacementError past 244 such pods on one node, or past its CIDR."""
     placed: dict[str, Pod] = {}
     spread = itertools.cycle(default_nodes)
     for pod in sorted((p for p in pods if not p.host_network and p.phase not in ("Succeeded", "Failed")), key=lambda p: p.key):
@@ -185,18 +188,32 @@ def place_pods(pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
     taken = {ip for pod in placed.values() for ip in pod.ips}  # never two pods on one address
     for key, pod in placed.items():
         if not pod.ips:
-            i = index[pod.node]  # type: ignore[index]
+            ranges: dict[Family, IPNetwork] = {}
+            for cidr in (pod_cidrs or {}).get(pod.node or "", ()):  # the first of each family, as IPAM takes it
+                ranges.setdefault(family_of(cidr), ipaddress.ip_network(cidr, strict=False))
             while True:
                 n = next(counters[pod.node])  # type: ignore[index]
-                if n >= 255 and "ipv4" in families:
-                    raise PlacementError(f"too many pods on node {pod.node} for the sandbox's /24 (pod {pod.key})")
-                ips = [f"10.{244 + i // 256}.{i % 256}.{n}"] if "ipv4" in families else []
-                ips += [f"fd00:10:244:{i:x}::{n:x}"] if "ipv6" in families else []
+                ips = [_nth_address(pod, family, n, index[pod.node], ranges.get(family)) for family in families]  # type: ignore[index]
                 if not taken.intersection(ips):
                     break
             taken.update(ips)
             placed[key] = dataclasses.replace(pod, ips=tuple(ips))
     return placed
+
+
+def _nth_address(pod: Pod, family: Family, n: int, node_index: int, cidr: IPNetwork | None) -> str:
+    """:func:`place_pods`' ``n``-th address of ``pod``'s node in ``family``: in ``cidr`` (the
+    node's pod CIDR of that family) when given, else in the sandbox's own range of the node.
+    Raises PlacementError when the range has no such address."""
+    if cidr is not None:
+        if n >= min(cidr.num_addresses - 1, 1 << 16):
+            raise PlacementError(f"too many pods on node {pod.node} for its pod CIDR {cidr} (pod {pod.key})")
+        return str(cidr.network_address + n)
+    if family == "ipv4":
+        if n >= 255:
+            raise PlacementError(f"too many pods on node {pod.node} for the sandbox's /24 (pod {pod.key})")
+        return f"10.{244 + node_index // 256}.{node_index % 256}.{n}"
+    return f"fd00:10:244:{node_index:x}::{n:x}"
 
 
 class ServicePort(NamedTuple):

@@ -320,6 +320,8 @@ def config_from(args: argparse.Namespace) -> Config:
         if not hasattr(args, name):
             setattr(args, name, getattr(defaults, name))
     marks = {"--policy-mark": args.policy_mark, "--passed-mark": args.passed_mark, "--pass-mark": args.pass_mark}
+    if hasattr(args, "dns_hold_mark"):  # the agent's
+        marks["--dns-hold-mark"] = args.dns_hold_mark
     for (flag, mark), (other, other_mark) in itertools.combinations(marks.items(), 2):
         if mark == other_mark:
             raise UsageError(f"{flag} and {other} must differ (both {mark:#x})")
@@ -451,6 +453,17 @@ def parser() -> argparse.ArgumentParser:
                        help="learned addresses one domainNames peer holds at most; more are dropped and counted (default %(default)s)")
     agent.add_argument("--dns-max-per-pod", type=_count(1, 10**7), default=1000,
                        help="learned addresses the answers to one pod add at most; more are dropped and counted (default %(default)s)")
+    agent.add_argument("--dns-hold-mark", type=_mark, default=0x800000,
+                       help="mark bit our table sets on packets to the subject pods of domainNames peers: the hold queues only "
+                            "answers with it (default 0x800000)")
+    agent.add_argument("--dns-max-records", type=_count(1, 65535), default=100,
+                       help="answer records read of one DNS message; the rest are not read, and teach nothing (default %(default)s)")
+    agent.add_argument("--dns-pod-rate", type=_count(1, 10**6), default=200,
+                       help="DNS answers a second to one pod that the kernel queues for the hold at most, after a burst of as "
+                            "many plus --dns-pod-budget; more pass unheld and unread (default %(default)s)")
+    agent.add_argument("--dns-pod-budget", type=_count(1, 1024), default=32,
+                       help="DNS answers one pod may have waiting in the hold; more pass at once, unheld and unread (what they teach "
+                            "is not learned), so one pod's flood cannot delay other pods' answers (default %(default)s)")
     add_config_arguments(agent)
 
     cleanup = sub.add_parser("cleanup", help="remove our table and the DNS hold chain (and nothing else)")

@@ -21,6 +21,13 @@ again); without it (``fail_closed``) the kernel drops them and the pods' DNS fai
 agent is back. The hold chain stays in the kernel while the agent is away (its shutdown leaves
 it); it goes when the last domainNames peer goes.
 
+One pod cannot delay another's answers: the reader takes what the queue holds into one line per
+pod (the answer's destination), and releases in rounds, the oldest answer of each waiting pod
+in turn, so a pod's answer waits for at most one answer of each other pod; a pod with
+``budget`` answers waiting already has its next let through at once, unheld and unread (counted:
+what it would teach is not learned, as when the kernel's queue is full), so one pod's flood
+neither fills the kernel's queue of 1024 for the others nor grows the agent's memory.
+
 The queue is read with nfnetlink_queue directly (``NETLINK_NETFILTER``, linux/netfilter/
 nfnetlink_queue.h): config (bind, copy the whole packet), packet messages, verdicts. No binding
 on PyPI serves it without a C build against libnetfilter_queue (NetfilterQueue), which the
@@ -33,11 +40,14 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import os
+import select
 import socket
 import struct
 import subprocess
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -63,6 +73,9 @@ NLMSG_ERROR = 2
 NF_ACCEPT = 1
 COPY_RANGE = 65535
 POLL = 0.2  # seconds a read waits before the reader looks whether it should stop
+DEFAULT_BUDGET = 32  # answers one pod may have waiting in the agent (--dns-pod-budget)
+HOLD_NICE = -10  # the hold's thread's niceness, where the agent may raise it (CAP_SYS_NICE)
+READS_PER_ROUND = 16  # socket reads at most before a round of releases (each up to 256 KiB)
 FAILURE_LOG_SECONDS = 60.0  # at most one log line about failed commits this often
 
 
@@ -95,7 +108,7 @@ def dns_segment(packet: bytes) -> DnsSegment | None:
     return None
 
 
-def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
+def hold_rules(queue: int, bypass: bool, mark: int | None = None) -> list[list[str]]:
     """The ``iptables``/``ip6tables`` argument lists that make the hold chain and jump to it from
     ``FORWARD`` (answers the node routes to its pods) and ``OUTPUT`` (answers a DNS server on the
     node's own network sends them: a node-local cache, a host-network CoreDNS; never through
@@ -103,9 +116,16 @@ def hold_rules(queue: int, bypass: bool) -> list[list[str]]:
 
     Only a reply of a flow that the pod began is queued (conntrack: ``ESTABLISHED`` in the
     ``REPLY`` direction): a DNS message that anybody sends from port 53 to a pod unasked is
-    no answer to the pod's question and teaches nothing (it passes unheld and unread)."""
+    no answer to the pod's question and teaches nothing (it passes unheld and unread).
+
+    With ``mark`` (a bit), only packets that carry it are queued: our table sets it on packets
+    to the subject pods of domainNames peers
+    (:func:`~nftpolicy.translators.domainnames.with_hold_marks`), so an answer to any other pod
+    never leaves the kernel."""
     target = ["-j", "NFQUEUE", "--queue-num", str(queue)] + (["--queue-bypass"] if bypass else [])
     replies = ["-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", "REPLY"]
+    if mark is not None:
+        replies += ["-m", "mark", "--mark", f"{mark:#x}/{mark:#x}"]
     return [["-N", HOLD_CHAIN],
             ["-A", HOLD_CHAIN, "-p", "udp", "--sport", "53", *replies, *target],
             ["-A", HOLD_CHAIN, "-p", "tcp", "--sport", "53", *replies, *target],
@@ -184,6 +204,7 @@ class NfQueue:
         if fail_open:
             self._request([(NFQA_CFG_MASK, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN)),
                            (NFQA_CFG_FLAGS, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN))])
+        self.sock.setblocking(False)  # reads wait in select (packets), or not at all
 
     def _request(self, attrs: Sequence[tuple[int, bytes]]) -> None:
         self.sock.send(_nlmsg(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, socket.AF_UNSPEC, self.queue, attrs))
@@ -194,11 +215,14 @@ class NfQueue:
             if code:
                 raise OSError(-code, f"nfqueue {self.queue}: {errno.errorcode.get(-code, code)}")
 
-    def packets(self) -> list[tuple[int, bytes]]:
-        """The packets of one read (waits up to :data:`POLL` seconds for one; ``[]`` if none)."""
+    def packets(self, wait: bool = True) -> list[tuple[int, bytes]]:
+        """The packets of one read (``wait``: up to :data:`POLL` seconds for one, else none;
+        ``[]`` if none)."""
+        if wait and not select.select([self.sock], [], [], POLL)[0]:
+            return []
         try:
             data = self.sock.recv(1 << 18)
-        except TimeoutError:
+        except BlockingIOError:
             return []
         except OSError as exc:  # the socket's buffer overflowed: those packets passed or dropped (fail_open)
             if exc.errno != errno.ENOBUFS:
@@ -232,14 +256,20 @@ class DnsHold:
     """Holds DNS answers in network namespace ``netns_name`` (one this process created, through
     :func:`nftpolicy.agent.dataplane.iptables.run`; None: the agent's own, the node's) until
     ``commit`` returns for what each teaches: ``commit(segment)`` learns and writes the set
-    elements (an exception there is logged and the answer let through). :meth:`start` installs
-    the hold chain and starts the reader thread; :meth:`close` stops it and removes the chain."""
+    elements (an exception there is logged and the answer let through). ``mark``: as
+    :func:`hold_rules` (None: every answer to a pod is queued). ``budget``: answers one
+    pod may have waiting (module docstring); ``released(segment, seconds)``: after each held
+    answer's release, how long it was held from its read. :meth:`start` installs the hold chain
+    and starts the reader thread; :meth:`close` stops it and removes the chain."""
 
     def __init__(self, commit: Callable[[DnsSegment], None], queue: int = 5300, bypass: bool = True,
-                 *, netns_name: str | None) -> None:
-        self.commit, self.queue_num, self.bypass, self.netns = commit, queue, bypass, netns_name
+                 *, netns_name: str | None, mark: int | None = None, budget: int = DEFAULT_BUDGET,
+                 released: Callable[[DnsSegment, float], None] | None = None) -> None:
+        self.commit, self.queue_num, self.bypass, self.netns, self.mark = commit, queue, bypass, netns_name, mark
+        self.budget, self.released = budget, released
         self.held = 0  # answers released after their commit
         self.failed = 0  # answers whose commit raised (let through all the same)
+        self.over_budget = 0  # answers let through unread: their pod had budget answers waiting
         self._logged_at = -FAILURE_LOG_SECONDS  # when a failed commit was last logged (time.monotonic)
         self._failed_since = 0  # self.failed when that line was logged
         self._queue: NfQueue | None = None
@@ -257,29 +287,74 @@ class DnsHold:
         cannot be made (what was made of it is removed again)."""
         with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
             self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
-        self._thread = threading.Thread(target=self._run, name="dns-hold", daemon=True)
+        self._thread = threading.Thread(target=self._reader, name="dns-hold", daemon=True)
         self._thread.start()
         remove_hold_chain(self.netns)
         try:
-            for argv in hold_rules(self.queue_num, self.bypass):
+            for argv in hold_rules(self.queue_num, self.bypass, self.mark):
                 self._iptables(argv)
         except Exception:
             remove_hold_chain(self.netns)
             raise
 
+    def _reader(self) -> None:
+        """The reader thread: :meth:`_run` at :data:`HOLD_NICE` where the agent may raise its
+        priority (every held answer waits for this thread: ahead of the pods' processes for a
+        core), else at the agent's."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HOLD_NICE)
+        except PermissionError:  # without CAP_SYS_NICE
+            log.info("the DNS hold's thread runs at the agent's priority (nice %d needs CAP_SYS_NICE)", HOLD_NICE)
+        self._run()
+
     def _run(self) -> None:
         assert self._queue is not None
+        waiting: dict[str, deque[tuple[int, DnsSegment, float]]] = {}  # pod address -> its answers, oldest first
         while not self._stopping.is_set():
-            for packet_id, packet in self._queue.packets():
-                segment = dns_segment(packet)
-                try:
-                    if segment is not None:
-                        self.commit(segment)
-                except Exception as exc:  # noqa: BLE001 - an answer is never kept from its pod by our failure
-                    self._failed(exc)
-                finally:
-                    self._queue.accept(packet_id)
-                    self.held += 1
+            for reads in range(READS_PER_ROUND):
+                packets = self._queue.packets(wait=not waiting and reads == 0)
+                if not packets:
+                    break
+                self._take(packets, waiting)
+            for client in list(waiting):  # one round: the oldest answer of each pod
+                line = waiting[client]
+                packet_id, segment, read_at = line.popleft()
+                if not line:
+                    del waiting[client]
+                self._release(packet_id, segment, read_at)
+        for line in waiting.values():  # stopping: what waits goes on unlearned
+            for packet_id, _, _ in line:
+                self._queue.accept(packet_id)
+
+    def _take(self, packets: list[tuple[int, bytes]], waiting: dict[str, deque[tuple[int, DnsSegment, float]]]) -> None:
+        """Put each packet of one read in its pod's line; one that is no DNS segment, or whose
+        pod has :attr:`budget` waiting, is let through at once."""
+        assert self._queue is not None
+        now = time.monotonic()
+        for packet_id, packet in packets:
+            segment = dns_segment(packet)
+            if segment is None:
+                self._queue.accept(packet_id)
+                continue
+            line = waiting.setdefault(segment.client, deque())
+            if len(line) >= self.budget:
+                self._queue.accept(packet_id)
+                self.over_budget += 1
+                continue
+            line.append((packet_id, segment, now))
+
+    def _release(self, packet_id: int, segment: DnsSegment, read_at: float) -> None:
+        """Commit what ``segment`` teaches, then let it go on (also when the commit failed)."""
+        assert self._queue is not None
+        try:
+            self.commit(segment)
+        except Exception as exc:  # noqa: BLE001 - an answer is never kept from its pod by our failure
+            self._failed(exc)
+        finally:
+            self._queue.accept(packet_id)
+            self.held += 1
+        if self.released is not None:
+            self.released(segment, time.monotonic() - read_at)
 
     def _failed(self, exc: Exception) -> None:
         """Count a failed commit; log one line for it at most every :data:`FAILURE_LOG_SECONDS`

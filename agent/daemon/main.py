@@ -92,8 +92,10 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
             log.error("nftables feature missing: %s", feature)
         log.error("this kernel or libnftables cannot run nftpolicy; nothing was changed")
         return 1
-    learner = DomainLearner(args.dns_ttl_floor, args.dns_ttl_cap, args.dns_max_per_set, args.dns_max_per_pod)
-    learning = DomainLearning(learner, dataplane.add_timed_elements, metrics, args.dns_hold, args.dns_queue, args.netns)
+    learner = DomainLearner(args.dns_ttl_floor, args.dns_ttl_cap, args.dns_max_per_set, args.dns_max_per_pod, args.dns_max_records)
+    learning = DomainLearning(learner, dataplane.add_timed_elements, metrics, args.dns_hold, args.dns_queue, args.netns,
+                              budget=args.dns_pod_budget, mark=args.dns_hold_mark, rate=args.dns_pod_rate,
+                              change_elements=dataplane.change_elements)
     learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,
                             learning=learning)

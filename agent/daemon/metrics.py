@@ -60,10 +60,13 @@ class Metrics:
                                       "Transactions committed to our table since the agent started: it grows by one per sync.", registry=r)
         self.dns_answers = Counter(
             "nftpolicy_dns_answers", "DNS answers to pods read for domainNames peers, by result: learned and dropped (over the per-set or "
-            "per-pod bound) count addresses; ignored (no policy name or pod), empty (no address) and malformed count messages.",
+            "per-pod bound) count addresses; ignored (no policy name or pod), empty (no address), malformed and capped (more answer "
+            "records than --dns-max-records, the rest unread) count messages.",
             ["result"], registry=r)
-        for result in ("learned", "dropped", "ignored", "empty", "malformed"):
+        for result in ("learned", "dropped", "ignored", "empty", "malformed", "capped"):
             self.dns_answers.labels(result)
+        self.dns_over_budget = Counter("nftpolicy_dns_over_budget", "DNS answers let through unheld and unread because their pod had "
+                                       "--dns-pod-budget answers waiting in the hold (what they teach is not learned).", registry=r)
         self.dns_learned_elements = Gauge("nftpolicy_dns_learned_elements", "Addresses learned from DNS answers that have not expired.",
                                           registry=r)
         self.dns_hold_seconds = Histogram("nftpolicy_dns_hold_seconds",

@@ -99,10 +99,12 @@ class Reconciler:
             return transaction.replacing(self._table(renderer)), since, renderer
 
     def _table(self, renderer: NodeRenderer) -> layout.Table:
-        """The whole table of ``renderer``'s model, with what DNS answers taught (under the
-        learning's lock, see _sync)."""
+        """The whole table of ``renderer``'s model, with what DNS answers taught (inside the
+        learning's :meth:`~.domainlearning.DomainLearning.replacing`, see _sync)."""
         table = layout.table(renderer.model(ordered=False))
-        return with_learned(table, self.learning.learned()) if self.learning is not None else table
+        if self.learning is None:
+            return table
+        return self.learning.carry(with_learned(table, self.learning.learned()), renderer.domain_sets())
 
     def _delta_transaction(self) -> tuple[Transaction | None, float | None]:
         """Feed the objects that changed to the renderer; the transaction of what that changed
@@ -126,7 +128,7 @@ class Reconciler:
         if full or self.renderer is None:
             mode = "full"
             if self.learning is not None:
-                with self.learning.lock:  # no learned element is committed between its snapshot and the replace
+                with self.learning.replacing():  # what answers teach meanwhile is committed again after the replace
                     tx, since, renderer = self._full_transaction()
                     return self._commit(tx, since, renderer, mode, started, cpu)
             tx, since, renderer = self._full_transaction()
@@ -182,8 +184,9 @@ class Reconciler:
         if since is not None:
             self.metrics.event_to_kernel.observe(committed - since)
             timings.update(event_to_kernel_ms=round((committed - since) * 1000, 2), waited_ms=round((started - since) * 1000, 2))
-        if self.learning is not None:
-            self.learning.sets_changed(renderer.domain_sets())
+        if self.learning is not None and self.learning.sets_changed(renderer.domain_sets(), replaced=mode == "full"):
+            self.renderer = None  # the hold's objects come with a full replace: the next sync, at once
+            self.store.changed.set()
         if (why := empty_table_reason(renderer, counts["pod chains"])) != self.empty_reason and why:
             log.info("the table isolates no pod: %s", why)
         self.empty_reason = why

@@ -18,9 +18,11 @@ acknowledgement; the kernel answers each one once the batch is done, with 0 or t
 aborted it. The encoding is the kernel's uapi (linux/netlink.h, linux/netfilter/nfnetlink.h,
 linux/netfilter/nf_tables.h): a key is the address (4 or 16 bytes, network order), or for a
 concatenation each field in turn padded to 4 bytes (``inet_proto`` 1 byte, ``inet_service`` 2
-bytes big-endian); a verdict map element's data is a ``jump`` to its chain. Only sets whose
-every element is one key take this path (:data:`KEYED_KINDS`); interval sets (an element is a
-range: a start and an end element) and timeout sets go through libnftables.
+bytes big-endian); a verdict map element's data is a ``jump`` to its chain; a timed element
+(a domain set's, :class:`~nftpolicy.translators.rules.TimedAddress`) carries its timeout
+(``NFTA_SET_ELEM_TIMEOUT``, milliseconds, 64 bits big-endian). Only sets whose every element is
+one key take this path (:data:`KEYED_KINDS`, and the DNS hold's timed elements); interval sets
+(an element is a range: a start and an end element) go through libnftables.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import threading
 from typing import Any, Callable, Iterable, Sequence
 
 from nftpolicy.translators.layout import MapElement
+from nftpolicy.translators.rules import TimedAddress
 
 from . import DataplaneError
 
@@ -46,7 +49,7 @@ NFT_MSG_NEWSETELEM, NFT_MSG_DELSETELEM = 12, 14
 NFPROTO_INET = 1
 NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_ELEMENTS = 1, 2, 3
 NFTA_LIST_ELEM = 1
-NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_DATA = 1, 2
+NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_TIMEOUT = 1, 2, 4
 NFTA_DATA_VALUE, NFTA_DATA_VERDICT = 1, 2
 NFTA_VERDICT_CODE, NFTA_VERDICT_CHAIN = 1, 2
 NFT_JUMP = -3
@@ -77,18 +80,22 @@ def _address(text: str) -> bytes:
 
 def key(element: Any) -> bytes:
     """The set key of one element: an address (``str``), an ``(address, protocol, port)``
-    triple (``address . inet_proto . inet_service``), or a :class:`MapElement`'s address."""
+    triple (``address . inet_proto . inet_service``), or a :class:`MapElement`'s or
+    :class:`TimedAddress`'s address."""
     if isinstance(element, str):
         return _address(element)
-    if isinstance(element, MapElement):
+    if isinstance(element, (MapElement, TimedAddress)):
         return _address(element.address)
     address, protocol, port = element
     return _address(address) + struct.pack("=B3x", PROTOCOLS[protocol]) + struct.pack(">H2x", port)
 
 
 def element(value: Any) -> bytes:
-    """One ``NFTA_LIST_ELEM``: the key, and for a :class:`MapElement` its ``jump`` verdict."""
+    """One ``NFTA_LIST_ELEM``: the key, for a :class:`MapElement` its ``jump`` verdict, for a
+    :class:`TimedAddress` its timeout."""
     body = _nested(NFTA_SET_ELEM_KEY, _attr(NFTA_DATA_VALUE, key(value)))
+    if isinstance(value, TimedAddress):
+        body += _attr(NFTA_SET_ELEM_TIMEOUT, struct.pack(">Q", value.timeout * 1000))
     if isinstance(value, MapElement):
         verdict = _attr(NFTA_VERDICT_CODE, struct.pack(">i", NFT_JUMP)) + _attr(NFTA_VERDICT_CHAIN, value.chain.encode() + b"\0")
         body += _nested(NFTA_SET_ELEM_DATA, _nested(NFTA_DATA_VERDICT, verdict))

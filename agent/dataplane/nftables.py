@@ -144,9 +144,8 @@ class NftDataplane:
 
     def __init__(self, table: str, netns_name: str | None = None) -> None:
         self.table, self.netns = table, netns_name
-        self._elements = KeptContext(self._entered)  # the DNS hold's own (add_timed_elements)
         self._deltas = KeptContext(self._entered)  # the commits that do not replace the table (run)
-        self._netlink = nfnetlink.ElementSocket(self._entered)  # element-only commits (_elements_only)
+        self._netlink = nfnetlink.ElementSocket(self._entered)  # element-only commits (_elements_only, add_timed_elements)
         self._kinds: dict[str, str] = {}  # our sets' and maps' kinds, from what we committed
 
     def __repr__(self) -> str:
@@ -228,12 +227,27 @@ class NftDataplane:
 
     def add_timed_elements(self, elements: Sequence[tuple[str, TimedAddress]]) -> None:
         """Put each ``(set, element)`` in its domain set of our table with its timeout, in one
-        transaction (:func:`nft.timed_elements_json`); raises NftError (nothing added then).
-        One caller at a time (the DNS hold's thread): it keeps one libnftables context, whose
-        making costs more than the commit."""
-        if not elements:
-            return
-        self._elements.cmd(nft.timed_elements_json(self.table, elements))
+        kernel transaction through netlink (:mod:`.nfnetlink`, never libnftables: a full replace
+        that holds libnftables for its render and commit does not stall the DNS hold): ``add``
+        (so that it exists), ``delete``, ``add`` with the timeout (an older kernel keeps an
+        existing element's timeout on ``add``), each a message for all of a set's elements (one
+        acknowledgement each: a message per element would overflow the socket with them);
+        raises NetlinkError (nothing added then)."""
+        by_set: dict[str, list[TimedAddress]] = {}
+        for set_name, element in elements:
+            by_set.setdefault(set_name, []).append(element)
+        changes: list[tuple[str, str, tuple[Any, ...]]] = []
+        for set_name, timed in by_set.items():
+            addresses = tuple(element.address for element in timed)
+            changes += [("add", set_name, addresses), ("delete", set_name, addresses), ("add", set_name, tuple(timed))]
+        if changes:
+            self._netlink.commit(self.table, changes)
+
+    def change_elements(self, changes: Sequence[tuple[str, str, tuple[str, ...]]]) -> None:
+        """Commit ``(verb, set, addresses)`` changes (verb ``add`` or ``delete``) of address
+        sets of our table in one kernel transaction through netlink (:mod:`.nfnetlink`);
+        raises NetlinkError (nothing committed then)."""
+        self._netlink.commit(self.table, changes)
 
     def timed_elements(self) -> dict[str, list[TimedAddress]]:
         """The elements of our table's sets with ``flags timeout`` (the domain sets), each with

@@ -8,7 +8,8 @@ plus random hex, and removed by :meth:`Sandbox.close`):
   and fe80::1 (the pods' default routes), plus a host route to every pod (local: the veth;
   remote: the other node's uplink address);
 * one namespace per pod: ``eth0`` with the pod's addresses (``status.podIPs`` when the manifests
-  give them, else allocated from 10.244.<node>.0/24 and fd00:10:244:<node>::/64).
+  give them, else allocated from the Node's pod CIDRs, else from 10.244.<node>.0/24 and
+  fd00:10:244:<node>::/64).
 
 Probes between the pods: :mod:`nftpolicy.agent.testbed.probes`. Dataplanes (:meth:`Sandbox.node_dataplane`):
 ``nft`` applies each node's ruleset through libnftables inside the node's namespace;
@@ -82,18 +83,20 @@ class Sandbox(Started):
     :data:`DATAPLANES`: how :meth:`apply` loads each node's ruleset. ``served_nodes``: nodes
     whose address is a probe target too (``node:<name>``, :data:`~nftpolicy.translators.cases.NODE_TARGET`:
     a server in the node's namespace, as a host-network endpoint), built even when no pod runs there.
+    ``pod_cidrs``: node -> its pod CIDRs (``spec.podCIDRs``), where pods without addresses get theirs.
     """
 
     def __init__(self, pods: Iterable[Pod], default_nodes: Sequence[str] = ("node1",),
                  families: Sequence[Family] = ("ipv4",), node_addresses: Mapping[str, Sequence[str]] | None = None,
-                 config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft", served_nodes: Sequence[str] = ()) -> None:
+                 config: Config = Config(), timeout: float = 1.0, dataplane: str = "nft", served_nodes: Sequence[str] = (),
+                 pod_cidrs: Mapping[str, Sequence[str]] | None = None) -> None:
         if dataplane not in DATAPLANES:
             raise SandboxError(f"unknown dataplane {dataplane!r} (one of {', '.join(DATAPLANES)})")
         self.run = netns.run_tag() + secrets.token_hex(3)
         self.prefix = f"{NETNS_PREFIX}{self.run}-"
         self.config, self.timeout, self.dataplane = config, timeout, dataplane
         try:
-            self.pods = place_pods(pods, default_nodes, families)
+            self.pods = place_pods(pods, default_nodes, families, pod_cidrs)
         except PlacementError as exc:
             raise SandboxError(str(exc)) from None
         names = sorted({p.node for p in self.pods.values() if p.node} | set(served_nodes))

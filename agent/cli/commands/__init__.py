@@ -246,7 +246,7 @@ def unmatched_port_names(cluster: Cluster) -> list[str]:
         if not subjects:
             continue
         for direction in ("ingress", "egress"):
-            for index, rule in enumerate(policy.rules(direction), 1):
+            for index, rule in enumerate(policy.rules(direction)):  # 0-based, as explain, trace and the field paths
                 named = sorted({(p.port, p.protocol) for p in rule.ports if isinstance(p.port, str)})
                 if not named:
                     continue
@@ -293,8 +293,11 @@ def note(notes: list[str]) -> None:
 
 
 def warn(warnings: list[str], strict: bool) -> None:
-    """One ``nftpolicy: warning: ...`` line each; with ``--strict`` any of them ends the command (exit 2)."""
+    """One ``nftpolicy: warning: ...`` line each; with ``--strict`` any of them ends the command
+    (exit 2) after a last line that says so."""
     for warning in warnings:
         print(f"nftpolicy: warning: {warning}", file=sys.stderr)
     if warnings and strict:
+        print(f"nftpolicy: --strict: stopped on {len(warnings)} {plural(len(warnings), 'warning', 'warnings')} (exit 2)",
+              file=sys.stderr)
         raise SystemExit(2)

@@ -306,12 +306,13 @@ def _answer(args: argparse.Namespace, enforcement: Enforcement, asked: Sequence[
 def with_addresses(cluster: Cluster, nodes: Sequence[str]) -> Cluster:
     """``cluster`` with every pod that has no ``status.podIP`` placed on ``nodes`` and addressed
     as the sandbox and ``trace`` build it (:func:`~nftpolicy.translators.workloads.place_pods`:
-    10.244.0.10 on), said in one line, so that all three answer for the same pods."""
+    from the node's pod CIDR, else 10.244.0.10 on), said in one line, so that all three answer
+    for the same pods."""
     bare = sorted(p.key for p in cluster.pods.values() if not p.ips and not p.host_network and p.phase not in ("Succeeded", "Failed"))
     if not bare:
         return cluster
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
-    placed = place_pods(cluster.pods.values(), nodes, families=families)
+    placed = place_pods(cluster.pods.values(), nodes, families, {n.name: n.pod_cidrs for n in cluster.nodes.values()})
     shown = ", ".join(f"{key} {' '.join(placed[key].ips)}" for key in bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
     print(f"nftpolicy: {len(bare)} {plural(len(bare), 'pod without status.podIP gets', 'pods without status.podIP get')} "
           f"the sandbox's addresses: {shown}", file=sys.stderr)

@@ -41,7 +41,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         with gc_paused():  # one bulk load whose objects all live to the end
             progress.step("reading the manifests")
             read = read_manifests(args, [args.node] if args.node else [])
-            if read.empty and not args.accept_skipped:  # no table printed for an input of nothing
+            if read.empty and not read.skipped and not args.accept_skipped:  # no table for an input of nothing at all
                 return read.finish(args, 0)
             cluster = read.cluster
             warn(cluster_warnings(cluster, [args.node] if args.node else []), args.strict)

@@ -108,7 +108,9 @@ def _sandbox_manifests(args: argparse.Namespace, stack: contextlib.ExitStack, co
     # Nodes a ClusterNetworkPolicy nodes peer could select are probed as destinations too
     served = sorted(cluster.nodes) if any(peer.nodes is not None for policy in cluster.cluster_policies.values()
                                           for rule in policy.egress for peer in rule.peers) else []
-    made = [Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d, served) for d in dataplanes]
+    pod_cidrs = {n.name: n.pod_cidrs for n in cluster.nodes.values()}
+    made = [Sandbox(cluster.pods.values(), nodes, families, node_addresses, config, args.timeout, d, served, pod_cidrs)
+            for d in dataplanes]
     _check_probed(made[0], families, read.paths)
     warnings = [f"no pod runs on node {node} (--node): every pod has another spec.nodeName"
                 for node in args.node or () if node not in made[0].nodes]
@@ -155,8 +157,8 @@ def _check_self_probes(result: Mapping[tuple[ProbeSpec, Family], Mapping[tuple[s
                     for (src, dst), ok in cells.items() if src == dst and not ok)
     if failed:
         raise UsageError(f"{len(failed)} {'probe' if len(failed) == 1 else 'probes'} of a pod to its own address failed (always "
-                         f"allowed), e.g. {failed[0]}: --timeout {timeout:g} is too short for this machine, or the sandbox's "
-                         "servers did not answer; no cell can be trusted")
+                         f"allowed), e.g. {failed[0]}: --timeout {timeout:g} is too short for this machine (try 1, the default, "
+                         "or more on a loaded machine), or the sandbox's servers did not answer; no cell can be trusted")
 
 
 def _check_probed(sandbox: Sandbox, families: tuple[Family, ...], paths: list[str]) -> None:

@@ -53,7 +53,7 @@ from nftpolicy.agent.testbed.sandbox import Sandbox
 from nftpolicy.translators.workloads import services_from
 
 from . import placement_nodes, read_manifests, report_skipped
-from .explain import _agent, asked, connections, parse_port, service_targets
+from .explain import _agent, asked, connections, parse_port, service_targets, workload_pod
 
 # A monitor event (``trace id <id> inet <table> <chain> <rest>``), and a rule event's rest: the
 # monitor prints handles, so both a rule it knows and one it does not end in the rule's handle (the
@@ -322,21 +322,24 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
     report_skipped(unread, args.strict)
     read.skipped += unread
     service = services.get(destination) if destination not in cluster.pods else None
+    sender = workload_pod(args.source, read.stand_ins, cluster, "--from")
+    destination = destination if service is not None else workload_pod(destination, read.stand_ins, cluster, "--to")
     placed_on = placement_nodes(cluster, args.node or [])
     families = sorted({family_of(ip) for p in cluster.pods.values() for ip in p.ips}) or ["ipv4"]
     node_addresses = {n.name: n.addresses for n in cluster.nodes.values()}
     # every Node of the manifests answers on its addresses (a host-network server in its namespace)
-    with Sandbox(cluster.pods.values(), placed_on, families, node_addresses, config, served_nodes=sorted(cluster.nodes)) as sandbox:
+    with Sandbox(cluster.pods.values(), placed_on, families, node_addresses, config, served_nodes=sorted(cluster.nodes),
+                 pod_cidrs={n.name: n.pod_cidrs for n in cluster.nodes.values()}) as sandbox:
         cluster = sandbox.with_sandbox_pods(cluster)
         sandbox.apply(cluster)
         engine = enforcement_of(cluster, list(sandbox.nodes), config)
         if service is not None:  # a Service: the packet goes to its first pod, on the target port (kube-proxy's choice)
             selected, targets = service_targets(service, cluster, ports)
             destination, ports = selected[0], targets[:1]
-        conn = connections(engine, args.source, destination, ports, cluster.pods)[0]
+        conn = connections(engine, sender, destination, ports, cluster.pods)[0]
         source, target = engine.pod_at(conn.source), engine.pod_at(conn.destination)
         if source is None or source.key not in sandbox.pods:
-            raise UsageError(f"--from {args.source}: the sandbox sends from a pod; give one")
+            raise UsageError(f"--from {sender}: the sandbox sends from a pod; give one")
         if conn.protocol == "SCTP" and not sctp_supported():
             raise UsageError(f"--port {args.port or conn.text().lower()}: this kernel has no SCTP, so the sandbox cannot send it")
         nodes = list(dict.fromkeys([*(p.node for p in (source, target) if p is not None and p.node),
