@@ -25,6 +25,10 @@ builds them):
   hook: the connection tracking that every stateful policy needs (kube-router's rules too) and
   that every node running kube-proxy has anyway;
 * ``nft``: our table (``transaction.full``, through libnftables);
+* ``nft-hold``: the same table with ``--unknown-pods hold`` (issue 31) and the local pods' /16s as
+  the node's pod CIDRs: every new connection's first packet looks its two addresses up in the
+  pod CIDRs and the known pods, and every packet passes the released chains' mark tests (the
+  pair is known: nothing is held);
 * ``nft-no-counters``: the same table without its ``counter`` statements (each allow rule, each
   reject and each Deny has one), to measure what counting costs;
 * ``nft-50-policies``: the same with 49 more policies that select the server and allow the pair
@@ -84,6 +88,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import os
 import platform
@@ -113,7 +118,7 @@ from nftpolicy.translators.tablewalk import TableWalker  # noqa: E402
 from nftpolicy.translators.transaction import ChainRule, OurTable, Transaction, replacing  # noqa: E402
 from nftpolicy.translators.verdict import Connection, Enforcement  # noqa: E402
 
-VARIANTS = ("none", "conntrack", "nft", "nft-no-counters", "nft-50-policies", "iptables-nft", "iptables-legacy", "kube-router")
+VARIANTS = ("none", "conntrack", "nft", "nft-hold", "nft-no-counters", "nft-50-policies", "iptables-nft", "iptables-legacy", "kube-router")
 TRACED = ("nft", "iptables-nft", "kube-router")  # variants whose loaded ruleset is also traced
 BENCH_TABLE = "nftpolicy-bench-conntrack"
 TARGET_RATIO = 0.98  # of the conntrack-only rate
@@ -555,7 +560,8 @@ def print_table(out, report: dict[str, Any]) -> None:
         return f"paired per round: median {p['median']:.1%}, rounds {min(p['rounds']):.1%}..{max(p['rounds']):.1%}"
     print(f"nft keeps {t['nft_vs_conntrack']:.1%} of the conntrack-only rate (target {TARGET_RATIO:.0%}: "
           f"{'met' if t['kept'] else 'MISSED'}; {spread(t['nft_vs_conntrack_paired'])}) and {t['nft_vs_none']:.1%} of the "
-          f"no-rules rate; without counters nft runs at {t['no_counters_vs_nft']:.1%} of nft with them "
+          f"no-rules rate; with the hold of unknown pods nft-hold runs at {t['hold_vs_nft']:.1%} of nft "
+          f"({spread(t['hold_vs_nft_paired'])}); without counters nft runs at {t['no_counters_vs_nft']:.1%} of nft with them "
           f"({spread(t['no_counters_vs_nft_paired'])}); with 50 policies selecting the destination it keeps {t['fifty_vs_one']:.1%} of the one-policy rate "
           f"(target {POLICIES_TARGET:.0%}: {'met' if t['fifty_kept'] else 'MISSED'}; {spread(t['fifty_vs_one_paired'])}); "
           f"nft / iptables-nft = {t['nft_vs_iptables_nft']:.2f}x, nft / iptables-legacy = {t['nft_vs_iptables_legacy']:.2f}x "
@@ -631,6 +637,12 @@ def main(argv: list[str] | None = None) -> int:
                 sandbox.apply(with_selecting_policies(cluster, model, client, server, port, 50))
             elif variant in ("nft", "iptables-nft", "iptables-legacy"):
                 sandbox.apply(cluster)
+            elif variant == "nft-hold":
+                placed = sandbox.with_sandbox_pods(cluster)
+                ranges = sorted({str(ipaddress.ip_network(f"{ip}/16", strict=False)) for p in placed.pods.values()
+                                 if p.node == synthetic.NODE for ip in p.addresses("ipv4")})
+                config = dataclasses.replace(sandbox.config, unknown_pods="hold", pod_cidrs=tuple(ranges))
+                sandbox.node_dataplane(synthetic.NODE).run(replacing(layout.table(build_rule_model(placed, synthetic.NODE, config))))
             elif variant == "nft-no-counters":
                 node_model = build_rule_model(sandbox.with_sandbox_pods(cluster), synthetic.NODE, sandbox.config)
                 sandbox.node_dataplane(synthetic.NODE).run(replacing(without_counters(layout.table(node_model))))
@@ -665,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         "nft_vs_none": med["nft"] / none, "kept": med["nft"] / med["conntrack"] >= TARGET_RATIO,
         "nft_vs_conntrack": med["nft"] / med["conntrack"], "nft_vs_conntrack_paired": kept,
         "fifty_vs_one": med["nft-50-policies"] / med["nft"], "fifty_vs_one_paired": fifty_paired,
+        "hold_vs_nft": med["nft-hold"] / med["nft"], "hold_vs_nft_paired": paired(runs, "nft-hold", "nft"),
         "no_counters_vs_nft": med["nft-no-counters"] / med["nft"], "no_counters_vs_nft_paired": paired(runs, "nft-no-counters", "nft"),
         "fifty_kept": med["nft-50-policies"] / med["nft"] >= POLICIES_TARGET,
         "nft_vs_iptables_nft": med["nft"] / med["iptables-nft"], "nft_vs_iptables_legacy": med["nft"] / med["iptables-legacy"],

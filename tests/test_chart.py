@@ -621,6 +621,7 @@ BAD_AGENT_VALUES = [
     {"countersInterval": 0.5}, {"countersInterval": -1},
     {"logFormat": "xml"}, {"logLevel": "trace"}, {"denyAction": "REJECT"}, {"denyAction": "deny"}, {"denyAction": True},
     {"metricsSecure": "yes"}, {"debugAddress": "unix:run/debug.sock"}, {"debugAddress": "[::1]:99999"},
+    {"dnsHoldMark": "0x1000000"}, {"passMark": "0x4000000"},  # the marks of unknownPods (hold by default)
 ]
 GOOD_AGENT_VALUES = [
     {"serviceCidrs": ["10.96.0.0/12", "fd00:10:96::/108"]}, {"externalCidrs": ["0.0.0.0/0", "::/0", "::ffff:10.0.0.0/104"]},

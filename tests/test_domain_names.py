@@ -532,7 +532,7 @@ def test_the_kernel_queues_a_burst_of_one_pods_answers_up_to_its_budget(bed):
 def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes_unheld():
     """One read brings 40 answers of pod A, then one of pod B: B's is released second (after
     A's oldest), not 41st; A's beyond the budget (32) are let through at once, unread."""
-    from nftpolicy.agent.daemon.dnshold import DEFAULT_BUDGET
+    from nftpolicy.agent.daemon.dnshold import DEFAULT_BUDGET, QueuedPacket
 
     def packet(client: str, n: int) -> bytes:  # an IPv4 UDP packet to client, its payload n
         return bytes([0x45]) + bytes(8) + bytes([17]) + bytes(6) + socket.inet_aton(client) + bytes(8) + n.to_bytes(2, "big")
@@ -541,10 +541,10 @@ def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes
         def __init__(self, hold: DnsHold) -> None:
             self.hold, self.accepted, self.reads = hold, [], 0
 
-        def packets(self, wait: bool = True) -> list[tuple[int, bytes]]:
+        def packets(self, wait: bool = True) -> list[QueuedPacket]:
             self.reads += 1
             if self.reads == 1:
-                return [(i, packet("10.0.1.7", i)) for i in range(40)] + [(40, packet("10.0.1.8", 40))]
+                return [QueuedPacket(i, packet("10.0.1.7", i), 0) for i in range(40)] + [QueuedPacket(40, packet("10.0.1.8", 40), 0)]
             if wait:  # the reader waits only when nothing of its own waits: all released
                 self.hold._stopping.set()
             return []

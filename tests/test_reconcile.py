@@ -292,6 +292,31 @@ def test_the_fake_prints_its_table():
     assert dataplane.remove() and dataplane.text() == "" and not dataplane.remove()
 
 
+def test_a_new_pods_address_skips_the_minimum_interval_and_a_relabel_waits_it_out():
+    """The fast path (issue 31): while the clock stands still within the 10 s minimum interval, a
+    pod that gets an address it did not have is committed at once; a label change waits it out."""
+    objects, clock = _objects(), FakeClock()
+    store, dataplane = _store(objects), FakeNftDataplane()
+    reconciler = _reconciler(store, dataplane, clock=clock, min_interval=10.0)
+    stop, thread = _run(reconciler)
+    try:
+        eventually(lambda: reconciler.health.ready, clock=clock)
+        new = copy.deepcopy(objects["Pod"][0])
+        new["metadata"]["name"], new["status"]["podIP"], new["status"]["podIPs"] = "new-0", "10.244.1.250", [{"ip": "10.244.1.250"}]
+        store.apply("Pod", "ADDED", new)
+        eventually(lambda: len(dataplane.transactions), 2)  # real time only: the clock never moves
+        relabelled = copy.deepcopy(new)
+        relabelled["metadata"]["labels"] = {"app": "other"}
+        store.apply("Pod", "MODIFIED", relabelled)
+        assert not store.new_address_pending()  # the same pod's label change: coalesced, committed once the interval is over
+        eventually(lambda: len(dataplane.transactions), 3, clock=clock, step=1.0)
+        assert clock.now() >= 10.0
+    finally:
+        stop.set()
+        store.changed.set()
+        thread.join(5)
+
+
 def test_a_sync_rendered_after_the_stop_commits_nothing():
     """SIGTERM while a sync renders (the first full one at scale takes seconds): the agent once
     committed after logging the stop (1 run in 12, issue 34); now the sync ends uncommitted."""

@@ -225,7 +225,7 @@ class _Printer:
                 basic += ["-p", name]
                 extensions += ["-m", module, option, ICMP_NAMES.get(s.types[0], s.types[0])]
             elif isinstance(s, layout.AddressInSet):
-                extensions += ["-m", "set", "--match-set", s.name, "src" if s.field == "saddr" else "dst"]
+                extensions += ["-m", "set", *(["!"] if s.negated else []), "--match-set", s.name, "src" if s.field == "saddr" else "dst"]
             elif isinstance(s, layout.NamedPortInSet):
                 extensions += ["-m", "set", "--match-set", s.name, "dst,dst"]
             elif isinstance(s, layout.DestinationPorts):
@@ -233,7 +233,7 @@ class _Printer:
             elif isinstance(s, layout.ConntrackState):
                 extensions += ["-m", "conntrack", "--ctstate", ",".join(state.upper() for state in s.states)]
             elif isinstance(s, layout.LocalAddress):
-                extensions += ["-m", "addrtype", "--src-type" if s.field == "saddr" else "--dst-type", "LOCAL"]
+                extensions += ["-m", "addrtype", *(["!"] if s.negated else []), "--src-type" if s.field == "saddr" else "--dst-type", "LOCAL"]
             elif isinstance(s, layout.Unmarked):
                 extensions += ["-m", "mark", "!", "--mark", _mark(s.bits)]
             elif isinstance(s, layout.Limit):

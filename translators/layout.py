@@ -49,6 +49,17 @@ ESSENTIAL_ICMP: dict[Family, tuple[str, ...]] = {
              "nd-router-solicit", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"),
 }
 NODE_PORT_PROTOCOLS = ("tcp", "udp", "sctp")
+# The unknown pods (docs/design.md "A new pod from its first packet"): the node's pod CIDRs and
+# the addresses of the local pods the table knows, one set per family each.
+POD_CIDR_SETS: dict[Family, str] = {"ipv4": "NFTPOLICY-POD-CIDRS4", "ipv6": "NFTPOLICY-POD-CIDRS6"}
+KNOWN_POD_SETS: dict[Family, str] = {"ipv4": "NFTPOLICY-KNOWN-PODS4", "ipv6": "NFTPOLICY-KNOWN-PODS6"}
+# Where a held packet that the agent released walks our chains again: base chains after
+# iptables-nft's ``security`` table (its base chains' priority is 150: iptables-nft 1.8), where
+# the hold queues it; our base chains (Config.priority) must come before that table.
+RELEASED_CHAINS: dict[str, Hook] = {"NFTPOLICY-RELEASED-INPUT": "input", "NFTPOLICY-RELEASED-FORWARD": "forward",
+                                    "NFTPOLICY-RELEASED-OUTPUT": "output"}
+HOLD_QUEUE_PRIORITY = 150
+RELEASED_PRIORITY = HOLD_QUEUE_PRIORITY + 10
 LOG_RATE = (10, "minute", 10)  # NFLOG of refused packets (a pod chain's, a Deny rule's): rate, per, burst (as kube-router)
 
 
@@ -66,11 +77,12 @@ class AddressIs:
 
 @dataclass(frozen=True)
 class AddressInSet:
-    """The packet's ``field`` address of ``family`` is in set ``name``."""
+    """The packet's ``field`` address of ``family`` is in set ``name`` (``negated``: is not)."""
 
     family: Family
     field: Field
     name: str
+    negated: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,9 +134,10 @@ class IcmpTypes:
 @dataclass(frozen=True)
 class LocalAddress:
     """The packet's source (``saddr``) or destination (``daddr``) is an address of this node
-    (nft's ``fib ... type local``, iptables' ``addrtype LOCAL``)."""
+    (nft's ``fib ... type local``, iptables' ``addrtype LOCAL``; ``negated``: is not)."""
 
     field: Field
+    negated: bool = False
 
 
 @dataclass(frozen=True)
@@ -266,11 +279,13 @@ class Rule:
 
 @dataclass(frozen=True)
 class Chain:
-    """A chain and its rules; ``hook`` makes it a base chain (type filter, policy accept)."""
+    """A chain and its rules; ``hook`` makes it a base chain (type filter, policy accept) at the
+    table's priority, or at ``priority`` where it says one."""
 
     name: str
     rules: tuple[Rule, ...]
     hook: Hook | None = None
+    priority: int | None = None
 
 
 @dataclass(frozen=True)
@@ -530,21 +545,80 @@ def input_exemptions(config: Config) -> list[Rule]:
     return rules
 
 
+def dispatch_rules(name: str) -> list[Rule]:
+    """The dispatch of base chain ``name`` to the local pods' chains on the address of each
+    direction: the destination's ingress chain, then the source's egress chain."""
+    rules = []
+    for field in DISPATCH[name]:
+        what = "to" if field == "daddr" else "from"
+        rules += [Rule((Dispatch(family, field, pod_map),), f"traffic {what} local isolated pods ({family})")
+                  for family, pod_map in POD_MAPS[FIELD_DIRECTION[field]].items()]
+    return rules
+
+
+def unknown_pod(family: Family, field: Field) -> tuple[Statement, ...]:
+    """The matches of a packet whose ``field`` address is an unknown pod's: in the node's pod
+    CIDRs, no local pod the table knows, and no address of the node (a CNI's bridge or gateway
+    address in the pod CIDR: the node's own traffic to its pods, kubelet probes among it)."""
+    return (AddressInSet(family, field, POD_CIDR_SETS[family]), AddressInSet(family, field, KNOWN_POD_SETS[family], negated=True),
+            LocalAddress(field, negated=True))
+
+
+def unknown_pod_rules(config: Config, name: str) -> list[Rule]:
+    """What base chain ``name`` does, before it dispatches, with a packet from or to an unknown
+    pod (:func:`unknown_pod`) on an address it dispatches on, as ``config.unknown_pods`` says,
+    behind a counter each: ``drop`` drops it; ``hold`` sets the unknown mark of each direction
+    whose address is unknown (the destination's: ingress, the source's: egress) and then
+    accepts a packet with either mark, so no pod chain of ours decides it here: the agent's
+    hold queue in iptables-nft's ``security`` table takes it, waits until the addresses its marks
+    name are programmed, and its release walks :func:`released_chains`; ``off``: no rule."""
+    if config.unknown_pods == "off":
+        return []
+    marks = config.unknown_marks()
+    if config.unknown_pods == "drop":
+        return [Rule((*unknown_pod(family, field), CounterStatement(), VerdictStatement("drop")),
+                     f"drop {FIELD_DIRECTION[field]} of an unknown pod ({family}): not programmed yet")
+                for field in DISPATCH[name] for family in POD_CIDR_SETS]
+    rules = [Rule((*unknown_pod(family, field), CounterStatement(), SetMark(marks[FIELD_DIRECTION[field]])),
+                  f"hold {FIELD_DIRECTION[field]} of an unknown pod ({family}): not programmed yet")
+             for field in DISPATCH[name] for family in POD_CIDR_SETS]
+    return rules + [Rule((Marked(marks[FIELD_DIRECTION[field]]), VerdictStatement("accept")), f"to the hold: an unknown pod's {FIELD_DIRECTION[field]}")
+                    for field in DISPATCH[name]]
+
+
 def base_chains(config: Config) -> list[Chain]:
     """``KUBE-ROUTER-INPUT/FORWARD/OUTPUT``: INPUT's exemptions, then established and related
     connections accepted (conntrack decides known connections, as kube-router; here, before any
-    pod chain, so no pod chain tests them), then dispatch to the local pods' chains on the address
-    of each direction: the destination's ingress chain, then the source's egress chain."""
+    pod chain, so no pod chain tests them), then what an unknown pod's packet gets
+    (:func:`unknown_pod_rules`), then :func:`dispatch_rules`."""
     chains = []
     for name, hook in BASE_CHAINS.items():
         rules = input_exemptions(config) if name == INPUT_CHAIN else []
         rules.append(Rule((ConntrackState(("established", "related")), VerdictStatement("accept")), "allow established and related connections"))
-        for field in DISPATCH[name]:
-            what = "to" if field == "daddr" else "from"
-            rules += [Rule((Dispatch(family, field, pod_map),), f"traffic {what} local isolated pods ({family})")
-                      for family, pod_map in POD_MAPS[FIELD_DIRECTION[field]].items()]
+        rules += unknown_pod_rules(config, name)
+        rules += dispatch_rules(name)
         chains.append(Chain(name, tuple(rules), hook))
     return chains
+
+
+def released_chains(config: Config) -> list[Chain]:
+    """With ``config.unknown_pods`` ``hold``: ``NFTPOLICY-RELEASED-INPUT/FORWARD/OUTPUT``, base
+    chains at :data:`RELEASED_PRIORITY` (after the hold queue), where a packet the agent
+    released (it cleared the unknown marks and set the released mark) walks the pod chains as
+    they are now: clear the released mark, then the dispatch of the base chain of the same
+    hook. A packet that still has an unknown mark was not held (the hold chain is missing): it
+    is dropped, behind a counter, so a missing hold never lets an unknown pod's packet through.
+    Any other packet returns at once."""
+    if config.unknown_pods != "hold":
+        return []
+    base = {hook: name for name, hook in BASE_CHAINS.items()}
+    return [Chain(name, (*(Rule((Marked(mark), CounterStatement(), VerdictStatement("drop")),
+                                f"drop an unknown pod's {direction} that no hold queue took")
+                           for direction, mark in config.unknown_marks().items()),
+                         Rule((Unmarked(config.released_mark), VerdictStatement("return")), "not released by the hold"),
+                         Rule((ClearMark(config.released_mark),), "released by the hold: the pod is programmed"),
+                         *dispatch_rules(base[hook])), hook, RELEASED_PRIORITY)
+            for name, hook in RELEASED_CHAINS.items()]
 
 
 TRACE_PREFIX = "NFTPOLICY-TRACE-"  # then the trace's token, "-" and the hook: NFTPOLICY-TRACE-3f9a0c12-INPUT
@@ -587,5 +661,6 @@ def table(model: RuleModel) -> Table:
     chains += [tier_chain(c, chain) for chain in model.tier_chains]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
     chains += base_chains(c)
+    chains += released_chains(c)
     return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains),
                  tuple(sorted({chain.policy for chain in model.tier_chains})))

@@ -49,7 +49,7 @@ def statement_json(s: Statement) -> Json:
     if isinstance(s, layout.AddressIs):
         return _match(_payload(IP[s.family], s.field), _one_or_set([element_json(a) for a in s.addresses]))
     if isinstance(s, layout.AddressInSet):
-        return _match(_payload(IP[s.family], s.field), f"@{s.name}")
+        return _match(_payload(IP[s.family], s.field), f"@{s.name}", "!=" if s.negated else "==")
     if isinstance(s, layout.NamedPortInSet):
         return _match({"concat": [_payload(IP[s.family], "daddr"), L4PROTO, DPORT]}, f"@{s.name}")
     if isinstance(s, layout.Protocols):
@@ -63,7 +63,7 @@ def statement_json(s: Statement) -> Json:
     if isinstance(s, layout.IcmpTypes):
         return _match(_payload(ICMP[s.family], "type"), {"set": list(s.types)})
     if isinstance(s, layout.LocalAddress):
-        return _match({"fib": {"result": "type", "flags": [s.field]}}, "local")
+        return _match({"fib": {"result": "type", "flags": [s.field]}}, "local", "!=" if s.negated else "==")
     if isinstance(s, layout.Unmarked):
         return _match({"&": [MARK, s.bits]}, 0)
     if isinstance(s, layout.Marked):
@@ -113,7 +113,7 @@ def chain_json(table: str, priority: int, chain: Chain) -> Json:
     a base chain: type filter, hook, ``priority``, policy accept)."""
     body: Json = {**_table_ref(table), "name": chain.name}
     if chain.hook:
-        body.update(type="filter", hook=chain.hook, prio=priority, policy="accept")
+        body.update(type="filter", hook=chain.hook, prio=priority if chain.priority is None else chain.priority, policy="accept")
     return {"chain": body}
 
 

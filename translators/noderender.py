@@ -21,12 +21,14 @@ the pod chains of its namespace.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Family, Namespace, NetworkPolicy, Node, Pod
+from .model import NAMESPACE_NAME_LABEL, Cluster, ClusterNetworkPolicy, Family, Namespace, NetworkPolicy, Node, Pod, family_of
 from .rules import (
     FAMILIES,
+    AddressSet,
     AnyChain,
     ChainOwner,
     Changes,
@@ -36,7 +38,7 @@ from .rules import (
     TierChain,
     owner_of,
 )
-from .layout import counted_origins
+from .layout import KNOWN_POD_SETS, POD_CIDR_SETS, counted_origins
 from .setstore import SelectorSets
 from .domainnames import DomainSet, domain_sets
 from .chainbuilders import build_pod_chains
@@ -65,6 +67,8 @@ class NodeRenderer:
         self._stale_pods: set[str] = set()  # local pods whose chain is rebuilt at the next refresh
         self._all_stale = False  # every local pod's chain is rebuilt at the next refresh
         self._local_by_ip: dict[str, set[str]] = {}  # address -> the local pods that have it
+        self.pod_cidrs: tuple[str, ...] = config.pod_cidrs  # the node's (Node.spec.podCIDRs unless the config names them)
+        self._unknown_reported: dict[str, frozenset[str]] = {}  # unknown-pod set -> its elements as last handed out
 
     # ---- inputs --------------------------------------------------------------------------
 
@@ -95,6 +99,7 @@ class NodeRenderer:
             self._refresh_pod_chains()
             self.sets.forget_changes()
             self._chains_before.clear()
+            self._unknown_reported = {s.name: frozenset(s.elements) for s in self.unknown_pod_sets()}
         return self
 
     def _index_pods(self, pods: Mapping[str, Pod]) -> None:
@@ -182,8 +187,11 @@ class NodeRenderer:
 
     def set_node(self, name: str, node: Node | None) -> None:
         """A Node was added or changed (None: deleted): only the elements of the node sets
-        (ClusterNetworkPolicy ``nodes`` peers) that hold or now want its addresses change."""
+        (ClusterNetworkPolicy ``nodes`` peers) that hold or now want its addresses change; this
+        node's ``spec.podCIDRs`` are the pod CIDRs of the unknown pods unless the config names them."""
         self.sets.node_changed(name, node)
+        if name == self.node and not self.config.pod_cidrs:
+            self.pod_cidrs = node.pod_cidrs if node is not None else ()
 
     def set_policy(self, key: str, policy: NetworkPolicy | None) -> None:
         """A NetworkPolicy was added or changed (None: deleted): the pod chains of its
@@ -221,7 +229,7 @@ class NodeRenderer:
         self._refresh_pod_chains()
         return RuleModel(
             config=self.config,
-            sets=tuple(sorted(self.sets.address_sets(ordered), key=lambda s: s.name)),
+            sets=tuple(sorted((*self.sets.address_sets(ordered), *self.unknown_pod_sets()), key=lambda s: s.name)),
             policy_chains=tuple(sorted((c for c, _ in self.policies.chains.values()), key=lambda c: c.name)),
             pod_chains=tuple(sorted((c for chains in self._pod_chains.values() for c in chains), key=lambda c: c.name)),
             tier_chains=tuple(sorted((c for c, _ in self.tiers.chains.values()), key=lambda c: c.name)),
@@ -233,6 +241,27 @@ class NodeRenderer:
         self._refresh_pod_chains()
         sets, elements = self.sets.counts()
         return {"sets": sets, "elements": elements, "policy chains": len(self.policies.chains), "pod chains": sum(len(chains) for chains in self._pod_chains.values())}
+
+    def known_addresses(self) -> frozenset[str]:
+        """The addresses of the local pods that count (as the unknown pods' known sets hold them)."""
+        return frozenset(self._local_by_ip)
+
+    def unknown_pod_sets(self) -> tuple[AddressSet, ...]:
+        """With ``config.unknown_pods`` not ``off``: the node's pod CIDRs (``interval``, overlaps
+        merged) and the addresses of its known local pods (``addr``), one set of each per family
+        (:data:`~nftpolicy.translators.layout.POD_CIDR_SETS`, :data:`~nftpolicy.translators.layout.KNOWN_POD_SETS`,
+        sorted elements); none when it is ``off``."""
+        if self.config.unknown_pods == "off":
+            return ()
+        networks = [ipaddress.ip_network(c, strict=False) for c in self.pod_cidrs]
+        sets = []
+        for family in FAMILIES:
+            version = 4 if family == "ipv4" else 6
+            cidrs = tuple(str(n) for n in ipaddress.collapse_addresses([n for n in networks if n.version == version]))  # type: ignore[type-var]
+            known = tuple(sorted((ip for ip in self._local_by_ip if family_of(ip) == family), key=ipaddress.ip_address))
+            sets += [AddressSet(POD_CIDR_SETS[family], family, "interval", cidrs, f"the node's pod CIDRs ({family})"),
+                     AddressSet(KNOWN_POD_SETS[family], family, "addr", known, f"local pods programmed here ({family})")]
+        return tuple(sets)
 
     def local_pods(self) -> int:
         """How many pods that count (running, with an address, not hostNetwork) run on the node."""
@@ -251,6 +280,13 @@ class NodeRenderer:
         self._refresh_pod_chains()
         changes = Changes()
         self.sets.take_changes(changes)
+        for s in self.unknown_pod_sets():
+            elements, reported = frozenset(s.elements), self._unknown_reported.get(s.name, frozenset())
+            if elements - reported:
+                changes.elements_added[s.name] = sorted(elements - reported)
+            if reported - elements:
+                changes.elements_removed[s.name] = sorted(reported - elements)
+            self._unknown_reported[s.name] = elements
         current = self._chains()
         for name, before in self._chains_before.items():
             after = current.get(name)

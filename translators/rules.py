@@ -36,6 +36,13 @@ from .model import Action, Direction, Family, Protocol, Tier
 # fails at once, as with kube-router), ``drop`` discards it (the client times out).
 DenyAction = Literal["reject", "drop"]
 DENY_ACTIONS: tuple[DenyAction, ...] = ("reject", "drop")
+# What the kernel does with a packet from or to an unknown pod: an address in the node's pod
+# CIDRs that is no local pod the table knows yet (``--unknown-pods``, docs/design.md "A new pod
+# from its first packet"): ``hold`` marks it for the agent's hold queue, which releases it once
+# the pod is programmed (or drops it after the hold), ``drop`` drops it at once, ``off`` lets it
+# through as a pod no policy selects (the window every peer has).
+UnknownPods = Literal["hold", "drop", "off"]
+UNKNOWN_PODS: tuple[UnknownPods, ...] = ("hold", "drop", "off")
 FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
 COMMENT_MAX_BYTES = 128  # see comment()
 LOG_PREFIX_MAX_BYTES = 127  # see log_prefix_text()
@@ -50,7 +57,11 @@ class Config:
     chain (cleared before its tier ends); ``node_port_range`` is inclusive; CIDR strings may
     mix families. ``deny_action`` is what a pod chain does with what no NetworkPolicy allowed
     (:data:`DenyAction`; a ClusterNetworkPolicy ``Deny`` always drops: see
-    :func:`~nftpolicy.translators.layout.tier_rule`).
+    :func:`~nftpolicy.translators.layout.tier_rule`). ``unknown_pods``: what a packet from or
+    to an unknown pod gets (:data:`UnknownPods`); ``pod_cidrs``: the node's pod CIDRs where the
+    CNI's IPAM does not use ``Node.spec.podCIDRs`` (empty: those); ``unknown_ingress_mark`` and
+    ``unknown_egress_mark`` are set on a packet to hold whose destination (source) is an
+    unknown pod, ``released_mark`` by the agent on a packet it releases.
     """
 
     table: str = "nftpolicy"
@@ -63,6 +74,16 @@ class Config:
     external_cidrs: tuple[str, ...] = ()
     nflog_group: int = 100
     deny_action: DenyAction = "reject"
+    unknown_pods: UnknownPods = "off"
+    pod_cidrs: tuple[str, ...] = ()
+    unknown_ingress_mark: int = 0x1000000
+    unknown_egress_mark: int = 0x2000000
+    released_mark: int = 0x4000000
+
+    def unknown_marks(self) -> dict[Direction, int]:
+        """The unknown mark of each direction: ``ingress`` (the destination is an unknown pod),
+        ``egress`` (the source is)."""
+        return {"ingress": self.unknown_ingress_mark, "egress": self.unknown_egress_mark}
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ class _Walking:
             return p.family == s.family and any(address in ipaddress.ip_network(a) for a in s.addresses)
         if isinstance(s, AddressInSet):
             self.result.lookups += p.family == s.family
-            return p.family == s.family and w.contains(s.name, p.address(s.field))
+            return p.family == s.family and w.contains(s.name, p.address(s.field)) != s.negated
         if isinstance(s, NamedPortInSet):
             self.result.lookups += p.family == s.family
             return p.family == s.family and w.contains(s.name, (p.destination, p.layout_protocol, p.port))
@@ -209,7 +209,7 @@ class _Walking:
         if isinstance(s, IcmpTypes):
             return p.protocol == "ICMP" and p.family == s.family and p.icmp_type in s.types
         if isinstance(s, LocalAddress):
-            return p.address(s.field) in w.local
+            return (p.address(s.field) in w.local) != s.negated
         if isinstance(s, Unmarked):
             return self.mark & s.bits == 0
         if isinstance(s, Marked):

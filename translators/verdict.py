@@ -50,7 +50,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from . import layout
 from .model import Cluster, Direction, Pod, family_of
 from .noderender import build_rule_model
-from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain
+from .rules import AddressSet, Config, MatchRule, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain, UnknownPods
 from .tablewalk import Connection as Connection, ConnectionProtocol as ConnectionProtocol  # the engine's input, named here too
 from .tablewalk import Step, TableWalker, Walk, canonical
 
@@ -117,6 +117,7 @@ class DirectionVerdict:
     peer_node: str | None = None  # the Node whose address the other end is (a nodes peer matches it)
     refusal: Refusal | None = None  # what the kernel does with the packet when it is not allowed
     fail_closed: tuple[tuple[str, str], ...] = ()  # (policy, why) of each deciding policy enforced fail-closed
+    unknown: UnknownPods | None = None  # an unknown pod's address (in the node's pod CIDRs, no pod): "hold" or "drop"
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,13 @@ class _Node:
         targets = [s.target for rule in self.walker.chains[pod_chain].rules for s in rule.statements
                    if isinstance(s, layout.Jump) and s.target != layout.COMMON_CHAIN]
         return tuple(dict.fromkeys(targets))
+
+    def unknown_pod(self, address: str) -> bool:
+        """True when the node's table takes ``address`` for an unknown pod's: an address of its
+        pod CIDRs that none of its known local pods has (the node's own addresses aside)."""
+        family = family_of(address)
+        return (self.model.config.unknown_pods != "off" and address not in self.walker.local
+                and self.walker.contains(layout.POD_CIDR_SETS[family], address) and not self.walker.contains(layout.KNOWN_POD_SETS[family], address))
 
     def describe(self, name: str) -> str:
         """What set ``name`` selects (its comment)."""
@@ -231,7 +239,7 @@ class Enforcement:
                     return name, self._nodes[name], True
             return pod.node, None, False
         for name, index in self._nodes.items():
-            if address in index.pods:
+            if address in index.pods or index.unknown_pod(address):
                 return name, index, True
         return None, None, True
 
@@ -258,6 +266,8 @@ class Enforcement:
         key = pod.key if pod is not None else index.pods.get(address) if index is not None else None
         if not known or index is None:
             return DirectionVerdict(direction, address, key, node, known, False, None if not known else True)
+        if pod is None and index.unknown_pod(address):
+            return DirectionVerdict(direction, address, None, node, True, False, False, unknown=index.model.config.unknown_pods)
         pod_chain = index.walker.dispatch_target(direction, address)
         jumps = index.jumps(pod_chain) if pod_chain is not None else ()
         isolating = index.pod_chains[pod_chain].policies if pod_chain is not None else None
@@ -412,6 +422,11 @@ def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
     """One line for one direction, e.g. ``ingress of shop/db: allowed by shop/db-ingress rule 0
     (from ipBlock 10.244.1.0/24 except 10.244.1.10/32; TCP/5432)``."""
     conn = verdict.connection
+    if side.unknown is not None:
+        where = f"node {side.node}'s" if side.node is not None else "the node's"
+        what = ("held until the agent programs its pod, then its rules decide (dropped if that takes longer than the hold)"
+                if side.unknown == "hold" else "dropped until the agent programs its pod")
+        return f"{side.direction} of {side.address}: an unknown pod (in {where} pod CIDRs, no pod programmed there): {what}"
     if side.pod is None:
         return f"{side.direction} of {side.address}: not a pod, nothing enforced"
     head = f"{side.direction} of {side.pod}"
@@ -460,6 +475,8 @@ def verdict_lines(verdict: Verdict) -> list[str]:
     """The verdict in a few plain lines: ``DENIED  shop/frontend -> shop/db TCP/5432``, then the
     egress and the ingress line (:func:`direction_text`)."""
     word = {True: "ALLOWED", False: "DENIED", None: "UNKNOWN"}[verdict.allowed]
+    if "hold" in (verdict.egress.unknown, verdict.ingress.unknown):
+        word = "HELD"
     conn = verdict.connection
     head = f"{word}  {_name(verdict, conn.source)} -> {_name(verdict, conn.destination)} {conn.text()}"
     if conn.established:

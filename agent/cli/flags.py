@@ -15,7 +15,8 @@ import sys
 from importlib.metadata import version
 from typing import Any, Callable, NoReturn, Sequence
 
-from nftpolicy.translators.rules import DENY_ACTIONS, Config
+from nftpolicy.translators.layout import HOLD_QUEUE_PRIORITY
+from nftpolicy.translators.rules import DENY_ACTIONS, UNKNOWN_PODS, Config
 
 from nftpolicy.translators.errors import OneLineError
 from nftpolicy.agent.dataplane.netns import NETNS_DIR, RUN_TAG_ENV
@@ -290,11 +291,12 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: a summary line and exit 3)")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, unknown: bool = False) -> None:
     """Flags that shape the ruleset (DESIGN.md section 2); they build a :class:`Config`.
     ``table=False``: only the deny action and the exemptions (service, node-port and external
     ranges), for a command whose answer the table's name, priority and marks do not change
-    (``explain``)."""
+    (``explain``); ``unknown``: also what unknown pods get and the pod CIDRs (``agent``,
+    ``explain``: docs/design.md "A new pod from its first packet")."""
     defaults = Config()
     if table:
         parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
@@ -307,6 +309,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True) ->
                         help="what a pod chain does with traffic no NetworkPolicy allowed: reject (a TCP reset, else ICMP port "
                              "unreachable: the client fails at once, as with kube-router) or drop (the client times out); "
                              "a ClusterNetworkPolicy Deny always drops (default %(default)s)")
+    if unknown:
+        parser.add_argument("--unknown-pods", choices=UNKNOWN_PODS, default="hold",
+                            help="a packet from or to an address of the node's pod CIDRs that is no pod programmed yet (a new pod "
+                                 "before its rules): hold it until the pod is programmed, then let its rules decide, dropping it after "
+                                 "--unknown-pod-hold (while no agent reads the hold queue it is dropped); drop it at once; or off: let "
+                                 "it through as a pod no policy selects (default %(default)s)")
+        parser.add_argument("--pod-cidr", action="append", type=_cidr, default=[],
+                            help="the node's pod CIDR, for a CNI whose IPAM does not follow Node.spec.podCIDRs (repeatable; "
+                                 "default: Node.spec.podCIDRs)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
@@ -316,19 +327,26 @@ def config_from(args: argparse.Namespace) -> Config:
     """Build the :class:`Config` from parsed flags (the defaults for the flags a command lacks,
     see :func:`add_config_arguments`). Raises UsageError when two marks are the same bit."""
     defaults = Config()
-    for name in ("table", "priority", "policy_mark", "passed_mark", "pass_mark"):
+    for name in ("table", "priority", "policy_mark", "passed_mark", "pass_mark", "unknown_pods"):
         if not hasattr(args, name):
             setattr(args, name, getattr(defaults, name))
     marks = {"--policy-mark": args.policy_mark, "--passed-mark": args.passed_mark, "--pass-mark": args.pass_mark}
     if hasattr(args, "dns_hold_mark"):  # the agent's
         marks["--dns-hold-mark"] = args.dns_hold_mark
+    if args.unknown_pods != "off":  # the unknown pods' marks are fixed: a mark flag must not take one of them
+        marks.update({"the unknown ingress mark": defaults.unknown_ingress_mark, "the unknown egress mark": defaults.unknown_egress_mark,
+                      "the released mark": defaults.released_mark})
     for (flag, mark), (other, other_mark) in itertools.combinations(marks.items(), 2):
         if mark == other_mark:
             raise UsageError(f"{flag} and {other} must differ (both {mark:#x})")
+    if args.unknown_pods == "hold" and args.priority >= HOLD_QUEUE_PRIORITY:
+        raise UsageError(f"--unknown-pods hold: --priority must be below {HOLD_QUEUE_PRIORITY} (iptables-nft's security table, "
+                         f"where the hold queues), got {args.priority}")
     return Config(
         table=args.table, priority=args.priority, policy_mark=args.policy_mark, passed_mark=args.passed_mark, pass_mark=args.pass_mark,
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
         node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr), deny_action=args.deny_action,
+        unknown_pods=args.unknown_pods, pod_cidrs=tuple(getattr(args, "pod_cidr", ())),
     )
 
 
@@ -445,6 +463,11 @@ def parser() -> argparse.ArgumentParser:
                             "does not read it, answers pass unheld (bypass) or are dropped (fail-closed); off: learn nothing, "
                             "domainNames rules match no address (default %(default)s)")
     agent.add_argument("--dns-queue", type=_count(0, 65535), default=5300, help="nfqueue number of the DNS hold (default %(default)s)")
+    agent.add_argument("--unknown-pod-hold", type=_seconds(0, inclusive=False), default=2.0,
+                       help="seconds a held packet of an unknown pod waits for the pod to be programmed before it is dropped "
+                            "(default %(default)s)")
+    agent.add_argument("--unknown-pod-queue", type=_count(0, 65535), default=5310,
+                       help="nfqueue number of the hold of unknown pods' packets (default %(default)s)")
     agent.add_argument("--dns-ttl-floor", type=_whole_seconds, default=5,
                        help="seconds a learned address stays at least, whatever its record's TTL (default %(default)s)")
     agent.add_argument("--dns-ttl-cap", type=_whole_seconds, default=3600,
@@ -464,7 +487,7 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--dns-pod-budget", type=_count(1, 1024), default=32,
                        help="DNS answers one pod may have waiting in the hold; more pass at once, unheld and unread (what they teach "
                             "is not learned), so one pod's flood cannot delay other pods' answers (default %(default)s)")
-    add_config_arguments(agent)
+    add_config_arguments(agent, unknown=True)
 
     cleanup = sub.add_parser("cleanup", help="remove our table and the DNS hold chain (and nothing else)")
     cleanup.add_argument("--table", type=_table, default=Config().table, help="name of our inet table (default %(default)s)")
@@ -485,7 +508,7 @@ def parser() -> argparse.ArgumentParser:
                          help="node for pods without spec.nodeName, as sandbox --node (repeatable: round-robin; default: the "
                               "manifests' Node objects, else node1)")
     add_input_arguments(explain)
-    add_config_arguments(explain, table=False)
+    add_config_arguments(explain, table=False, unknown=True)
 
     status = sub.add_parser("status", help="this node's agent: ready or why not, last sync, generation, table, drops, version")
     status.add_argument("--agent", metavar="unix:PATH|http://ADDR", default=DEFAULT_DEBUG_ADDRESS,
@@ -502,7 +525,7 @@ def parser() -> argparse.ArgumentParser:
     trace.add_argument("--timeout", type=_seconds(0, inclusive=False), default=30.0, help="on a node: seconds to wait for the packet (default %(default)s)")
     trace.add_argument("--agent", metavar="unix:PATH|http://ADDR", help="on a node: name the policy rules from this running agent's debug endpoint (its committed model)")
     add_input_arguments(trace)
-    add_config_arguments(trace)
+    add_config_arguments(trace, unknown=True)
     return top
 
 

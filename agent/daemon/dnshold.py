@@ -67,16 +67,26 @@ NFQA_CFG_CMD, NFQA_CFG_PARAMS, NFQA_CFG_MASK, NFQA_CFG_FLAGS = 1, 2, 4, 5
 NFQA_CFG_F_FAIL_OPEN = 1
 NFQNL_CFG_CMD_BIND, NFQNL_CFG_CMD_UNBIND = 1, 2
 NFQNL_COPY_PACKET = 2
-NFQA_PACKET_HDR, NFQA_VERDICT_HDR, NFQA_PAYLOAD = 1, 2, 10
+NFQA_PACKET_HDR, NFQA_VERDICT_HDR, NFQA_MARK, NFQA_PAYLOAD = 1, 2, 3, 10
 NLM_F_REQUEST, NLM_F_ACK = 1, 4
 NLMSG_ERROR = 2
-NF_ACCEPT = 1
+NF_DROP, NF_ACCEPT, NF_REPEAT = 0, 1, 4  # linux/netfilter.h verdicts
 COPY_RANGE = 65535
 POLL = 0.2  # seconds a read waits before the reader looks whether it should stop
 DEFAULT_BUDGET = 32  # answers one pod may have waiting in the agent (--dns-pod-budget)
 HOLD_NICE = -10  # the hold's thread's niceness, where the agent may raise it (CAP_SYS_NICE)
 READS_PER_ROUND = 16  # socket reads at most before a round of releases (each up to 256 KiB)
 FAILURE_LOG_SECONDS = 60.0  # at most one log line about failed commits this often
+
+
+@dataclass(frozen=True)
+class QueuedPacket:
+    """A packet the kernel queued: its ``id`` (for the verdict), ``packet`` (the IP packet, as
+    much as the queue copies) and ``mark`` (the packet mark when it was queued)."""
+
+    id: int
+    packet: bytes
+    mark: int
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ def hold_rules(queue: int, bypass: bool, mark: int | None = None) -> list[list[s
             ["-I", "FORWARD", "1", "-j", HOLD_CHAIN]]
 
 
-def _xt(netns_name: str | None, command: list[str]) -> str:
+def run_xt(netns_name: str | None, command: list[str]) -> str:
     """Run an iptables ``command`` in ``netns_name`` (None: this process's namespace); its
     stdout. Raises IptablesError (the tool failed) or OSError (the tool is absent)."""
     if netns_name is not None:
@@ -147,22 +157,28 @@ def _xt(netns_name: str | None, command: list[str]) -> str:
 def remove_hold_chain(netns_name: str | None) -> bool:
     """Remove the hold chain and its jumps from each family's :data:`HOLD_TABLE` (and
     :data:`EARLIER_TABLES`) of iptables-nft in ``netns_name`` (None: this process's) where it
-    is; True when it was somewhere. Where it is not, nothing is run that would make the table
-    (``iptables-nft -D FORWARD`` makes ``table ip filter`` with its base chains); without the
-    tools there is no chain to remove (False)."""
+    is; True when it was somewhere (:func:`remove_chain`)."""
+    return remove_chain(netns_name, HOLD_CHAIN, [["FORWARD"], ["OUTPUT", "!", "-o", "lo"]], (HOLD_TABLE, *EARLIER_TABLES))
+
+
+def remove_chain(netns_name: str | None, chain: str, jumps: Sequence[Sequence[str]], tables: Sequence[str]) -> bool:
+    """Remove iptables-nft chain ``chain`` of ``tables`` (each family's) in ``netns_name`` (None:
+    this process's) where it is, with its ``jumps`` (each a built-in chain and the matches
+    before ``-j chain``); True when it was somewhere. Where it is not, nothing is run that would
+    make the table (``iptables-nft -D FORWARD`` makes ``table ip filter`` with its base chains);
+    without the tools there is no chain to remove (False)."""
     found = False
     for tool in TOOLS:
-        for table in (HOLD_TABLE, *EARLIER_TABLES):
+        for table in tables:
             try:
-                if f":{HOLD_CHAIN} " not in _xt(netns_name, [f"{tool}-save", "-t", table]):
+                if f":{chain} " not in run_xt(netns_name, [f"{tool}-save", "-t", table]):
                     continue
             except (xt.IptablesError, OSError):
                 continue
             found = True
-            for argv in (["-D", "FORWARD", "-j", HOLD_CHAIN], ["-D", "OUTPUT", "!", "-o", "lo", "-j", HOLD_CHAIN],
-                         ["-F", HOLD_CHAIN], ["-X", HOLD_CHAIN]):
+            for argv in (*(["-D", *jump, "-j", chain] for jump in jumps), ["-F", chain], ["-X", chain]):
                 with contextlib.suppress(xt.IptablesError):  # a jump someone removed already
-                    _xt(netns_name, [tool, "-w", "-t", table, *argv])
+                    run_xt(netns_name, [tool, "-w", "-t", table, *argv])
     return found
 
 
@@ -187,12 +203,13 @@ def _attrs(data: bytes) -> dict[int, bytes]:
 
 class NfQueue:
     """One nfnetlink queue, bound in the network namespace this thread is in when it is made
-    (a socket keeps its namespace). :meth:`packets` yields ``(packet id, packet)``; every
-    packet needs its :meth:`accept`. ``fail_open``: a packet that finds the queue full (1024
-    waiting) or the socket's buffer full passes unheld instead of being dropped.
+    (a socket keeps its namespace). :meth:`packets` gives :class:`QueuedPacket` objects; every
+    packet needs its :meth:`verdict` (:meth:`accept`). ``fail_open``: a packet that finds the
+    queue full (1024 waiting) or the socket's buffer full passes unheld instead of being
+    dropped. ``copy_range``: bytes of each packet copied to us (from its IP header on).
     :attr:`overruns` counts the reads that found packets lost that way (ENOBUFS)."""
 
-    def __init__(self, queue: int, fail_open: bool = False) -> None:
+    def __init__(self, queue: int, fail_open: bool = False, copy_range: int = COPY_RANGE) -> None:
         self.queue = queue
         self.overruns = 0
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -200,7 +217,7 @@ class NfQueue:
         self.sock.bind((0, 0))
         self.sock.settimeout(POLL)
         self._request([(NFQA_CFG_CMD, struct.pack("=BB", NFQNL_CFG_CMD_BIND, 0) + struct.pack(">H", socket.AF_UNSPEC))])
-        self._request([(NFQA_CFG_PARAMS, struct.pack(">IB", COPY_RANGE, NFQNL_COPY_PACKET))])
+        self._request([(NFQA_CFG_PARAMS, struct.pack(">IB", copy_range, NFQNL_COPY_PACKET))])
         if fail_open:
             self._request([(NFQA_CFG_MASK, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN)),
                            (NFQA_CFG_FLAGS, struct.pack(">I", NFQA_CFG_F_FAIL_OPEN))])
@@ -215,7 +232,7 @@ class NfQueue:
             if code:
                 raise OSError(-code, f"nfqueue {self.queue}: {errno.errorcode.get(-code, code)}")
 
-    def packets(self, wait: bool = True) -> list[tuple[int, bytes]]:
+    def packets(self, wait: bool = True) -> list[QueuedPacket]:
         """The packets of one read (``wait``: up to :data:`POLL` seconds for one, else none;
         ``[]`` if none)."""
         if wait and not select.select([self.sock], [], [], POLL)[0]:
@@ -229,7 +246,8 @@ class NfQueue:
                 raise
             self.overruns += 1
             return []
-        found, offset = [], 0
+        found: list[QueuedPacket] = []
+        offset = 0
         while offset + 16 <= len(data):
             length, kind = struct.unpack_from("=IH", data, offset)
             if length < 16:
@@ -237,14 +255,23 @@ class NfQueue:
             if kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
                 attrs = _attrs(data[offset + 20:offset + length])
                 if NFQA_PACKET_HDR in attrs:
-                    found.append((struct.unpack_from(">I", attrs[NFQA_PACKET_HDR])[0], attrs.get(NFQA_PAYLOAD, b"")))
+                    mark = struct.unpack(">I", attrs[NFQA_MARK])[0] if len(attrs.get(NFQA_MARK, b"")) == 4 else 0
+                    found.append(QueuedPacket(struct.unpack_from(">I", attrs[NFQA_PACKET_HDR])[0], attrs.get(NFQA_PAYLOAD, b""), mark))
             offset += (length + 3) & ~3
         return found
 
     def accept(self, packet_id: int) -> None:
         """Let packet ``packet_id`` go on."""
-        self.sock.send(_nlmsg(NFQNL_MSG_VERDICT, NLM_F_REQUEST, socket.AF_UNSPEC, self.queue,
-                              [(NFQA_VERDICT_HDR, struct.pack(">II", NF_ACCEPT, packet_id))]))
+        self.verdict(packet_id, NF_ACCEPT)
+
+    def verdict(self, packet_id: int, verdict: int, mark: int | None = None) -> None:
+        """Give packet ``packet_id`` ``verdict`` (:data:`NF_ACCEPT`: go on after the rule that
+        queued it; :data:`NF_REPEAT`: walk that base chain again; :data:`NF_DROP`), with the
+        packet mark set to ``mark`` first where given (nfnetlink_queue.h: NFQA_MARK)."""
+        attrs = [(NFQA_VERDICT_HDR, struct.pack(">II", verdict, packet_id))]
+        if mark is not None:
+            attrs.append((NFQA_MARK, struct.pack(">I", mark)))
+        self.sock.send(_nlmsg(NFQNL_MSG_VERDICT, NLM_F_REQUEST, socket.AF_UNSPEC, self.queue, attrs))
 
     def close(self) -> None:
         """Close (the kernel unbinds the queue; packets still queued then pass or drop as the
@@ -278,7 +305,7 @@ class DnsHold:
 
     def _iptables(self, argv: list[str]) -> None:
         for tool in TOOLS:
-            _xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
+            run_xt(self.netns, [tool, "-w", "-t", HOLD_TABLE, *argv])
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain
@@ -326,22 +353,22 @@ class DnsHold:
             for packet_id, _, _ in line:
                 self._queue.accept(packet_id)
 
-    def _take(self, packets: list[tuple[int, bytes]], waiting: dict[str, deque[tuple[int, DnsSegment, float]]]) -> None:
+    def _take(self, packets: list[QueuedPacket], waiting: dict[str, deque[tuple[int, DnsSegment, float]]]) -> None:
         """Put each packet of one read in its pod's line; one that is no DNS segment, or whose
         pod has :attr:`budget` waiting, is let through at once."""
         assert self._queue is not None
         now = time.monotonic()
-        for packet_id, packet in packets:
-            segment = dns_segment(packet)
+        for queued in packets:
+            segment = dns_segment(queued.packet)
             if segment is None:
-                self._queue.accept(packet_id)
+                self._queue.accept(queued.id)
                 continue
             line = waiting.setdefault(segment.client, deque())
             if len(line) >= self.budget:
-                self._queue.accept(packet_id)
+                self._queue.accept(queued.id)
                 self.over_budget += 1
                 continue
-            line.append((packet_id, segment, now))
+            line.append((queued.id, segment, now))
 
     def _release(self, packet_id: int, segment: DnsSegment, read_at: float) -> None:
         """Commit what ``segment`` teaches, then let it go on (also when the commit failed)."""

@@ -19,7 +19,9 @@ from .health import Health, health_routes, serve_http
 from .kubeauth import DelegatedAuth
 from .logs import setup_logging
 from .metrics import Metrics
+from nftpolicy.agent.dataplane.iptables import IptablesError
 from nftpolicy.agent.dataplane.nftables import NftDataplane
+from .podhold import PodHold, remove_pod_hold_chain
 from .reconcile import HEARTBEAT, Reconciler
 from .rulecounters import RuleCounters
 from .serving import CertificateError, ServingCertificate
@@ -97,8 +99,9 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
                               budget=args.dns_pod_budget, mark=args.dns_hold_mark, rate=args.dns_pod_rate,
                               change_elements=dataplane.change_elements)
     learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
+    hold = start_pod_hold(config, args, metrics)
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,
-                            learning=learning)
+                            learning=learning, hold=hold)
     counters = RuleCounters(dataplane, reconciler.chain_owners, args.counters_interval)
     metrics.registry.register(counters)  # scrapes are served from its last read
     counters.start(stop)
@@ -119,7 +122,31 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
         log.warning("no debug endpoint: cannot serve %s: %s", args.debug_address, exc)
     reconciler.run(stop)
     learning.close()
+    if hold is not None:
+        hold.close(remove_chain=False)  # while no agent reads the queue, the kernel drops what it would hold
     server.shutdown()
     if debug is not None:
         debug.shutdown()
     return 0
+
+
+def start_pod_hold(config: Config, args: argparse.Namespace, metrics: Metrics) -> PodHold | None:
+    """The hold of unknown pods' packets with ``--unknown-pods hold`` (started: it reads before
+    the first sync, which releases what the table's known pods let through), else None, after
+    removing a hold chain an earlier agent left (nobody would read its queue). A hold that cannot
+    start is one error line: our released chains drop what the base chains mark for it, so
+    unknown pods' packets are dropped, never let through."""
+    if config.unknown_pods != "hold":
+        if remove_pod_hold_chain(args.netns):
+            log.info("removed the hold chain of unknown pods' packets that an earlier agent left: --unknown-pods %s", config.unknown_pods)
+        return None
+    hold = PodHold(config, args.unknown_pod_queue, args.unknown_pod_hold, metrics, netns_name=args.netns)
+    try:
+        hold.start()
+    except (IptablesError, OSError) as exc:
+        hold.close(remove_chain=False)
+        log.error("cannot hold unknown pods' packets (nfqueue %d): %s; they are dropped until an agent holds them",
+                  args.unknown_pod_queue, " ".join(str(exc).split()))
+        return None
+    log.info("holding unknown pods' packets for up to %.1f s (nfqueue %d)", args.unknown_pod_hold, args.unknown_pod_queue)
+    return hold

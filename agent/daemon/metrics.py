@@ -72,5 +72,15 @@ class Metrics:
         self.dns_hold_seconds = Histogram("nftpolicy_dns_hold_seconds",
                                           "How long a held DNS answer waited for what it teaches to be committed (learn plus commit).",
                                           registry=r, buckets=LATENCY_BUCKETS)
+        self.unknown_pod_packets = Counter(
+            "nftpolicy_unknown_pod_packets", "Packets from (egress) or to (ingress) an address of the node's pod CIDRs that is no pod "
+            "programmed yet, by direction and result: held (queued), released (once the pod was programmed: they walked its rules), "
+            "dropped (still unknown after --unknown-pod-hold).", ["direction", "result"], registry=r)
+        for direction in ("ingress", "egress"):
+            for result in ("held", "released", "dropped"):
+                self.unknown_pod_packets.labels(direction, result)
+        self.unknown_pod_hold_seconds = Histogram("nftpolicy_unknown_pod_hold_seconds",
+                                                  "How long a released packet of an unknown pod waited for the pod to be programmed.",
+                                                  registry=r, buckets=LATENCY_BUCKETS)
         self.build_info = Info("nftpolicy_build", "The agent's version.", registry=r)
         self.build_info.info({"version": version("nftpolicy")})

@@ -7,7 +7,9 @@
   (:class:`~nftpolicy.translators.noderender.NodeRenderer`) and commit only what that changed in
   the model (set elements, sets, chains, dispatch map elements): the cost of a change is what it
   touches, not the cluster. A full replace again on the resync timer and after any failure.
-* Changes are coalesced: two syncs are at least ``min_interval`` seconds apart.
+* Changes are coalesced: two syncs are at least ``min_interval`` seconds apart, except the
+  fast path: a new pod's address alone, or any change while the hold of unknown pods' packets
+  (:mod:`.podhold`) has packets waiting, is committed at once; the hold is told after every commit.
 * A refused transaction leaves the kernel as it was; it is logged with libnftables' reason and
   retried with exponential backoff (full replace). A refused full replace first has the policies
   responsible singled out and failed closed (:mod:`.quarantine`), and the rest committed.
@@ -34,6 +36,7 @@ from .domainlearning import DomainLearning
 from .health import Health
 from .memory import gc_paused
 from .metrics import Metrics
+from .podhold import PodHold
 from nftpolicy.agent.dataplane.nftables import release_memory
 from .quarantine import Quarantine, find_refused
 from .store import Store
@@ -60,9 +63,10 @@ class Reconciler:
 
     def __init__(self, store: Store, config: Config, node: str, metrics: Metrics, health: Health,
                  min_interval: float, resync_interval: float, dataplane: CheckedDataplane,
-                 clock: Clock = REAL_TIME, learning: DomainLearning | None = None) -> None:
+                 clock: Clock = REAL_TIME, learning: DomainLearning | None = None, hold: PodHold | None = None) -> None:
         self.store, self.config, self.node = store, config, node
         self.learning = learning  # domainNames: what DNS answers teach (None: not learned)
+        self.hold = hold  # unknown pods' packets, released once their pod is committed (None: not held)
         self.metrics, self.health = metrics, health
         self.min_interval, self.resync_interval = min_interval, resync_interval
         self.clock = clock  # when the loop syncs, resyncs and retries (tests give their own)
@@ -171,6 +175,8 @@ class Reconciler:
         self.failures = 0
         self.health.sync_failure = None
         self.renderer, self._owners = renderer, None
+        if self.hold is not None:
+            self.hold.programmed(renderer.known_addresses())
         self.metrics.sync_duration.labels(mode).observe(took)
         self.metrics.transaction_commands.labels(mode).observe(commands)
         self.metrics.last_success.set(time.time())
@@ -247,6 +253,12 @@ class Reconciler:
         renderer.take_changes()
         return transaction.replacing(self._table(renderer))
 
+    def _fast_path(self) -> bool:
+        """True when the pending change goes to the kernel at once, not after the minimum
+        interval: a new pod's address alone (:meth:`Store.new_address_pending`), or any change
+        while the hold has packets of unknown pods waiting (each may be the one they wait for)."""
+        return self.store.new_address_pending() or (self.hold is not None and bool(self.hold.waiting))
+
     def run(self, stop: threading.Event) -> None:
         """Loop until ``stop`` is set; rules are left in place when it ends, and a sync under way
         when it is set commits nothing (its log line would follow the stop's)."""
@@ -269,7 +281,7 @@ class Reconciler:
                         log.warning("our table is gone or incomplete (another tool flushed the ruleset?): restoring it")
                         self.renderer, retry_at = None, self.clock.now()
                     continue
-                if now - last_sync < self.min_interval:  # coalesce a burst of changes
+                if now - last_sync < self.min_interval and not self._fast_path():  # coalesce a burst of changes
                     self.clock.wait(stop, min(HEARTBEAT, self.min_interval - (now - last_sync)))
                     continue
             full = self.renderer is None or now - last_full >= self.resync_interval

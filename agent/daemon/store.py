@@ -105,6 +105,7 @@ class Store:
         # on: before it every sync is a full one (the first lists would leave a tuple per object)
         self._changes: dict[tuple[str, str], Any] = {}
         self._taken = False
+        self._new_address: tuple[str, str] | None = None  # the last Pod change that gave a pod a new address
         self.changed = threading.Event()
         self.pending_since: float | None = None
         self.failed_closed: FailedClosed | None = None
@@ -199,7 +200,8 @@ class Store:
             if event == "DELETED":
                 self._invalid[kind].pop(key, None)
                 self._identities.pop((kind, key), None)
-            if model == self._objects[kind].get(key) and len(self._invalid[kind]) == invalid_before:
+            old = self._objects[kind].get(key)
+            if model == old and len(self._invalid[kind]) == invalid_before:
                 return
             if model is None:
                 self._objects[kind].pop(key, None)
@@ -207,6 +209,8 @@ class Store:
                 self._objects[kind][key] = model
             if self._taken:
                 self._changes[(kind, key)] = model
+                if kind == "Pod" and model is not None and set(model.ips) - set(old.ips if old is not None else ()):
+                    self._new_address = (kind, key)  # until the next take: its change carries the new address
             self._touch(kind)
 
     def report_refused(self, kind: str, key: str, reason: str) -> None:
@@ -239,6 +243,13 @@ class Store:
         with self._lock:
             return set(kinds) <= self._listed
 
+    def new_address_pending(self) -> bool:
+        """True when the only change since the last take is a Pod that got an address it did
+        not have (a new pod's, as the kubelet writes it once the CNI set the pod up): the
+        reconcile loop's fast path commits it without waiting out the minimum interval."""
+        with self._lock:
+            return len(self._changes) == 1 and self._new_address in self._changes
+
     def take_changes(self) -> tuple[list[tuple[str, str, Any]], float | None]:
         """Every object that changed since the last take, as ``(kind, key, model or None)``
         (the latest state of each; none before the first :meth:`take`), and the time of the oldest
@@ -246,7 +257,7 @@ class Store:
         with self._lock:
             self.changed.clear()
             since, self.pending_since = self.pending_since, None
-            changes, self._changes = self._changes, {}
+            changes, self._changes, self._new_address = self._changes, {}, None
             return [(kind, key, model) for (kind, key), model in changes.items()], since
 
     def take(self) -> tuple[Cluster, float | None]:
@@ -255,7 +266,7 @@ class Store:
         with self._lock:
             self.changed.clear()
             since, self.pending_since = self.pending_since, None
-            self._changes, self._taken = {}, True
+            self._changes, self._taken, self._new_address = {}, True, None
             objects = self._objects
             return Cluster(namespaces=dict(objects["Namespace"]), pods=dict(objects["Pod"]),
                            policies=dict(objects["NetworkPolicy"]), nodes=dict(objects["Node"]),

@@ -461,7 +461,8 @@ class RealCluster(Started):
         self._commands: dict[str, tuple[list[str], int, dict[str, str]]] = {}
 
     def start(self) -> None:
-        """Bring the whole cluster up; return once every node is Ready and the ``default``
+        """Bring the whole cluster up; return once every node is Ready (with its
+        ``spec.podCIDRs``: :func:`pod_cidr`, which its CNI allocates from) and the ``default``
         ServiceAccount exists (at most about 3 minutes)."""
         clean_stale()
         self.state.netns = [*self.netns, self.lan]
@@ -480,6 +481,8 @@ class RealCluster(Started):
         for index in range(1, self.node_count + 1):
             self._node(index)
         self.wait_ready()
+        for index, name in enumerate(self.node_names, 1):  # what the controller manager's node IPAM would write
+            self.kubectl("patch", "node", name, "-p", json.dumps({"spec": {"podCIDR": pod_cidr(index), "podCIDRs": [pod_cidr(index)]}}))
         self._wait("ServiceAccount default/default", lambda: self.kubectl_ok("get", "serviceaccount", "default"), 60)
 
     def wait_ready(self, timeout: float = 120) -> None:

@@ -47,7 +47,7 @@ def table_flags() -> list[tuple[str, bool]]:
     """The flags that shape the agent's table, which ``nftpolicy trace`` takes too
     (:func:`~nftpolicy.agent.cli.flags.add_config_arguments`), each with whether it repeats."""
     flags = argparse.ArgumentParser(add_help=False)
-    add_config_arguments(flags)
+    add_config_arguments(flags, unknown=True)
     return [(action.option_strings[0], isinstance(action, argparse._AppendAction)) for action in flags._actions]
 
 
