@@ -462,7 +462,7 @@ class RealCluster(Started):
 
     def start(self) -> None:
         """Bring the whole cluster up; return once every node is Ready (with its
-        ``spec.podCIDRs``: :func:`pod_cidr`, which its CNI allocates from) and the ``default``
+        ``spec.podCIDRs``: :meth:`AddressPlan.pod_cidr` of each family, which its CNI allocates from) and the ``default``
         ServiceAccount exists (at most about 3 minutes)."""
         clean_stale()
         self.state.netns = [*self.netns, self.lan]
@@ -482,7 +482,8 @@ class RealCluster(Started):
             self._node(index)
         self.wait_ready()
         for index, name in enumerate(self.node_names, 1):  # what the controller manager's node IPAM would write
-            self.kubectl("patch", "node", name, "-p", json.dumps({"spec": {"podCIDR": pod_cidr(index), "podCIDRs": [pod_cidr(index)]}}))
+            cidrs = [plan.pod_cidr(index) for plan in self.plans]
+            self.kubectl("patch", "node", name, "-p", json.dumps({"spec": {"podCIDR": cidrs[0], "podCIDRs": cidrs}}))
         self._wait("ServiceAccount default/default", lambda: self.kubectl_ok("get", "serviceaccount", "default"), 60)
 
     def wait_ready(self, timeout: float = 120) -> None:
