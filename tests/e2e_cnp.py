@@ -2,17 +2,19 @@
 cluster (part of ``.ci/e2e``, after the upstream Netpol suite).
 
 ``.tools/bin/cnp-conformance.test`` (``tools/npapi``, built by ``.ci/install --test``) is the
-module's suite (v0.2.0, ``policy.networking.k8s.io/v1alpha2``, the API nftpolicy implements):
-its tests and its ``utils/suite`` unchanged, run as the module's ``TestConformance`` runs them,
-with the features nftpolicy supports (``ClusterNetworkPolicy``,
-``ClusterNetworkPolicyNamedPorts``, ``ClusterNetworkPolicyEgressNodePeers``). This kernel has no SCTP:
-the four SCTP tests are left out with ``-test.skip``, and the SCTP servers are taken out of the
-suite's base manifests at build time (``tools/npapi/manifests.py``), or no pod of the suite
-would ever become Ready. The sub-tests of other tests that probe SCTP stay in, and fail here.
+module's suite at v0.3.0 (``policy.networking.k8s.io/v1beta1``): its tests and its
+``utils/suite`` unchanged, run as the module's ``TestConformanceProfiles`` runs them for a
+report (the profile ``ClusterNetworkPolicy``, the implementation's details, ``--report-output``)
+with every feature nftpolicy supports (:data:`FEATURES`: the standard ``ClusterNetworkPolicy``
+and the experimental ``ClusterNetworkPolicyNamedPorts`` and
+``ClusterNetworkPolicyEgressNodePeers``). This kernel has no SCTP sockets: the SCTP servers are
+taken out of the suite's base manifests at build time (``tools/npapi/manifests.py``, or no pod
+of the suite would ever become Ready); every test runs, and the sub-tests that probe SCTP fail
+here, on those probes only (cause ``sctp``).
 
 :func:`run_cnp_conformance` installs the CRD when the cluster has none (and waits until every
-agent has seen it), runs the suite and returns each test's result, and for a failed one the
-suite's own words about the probe that failed (expected vs observed).
+agent has seen it), runs the suite and returns each test's result, for a failed one the suite's
+own words about the probe that failed (expected vs observed), and the suite's report.
 """
 
 from __future__ import annotations
@@ -23,16 +25,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from nftpolicy.agent.testbed.controlplane import CRD_MODULE, CRD_PATH
 from nftpolicy.agent.testbed.realnode import RealCluster, RealNodeError
 
 CRD_NAME = "clusternetworkpolicies.policy.networking.k8s.io"
-# conformance/utils/suite/features.go: what this run asks for, every feature nftpolicy supports.
-FEATURES = "ClusterNetworkPolicy,ClusterNetworkPolicyNamedPorts,ClusterNetworkPolicyEgressNodePeers"
-# The SCTP tests (conformance/tests/*-sctp-rules.go); this kernel has no SCTP.
-SKIP = r"^TestConformance/.*SCTP$"
-SKIPPED_SCTP = ("CNPAdminTierEgressSCTP", "CNPAdminTierIngressSCTP", "CNPBaselineTierEgressSCTP",
-                "CNPBaselineTierIngressSCTP")
+# conformance/utils/suite/features.go: what this run asks for, every feature nftpolicy supports
+# (the profile implies the standard one; --supported-features lists the experimental ones).
+PROFILE = "ClusterNetworkPolicy"
+FEATURES = "ClusterNetworkPolicyNamedPorts,ClusterNetworkPolicyEgressNodePeers"
+# The implementation's details the report records (conformance/utils/flags: all required). The
+# project has no public address: they name the repository's own files.
+IMPLEMENTATION = {"organization": "nftpolicy", "project": "nftpolicy", "url": "README.md",
+                  "contact": "docs/contributing.md",
+                  "additional-info": ".ci/e2e (tests/e2e_cnp.py); the run's figures in docs/conformance/README.md"}
+REPORT = "cnp-conformance-report.yaml"
 RESULT = re.compile(r"^\s*--- (PASS|FAIL|SKIP): (TestConformance(?:/\S+)?) \(([\d.]+)s\)$", re.M)
 RUN = re.compile(r"^=== (?:RUN|CONT|PAUSE|NAME)\s+(\S+)$")
 # What conformance/utils/kubernetes/helper.go (doPokeServer) logs about a probe that failed.
@@ -89,12 +97,12 @@ def parse(log: str) -> list[dict[str, Any]]:
 
 
 def _cause(message: str) -> str:
-    """Why a probe failed, from the suite's last message about it: ``reject`` (denied, but
-    refused at once: nftpolicy rejects where the suite expects a drop, a TIMEOUT), ``no sctp``
-    (the kernel has no SCTP), ``verdict`` (connected where it should not, or the reverse), or
-    ``other``."""
+    """Why a probe failed, from the suite's last message about it: ``sctp`` (agnhost connect
+    could not open an SCTP socket: ``OTHER: protocol not supported``, the kernel has no SCTP
+    sockets), ``reject`` (denied, but refused at once where the suite expects a drop, a
+    TIMEOUT), ``verdict`` (connected where it should not, or the reverse), or ``other``."""
     if "protocol not supported" in message:
-        return "no sctp"
+        return "sctp"
     if "REFUSED" in message and "Expected connection to be dropped" in message:
         return "reject"
     if "successfully connected" in message or "miserably failed" in message:
@@ -102,17 +110,21 @@ def _cause(message: str) -> str:
     return "other"
 
 
-def run_cnp_conformance(cluster: RealCluster, binary: Path, out: Path, agent_namespace: str,
+def run_cnp_conformance(cluster: RealCluster, binary: Path, out: Path, agent_namespace: str, version: str,
                         timeout: float = 2400) -> dict[str, Any]:
-    """Install the CRD if needed, run the suite (its log in ``out/cnp-conformance.log``);
+    """Install the CRD if needed, run the suite (its log in ``out/cnp-conformance.log``, its
+    report in ``out/`` :data:`REPORT`, ``version`` the implementation's version it records);
     returns ``{"module", "crd_installed", "rc", "seconds", "tests": [...], "subtests": [...],
-    "skipped_sctp", "summary"}``: ``tests`` the suite's tests, ``subtests`` their ``t.Run``
-    steps (see :func:`parse`); ``summary`` ``"CNP conformance: N passed, N failed, N skipped"``."""
+    "report", "summary"}``: ``tests`` the suite's tests, ``subtests`` their ``t.Run`` steps (see
+    :func:`parse`), ``report`` the suite's report (None when it wrote none); ``summary``
+    ``"CNP conformance: N passed, N failed, N skipped"``."""
     out.mkdir(parents=True, exist_ok=True)
     installed = _install_crd(cluster, agent_namespace)
-    log = out / "cnp-conformance.log"
-    argv = [str(binary), "-test.v", "-test.run", "^TestConformance$", "-test.skip", SKIP,
-            f"-test.timeout={int(timeout)}s", f"-supported-features={FEATURES}"]
+    log, report = out / "cnp-conformance.log", out / REPORT
+    report.unlink(missing_ok=True)
+    argv = [str(binary), "-test.v", "-test.run", "^TestConformance$", f"-test.timeout={int(timeout)}s",
+            f"-conformance-profiles={PROFILE}", f"-supported-features={FEATURES}", f"-version={version}",
+            *(f"-{flag}={value}" for flag, value in IMPLEMENTATION.items()), f"-report-output={report}"]
     started = time.monotonic()
     with open(log, "w") as stream:
         result = cluster.run(argv, check=False, timeout=timeout + 120, cwd=str(out), stdout=stream,
@@ -121,8 +133,7 @@ def run_cnp_conformance(cluster: RealCluster, binary: Path, out: Path, agent_nam
     found = parse(log.read_text(errors="replace"))
     tests = [t for t in found if "/" not in t["name"]]
     counts = {state: sum(t["state"] == state for t in tests) for state in ("passed", "failed", "skipped")}
-    summary = (f"CNP conformance: {counts['passed']} passed, {counts['failed']} failed, "
-               f"{counts['skipped'] + len(SKIPPED_SCTP)} skipped")
+    summary = f"CNP conformance: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
     return {"module": CRD_MODULE, "crd_installed": installed, "rc": result.returncode, "seconds": seconds,
-            "tests": tests, "subtests": [t for t in found if "/" in t["name"]], "skipped_sctp": list(SKIPPED_SCTP),
-            "summary": summary}
+            "tests": tests, "subtests": [t for t in found if "/" in t["name"]],
+            "report": yaml.safe_load(report.read_text()) if report.exists() else None, "summary": summary}

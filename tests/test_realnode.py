@@ -46,8 +46,11 @@ def machine_before():
     assert [path for path in made if os.path.exists(path)] == []
 
 
-def test_a_failed_start_removes_everything(machine_before):
-    cluster = RealCluster(nodes=2, binaries={"kube-controller-manager": "/bin/false"})
+@pytest.mark.parametrize("family", ["ipv4", "ipv6", "dual"])
+def test_a_failed_start_removes_everything(machine_before, family):
+    """kube-controller-manager fails once kube-apiserver is ready on the first node's address of
+    the cluster's primary family (so the network and the API of each family come up first)."""
+    cluster = RealCluster(nodes=2, binaries={"kube-controller-manager": "/bin/false"}, family=family)
     with pytest.raises(RealNodeError, match="kube-controller-manager exited with code 1"):
         with cluster:
             pass

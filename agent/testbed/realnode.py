@@ -12,7 +12,10 @@ Where everything lives, so that it all goes with the cluster:
   pods get ``10.244.N.0/24`` (ptp: one veth per pod, a /32 route on the node), routed between
   the nodes. The control plane runs in the first node's namespace, its API on ``10.240.0.1:6443``
   and on the Service IP ``10.96.0.1``. Pod network namespaces live under containerd's state
-  directory (``netns_mounts_under_state_dir``), never in /run/netns.
+  directory (``netns_mounts_under_state_dir``), never in /run/netns. An IPv6 single-stack
+  cluster (``family="ipv6"``) has ``fd00:240::N/64``, pods in ``fd00:244:0:N::/64``, Services
+  in ``fd00:96::/112`` (the API's ``fd00:96::1``); a dual-stack one (``"dual"``, IPv4 first)
+  has both (:data:`IP_FAMILIES`).
 * **Mounts**: each node's processes run in a mount namespace of the node's own (private
   propagation, held by a ``sleep`` process), so kubelet's volume mounts and containerd's rootfs
   mounts never reach the machine's mount table and vanish with the namespace. In it the paths
@@ -64,8 +67,6 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Where containerd puts a pod's cgroups when kubelet gives no parent (cgroupsPerQOS: false):
 # /k8s.io/<container id>, the CRI namespace's name.
 CONTAINERD_CGROUP = "k8s.io"
-CLUSTER_CIDR = "10.244.0.0/16"
-API_SERVICE_IP = "10.96.0.1"
 API_PORT = 6443
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"  # the pause image kubelet 1.36 expects (cmd/kubelet)
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
@@ -83,14 +84,50 @@ class RealNodeError(ControlPlaneError):
     """A component did not start or answer; the message names it and holds its log's last lines."""
 
 
-def node_ip(index: int) -> str:
-    """The address of node ``index`` (1-based) on the nodes' LAN: ``10.240.0.<index>``."""
-    return f"10.240.0.{index}"
+@dataclass(frozen=True)
+class AddressPlan:
+    """One IP family's addresses in the test bed: ``lan`` and ``pods`` are formats of a node's
+    index (1-based), ``lan_prefix`` the LAN's prefix length; ``cluster`` holds every node's pod
+    range, ``services`` is the API server's --service-cluster-ip-range and ``api_service_ip``
+    its first address (the ``kubernetes`` Service's); ``default`` the family's default route,
+    ``forwarding`` its forwarding sysctl."""
+
+    lan: str
+    lan_prefix: int
+    pods: str
+    cluster: str
+    services: str
+    api_service_ip: str
+    default: str
+    forwarding: str
+
+    def node_ip(self, index: int) -> str:
+        """Node ``index``'s address on the LAN."""
+        return self.lan.format(index)
+
+    def pod_cidr(self, index: int) -> str:
+        """Node ``index``'s pod range (host-local IPAM)."""
+        return self.pods.format(index)
 
 
-def pod_cidr(index: int) -> str:
-    """Node ``index``'s pod range (host-local IPAM): ``10.244.<index>.0/24``."""
-    return f"10.244.{index}.0/24"
+IPV4 = AddressPlan("10.240.0.{}", 24, "10.244.{}.0/24", "10.244.0.0/16", SERVICE_CIDR, "10.96.0.1", "0.0.0.0/0",
+                   "net.ipv4.ip_forward")
+IPV6 = AddressPlan("fd00:240::{}", 64, "fd00:244:0:{}::/64", "fd00:244::/48", "fd00:96::/112", "fd00:96::1", "::/0",
+                   "net.ipv6.conf.all.forwarding")
+# A cluster's families, by name (RealCluster(family=...), .ci/e2e --ip-family): the first is the
+# primary one (nodes' first InternalIP, pods' status.podIP, Services' first clusterIP).
+IP_FAMILIES = {"ipv4": (IPV4,), "ipv6": (IPV6,), "dual": (IPV4, IPV6)}
+
+
+def node_ip(index: int, plans: Sequence[AddressPlan] = (IPV4,)) -> str:
+    """The primary address of node ``index`` (1-based) on the nodes' LAN (``10.240.0.<index>``
+    in IPv4)."""
+    return plans[0].node_ip(index)
+
+
+def url_host(ip: str) -> str:
+    """``ip`` as the host of a URL or a ``host:port``: an IPv6 address in brackets (RFC 3986)."""
+    return f"[{ip}]" if ":" in ip else ip
 
 
 @dataclass
@@ -392,15 +429,20 @@ class RealCluster(Started):
     ``k8s.io``) before kubelet starts, so that nothing is ever pulled. ``binaries``: name ->
     path overrides of :data:`TOOLS`.
 
+    ``family`` (a key of :data:`IP_FAMILIES`) chooses the cluster's IP families.
     After :meth:`start`: ``kubeconfig`` (the admin's, ``system:masters``, for the API on
-    ``https://10.240.0.1:6443``, reachable from the nodes' namespaces only: run clients with
+    ``https://10.240.0.1:6443`` in IPv4, reachable from the nodes' namespaces only: run clients with
     :meth:`run`), ``node_names`` (``node1``, ...), ``netns`` (the node namespaces' names).
     Raises :class:`RealNodeError` when a component does not start (after tearing down).
     """
 
-    def __init__(self, nodes: int = 1, images: Sequence[Path] = (), binaries: dict[str, str] | None = None) -> None:
+    def __init__(self, nodes: int = 1, images: Sequence[Path] = (), binaries: dict[str, str] | None = None,
+                 family: str = "ipv4") -> None:
         if not 1 <= nodes <= 9:
             raise ValueError(f"nodes: 1 to 9, got {nodes}")
+        if family not in IP_FAMILIES:
+            raise ValueError(f"family: one of {', '.join(IP_FAMILIES)}, got {family!r}")
+        self.family, self.plans = family, IP_FAMILIES[family]
         overrides = binaries or {}
         self.binaries = {name: find_binary(name, overrides.get(name)) for name in TOOLS}
         self.images = list(images)
@@ -420,7 +462,7 @@ class RealCluster(Started):
 
     def start(self) -> None:
         """Bring the whole cluster up; return once every node is Ready (with its
-        ``spec.podCIDRs``: :func:`pod_cidr`, which its CNI allocates from) and the ``default``
+        ``spec.podCIDRs``: :meth:`AddressPlan.pod_cidr` of each family, which its CNI allocates from) and the ``default``
         ServiceAccount exists (at most about 3 minutes)."""
         clean_stale()
         self.state.netns = [*self.netns, self.lan]
@@ -428,19 +470,20 @@ class RealCluster(Started):
         self.state.sockets.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         netns.create(self.state.netns)
-        _cluster_network(self.netns, self.lan)
+        _cluster_network(self.netns, self.lan, self.plans)
         for index in range(1, self.node_count + 1):
             self._mount_namespace(index)
-        make_certificates(self.pki, self.node_names)
-        write_kubeconfig(self.kubeconfig, self.pki, "admin")
+        make_certificates(self.pki, self.node_names, self.plans)
+        write_kubeconfig(self.kubeconfig, self.pki, "admin", self.plans)
         for name in self.node_names:
-            write_kubeconfig(str(self.dir / f"kubelet-{name}.kubeconfig"), self.pki, f"kubelet-{name}")
+            write_kubeconfig(str(self.dir / f"kubelet-{name}.kubeconfig"), self.pki, f"kubelet-{name}", self.plans)
         self._control_plane()
         for index in range(1, self.node_count + 1):
             self._node(index)
         self.wait_ready()
         for index, name in enumerate(self.node_names, 1):  # what the controller manager's node IPAM would write
-            self.kubectl("patch", "node", name, "-p", json.dumps({"spec": {"podCIDR": pod_cidr(index), "podCIDRs": [pod_cidr(index)]}}))
+            cidrs = [plan.pod_cidr(index) for plan in self.plans]
+            self.kubectl("patch", "node", name, "-p", json.dumps({"spec": {"podCIDR": cidrs[0], "podCIDRs": cidrs}}))
         self._wait("ServiceAccount default/default", lambda: self.kubectl_ok("get", "serviceaccount", "default"), 60)
 
     def wait_ready(self, timeout: float = 120) -> None:
@@ -558,7 +601,7 @@ class RealCluster(Started):
         self.state.save()
 
     def _control_plane(self) -> None:
-        commands = _control_plane_commands(self.binaries, self.pki, self.dir, self.kubeconfig)
+        commands = _control_plane_commands(self.binaries, self.pki, self.dir, self.kubeconfig, self.plans)
         for name in ("etcd", "kube-apiserver"):
             self._spawn(name, commands[name])
         self._wait("kube-apiserver", lambda: self.kubectl_ok("get", "--raw", "/readyz"), 90, "kube-apiserver")
@@ -569,7 +612,7 @@ class RealCluster(Started):
         name, b = self.node_names[index - 1], self.binaries
         files, sockets = self.dir / name, self.state.sockets / name
         sockets.mkdir(parents=True)
-        _write_cni_config(files, index)
+        _write_cni_config(files, index, self.plans)
         containerd_config = files / "containerd.toml"
         containerd_config.write_text(_containerd_config(files, sockets))
         socket = sockets / "containerd.sock"
@@ -580,13 +623,13 @@ class RealCluster(Started):
             self._run_in(index, [b["ctr"], "--address", str(socket), "-n", "k8s.io", "images", "import",
                                  str(image)])
         kubelet_config = files / "kubelet.yaml"
-        kubelet_config.write_text(yaml.safe_dump(_kubelet_config(name, index, socket, self.pki)))
+        kubelet_config.write_text(yaml.safe_dump(_kubelet_config(name, index, socket, self.pki, self.plans)))
         proxy_config = files / "kube-proxy.yaml"
-        proxy_config.write_text(yaml.safe_dump(_kube_proxy_config(name, self.kubeconfig)))
+        proxy_config.write_text(yaml.safe_dump(_kube_proxy_config(name, self.kubeconfig, self.plans)))
         self._spawn(f"kube-proxy-{name}", [b["kube-proxy"], f"--config={proxy_config}", "-v=1"], node=index)
         self._spawn(f"kubelet-{name}", [
             b["kubelet"], f"--config={kubelet_config}", f"--kubeconfig={self.dir / f'kubelet-{name}.kubeconfig'}",
-            f"--hostname-override={name}", f"--node-ip={node_ip(index)}", "-v=1",
+            f"--hostname-override={name}", f"--node-ip={','.join(plan.node_ip(index) for plan in self.plans)}", "-v=1",
         ], node=index)
 
     def _spawn(self, name: str, argv: Sequence[str], node: int = 1, env: dict[str, str] | None = None) -> None:
@@ -641,31 +684,34 @@ def _issue(pki: Path, name: str, subject: str, sans: Iterable[str] = (), usage: 
              "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
 
 
-def make_certificates(pki: Path, node_names: Sequence[str]) -> None:
+def make_certificates(pki: Path, node_names: Sequence[str], plans: Sequence[AddressPlan] = (IPV4,)) -> None:
     """The cluster's CA in ``pki`` (a new directory) and the certificates signed by it: the API
-    server's (serving), the admin's (``system:masters``), the API server's kubelet client, each
-    node's kubelet client and serving pair; the service-account key pair."""
+    server's (serving, for the first node's and the API Service's addresses of every family in
+    ``plans``), the admin's (``system:masters``), the API server's kubelet client, each node's
+    kubelet client and serving pair; the service-account key pair."""
     pki.mkdir(parents=True)
     _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
     _openssl(pki, "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=nftpolicy-e2e-ca", "-days", "2", "-out", "ca.crt")
     _issue(pki, "apiserver", "/CN=kube-apiserver", [
-        f"IP:{node_ip(1)}", f"IP:{API_SERVICE_IP}", "IP:127.0.0.1", "DNS:kubernetes", "DNS:kubernetes.default",
+        *(f"IP:{ip}" for plan in plans for ip in (plan.node_ip(1), plan.api_service_ip)), "IP:127.0.0.1", "IP:::1",
+        "DNS:kubernetes", "DNS:kubernetes.default",
         "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"], usage="serverAuth")
     _issue(pki, "admin", "/O=system:masters/CN=nftpolicy-e2e-admin")
     _issue(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
     for index, name in enumerate(node_names, start=1):
         _issue(pki, f"kubelet-{name}", f"/O=system:nodes/CN=system:node:{name}")
-        _issue(pki, f"kubelet-serving-{name}", f"/CN={name}", [f"IP:{node_ip(index)}", f"DNS:{name}"], usage="serverAuth")
+        _issue(pki, f"kubelet-serving-{name}", f"/CN={name}", [*(f"IP:{plan.node_ip(index)}" for plan in plans), f"DNS:{name}"],
+               usage="serverAuth")
     _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key")
     _openssl(pki, "ec", "-in", "sa.key", "-pubout", "-out", "sa.pub")
 
 
-def write_kubeconfig(path: str, pki: Path, cert: str) -> None:
-    """A kubeconfig (mode 0600) for the API server at the first node's address, as the user of
-    certificate ``pki/<cert>.crt``."""
+def write_kubeconfig(path: str, pki: Path, cert: str, plans: Sequence[AddressPlan] = (IPV4,)) -> None:
+    """A kubeconfig (mode 0600) for the API server at the first node's primary address, as the
+    user of certificate ``pki/<cert>.crt``."""
     config = {
         "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
-        "clusters": [{"name": "e2e", "cluster": {"server": f"https://{node_ip(1)}:{API_PORT}",
+        "clusters": [{"name": "e2e", "cluster": {"server": f"https://{url_host(node_ip(1, plans))}:{API_PORT}",
                                                   "certificate-authority": str(pki / "ca.crt")}}],
         "users": [{"name": cert, "user": {"client-certificate": str(pki / f"{cert}.crt"),
                                           "client-key": str(pki / f"{cert}.key")}}],
@@ -675,22 +721,32 @@ def write_kubeconfig(path: str, pki: Path, cert: str) -> None:
     os.chmod(path, 0o600)
 
 
-def _cluster_network(nodes: Sequence[str], lan: str) -> None:
+def _cluster_network(nodes: Sequence[str], lan: str, plans: Sequence[AddressPlan] = (IPV4,)) -> None:
     """Wire the node namespaces ``nodes`` (made already, with ``lan``): each one's ``eth0`` a
-    port of a bridge in ``lan`` at :func:`node_ip`, with a route to every other node's pods."""
+    port of a bridge in ``lan`` at its address of every family in ``plans`` (IPv6 without
+    duplicate address detection, usable at once), with a route to every other node's pods."""
     netns.ip_batch(["link set lo up", "link add br0 type bridge", "link set br0 up"], lan)
     for index, name in enumerate(nodes, start=1):
         netns.ip_batch([f"link add eth0 netns {name} type veth peer name p{index} netns {lan}"])
         netns.ip_batch([f"link set p{index} master br0", f"link set p{index} up"], lan)
-        routes = [f"route add {pod_cidr(other)} via {node_ip(other)}" for other in range(1, len(nodes) + 1) if other != index]
-        netns.ip_batch(["link set lo up", f"addr add {node_ip(index)}/24 dev eth0", "link set eth0 up",
-                        "route add default dev eth0", *routes], name)
-        netns.write_sysctl(name, "net.ipv4.ip_forward", "1")
+        commands = ["link set lo up"]
+        for plan in plans:
+            nodad = " nodad" if plan is IPV6 else ""
+            commands.append(f"addr add {plan.node_ip(index)}/{plan.lan_prefix} dev eth0{nodad}")
+        commands.append("link set eth0 up")
+        for plan in plans:
+            commands.append(f"route add {plan.default} dev eth0")
+            commands += [f"route add {plan.pod_cidr(other)} via {plan.node_ip(other)}"
+                         for other in range(1, len(nodes) + 1) if other != index]
+        netns.ip_batch(commands, name)
+        for plan in plans:
+            netns.write_sysctl(name, plan.forwarding, "1")
 
 
-def _kubelet_config(name: str, index: int, socket: Path, pki: Path) -> dict[str, Any]:
-    """Kubelet's configuration on node ``index`` (``name``): cgroup v1 with cgroupfs, no QoS
-    cgroups, webhook authentication and authorization, no image GC or eviction in practice."""
+def _kubelet_config(name: str, index: int, socket: Path, pki: Path, plans: Sequence[AddressPlan] = (IPV4,)) -> dict[str, Any]:
+    """Kubelet's configuration on node ``index`` (``name``; serving on its primary address in
+    ``plans``): cgroup v1 with cgroupfs, no QoS cgroups, webhook authentication and
+    authorization, no image GC or eviction in practice."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         # This machine has cgroup v1: kubelet 1.35+ refuses it unless told (KEP-5573).
@@ -702,7 +758,7 @@ def _kubelet_config(name: str, index: int, socket: Path, pki: Path) -> dict[str,
         "authorization": {"mode": "Webhook"},
         "tlsCertFile": str(pki / f"kubelet-serving-{name}.crt"),
         "tlsPrivateKeyFile": str(pki / f"kubelet-serving-{name}.key"),
-        "address": node_ip(index), "port": 10250, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
+        "address": node_ip(index, plans), "port": 10250, "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
         "clusterDomain": "cluster.local", "resolvConf": "",
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
@@ -724,11 +780,14 @@ def _serving_probe(name: str, binaries: dict[str, str], sockets: Path) -> list[s
     return None
 
 
-def _control_plane_commands(binaries: dict[str, str], pki: Path, files: Path, kubeconfig: str) -> dict[str, list[str]]:
-    """The command lines of etcd, kube-apiserver (at the first node's address, RBAC and Node
-    authorization), kube-controller-manager (no node IPAM: the pod ranges are fixed) and
-    kube-scheduler, by name."""
+def _control_plane_commands(binaries: dict[str, str], pki: Path, files: Path, kubeconfig: str,
+                            plans: Sequence[AddressPlan] = (IPV4,)) -> dict[str, list[str]]:
+    """The command lines of etcd, kube-apiserver (at the first node's primary address, bound to
+    every address of both families, RBAC and Node authorization), kube-controller-manager (no
+    node IPAM: the pod ranges are fixed) and kube-scheduler, by name; the Service and cluster
+    ranges of every family in ``plans``."""
     b = binaries
+    services, cluster = ",".join(plan.services for plan in plans), ",".join(plan.cluster for plan in plans)
     return {
         "etcd": [
             b["etcd"], "--name", "default", "--data-dir", str(files / "etcd"),
@@ -738,7 +797,8 @@ def _control_plane_commands(binaries: dict[str, str], pki: Path, files: Path, ku
         ],
         "kube-apiserver": [
             b["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
-            f"--advertise-address={node_ip(1)}", "--bind-address=0.0.0.0", f"--secure-port={API_PORT}",
+            f"--advertise-address={node_ip(1, plans)}", f"--bind-address={'0.0.0.0' if plans == (IPV4,) else '::'}",
+            f"--secure-port={API_PORT}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
@@ -748,28 +808,30 @@ def _control_plane_commands(binaries: dict[str, str], pki: Path, files: Path, ku
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true", "--profiling=false", "-v=1",
+            f"--service-cluster-ip-range={services}", "--allow-privileged=true", "--profiling=false", "-v=1",
         ],
         "kube-controller-manager": [
             b["kube-controller-manager"], f"--kubeconfig={kubeconfig}", "--leader-elect=false",
             "--bind-address=127.0.0.1", "-v=1",
             f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-            "--use-service-account-credentials=false", f"--cluster-cidr={CLUSTER_CIDR}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--controllers=*,-nodeipam,-cloud-node-lifecycle",
+            "--use-service-account-credentials=false", f"--cluster-cidr={cluster}",
+            f"--service-cluster-ip-range={services}", "--controllers=*,-nodeipam,-cloud-node-lifecycle",
         ],
         "kube-scheduler": [b["kube-scheduler"], f"--kubeconfig={kubeconfig}", "--leader-elect=false",
                            "--bind-address=127.0.0.1", "-v=1"],
     }
 
 
-def _write_cni_config(files: Path, index: int) -> None:
+def _write_cni_config(files: Path, index: int, plans: Sequence[AddressPlan] = (IPV4,)) -> None:
     """Node ``index``'s CNI configuration under ``files/cni/net.d``: ptp with host-local
-    addresses from :func:`pod_cidr`, its state under ``files/cni/ipam``."""
+    addresses from the node's pod range of every family in ``plans`` (one address each, the
+    first family's first), its state under ``files/cni/ipam``."""
     (files / "cni" / "net.d").mkdir(parents=True)
     (files / "cni" / "net.d" / "10-ptp.conflist").write_text(json.dumps({
         "cniVersion": "1.0.0", "name": "nftpolicy-e2e",
         "plugins": [{"type": "ptp", "ipMasq": False, "mtu": 1500, "ipam": {
-            "type": "host-local", "ranges": [[{"subnet": pod_cidr(index)}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "type": "host-local", "ranges": [[{"subnet": plan.pod_cidr(index)}] for plan in plans],
+            "routes": [{"dst": plan.default} for plan in plans],
             "dataDir": str(files / "cni" / "ipam")}}],
     }))
 
@@ -839,11 +901,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 """
 
 
-def _kube_proxy_config(node: str, kubeconfig: str) -> dict[str, Any]:
-    """kube-proxy in nftables mode for ``node``; conntrack sysctls left as they are (0)."""
+def _kube_proxy_config(node: str, kubeconfig: str, plans: Sequence[AddressPlan] = (IPV4,)) -> dict[str, Any]:
+    """kube-proxy in nftables mode for ``node``, the cluster ranges of every family in ``plans``;
+    conntrack sysctls left as they are (0)."""
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-        "mode": "nftables", "hostnameOverride": node, "clusterCIDR": CLUSTER_CIDR,
+        "mode": "nftables", "hostnameOverride": node, "clusterCIDR": ",".join(plan.cluster for plan in plans),
         "clientConnection": {"kubeconfig": kubeconfig},
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         "metricsBindAddress": "127.0.0.1:10249", "healthzBindAddress": "127.0.0.1:10256",
