@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -239,15 +240,19 @@ def flood_run(bed: Bed, flood: str, watched: Watched, name: str, seconds: float,
             "flood_decoded": watched.decoded.get(FLOODER4, 0)}
 
 
+def new_netns(made: list[str]) -> str:
+    """A new network namespace of this bench's (``nftp-bench<random>``), appended to ``made``
+    (each run deletes what it made, whatever happened)."""
+    name = f"nftp-bench{secrets.token_hex(3)}"
+    made.append(name)
+    netns.create([name])
+    return name
+
+
 def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
     """The flood part in this process (with whichever agent code it imports)."""
     made: list[str] = []
-
-    def make() -> str:
-        name = f"nftp-bench{secrets.token_hex(3)}"
-        made.append(name)
-        netns.create([name])
-        return name
+    make = functools.partial(new_netns, made)
 
     watched = Watched()
     watched.install()
@@ -314,12 +319,7 @@ def main() -> int:
         print(json.dumps(flood(args.flood_seconds, args.records, args.nice)))
         return 0
     made: list[str] = []
-
-    def make() -> str:
-        name = f"nftp-bench{secrets.token_hex(3)}"
-        made.append(name)
-        netns.create([name])
-        return name
+    make = functools.partial(new_netns, made)
 
     holds: list[float] = []
     bed = None

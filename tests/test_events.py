@@ -453,3 +453,16 @@ def test_an_invalid_object_s_event_waits_for_the_nodes_to_be_listed():
     assert rec.write(pending) is False and writer.writes == []
     nodes[0] = frozenset({"node-0"})
     assert rec.write(pending) is True and writer.writes == ["create"]
+
+
+def test_an_over_limit_object_s_event_has_one_writer_too():
+    """PolicyOverLimit is seen alike by every agent too (a hostile review: it was written by each)."""
+    written = {}
+    for node in sorted(NODES):
+        writer, metrics = MemoryWriter(), Metrics()
+        rec = EventRecorder(writer, node, metrics, ready_nodes=lambda: NODES)
+        rec.record(Subject.of({**policy(), "kind": "NetworkPolicy", "apiVersion": "networking.k8s.io/v1"}), events.OVER_LIMIT,
+                   "over --max-object-rules")
+        drain(rec)
+        written[node] = len(writer.events)
+    assert sorted(written.values()) == [0, 0, 0, 0, 1]

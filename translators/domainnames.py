@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from .layout import AddressInSet, Chain, Hook, PerAddressLimit, Protocols, Rule, SetMark, SourcePort, Table
+from .layout import AddressInSet, Chain, ConntrackState, Hook, PerAddressLimit, Protocols, Rule, SetMark, SourcePort, Table
 from .model import Cluster, Family, domain_name_matches, family_of
 from .rules import AddressSet, TimedAddress
 from .setstore import SetKey
@@ -92,7 +92,9 @@ def with_hold_marks(table: Table, subjects: Mapping[Family, frozenset[str]], mar
     """``table`` with the hold's objects: a set of the ``subjects``' addresses per family
     (:data:`HOLD_SETS`) and a base chain per hook (:data:`HOLD_CHAINS`: ``forward`` for answers
     the node routes to its pods, ``output`` for those a DNS server on the node's own network
-    sends) that sets bit ``mark`` on UDP and TCP packets from port 53 to them, and only sets it (``mark |=
+    sends) that sets bit ``mark`` on UDP and TCP packets from port 53 to them on connections
+    conntrack saw both ways (an answer; a flood of unsolicited packets from port 53 would
+    otherwise use up the pod's meter and leave its real answers unheld), and only sets it (``mark |=
     bit``, other bits untouched; no verdict, the table's other base chains decide), at most
     ``rate`` packets a second to each, after a burst of ``rate + burst`` (nft's limit; a meter per hook and family):
     the pod's packets beyond pass unmarked. The hold's queue rule takes only packets with that bit
@@ -102,6 +104,7 @@ def with_hold_marks(table: Table, subjects: Mapping[Family, frozenset[str]], mar
                             "subjects of domainNames peers: the DNS hold queues the answers to them")
                  for family, name in HOLD_SETS.items())
     chains = tuple(Chain(chain, tuple(Rule((Protocols(("udp", "tcp")), SourcePort(53), AddressInSet(family, "daddr", name),
+                                            ConntrackState(("established",)),  # replies only: no one else's packets use the pod's meter
                                             PerAddressLimit(family, "daddr", f"{chain}-{family[-1]}", rate, burst), SetMark(mark)),
                                            f"DNS hold: answers to subjects of domainNames peers ({family})")
                                       for family, name in HOLD_SETS.items()), hook)

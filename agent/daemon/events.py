@@ -26,7 +26,7 @@ follow the rules of client-go's ``record.EventRecorder`` (k8s.io/client-go/tools
   is bounded: the :data:`REMEMBERED` most recent of each. An object forgotten and seen failing
   again gets a new Event, as after the API server expired the old one.
 
-Every agent sees an invalid object alike, so one agent writes its ``InvalidPolicy`` Events, not
+Every agent sees an invalid object alike, so one agent writes its ``InvalidPolicy`` (and ``PolicyOverLimit``) Events, not
 one per node (5,000 nodes made 5,000 Events of one policy): the agent of the node that ranks
 first for the object among the Ready Nodes (:func:`event_writer`: rendezvous hashing of the
 object's uid over the node names, so every agent picks the same one without asking anyone, and a
@@ -294,7 +294,7 @@ class EventRecorder:
         one written before; a failure is logged and counted, and forgotten so the next sighting
         tries again. False: not yet (an invalid object's, before the Nodes are listed)."""
         subject, key = pending.subject, self._key(pending.subject, pending.reason, pending.message)
-        if pending.reason == INVALID:
+        if pending.reason in (INVALID, OVER_LIMIT):  # what every agent sees alike
             nodes = self.ready_nodes()
             if nodes is None:
                 return False
