@@ -39,6 +39,7 @@ from nftpolicy.agent.dataplane.nftables import NftDataplane
 from nftpolicy.agent.daemon.store import KINDS, Store
 from nftpolicy.translators import transaction
 from nftpolicy.translators.noderender import build_rule_model
+from nftpolicy.translators.rules import Config
 
 from .agentenv import AgentEnv, RealApi
 from .conftest import clear_api, eventually, nft
@@ -51,6 +52,7 @@ REAL_PLANE = pytest.mark.tools("etcd", "kube-apiserver", "helm")
 
 CATCH_UP = 5.0  # seconds from the API's return (and its acceptance of the change) to the table equal to the render
 TABLE = "nftpolicy"
+AGENT_CONFIG = Config(unknown_pods="hold")  # what the agent enforces with its default flags
 A, B, C = "10.244.0.10", "10.244.0.11", "10.244.0.12"
 SLOTS = {"x/a": A, "x/b": B, "x/c": C}
 
@@ -164,7 +166,7 @@ class Kernel:
         store = Store(Metrics())
         for kind in KINDS:
             store.replace(kind, objects.get(kind, []))
-        self.reference.run(transaction.full(build_rule_model(store.take()[0], "node1")))
+        self.reference.run(transaction.full(build_rule_model(store.take()[0], "node1", AGENT_CONFIG)))
         return normalized(self.reference.listing())
 
     def converged(self, expected: object, since: float, timeout: float = 60.0) -> float:

@@ -116,6 +116,8 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
 
     log.info("nftpolicy %s agent for node %s: source %s, table inet %s, %s %s:%d; settings: %s", version("nftpolicy"),
              args.node, source, config.table, "https" if tls else "http", *server.server_address[:2], settings(args, config))
+    if hold is not None:  # after the start-up line, which stays the log's first
+        log.info("holding unknown pods' packets for up to %.1f s (nfqueue %d)", args.unknown_pod_hold, args.unknown_pod_queue)
     debug = None
     try:  # a debugging aid: enforcement goes on without it
         debug = start_debug(args.debug_address, reconciler, health_routes(metrics, health)) if args.debug_address else None
@@ -149,5 +151,4 @@ def start_pod_hold(config: Config, args: argparse.Namespace, metrics: Metrics) -
         log.error("cannot hold unknown pods' packets (nfqueue %d): %s; they are dropped until an agent holds them",
                   args.unknown_pod_queue, " ".join(str(exc).split()))
         return None
-    log.info("holding unknown pods' packets for up to %.1f s (nfqueue %d)", args.unknown_pod_hold, args.unknown_pod_queue)
     return hold
