@@ -7,6 +7,7 @@ Real packets between namespaces this test made, through our table and the hold q
 from __future__ import annotations
 
 import re
+import subprocess
 import socket
 import sys
 import threading
@@ -327,3 +328,101 @@ def test_explain_says_what_an_unknown_pods_address_gets(tmp_path, mode, word, sa
     known = subprocess.run([NFTPOLICY, "explain", str(tmp_path), "--from", "shop/old", "--to", SERVER, "--port", "tcp/8080"],
                            capture_output=True, text=True, timeout=60)
     assert known.returncode == 0 and known.stdout.startswith("ALLOWED"), known
+
+
+
+def trace_while(bed: Bed, source: str, change=None, *flags: str, before=None) -> tuple[subprocess.CompletedProcess, bool]:
+    """``nftpolicy trace`` of ``source`` -> the server in the node's namespace while a real
+    connection from ``source`` is made (``before`` it: ``before()``; 0.3 s into it: ``change()``):
+    the trace's result, and whether the connection connected."""
+    proc = subprocess.Popen([NFTPOLICY, "trace", "--from", source, "--to", SERVER, "--port", f"tcp/{PORT}", "--netns", bed.node,
+                             "--timeout", "2", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None and proc.stderr.readline().startswith("waiting up to")  # its monitor listens
+        if before is not None:
+            before()
+        connected, _ = connect_while(bed, source, change) if change is not None else bed.connects_from(source, timeout=1.5)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), connected
+
+
+HEAD = [f"TRACE  {NEW} -> {SERVER} TCP/{PORT}"]
+HELD_NEW = [f"  KUBE-ROUTER-FORWARD: egress of {NEW}: an unknown pod (in the node's pod CIDRs, no pod programmed there): "
+            "held until the agent programs its pod, then its rules decide (dropped if that takes longer than the hold) -> continue",
+            "  KUBE-ROUTER-FORWARD: to the hold, within its source's budget: an unknown pod's egress -> jump NFTPOLICY-TO-HOLD"]
+QUEUED = "  NFTPOLICY-TO-HOLD: to the hold: within its source's budget (ipv4) -> queued to the hold"
+
+
+def test_trace_of_a_held_packet_names_the_address_and_the_hold_then_walks_the_rules_it_was_released_to(bed):
+    """issue 31: trace says the packet of the unknown address is held, then follows the same
+    packet after its release through the pod's chains as the agent committed them meanwhile."""
+    bed.start_hold()
+    bed.apply("NetworkPolicy", "shop/egress", egress_policy(allow=True))
+    result, connected = trace_while(bed, NEW, lambda: bed.apply("Pod", "shop/new", pod("new", NEW, "new")))
+    assert connected and result.returncode == 0, result.stdout + result.stderr
+    model = bed.renderer.model()
+    pod_chain = next(c.name for c in model.pod_chains if c.pod == "shop/new" and c.direction == "egress")
+    policy_chain = next(c.name for c in model.policy_chains if c.policy == "shop/egress")
+    assert result.stdout.splitlines() == [*HEAD, f"node {bed.node}:", *HELD_NEW, QUEUED,
+        "  NFTPOLICY-RELEASED-FORWARD: released by the hold: the pod is programmed -> continue",
+        f"  NFTPOLICY-RELEASED-FORWARD: traffic from local isolated pods (ipv4) -> jump {pod_chain}",
+        f"  {pod_chain}: pod shop/new common -> jump KUBE-NWPLCY-COMMON",
+        "  KUBE-NWPLCY-COMMON: common: not invalid, no essential ICMP -> return",
+        f"  {pod_chain}: pod shop/new start unmarked -> continue",
+        f"  {pod_chain}: pod shop/new egress -> jump {policy_chain}",
+        f"  {policy_chain}: shop/egress egress rule 0 -> return",
+        f"  {pod_chain}: pod shop/new egress allowed -> return",
+        "  NFTPOLICY-RELEASED-FORWARD: end of chain, policy -> accept"], result.stdout
+
+
+def test_trace_of_a_packet_still_held_at_its_end_says_so_and_exits_1(bed):
+    bed.start_hold()
+    result, connected = trace_while(bed, NEW)
+    assert not connected and result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [*HEAD, f"node {bed.node}:", *HELD_NEW, QUEUED,
+        "  (still held when the trace ended: released to its rules once its pod is programmed, dropped after the agent's "
+        "--unknown-pod-hold)"], result.stdout
+
+
+def test_trace_of_a_packet_over_its_sources_budget_says_it_was_dropped_not_held(make_netns):
+    """A source that sent its budget towards the hold (here 1 a second, a burst of 1 more):
+    its next packet is dropped by our table, and trace names the source."""
+    made = Bed(make_netns, Config(unknown_pods="hold", unknown_pod_rate=1, unknown_pod_burst=1))
+    try:
+        made.start_hold()
+        result, connected = trace_while(made, NEW, None, "--unknown-pod-rate", "1", "--unknown-pod-burst", "1",
+                                        before=lambda: send_udp(made.pod, NEW, [(SERVER, 9)] * 5))
+        assert not connected and result.returncode == 1, result.stdout + result.stderr
+        assert result.stdout.splitlines() == [*HEAD, f"node {made.node}:", *HELD_NEW,
+            f"  NFTPOLICY-TO-HOLD: {NEW} sent more than its budget towards the hold (--unknown-pod-rate, --unknown-pod-burst): "
+            "dropped, not held -> drop"], result.stdout
+    finally:
+        made.close()
+
+
+def test_trace_in_drop_mode_says_the_unknown_pods_packet_is_dropped(make_netns):
+    made = Bed(make_netns, Config(unknown_pods="drop"))
+    try:
+        result, connected = trace_while(made, NEW, None, "--unknown-pods", "drop")
+        assert not connected and result.returncode == 1, result.stdout + result.stderr
+        assert result.stdout.splitlines() == [*HEAD, f"node {made.node}:",
+            f"  KUBE-ROUTER-FORWARD: egress of {NEW}: an unknown pod (in the node's pod CIDRs, no pod programmed there): "
+            "dropped until the agent programs its pod -> drop"], result.stdout
+    finally:
+        made.close()
+
+
+def send_udp(ns: str, source: str, targets: list[tuple[str, int]]) -> None:
+    """One UDP datagram from ``source`` in namespace ``ns`` to each of ``targets``."""
+    with netns.entered(ns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind((source, 0))
+        for target in targets:
+            sock.sendto(b"x", target)
+    finally:
+        sock.close()
