@@ -426,3 +426,75 @@ def send_udp(ns: str, source: str, targets: list[tuple[str, int]]) -> None:
             sock.sendto(b"x", target)
     finally:
         sock.close()
+
+
+def ipv4_packet(source: str, destination: str) -> bytes:
+    """The 20-byte IPv4 header of a packet ``source`` -> ``destination`` (what the hold reads)."""
+    return bytes([0x45]) + bytes(11) + socket.inet_aton(source) + socket.inet_aton(destination)
+
+
+def test_the_hold_keeps_at_most_max_held_packets_for_one_address_and_drops_more_at_once():
+    from nftpolicy.agent.daemon.dnshold import QueuedPacket
+    now = [0.0]
+    metrics = Metrics()
+    hold = PodHold(Config(unknown_pods="hold"), 5310, 2.0, metrics, netns_name=None, clock=lambda: now[0], max_held=3)
+    egress, ingress = Config().unknown_egress_mark, Config().unknown_ingress_mark
+    for i in range(5):
+        hold.take(QueuedPacket(i, ipv4_packet(NEW, SERVER), egress))
+    hold.take(QueuedPacket(5, ipv4_packet(SERVER, OLD), ingress))  # another address: still held
+    assert [h.queued.id for h in hold.waiting] == [0, 1, 2, 5] and dict(hold.waiting_for) == {NEW: 3, OLD: 1}
+    over = metrics.unknown_pod_packets.labels("egress", "over_limit")._value.get()
+    assert over == 2 and metrics.unknown_pod_packets.labels("ingress", "over_limit")._value.get() == 0
+    hold.programmed(frozenset({NEW}))
+    assert [h.queued.id for h in hold.waiting] == [5] and dict(hold.waiting_for) == {OLD: 1}
+    hold.take(QueuedPacket(6, ipv4_packet(NEW, SERVER), egress))  # programmed: released at once, never counted as waiting
+    assert dict(hold.waiting_for) == {OLD: 1} and metrics.unknown_pod_packets.labels("egress", "released")._value.get() == 4
+    now[0] = 2.0
+    hold.expire()
+    assert hold.waiting == [] and dict(hold.waiting_for) == {}
+
+
+FLOOD = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 0))
+end, sent = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:
+    for last in range(128, 250):  # unused addresses of the pod CIDR, routed through the node
+        s.sendto(b"x", (f"10.0.1.{last}", 9))
+    sent += 122
+print(sent, flush=True)
+"""
+
+
+@pytest.mark.parametrize("allow", [True, False], ids=["allowed", "deny-all"])
+def test_a_flooding_pod_cannot_fill_the_hold_for_another_new_pods_first_packet(make_netns, allow):
+    """The known pod ``old`` sends UDP as fast as it can to unused addresses of the pod CIDR (each
+    an unknown pod's: held) while the new pod connects before it is programmed. Our table lets
+    ``old`` send its budget towards the hold and drops the rest (counted), so the kernel's queue
+    (1,024 packets, each held up to 2 s: full at 512 packets a second) keeps room: the new pod's
+    first SYN is held and released to its rules 0.3 s in (without the budget it found the queue
+    full, was dropped, and only its retransmission a second later went through)."""
+    from nftpolicy.agent.daemon.rulecounters import tally
+    made = Bed(make_netns, Config(unknown_pods="hold"))
+    flood = None
+    try:
+        netns.ip_batch([f"route add 10.0.1.128/25 via {GATEWAY}"], made.pod)
+        made.start_hold(seconds=2.0)
+        made.apply("NetworkPolicy", "shop/egress", egress_policy(allow=allow))
+        flood = subprocess.Popen(["ip", "netns", "exec", made.pod, sys.executable, "-c", FLOOD, OLD, "4"], stdout=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the flood has filled what it could
+        connected, took = connect_while(made, NEW, lambda: made.apply("Pod", "shop/new", pod("new", NEW, "new")))
+        sent = int(flood.communicate(timeout=30)[0])
+        over = tally(made.dataplane.counted_rules(), {}).over_budget
+        held = made.count("ingress", "held")
+        print(f"flood: {sent} sent, {over[('ingress',)]:.0f} over budget, {held:.0f} held; new pod: connected {connected} in {took:.3f} s")
+        assert connected is allow and 0.25 < took < 0.9, took  # its first SYN: held, released, decided by its rules
+        assert sent > 5000 and over[("ingress",)] > sent * 0.9 and over[("egress",)] == 0
+        assert held <= (20 + 40) + 20 * 6 + 10  # the budget's burst, then 20 a second for the flood's time (a margin)
+        assert made.count("egress", "released") >= 1
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+            flood.wait()
+        made.close()
