@@ -298,7 +298,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, un
     ``table=False``: only the deny action and the exemptions (service, node-port and external
     ranges), for a command whose answer the table's name, priority and marks do not change
     (``explain``); ``unknown``: also what unknown pods get and the pod CIDRs (``agent``,
-    ``explain``: docs/design.md "A new pod from its first packet")."""
+    ``explain``, ``trace``: docs/design.md "A new pod from its first packet"), and with ``table``
+    the budget of each source towards their hold."""
     defaults = Config()
     if table:
         parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
@@ -317,6 +318,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, un
                                  "before its rules): hold it until the pod is programmed, then let its rules decide, dropping it after "
                                  "--unknown-pod-hold (while no agent reads the hold queue it is dropped); drop it at once; or off: let "
                                  "it through as a pod no policy selects (default %(default)s)")
+        parser.add_argument("--pod-cidr", action="append", type=_cidr, default=[],
+                            help="the node's pod CIDR, for a CNI whose IPAM does not follow Node.spec.podCIDRs (repeatable; "
+                                 "default: Node.spec.podCIDRs)")
+    if unknown and table:  # the hold's budget shapes the table, not explain's answer
         parser.add_argument("--unknown-pod-rate", type=_count(1, 10**6), default=defaults.unknown_pod_rate,
                             help="packets a second one source address may send towards the hold of unknown pods, after a burst of "
                                  "this plus --unknown-pod-burst; the kernel drops more (counted: "
@@ -324,9 +329,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, un
                                  "other new pods (default %(default)s)")
         parser.add_argument("--unknown-pod-burst", type=_count(1, 10**6), default=defaults.unknown_pod_burst,
                             help="the burst above --unknown-pod-rate a source may send towards the hold at once (default %(default)s)")
-        parser.add_argument("--pod-cidr", action="append", type=_cidr, default=[],
-                            help="the node's pod CIDR, for a CNI whose IPAM does not follow Node.spec.podCIDRs (repeatable; "
-                                 "default: Node.spec.podCIDRs)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
