@@ -433,7 +433,7 @@ def ipv4_packet(source: str, destination: str) -> bytes:
     return bytes([0x45]) + bytes(11) + socket.inet_aton(source) + socket.inet_aton(destination)
 
 
-def test_the_hold_keeps_at_most_max_held_packets_for_one_address_and_drops_more_at_once():
+def test_the_hold_keeps_at_most_max_held_packets_for_one_address_and_direction_and_drops_more_at_once():
     from nftpolicy.agent.daemon.dnshold import QueuedPacket
     now = [0.0]
     metrics = Metrics()
@@ -442,13 +442,15 @@ def test_the_hold_keeps_at_most_max_held_packets_for_one_address_and_drops_more_
     for i in range(5):
         hold.take(QueuedPacket(i, ipv4_packet(NEW, SERVER), egress))
     hold.take(QueuedPacket(5, ipv4_packet(SERVER, OLD), ingress))  # another address: still held
-    assert [h.queued.id for h in hold.waiting] == [0, 1, 2, 5] and dict(hold.waiting_for) == {NEW: 3, OLD: 1}
+    hold.take(QueuedPacket(7, ipv4_packet(SERVER, NEW), ingress))  # to the full address, the other direction: still held
+    assert [h.queued.id for h in hold.waiting] == [0, 1, 2, 5, 7]
+    assert dict(hold.waiting_for) == {("egress", NEW): 3, ("ingress", OLD): 1, ("ingress", NEW): 1}
     over = metrics.unknown_pod_packets.labels("egress", "over_limit")._value.get()
     assert over == 2 and metrics.unknown_pod_packets.labels("ingress", "over_limit")._value.get() == 0
     hold.programmed(frozenset({NEW}))
-    assert [h.queued.id for h in hold.waiting] == [5] and dict(hold.waiting_for) == {OLD: 1}
+    assert [h.queued.id for h in hold.waiting] == [5] and dict(hold.waiting_for) == {("ingress", OLD): 1}
     hold.take(QueuedPacket(6, ipv4_packet(NEW, SERVER), egress))  # programmed: released at once, never counted as waiting
-    assert dict(hold.waiting_for) == {OLD: 1} and metrics.unknown_pod_packets.labels("egress", "released")._value.get() == 4
+    assert dict(hold.waiting_for) == {("ingress", OLD): 1} and metrics.unknown_pod_packets.labels("egress", "released")._value.get() == 4
     now[0] = 2.0
     hold.expire()
     assert hold.waiting == [] and dict(hold.waiting_for) == {}

@@ -488,7 +488,7 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--unknown-pod-queue", type=_count(0, 65535), default=5310,
                        help="nfqueue number of the hold of unknown pods' packets (default %(default)s)")
     agent.add_argument("--unknown-pod-max-held", type=_count(1, 1024), default=DEFAULT_MAX_HELD,
-                       help="packets the hold keeps waiting for one unknown pod's address at most; more are dropped at once "
+                       help="packets the hold keeps waiting for one unknown pod's address (per direction) at most; more are dropped at once "
                             "(counted: nftpolicy_unknown_pod_packets_total{result=\"over_limit\"}), so the packets of one "
                             "address cannot fill the hold's queue of 1,024 (default %(default)s)")
     agent.add_argument("--dns-ttl-floor", type=_whole_seconds, default=5,

@@ -24,9 +24,11 @@ egress: the source), never guessed from its addresses: the node's own address in
 What one address or source can take of the kernel's queue (1,024 packets, each held up to
 ``hold_seconds``) is bounded twice: our table lets each source address send at most its budget
 towards the queue (:func:`nftpolicy.translators.layout.to_hold_chain`: a meter, the rest dropped
-and counted in the kernel), and here a packet that finds ``max_held`` packets already waiting
-for one of the addresses it waits for is dropped at once (counted: ``over_limit``), so the
-packets for one unknown address, from however many sources, cannot fill the queue either.
+and counted in the kernel), and here a packet that finds ``max_held`` packets of its direction
+already waiting for one of the addresses it waits for is dropped at once (counted:
+``over_limit``), so the packets for one unknown address, from however many sources, cannot fill
+the queue either. Per direction: packets sent to a new pod's address (which a scanner may
+guess) never use up the room of the pod's own first packets.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class PodHold:
         self.max_held = max_held
         self.known: frozenset[str] = frozenset()  # the addresses of the pods the kernel has programmed
         self.waiting: list[Held] = []
-        self.waiting_for: Counter[str] = Counter()  # address -> the packets of self.waiting that wait for it
+        self.waiting_for: Counter[tuple[Direction, str]] = Counter()  # (direction, address) -> packets of self.waiting waiting for it
         self.lock = threading.Lock()  # the known addresses, the waiting packets and the verdicts
         self._queue: NfQueue | None = None
         self._thread: threading.Thread | None = None
@@ -160,8 +162,8 @@ class PodHold:
     def take(self, queued: QueuedPacket) -> None:
         """A packet the kernel queued: released at once when what it waits for is programmed
         already (its pod's commit came between the kernel's look-up and this), dropped at once
-        when an address it waits for has :attr:`max_held` packets waiting (``over_limit``), else
-        held."""
+        when an address it waits for has :attr:`max_held` packets of that direction waiting
+        (``over_limit``), else held."""
         pair = addresses(queued.packet)
         waits: dict[Direction, str] = {}
         if pair is not None:
@@ -174,13 +176,13 @@ class PodHold:
                 self._release(held)
             elif not waits:  # no mark of ours, or not IP: nothing to wait for
                 self._verdict(held, NF_DROP)
-            elif any(self.waiting_for[address] >= self.max_held for address in waits.values()):
+            elif any(self.waiting_for[wait] >= self.max_held for wait in waits.items()):
                 self._verdict(held, NF_DROP)
                 for direction in waits:
                     self.metrics.unknown_pod_packets.labels(direction, "over_limit").inc()
             else:
                 self.waiting.append(held)
-                self.waiting_for.update(set(waits.values()))
+                self.waiting_for.update(waits.items())
 
     def expire(self) -> None:
         """Drop the packets held for ``hold_seconds`` or longer: counted, and logged naming the
@@ -216,10 +218,10 @@ class PodHold:
 
     def _forget(self, held: Held) -> None:
         """``held`` waits no more (under :attr:`lock`)."""
-        for address in set(held.waits.values()):
-            self.waiting_for[address] -= 1
-            if not self.waiting_for[address]:
-                del self.waiting_for[address]
+        for wait in held.waits.items():
+            self.waiting_for[wait] -= 1
+            if not self.waiting_for[wait]:
+                del self.waiting_for[wait]
 
     def _verdict(self, held: Held, verdict: int, mark: int | None = None) -> None:
         if self._queue is not None:
