@@ -216,7 +216,8 @@ def unknown_text(chain: str, rule: layout.Rule | None, conn: Connection | None) 
     to its packet (explain's words, :func:`~nftpolicy.translators.verdict.unknown_pod_text`):
     a base chain's rule that marks it for the hold or drops it (``egress of 10.0.1.5: an
     unknown pod (...): held until the agent programs its pod, ...``), or the drop of
-    :data:`~nftpolicy.translators.layout.TO_HOLD_CHAIN` (``over the budget of source ...``);
+    :data:`~nftpolicy.translators.layout.TO_HOLD_CHAIN` (``10.0.1.6 sent more than its budget
+    towards the hold ...``: the budget is the source's, whichever address is unknown);
     "" for any other rule, or without ``rule`` or ``conn``."""
     if rule is None or conn is None:
         return ""
