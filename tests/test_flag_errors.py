@@ -61,6 +61,10 @@ BAD = [
     ("compare", "--port", "http", "invalid port 'http' (expected [TCP|UDP|SCTP/]PORT)"),
     ("compare", "--timeout", "x", "invalid number of seconds 'x'"),
     ("cleanup", "--table", "1table", "invalid table name '1table' (a letter, then letters, digits, '-' or '_')"),
+    ("agent", "--unknown-pod-rate", "0", "must be a whole number 1-1000000, got 0"),
+    ("agent", "--unknown-pod-burst", "many", "must be a whole number 1-1000000, got many"),
+    ("agent", "--unknown-pod-max-held", "2000", "must be a whole number 1-1024, got 2000"),
+    ("trace", "--unknown-pod-rate", "-5", "must be a whole number 1-1000000, got -5"),
 ]
 
 

@@ -61,7 +61,9 @@ class Config:
     to an unknown pod gets (:data:`UnknownPods`); ``pod_cidrs``: the node's pod CIDRs where the
     CNI's IPAM does not use ``Node.spec.podCIDRs`` (empty: those); ``unknown_ingress_mark`` and
     ``unknown_egress_mark`` are set on a packet to hold whose destination (source) is an
-    unknown pod, ``released_mark`` by the agent on a packet it releases.
+    unknown pod, ``released_mark`` by the agent on a packet it releases. ``unknown_pod_rate`` and
+    ``unknown_pod_burst``: the packets a second (after a burst of rate + burst, nft's limit)
+    that one source address may send towards the hold (:func:`~nftpolicy.translators.layout.to_hold_chain`).
     """
 
     table: str = "nftpolicy"
@@ -79,6 +81,8 @@ class Config:
     unknown_ingress_mark: int = 0x1000000
     unknown_egress_mark: int = 0x2000000
     released_mark: int = 0x4000000
+    unknown_pod_rate: int = 20
+    unknown_pod_burst: int = 40
 
     def unknown_marks(self) -> dict[Direction, int]:
         """The unknown mark of each direction: ``ingress`` (the destination is an unknown pod),

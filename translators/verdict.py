@@ -434,15 +434,22 @@ EXEMPTION_TEXT: dict[str, str] = {
 }
 
 
+def unknown_pod_text(direction: Direction, address: str, unknown: UnknownPods, node: str | None) -> str:
+    """What ``direction`` of an unknown pod's ``address`` gets on ``node`` (None: the node
+    asked about) as ``unknown`` says: ``egress of 10.0.1.77: an unknown pod (in node node-1's
+    pod CIDRs, no pod programmed there): held until ...`` (explain and trace)."""
+    where = f"node {node}'s" if node is not None else "the node's"
+    what = ("held until the agent programs its pod, then its rules decide (dropped if that takes longer than the hold)"
+            if unknown == "hold" else "dropped until the agent programs its pod")
+    return f"{direction} of {address}: an unknown pod (in {where} pod CIDRs, no pod programmed there): {what}"
+
+
 def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
     """One line for one direction, e.g. ``ingress of shop/db: allowed by shop/db-ingress rule 0
     (from ipBlock 10.244.1.0/24 except 10.244.1.10/32; TCP/5432)``."""
     conn = verdict.connection
     if side.unknown is not None:
-        where = f"node {side.node}'s" if side.node is not None else "the node's"
-        what = ("held until the agent programs its pod, then its rules decide (dropped if that takes longer than the hold)"
-                if side.unknown == "hold" else "dropped until the agent programs its pod")
-        return f"{side.direction} of {side.address}: an unknown pod (in {where} pod CIDRs, no pod programmed there): {what}"
+        return unknown_pod_text(side.direction, side.address, side.unknown, side.node)
     if side.pod is None:
         return f"{side.direction} of {side.address}: not a pod, nothing enforced"
     head = f"{side.direction} of {side.pod}"
