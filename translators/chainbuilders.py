@@ -220,7 +220,7 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
                 options.extend((f, use(SetKey("addr", f, peer))) for f in families)
             elif None not in placed:
                 placed.add(None)
-                options.extend((f, use(union_key("addr", f, scopes))) for f in families)
+                options.extend((f, use(union_key(f, scopes))) for f in families)
         elif isinstance(peer, DomainNames):
             options.extend((f, use(SetKey("domain", f, names=peer.names))) for f in families)
         elif isinstance(peer, LabelSelector):
@@ -231,7 +231,7 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
                 options.append((family, use(SetKey("interval", family, block=peer))))
             elif family not in placed:
                 placed.add(family)
-                options.append((family, use(union_key("interval", family, blocks[family]))))
+                options.append((family, use(union_key(family, blocks[family]))))
     return options
 
 

@@ -149,16 +149,17 @@ def _identity(value: Any) -> Any:
     return value if value is None or isinstance(value, (str, int, bool)) else str(value)
 
 
-def union_key(kind: Literal["addr", "interval"], family: Family, members: Iterable[Scope] | Iterable[IPBlock]) -> SetKey:
-    """The key of the union set of a rule's several pod-selector peers (``addr``: ``members``
-    are :class:`Scope` values) or ipBlocks of ``family`` (``interval``: :class:`IPBlock`
-    values), in a canonical order (duplicates once), so the same peers in any order name one
-    set. The caller gives at least two distinct members (one peer keeps its own shared set)."""
-    ordered = tuple(sorted(set(members), key=lambda m: orjson.dumps(_identity(m))))  # type: ignore[arg-type]
-    assert len(ordered) > 1
-    if kind == "addr":
-        return SetKey("addr", family, scopes=ordered)  # type: ignore[arg-type]
-    return SetKey("interval", family, blocks=ordered)  # type: ignore[arg-type]
+def union_key(family: Family, members: Iterable[Scope | IPBlock]) -> SetKey:
+    """The key of the union set of a rule's several pod-selector peers (``members`` all
+    :class:`Scope` values: an ``addr`` set) or several ipBlocks of ``family`` (all
+    :class:`IPBlock` values: an ``interval`` set), in a canonical order (duplicates once), so
+    the same peers in any order name one set. The caller gives at least two distinct members
+    (one peer keeps its own shared set)."""
+    ordered = sorted(set(members), key=lambda m: orjson.dumps(_identity(m)))
+    scopes = tuple(m for m in ordered if isinstance(m, Scope))
+    blocks = tuple(m for m in ordered if isinstance(m, IPBlock))
+    assert len(ordered) > 1 and not (scopes and blocks)
+    return SetKey("addr", family, scopes=scopes) if scopes else SetKey("interval", family, blocks=blocks)
 
 
 def block_text(block: IPBlock) -> str:
