@@ -208,10 +208,10 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
     if peers is None:
         return [(None, None)]
     scopes = list(dict.fromkeys(peer for peer in peers if isinstance(peer, Scope)))
-    blocks: dict[Family, list[IPBlock]] = {}
+    blocks: dict[Family, dict[IPBlock, None]] = {}  # each family's distinct blocks, in order
     for peer in peers:
         if isinstance(peer, IPBlock):
-            blocks.setdefault(family_of(str(peer.cidr)), []).append(peer)
+            blocks.setdefault(family_of(str(peer.cidr)), {})[peer] = None
     options: list[PeerOption] = []
     placed: set[Family | None] = set()  # the union of scopes (None) and of each family's blocks, once
     for peer in peers:
@@ -227,7 +227,7 @@ def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
             options.extend((f, use(SetKey("nodes", f, nodes=peer))) for f in families)
         else:
             family = family_of(str(peer.cidr))
-            if len(set(blocks[family])) == 1:
+            if len(blocks[family]) == 1:
                 options.append((family, use(SetKey("interval", family, block=peer))))
             elif family not in placed:
                 placed.add(family)
