@@ -585,6 +585,22 @@ def test_ipblock_verdicts(peers, probes):
         assert model_allows(me, src, dst) is expected, dst
 
 
+def test_explain_names_the_ipblocks_of_a_union_that_hold_the_address():
+    """Several ipBlocks of a rule are one union set: explain names the block(s) whose networks
+    (each minus its own excepts) hold the peer, never one whose except removed it."""
+    m = ipblock_model(ip_block("10.0.0.0/8", "10.1.0.0/16"), ip_block("10.1.2.0/24"), ip_block("10.0.0.0/16"))
+    (union,) = m.unions
+    assert [p.text for p in union.peers] == ["ipBlock 10.0.0.0/16", "ipBlock 10.0.0.0/8 except 10.1.0.0/16", "ipBlock 10.1.2.0/24"]
+
+    def peers_of(src: str) -> tuple[str, ...]:
+        verdict = Enforcement({None: m}).verdict(Connection(src, "10.200.0.1", "TCP", 80))
+        return verdict.ingress.allowed_by.peers
+
+    assert peers_of("10.1.2.3") == ("ipBlock 10.1.2.0/24",)  # inside the first block's except: only the block that gives it
+    assert peers_of("10.0.0.9") == ("ipBlock 10.0.0.0/16", "ipBlock 10.0.0.0/8 except 10.1.0.0/16")
+    assert not model_allows(m, "10.1.3.3", "10.200.0.1")
+
+
 @pytest.mark.parametrize("block, expected", [
     (IPBlock(ipaddress.ip_network("10.0.0.0/24")), ["10.0.0.0/24"]),
     (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.0/25"),)), ["10.0.0.128/25"]),
