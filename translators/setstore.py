@@ -24,7 +24,6 @@ matched it before or matches it now.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 import orjson
 
-from .model import Family, IPBlock, Node, Pod, Protocol
+from .model import Family, IPBlock, Node, Pod, Protocol, span_networks
 from .rules import AddressSet, Changes, UnionPeer, UnionSet, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
@@ -210,9 +209,9 @@ def _block_elements(key: SetKey) -> tuple[str, ...]:
     """The networks of interval set ``key``: its ipBlock minus its excepts (a union: each of its
     blocks minus its own excepts, so one block's except never removes another's addresses),
     collapsed."""
-    blocks = key.blocks or (key.block,)
-    networks = [network for block in blocks if block is not None for network in block.networks()]
-    return tuple(str(n) for n in ipaddress.collapse_addresses(networks))  # type: ignore[type-var]  # one family
+    blocks = key.blocks or ((key.block,) if key.block is not None else ())
+    spans = sorted(span for block in blocks for span in block.spans())
+    return tuple(map(str, span_networks(spans, blocks[0].cidr.version)))
 
 
 def _packed(ip: str) -> bytes:
