@@ -620,6 +620,38 @@ def test_ipblock_networks(block, expected):
     assert [str(n) for n in block.networks()] == expected
 
 
+def _network(bits: int, address: int, length: int) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    kind = ipaddress.IPv4Network if bits == 32 else ipaddress.IPv6Network
+    return kind((address >> (bits - length) << (bits - length), length))
+
+
+@settings(max_examples=300, deadline=None)
+@given(v6=st.booleans(), data=st.data())
+def test_a_union_of_ipblocks_is_what_ipaddress_makes_of_it(v6, data):
+    """The union set's networks (integer ranges: :func:`span_networks`) equal each block minus its
+    own excepts by ``address_exclude``, then ``collapse_addresses``: the fewest networks, in order."""
+    from nftpolicy.translators.model import span_networks
+    bits = 128 if v6 else 32
+    base = (0x20010DB8 << 96) if v6 else (10 << 24)
+    blocks = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        cidr = _network(bits, base + data.draw(st.integers(0, 4095)), data.draw(st.integers(bits - 12, bits)))
+        holes = [_network(bits, int(cidr.network_address) + data.draw(st.integers(0, cidr.num_addresses - 1)),
+                          data.draw(st.integers(cidr.prefixlen + 1, bits)))
+                 for _ in range(data.draw(st.integers(0, 3))) if cidr.prefixlen < bits]
+        blocks.append(IPBlock(cidr, tuple(holes)))
+    expected = []
+    for block in blocks:
+        remaining = [block.cidr]
+        for hole in block.excepts:
+            remaining = [part for net in remaining for part in ([net] if not net.overlaps(hole) else
+                                                                [] if net.subnet_of(hole) else net.address_exclude(hole))]
+        assert block.networks() == sorted(remaining)
+        expected += remaining
+    spans = sorted(span for block in blocks for span in block.spans())
+    assert span_networks(spans, 6 if v6 else 4) == list(ipaddress.collapse_addresses(expected))
+
+
 @pytest.mark.parametrize("block, address, expected", [
     (IPBlock(ipaddress.ip_network("10.0.0.0/24")), "10.0.0.0", True),
     (IPBlock(ipaddress.ip_network("10.0.0.0/24")), "10.0.0.255", True),
