@@ -165,9 +165,9 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
     ``use`` names a set key the rule uses (and takes note of it).
 
     With ``chain_peers``, a rule of several peers (or peer sets) and several port matches
-    (numbered, or ingress named) is not multiplied out: each port match has no peer set and ``jumps`` True
-    (its peers are matched in the rule's peer chain), and the peer sets come back as that
-    chain's alternatives. An egress named port's set holds its peers' addresses: it stays one
+    (numbered, or ingress named) is not multiplied out: each port match has no peer set and
+    ``jumps`` True (its peers are matched in the rule's peer chain), and the peer sets come back
+    as that chain's alternatives. An egress named port's set holds its peers' addresses: it stays one
     match per peer scope (:mod:`~nftpolicy.translators.objectcost` bounds what still multiplies)."""
     egress_named_only = direction == "egress" and bool(ports) and all(isinstance(p, NamedPort) for p in ports)
     # The peer sets, unless only egress named ports use this rule's peers (their own sets
@@ -176,7 +176,7 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
     if not ports:
         return [(family, peer_set, None, None, False) for family, peer_set in options], []
     multiplying = sum(1 for p in ports if isinstance(p, PortMatch) or direction == "ingress")
-    several = len(options) > 1 or (len(peers or ()) > 1 and bool(options))  # several peers in one union: a chain still
+    several = len(options) > 1 or (len(peers or ()) > 1 and bool(options))  # several peers, even in one union set: a peer chain
     chained = options if chain_peers and several and multiplying > 1 else []
     jumps = bool(chained)
     if jumps:

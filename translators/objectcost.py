@@ -4,8 +4,8 @@ anything is built: the per-object caps (issue 30, "Caps that fail closed, never 
 The API server bounds neither a NetworkPolicy rule's peers nor its ports, nor an ipBlock's
 excepts. :mod:`~nftpolicy.translators.chainbuilders` makes a rule's pod-selector peers one
 union set per family and its ipBlocks one union interval set per family, and a rule of P peer
-sets and Q ports cost P + Q rules (its peer chain), but some shapes still multiply: an egress named port is one
-set and one rule per peer scope, family and named port; a rule of one peer set and Q ports, or
+sets and Q ports cost P + Q rules (its peer chain), but some shapes still multiply: an egress
+named port is one set and one rule per peer scope, family and named port; a rule of one peer set and Q ports, or
 of P peer sets and one port, is P x Q matches of one side of 1 (linear); an ipBlock's excepts
 split its CIDR into up to one network per except and prefix bit. :func:`policy_cost` counts
 those, as an upper bound of what the chain builders emit for both address families, in O(size

@@ -79,8 +79,8 @@ class SetKey:
     """The identity of a shared set: pod addresses of a scope (``addr``), or of the union of
     ``scopes`` (a rule's several pod-selector peers, canonical order: :func:`union_key`), the
     networks of an ipBlock (``interval``), or of the union of ``blocks`` (a rule's several
-    ipBlocks of one family, each minus its own excepts), ``address . protocol . port`` of a scope's pods that have the
-    named container port (``named_port``), the addresses DNS answers gave for a domainNames
+    ipBlocks of one family, each minus its own excepts), ``address . protocol . port`` of a
+    scope's pods that have the named container port (``named_port``), the addresses DNS answers gave for a domainNames
     peer's ``names`` (``domain``: the agent adds them with a timeout; the translator gives none),
     or the peer addresses of the Nodes that the canonical label selector ``nodes`` matches
     (``nodes``: :data:`~nftpolicy.translators.selectors.ALL` for every Node; printed as an
