@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import random
 import re
 from typing import Any
@@ -337,6 +338,10 @@ def test_a_rule_of_several_selector_peers_has_one_union_set_that_knows_which_pee
     assert verdict.ingress.allowed_by.peers == ("pods in namespaces team=blue: app=a",)  # the peer that gave the address
     denied = Enforcement({None: m}).verdict(Connection(IP["z/a"], IP["x/a"], "TCP", 80))
     assert denied.ingress.rules[0].peers == ("pods in x: app=b", "pods in namespaces team=blue: app=a")  # every peer of the rule
+    from nftpolicy.translators.verdict import enforcement_from_json, enforcement_json
+    again = enforcement_from_json(json.loads(json.dumps(enforcement_json(Enforcement({None: m})))))  # the agent's debug endpoint
+    assert again.models[None].unions == m.unions
+    assert again.verdict(Connection(IP["y/a"], IP["x/a"], "TCP", 80)).ingress.allowed_by == verdict.ingress.allowed_by
 
 
 def test_a_union_set_counts_each_address_once_per_peer_that_gives_it():
