@@ -411,7 +411,7 @@ class SelectorSets:
     def unions(self) -> list[UnionSet]:
         """The peers of every live union set, each with the elements it gives (computed here,
         from the indexes: the counts hold only the union)."""
-        return [UnionSet(key.name, tuple(UnionPeer(part.description, self._given(part)) for part in key.parts))
+        return [UnionSet(key.name, tuple(UnionPeer(comment(part.description), self._given(part)) for part in key.parts))
                 for key in self._sets if key.parts]
 
     def _given(self, part: SetKey) -> tuple[str, ...]:
