@@ -107,6 +107,33 @@ class AddressSet:
 
 
 @dataclass(frozen=True)
+class UnionPeer:
+    """One peer of a union set (:class:`UnionSet`): ``text``, what it selects (the comment its
+    own set would have: ``pods in x: app=web``, ``ipBlock 10.0.0.0/8 except 10.1.0.0/16``), and
+    the ``elements`` it gives the union (addresses, or the networks of its ipBlock minus its own
+    excepts), sorted."""
+
+    text: str
+    elements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class UnionSet:
+    """Which peer gives what to the union set ``name`` (of a rule with several pod-selector
+    peers, or several ipBlocks of one family), for explain and trace to name the peer(s) a
+    connection matched; the kernel's set holds only the union."""
+
+    name: str
+    peers: tuple[UnionPeer, ...]
+
+    def matching(self, address: str) -> tuple[str, ...]:
+        """The texts of the peers that give ``address`` (canonical text) to the union."""
+        ip = ipaddress.ip_address(address)
+        return tuple(peer.text for peer in self.peers
+                     if any(ip in ipaddress.ip_network(e) if "/" in e else ip == ipaddress.ip_address(e) for e in peer.elements))
+
+
+@dataclass(frozen=True)
 class TimedAddress:
     """An element of a ``domain`` set: ``address`` for ``timeout`` more seconds (then the
     kernel removes it)."""
@@ -240,13 +267,16 @@ class PodChain:
 
 @dataclass(frozen=True)
 class RuleModel:
-    """The whole desired ruleset for one node, every tuple sorted for stable output."""
+    """The whole desired ruleset for one node, every tuple sorted for stable output.
+    ``unions``: the peers of each union set of ``sets`` (empty where the model was made
+    without them: the agent's commit needs none)."""
 
     config: Config
     sets: tuple[AddressSet, ...]
     policy_chains: tuple[PolicyChain, ...]
     pod_chains: tuple[PodChain, ...]
     tier_chains: tuple[TierChain, ...] = ()
+    unions: tuple[UnionSet, ...] = ()
 
 
 AnyChain = PolicyChain | PodChain | TierChain

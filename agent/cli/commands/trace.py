@@ -167,9 +167,10 @@ class Listed:
     ``taught``: for a rule that matches the traced address in a domainNames peer's set, the DNS
     name whose answer put it there (the agent's, from ``--agent``); ``answer``: what the rule
     sends back when it rejects (:func:`reject_answer`), "" for any other; ``peer``: for a rule
-    of a rule's peer chain, what its peer set selects (the model's set comment); ``unknown``:
-    for a rule that holds or drops the traced connection's packet as an unknown pod's, what it
-    does and to which address (:func:`unknown_text`)."""
+    of a rule's peer chain, or one that looks its peer up in a union set, what its peer set
+    selects (the model's set comment; a union set's: its peers that give the traced address);
+    ``unknown``: for a rule that holds or drops the traced connection's packet as an unknown
+    pod's, what it does and to which address (:func:`unknown_text`)."""
 
     chain: str
     comment: str
@@ -195,6 +196,13 @@ def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
     ruled: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains] if model is not None else []
     peer_chains = {p.name for c in ruled for p in c.peer_chains}
     selects = {s.name: s.comment for s in model.sets} if model is not None else {}
+    unions = {u.name: u for u in model.unions} if model is not None else {}
+
+    def peer_text(statement: layout.AddressInSet) -> str:
+        union = unions.get(statement.name)
+        if union is None or conn is None:
+            return selects.get(statement.name, statement.name)
+        return " or ".join(union.matching(conn.address(statement.field))) or selects.get(statement.name, statement.name)
     by_chain: dict[str, list[dict[str, Any]]] = {}
     for item in listing:
         if "rule" in item:
@@ -204,8 +212,8 @@ def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
         decided = chains.get(chain, ())
         for i, rule in enumerate(rules):
             decided_rule = decided[i] if len(decided) == len(rules) else None
-            peer = next((selects.get(st.name, st.name) for st in decided_rule.statements if isinstance(st, layout.AddressInSet)), "") \
-                if decided_rule is not None and chain in peer_chains else ""
+            peer = next((peer_text(st) for st in decided_rule.statements if isinstance(st, layout.AddressInSet)
+                         and (chain in peer_chains or st.name in unions)), "") if decided_rule is not None else ""
             found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided_rule, _taught(decided_rule, learned, conn),
                                                 reject_answer(rule), peer, unknown_text(chain, decided_rule, conn))
     return found
