@@ -45,13 +45,30 @@ class ObjectCost:
 
 class OverLimit(InvalidField):
     """A policy object beyond a cap of :class:`ObjectLimits`: ``limit`` names it (``rules`` or
-    ``elements``), ``value`` is the object's count. Raised where an invalid object is, so it
-    fails closed the same way."""
+    ``elements``), ``value`` is the object's count (``what``: what was counted, in words).
+    Raised where an invalid object is, so it fails closed the same way."""
 
-    def __init__(self, limit: str, value: int, cap: int) -> None:
+    def __init__(self, limit: str, value: int, cap: int, what: str | None = None) -> None:
         flag = {"rules": "--max-object-rules", "elements": "--max-object-elements"}[limit]
-        super().__init__("spec", f"{value} {limit} exceed the cap of {cap} per object ({flag}): enforced fail-closed")
+        super().__init__("spec", f"{value} {what or limit} exceed the cap of {cap} per object ({flag}): enforced fail-closed")
         self.limit, self.value = limit, value
+
+
+SET_ELEMENTS = "set elements (the addresses of the pods and nodes its peers select, its networks)"
+
+
+def set_elements_over(value: int, cap: int) -> OverLimit:
+    """The :class:`OverLimit` of an object whose sets hold ``value`` elements on the cluster as
+    the node renderer knows it (:meth:`~nftpolicy.translators.setstore.SelectorSets.elements`:
+    counted until beyond ``cap``, so at least that many): what the log and the Event say."""
+    return OverLimit("elements", value, cap, f"or more {SET_ELEMENTS}")
+
+
+def set_elements_reason(cap: int) -> str:
+    """Why a policy beyond ``cap`` in :func:`set_elements_over` is enforced fail-closed, as its
+    model keeps it (``fail_closed``: explain names it): without the count, which depends on
+    when it was taken, so that a model is the same however the cluster came to be."""
+    return f"spec: more {SET_ELEMENTS} than the cap of {cap} per object (--max-object-elements): enforced fail-closed"
 
 
 def _block_elements(block: IPBlock) -> int:

@@ -32,6 +32,7 @@ from .rules import AddressSet, Changes, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
 SetKind = Literal["addr", "interval", "named_port", "domain", "nodes"]
+Owner = tuple[str, str] | None  # what uses a set: a policy as (kind, key), or None (unnamed)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,11 @@ class SetKey:
 
     def __hash__(self) -> int:  # computed once: set keys key the dictionaries every element count looks up
         return self._hash
+
+    def scopes(self) -> tuple[Scope, ...]:
+        """The scopes of pods whose elements the set holds (none: an ipBlock's, a domain's or a
+        node set)."""
+        return (self.scope,) if self.scope is not None else ()
 
     @functools.cached_property
     def name(self) -> str:
@@ -155,6 +161,12 @@ def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
     return () if number is None else tuple((ip, key.protocol.lower(), number) for ip in ips)
 
 
+def _count_addresses(counts: list[int], pod: Pod, step: int) -> None:
+    """Count ``pod``'s addresses in (step 1) or out (-1) of a group's ``[IPv4, IPv6]``."""
+    for ip in pod.ips:
+        counts[":" in ip] += step
+
+
 def _block_elements(key: SetKey) -> tuple[str, ...]:
     """The networks of interval set ``key``: its ipBlock minus its excepts, collapsed."""
     assert key.block is not None
@@ -188,13 +200,15 @@ def _sorted_elements(key: SetKey, elements: Iterable[Any]) -> list[Any]:
 
 @dataclass
 class _Set:
-    """A live set: its users and how many pods give each element (an interval set: its
-    networks, computed once when it is made; a cache shared by every set thrashed beyond its
-    size, so that 5,000 ipBlocks cost each of them again at every count)."""
+    """A live set: its users (how many, and which owners' uses: :meth:`SelectorSets.acquire`)
+    and how many pods give each element (an interval set: its networks, computed once when it
+    is made; a cache shared by every set thrashed beyond its size, so that 5,000 ipBlocks cost
+    each of them again at every count)."""
 
     users: int = 0
     counts: Counter[Any] = field(default_factory=Counter)
     networks: tuple[str, ...] = ()
+    owners: Counter[Owner] = field(default_factory=Counter)
 
 
 class SelectorSets:
@@ -208,6 +222,9 @@ class SelectorSets:
     def __init__(self, is_local: Callable[[Pod], bool], namespace_labels: Callable[[str], Mapping[str, str]]) -> None:
         self.is_local, self.namespace_labels = is_local, namespace_labels
         self.groups: dict[str, dict[Labels, dict[str, Pod]]] = {}  # namespace -> labels -> {key: pod}
+        # namespace -> labels -> [IPv4, IPv6] addresses of that group's pods: what a scope would
+        # hold, counted per group (:meth:`size`)
+        self.group_addresses: dict[str, dict[Labels, list[int]]] = {}
         self.known_namespaces: set[str] = set()
         self._sets: dict[SetKey, _Set] = {}
         self._scope_sets: dict[Scope, set[SetKey]] = {}
@@ -224,6 +241,7 @@ class SelectorSets:
         self._dead: dict[SetKey, set[Any]] = {}
         self._added: dict[SetKey, set[Any]] = {}
         self._removed: dict[SetKey, set[Any]] = {}
+        self._grown: set[SetKey] = set()  # live sets that gained an element since take_grown
 
     # ---- pods and namespaces -------------------------------------------------------------
 
@@ -254,13 +272,17 @@ class SelectorSets:
         counting): the index and the elements of every set whose scope holds it."""
         namespace = (after or before).namespace  # type: ignore[union-attr]
         groups = self.groups.setdefault(namespace, {})
+        addresses = self.group_addresses.setdefault(namespace, {})
         if before is not None:
             members = groups[before.labels]
             del members[key]
             if not members:
-                del groups[before.labels]
+                del groups[before.labels], addresses[before.labels]
+            else:
+                _count_addresses(addresses[before.labels], before, -1)
         if after is not None:
             groups.setdefault(after.labels, {})[key] = after
+            _count_addresses(addresses.setdefault(after.labels, [0, 0]), after, 1)
         for scope in list(self._scopes_in.get(namespace, ())) + list(self._block_scopes):
             was = before is not None and self._in_scope(scope, before)
             now = after is not None and self._in_scope(scope, after)
@@ -297,20 +319,25 @@ class SelectorSets:
         :meth:`pod_changed` without the sets, which would have no element to count."""
         assert not self._sets
         groups: dict[Labels, dict[str, Pod]] = {}
+        addresses: dict[Labels, list[int]] = {}
         namespace = None
         for key, pod in pods:
             if pod.namespace != namespace:
                 namespace = pod.namespace
                 groups = self.groups.setdefault(namespace, {})
+                addresses = self.group_addresses.setdefault(namespace, {})
             group = groups.get(pod.labels)
             if group is None:
                 group = groups[pod.labels] = {}
+                addresses[pod.labels] = [0, 0]
             group[key] = pod
+            _count_addresses(addresses[pod.labels], pod, 1)
 
     # ---- sets ----------------------------------------------------------------------------
 
-    def acquire(self, key: SetKey) -> None:
-        """One more user of set ``key`` (the first makes it, with the elements of its scope)."""
+    def acquire(self, key: SetKey, owner: Owner = None) -> None:
+        """One more user of set ``key`` (the first makes it, with the elements of its scope);
+        ``owner`` (e.g. the policy whose chain uses it) is counted among its :meth:`owners`."""
         live = self._sets.get(key)
         if live is None:
             live = self._sets[key] = _Set(networks=_block_elements(key) if key.kind == "interval" else ())
@@ -327,14 +354,19 @@ class SelectorSets:
             else:
                 self._born.add(key)
         live.users += 1
+        live.owners[owner] += 1
 
-    def release(self, key: SetKey) -> None:
-        """One user fewer of set ``key`` (the last takes it away)."""
+    def release(self, key: SetKey, owner: Owner = None) -> None:
+        """One user fewer of set ``key`` (the last takes it away); ``owner`` as it was acquired."""
         live = self._sets[key]
         live.users -= 1
+        live.owners[owner] -= 1
+        if not live.owners[owner]:
+            del live.owners[owner]
         if live.users:
             return
         del self._sets[key]
+        self._grown.discard(key)
         if key.scope is not None:
             users = self._scope_sets[key.scope]
             users.discard(key)
@@ -359,6 +391,42 @@ class SelectorSets:
         """How many sets live and how many elements they hold."""
         return len(self._sets), sum(len(live.networks) if k.kind == "interval" else len(live.counts)
                                     for k, live in self._sets.items())
+
+    def owners(self, key: SetKey) -> Iterable[Owner]:
+        """The owners that use live set ``key`` (as :meth:`acquire` named them)."""
+        return self._sets[key].owners.keys()
+
+    def take_grown(self) -> set[SetKey]:
+        """The live sets that gained an element since the last call."""
+        grown, self._grown = self._grown, set()
+        return grown
+
+    def size(self, key: SetKey) -> int:
+        """How many elements set ``key`` holds: a live set's own count; another's counted from
+        the indexes without making it (a scope's pods per label group, in O(label groups) with
+        nothing made per pod; a scope with ``local``, ``block`` or a named port tests each pod of
+        the groups its selectors match; a node set its Nodes; an interval set its networks).
+        A pod's addresses are counted per pod: an upper bound of the distinct elements, equal
+        unless two pods that count share an address."""
+        live = self._sets.get(key)
+        if live is not None:
+            return len(live.networks) if key.kind == "interval" else len(live.counts)
+        if key.kind == "interval":
+            return len(_block_elements(key))
+        if key.kind == "nodes":
+            assert key.nodes is not None
+            return sum(len(_node_elements(key, n)) for n in self.nodes.values() if key.nodes.matches(n.labels))
+        return sum(self._scope_size(key, scope) for scope in key.scopes())
+
+    def elements(self, keys: Iterable[SetKey], cap: int) -> int:
+        """How many elements the distinct sets of ``keys`` hold together (:meth:`size`),
+        counted in order until the sum exceeds ``cap`` (what it is then: at least that many)."""
+        total = 0
+        for key in dict.fromkeys(keys):
+            total += self.size(key)
+            if total > cap:
+                break
+        return total
 
     def take_changes(self, changes: Changes) -> None:
         """Write the set and element changes since the last call into ``changes``."""
@@ -442,6 +510,27 @@ class SelectorSets:
         return [element for members in groups for pod in members.values() if not scope.local or self.is_local(pod)
                 for element in _elements(key, pod)]
 
+    def _scope_size(self, key: SetKey, scope: Scope) -> int:
+        """The elements the pods of ``scope`` would give set ``key`` (see :meth:`size`)."""
+        namespaces, selector = self._namespaces(scope), scope.pod_selector
+        if key.kind == "addr" and scope.block is None and not scope.local:
+            v6 = key.family == "ipv6"
+            return sum(counts[v6] for namespace in namespaces for labels, counts in self.group_addresses.get(namespace, {}).items()
+                       if selector is None or selector.matches(labels))
+        return sum(len(_elements(key, pod)) for members in self._scope_groups(scope, namespaces) for pod in members.values()
+                   if not scope.local or self.is_local(pod))
+
+    def _namespaces(self, scope: Scope) -> Iterable[str]:
+        """The namespaces ``scope`` covers (a namespaceSelector not watched: tested on each)."""
+        if scope.block is not None:
+            return list(self.groups)
+        if scope.namespace is not None:
+            return (scope.namespace,)
+        selector = scope.namespace_selector
+        assert selector is not None
+        matched = self._selector_matches.get(selector)
+        return matched if matched is not None else [n for n in self.known_namespaces if selector.matches(self.namespace_labels(n))]
+
     def _in_scope(self, scope: Scope, pod: Pod) -> bool:
         """True when ``pod`` (of a namespace the scope covers) is in ``scope``."""
         if scope.local and not self.is_local(pod):
@@ -451,15 +540,8 @@ class SelectorSets:
     def _scope_groups(self, scope: Scope, namespaces: Iterable[str] | None = None) -> list[dict[str, Pod]]:
         """The pod groups of the namespaces ``scope`` covers (or of ``namespaces``, which it
         covers) whose labels its podSelector matches (``local`` is not applied)."""
-        if namespaces is not None:
-            pass
-        elif scope.block is not None:
-            namespaces = list(self.groups)
-        elif scope.namespace is not None:
-            namespaces = (scope.namespace,)
-        else:
-            assert scope.namespace_selector is not None
-            namespaces = self._selector_matches[scope.namespace_selector]
+        if namespaces is None:
+            namespaces = self._namespaces(scope)
         selector, groups = scope.pod_selector, self.groups
         return [members for namespace in namespaces if namespace in groups for labels, members in groups[namespace].items()
                 if selector is None or selector.matches(labels)]
@@ -468,6 +550,8 @@ class SelectorSets:
         """Count ``elements`` in (step 1) or out (-1) of set ``key``; an element that appears or
         disappears is recorded as a change (an addition and a removal cancel out)."""
         counts = self._sets[key].counts
+        if step > 0:
+            self._grown.add(key)
         for element in elements:
             count = counts[element] + step
             if count:
