@@ -161,12 +161,6 @@ def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
     return () if number is None else tuple((ip, key.protocol.lower(), number) for ip in ips)
 
 
-def _count_addresses(counts: list[int], pod: Pod, step: int) -> None:
-    """Count ``pod``'s addresses in (step 1) or out (-1) of a group's ``[IPv4, IPv6]``."""
-    for ip in pod.ips:
-        counts[":" in ip] += step
-
-
 def _block_elements(key: SetKey) -> tuple[str, ...]:
     """The networks of interval set ``key``: its ipBlock minus its excepts, collapsed."""
     assert key.block is not None
@@ -222,9 +216,10 @@ class SelectorSets:
     def __init__(self, is_local: Callable[[Pod], bool], namespace_labels: Callable[[str], Mapping[str, str]]) -> None:
         self.is_local, self.namespace_labels = is_local, namespace_labels
         self.groups: dict[str, dict[Labels, dict[str, Pod]]] = {}  # namespace -> labels -> {key: pod}
-        # namespace -> labels -> [IPv4, IPv6] addresses of that group's pods: what a scope would
-        # hold, counted per group (:meth:`size`)
-        self.group_addresses: dict[str, dict[Labels, list[int]]] = {}
+        # (namespace, labels) -> [IPv4, IPv6] addresses of that group's pods, counted when first
+        # asked (:meth:`size`) and forgotten when the group changes
+        self._group_addresses: dict[tuple[str, Labels], list[int]] = {}
+        self._all_addresses: list[int] | None = None  # [IPv4, IPv6] of every pod that counts (None: not counted yet)
         self.known_namespaces: set[str] = set()
         self._sets: dict[SetKey, _Set] = {}
         self._scope_sets: dict[Scope, set[SetKey]] = {}
@@ -272,17 +267,19 @@ class SelectorSets:
         counting): the index and the elements of every set whose scope holds it."""
         namespace = (after or before).namespace  # type: ignore[union-attr]
         groups = self.groups.setdefault(namespace, {})
-        addresses = self.group_addresses.setdefault(namespace, {})
         if before is not None:
             members = groups[before.labels]
             del members[key]
             if not members:
-                del groups[before.labels], addresses[before.labels]
-            else:
-                _count_addresses(addresses[before.labels], before, -1)
+                del groups[before.labels]
+            self._group_addresses.pop((namespace, before.labels), None)
         if after is not None:
             groups.setdefault(after.labels, {})[key] = after
-            _count_addresses(addresses.setdefault(after.labels, [0, 0]), after, 1)
+            self._group_addresses.pop((namespace, after.labels), None)
+        if self._all_addresses is not None:
+            for pod, step in ((before, -1), (after, 1)):
+                for ip in pod.ips if pod is not None else ():
+                    self._all_addresses[":" in ip] += step
         for scope in list(self._scopes_in.get(namespace, ())) + list(self._block_scopes):
             was = before is not None and self._in_scope(scope, before)
             now = after is not None and self._in_scope(scope, after)
@@ -319,19 +316,17 @@ class SelectorSets:
         :meth:`pod_changed` without the sets, which would have no element to count."""
         assert not self._sets
         groups: dict[Labels, dict[str, Pod]] = {}
-        addresses: dict[Labels, list[int]] = {}
         namespace = None
+        self._group_addresses.clear()
+        self._all_addresses = None
         for key, pod in pods:
             if pod.namespace != namespace:
                 namespace = pod.namespace
                 groups = self.groups.setdefault(namespace, {})
-                addresses = self.group_addresses.setdefault(namespace, {})
             group = groups.get(pod.labels)
             if group is None:
                 group = groups[pod.labels] = {}
-                addresses[pod.labels] = [0, 0]
             group[key] = pod
-            _count_addresses(addresses[pod.labels], pod, 1)
 
     # ---- sets ----------------------------------------------------------------------------
 
@@ -401,13 +396,15 @@ class SelectorSets:
         grown, self._grown = self._grown, set()
         return grown
 
-    def size(self, key: SetKey) -> int:
+    def size(self, key: SetKey, exact: bool = True) -> int:
         """How many elements set ``key`` holds: a live set's own count; another's counted from
-        the indexes without making it (a scope's pods per label group, in O(label groups) with
-        nothing made per pod; a scope with ``local``, ``block`` or a named port tests each pod of
-        the groups its selectors match; a node set its Nodes; an interval set its networks).
-        A pod's addresses are counted per pod: an upper bound of the distinct elements, equal
-        unless two pods that count share an address."""
+        the indexes without making it: a scope's pods by label group (the addresses of each
+        group counted once until it changes: O(label groups), nothing made per pod; with
+        ``local``, ``block`` or a named port each pod of the groups is tested, unless not
+        ``exact``: then the group's addresses, an upper bound), a node set's Nodes, an interval
+        set's networks. A pod's addresses are counted per pod: an upper bound of the distinct
+        elements, equal unless two pods that count share an address; a key of several scopes
+        (the union of their pods) counts at most every pod's addresses of its family."""
         live = self._sets.get(key)
         if live is not None:
             return len(live.networks) if key.kind == "interval" else len(live.counts)
@@ -416,16 +413,37 @@ class SelectorSets:
         if key.kind == "nodes":
             assert key.nodes is not None
             return sum(len(_node_elements(key, n)) for n in self.nodes.values() if key.nodes.matches(n.labels))
-        return sum(self._scope_size(key, scope) for scope in key.scopes())
+        scopes = key.scopes()  # several: a union of their pods, at most every pod's
+        return sum(self._scope_size(key, scope, exact) for scope in scopes) if len(scopes) < 2 else \
+            min(self._every_address(key.family), sum(self._scope_size(key, scope, False) for scope in scopes))
+
+    def _every_address(self, family: Family) -> int:
+        """How many addresses of ``family`` the pods that count have (counted once, then kept)."""
+        if self._all_addresses is None:
+            self._all_addresses = [0, 0]
+            for members in (m for by_labels in self.groups.values() for m in by_labels.values()):
+                for pod in members.values():
+                    for ip in pod.ips:
+                        self._all_addresses[":" in ip] += 1
+        return self._all_addresses[family == "ipv6"]
 
     def elements(self, keys: Iterable[SetKey], cap: int) -> int:
-        """How many elements the distinct sets of ``keys`` hold together (:meth:`size`),
-        counted in order until the sum exceeds ``cap`` (what it is then: at least that many)."""
-        total = 0
-        for key in dict.fromkeys(keys):
-            total += self.size(key)
-            if total > cap:
-                break
+        """How many elements the distinct sets of ``keys`` hold together (:meth:`size`): an
+        upper bound when it is within ``cap`` (first every pod's addresses per set of pods, in
+        O(sets); then :meth:`size` not ``exact``), else counted exactly in order until the sum
+        exceeds ``cap`` (what it is then: at least that many)."""
+        distinct = list(dict.fromkeys(keys))
+        bound = sum(self._every_address(k.family) if k.scopes() and k not in self._sets else self.size(k) for k in distinct)
+        if bound <= cap:
+            return bound
+        for exact in (False, True):
+            total = 0
+            for key in distinct:
+                total += self.size(key, exact)
+                if total > cap:
+                    break
+            if total <= cap:
+                return total
         return total
 
     def take_changes(self, changes: Changes) -> None:
@@ -510,15 +528,25 @@ class SelectorSets:
         return [element for members in groups for pod in members.values() if not scope.local or self.is_local(pod)
                 for element in _elements(key, pod)]
 
-    def _scope_size(self, key: SetKey, scope: Scope) -> int:
+    def _scope_size(self, key: SetKey, scope: Scope, exact: bool) -> int:
         """The elements the pods of ``scope`` would give set ``key`` (see :meth:`size`)."""
         namespaces, selector = self._namespaces(scope), scope.pod_selector
-        if key.kind == "addr" and scope.block is None and not scope.local:
-            v6 = key.family == "ipv6"
-            return sum(counts[v6] for namespace in namespaces for labels, counts in self.group_addresses.get(namespace, {}).items()
-                       if selector is None or selector.matches(labels))
-        return sum(len(_elements(key, pod)) for members in self._scope_groups(scope, namespaces) for pod in members.values()
-                   if not scope.local or self.is_local(pod))
+        if exact and (key.kind != "addr" or scope.block is not None or scope.local):
+            return sum(len(_elements(key, pod)) for members in self._scope_groups(scope, namespaces) for pod in members.values()
+                       if not scope.local or self.is_local(pod))
+        v6 = key.family == "ipv6"
+        return sum(self._addresses(namespace, labels, members)[v6] for namespace in namespaces
+                   for labels, members in self.groups.get(namespace, {}).items() if selector is None or selector.matches(labels))
+
+    def _addresses(self, namespace: str, labels: Labels, members: dict[str, Pod]) -> list[int]:
+        """The ``[IPv4, IPv6]`` addresses of group ``members`` (of ``namespace``, ``labels``)."""
+        counts = self._group_addresses.get((namespace, labels))
+        if counts is None:
+            counts = self._group_addresses[(namespace, labels)] = [0, 0]
+            for pod in members.values():
+                for ip in pod.ips:
+                    counts[":" in ip] += 1
+        return counts
 
     def _namespaces(self, scope: Scope) -> Iterable[str]:
         """The namespaces ``scope`` covers (a namespaceSelector not watched: tested on each)."""
