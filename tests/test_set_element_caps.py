@@ -111,6 +111,19 @@ def test_pods_that_arrive_push_an_object_over_and_it_closes_as_a_full_render_wou
     assert not renderer.over_limit() and chain_of(renderer, "x/hostile").rules
 
 
+def test_a_burst_of_pods_within_one_sync_adds_at_most_the_cap_before_the_object_closes():
+    renderer = NodeRenderer(NODE, max_elements=CAP).load(cluster(3, all_selecting(300), FINE))  # 900 elements
+    renderer.take_changes()
+    most = 0
+    for i in range(3, 2000):  # 2,000 pods would be 600,000 elements; no output in between
+        renderer.set_pod(f"x/p{i}", pod_from(pod(i)))
+        most = max(most, renderer.sets.counts()[1])
+    assert list(renderer.over_limit()) == [("NetworkPolicy", "x/hostile")]
+    assert CAP < most <= 2 * CAP + 300 and renderer.sets.counts()[1] < 100  # FINE's set only, at the end
+    renderer.take_changes()
+    assert renderer.model() == NodeRenderer(NODE, max_elements=CAP).load(cluster(2000, all_selecting(300), FINE)).model()
+
+
 @settings(max_examples=25, deadline=None)
 @given(order=st.permutations(range(60)), batches=st.integers(1, 6), cap=st.integers(1_000, 3_000))
 def test_growth_rendered_incrementally_equals_a_full_render_with_the_cap(order, batches, cap):

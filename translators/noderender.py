@@ -160,6 +160,7 @@ class NodeRenderer:
                 if self.tiers.update_subjects(pod.key, pod):
                     self._stale_pods.add(pod.key)
         self.sets.namespace_changed(name)
+        self._bound_growth()
 
     def set_pod(self, key: str, pod: Pod | None) -> None:
         """A Pod was added or changed (None: deleted)."""
@@ -192,12 +193,14 @@ class NodeRenderer:
                 self.policies.render(policy_key, families)
             self.tiers.drop(list(self.tiers.chains))
             self._all_stale = True
+        self._bound_growth()
 
     def set_node(self, name: str, node: Node | None) -> None:
         """A Node was added or changed (None: deleted): only the elements of the node sets
         (ClusterNetworkPolicy ``nodes`` peers) that hold or now want its addresses change; this
         node's ``spec.podCIDRs`` are the pod CIDRs of the unknown pods unless the config names them."""
         self.sets.node_changed(name, node)
+        self._bound_growth()
         if name == self.node and not self.config.pod_cidrs:
             self.pod_cidrs = node.pod_cidrs if node is not None else ()
 
@@ -396,6 +399,13 @@ class NodeRenderer:
         if self.tiers.chains:  # tier chains that no pod chain jumps to go
             jumped = {n for chains in self._pod_chains.values() for c in chains for n in (*c.admin, *c.baseline)}
             self.tiers.drop([k for k, (c, _) in self.tiers.chains.items() if c.name not in jumped])
+
+    def _bound_growth(self) -> None:
+        """Count the policies whose sets grew at once, not at the next output, when the sets
+        gained more than ``max_elements`` elements since they were last counted: a burst of
+        pods within one sync adds at most that many before a policy beyond the cap is closed."""
+        if self.max_elements is not None and self.sets.gained > self.max_elements:
+            self._recheck_grown()
 
     def _recheck_grown(self) -> None:
         """Count again the policies that use a set that gained elements (``max_elements``):

@@ -237,6 +237,7 @@ class SelectorSets:
         self._added: dict[SetKey, set[Any]] = {}
         self._removed: dict[SetKey, set[Any]] = {}
         self._grown: set[SetKey] = set()  # live sets that gained an element since take_grown
+        self.gained = 0  # elements those sets gained since take_grown
 
     # ---- pods and namespaces -------------------------------------------------------------
 
@@ -392,8 +393,9 @@ class SelectorSets:
         return self._sets[key].owners.keys()
 
     def take_grown(self) -> set[SetKey]:
-        """The live sets that gained an element since the last call."""
-        grown, self._grown = self._grown, set()
+        """The live sets that gained an element since the last call (:attr:`gained` starts
+        again from 0)."""
+        grown, self._grown, self.gained = self._grown, set(), 0
         return grown
 
     def size(self, key: SetKey, exact: bool = True) -> int:
@@ -587,6 +589,7 @@ class SelectorSets:
             else:
                 del counts[element]
             if count == (1 if step > 0 else 0):
+                self.gained += step > 0
                 gained, lost = (self._added, self._removed) if step > 0 else (self._removed, self._added)
                 if element in lost.get(key, ()):
                     lost[key].discard(element)
