@@ -66,8 +66,8 @@ def set_elements_over(value: int, cap: int) -> OverLimit:
 
 def set_elements_reason(cap: int) -> str:
     """Why a policy beyond ``cap`` in :func:`set_elements_over` is enforced fail-closed, as its
-    model keeps it (``fail_closed``: explain names it): without the count, which depends on
-    when it was taken, so that a model is the same however the cluster came to be."""
+    model keeps it (its ``fail_closed``): without the count, which depends on when it was
+    taken, so that a model is the same however the cluster came to be."""
     return f"spec: more {SET_ELEMENTS} than the cap of {cap} per object (--max-object-elements): enforced fail-closed"
 
 
