@@ -413,8 +413,7 @@ class NodeRenderer:
         grown = self.sets.take_grown()
         if self.max_elements is None:
             return
-        for owner in sorted({owner for key in grown for owner in self.sets.owners(key) if owner is not None}):
-            kind, key = owner
+        for kind, key in sorted({owner for set_key in grown for owner in self.sets.owners(set_key)}):
             if kind == "ClusterNetworkPolicy":
                 self._all_stale |= self.tiers.recheck(key)
             elif self.policies.recheck(key, self.families):

@@ -27,7 +27,9 @@ FAMILY_COUNT = 2  # an upper bound: a pod peer is one set per address family in 
 class ObjectLimits:
     """The caps of one policy object: ``rules`` (the rules of its chains, peer chains included,
     counted by :func:`policy_cost`), ``elements`` (the networks of its ipBlocks after their
-    excepts). Defaults sized from ``bench/hostile_shapes.py``: 1000 peers x 1000 ports is 1,030
+    excepts, counted by :func:`policy_cost`; and the elements of all its sets, the addresses of
+    the pods and nodes its peers select included, counted by the node renderer on the cluster:
+    :func:`set_elements_over`). Defaults sized from ``bench/hostile_shapes.py``: 1000 peers x 1000 ports is 1,030
     rules in nft (3,001 counted: the iptables variant's rule per port), 5,000 ipBlocks with two
     excepts each 5,028 rules and 45,000 elements (render 1.2 s, 106 MiB)."""
 

@@ -32,7 +32,7 @@ from .rules import AddressSet, Changes, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
 SetKind = Literal["addr", "interval", "named_port", "domain", "nodes"]
-Owner = tuple[str, str] | None  # what uses a set: a policy as (kind, key), or None (unnamed)
+Owner = tuple[str, str]  # what uses a set: a policy as (kind, key)
 
 
 @dataclass(frozen=True)
@@ -331,9 +331,9 @@ class SelectorSets:
 
     # ---- sets ----------------------------------------------------------------------------
 
-    def acquire(self, key: SetKey, owner: Owner = None) -> None:
+    def acquire(self, key: SetKey, owner: Owner) -> None:
         """One more user of set ``key`` (the first makes it, with the elements of its scope);
-        ``owner`` (e.g. the policy whose chain uses it) is counted among its :meth:`owners`."""
+        ``owner``, the policy whose chain uses it, is counted among its :meth:`owners`."""
         live = self._sets.get(key)
         if live is None:
             live = self._sets[key] = _Set(networks=_block_elements(key) if key.kind == "interval" else ())
@@ -352,7 +352,7 @@ class SelectorSets:
         live.users += 1
         live.owners[owner] += 1
 
-    def release(self, key: SetKey, owner: Owner = None) -> None:
+    def release(self, key: SetKey, owner: Owner) -> None:
         """One user fewer of set ``key`` (the last takes it away); ``owner`` as it was acquired."""
         live = self._sets[key]
         live.users -= 1
