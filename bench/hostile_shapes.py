@@ -19,8 +19,8 @@ per byte shows whether a figure grows linearly with the input):
   (12 and 25: the CRD's limits);
 * ``label maps``: a policy whose peer's podSelector is a label map of K bytes, and a pod with
   those labels (32 KiB and 64 KiB);
-* ``all-selecting peers``: one NetworkPolicy whose ingress rule names N peers with distinct
-  selectors that all match every pod (``namespaceSelector: {}``, ``podSelector`` with
+* ``all-selecting peers``: one NetworkPolicy of N ingress rules, each of one peer, the peers
+  with distinct selectors that all match every pod (``namespaceSelector: {}``, ``podSelector`` with
   ``matchExpressions: [{key: hostile-xI, operator: DoesNotExist}]``): N shared sets of every
   pod's address, N x 10,000 elements on the cluster (150 and 5,000: the second exhausts main's
   memory: ``--base-skip "all-selecting peers:5000"``).
@@ -113,7 +113,7 @@ def hostile(shape: str, size: int, ns: str, target: dict[str, str], workloads: l
     if shape == "all-selecting peers":
         peers = [{"namespaceSelector": {}, "podSelector": {"matchExpressions": [{"key": f"hostile-x{i}", "operator": "DoesNotExist"}]}}
                  for i in range(size)]
-        return [_netpol(ns, "hostile", {"podSelector": selects, "ingress": [{"from": peers}]})]
+        return [_netpol(ns, "hostile", {"podSelector": selects, "ingress": [{"from": [peer]} for peer in peers]})]
     assert shape == "label maps"
     labels = {f"hostile.example/k{i:05d}": f"v{i:0>54}" for i in range(size // 80)}  # 80 bytes a label in JSON
     return [_netpol(ns, "hostile", {"podSelector": selects, "ingress": [{"from": [{"podSelector": {"matchLabels": labels}}], "ports": [{"port": 80}]}]}),

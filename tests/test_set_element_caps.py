@@ -6,8 +6,8 @@ the policy is enforced fail-closed, with the same log line, Event and metric as 
 from the object (nftpolicy.translators.objectcost).
 
 The hostile shape: one NetworkPolicy whose peers all have distinct selectors that all match
-every pod (``matchExpressions: [{key: xN, operator: DoesNotExist}]``, ``namespaceSelector: {}``):
-N sets of every pod's address, N x pods elements from an object of N peers. No kernel: the
+every pod (``matchExpressions: [{key: xN, operator: DoesNotExist}]``, ``namespaceSelector: {}``),
+a rule each: N sets of every pod's address, N x pods elements from an object of N peers. No kernel: the
 store, the recorder and the reconciler are the agent's own, over the in-memory dataplane."""
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ def pod(i: int, ns: str = "x") -> dict[str, Any]:
 
 
 def all_selecting(peers: int, name: str = "hostile") -> dict[str, Any]:
-    """A NetworkPolicy of ``peers`` distinct peers that each select every pod of the cluster."""
+    """A NetworkPolicy of ``peers`` distinct peers that each select every pod of the cluster, a
+    rule each (so that no set per rule could merge them)."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": name, "uid": "u-" + name,
                                                                                         "generation": 1},
             "spec": {"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchExpressions": [
-                {"key": f"x{i}", "operator": "DoesNotExist"}]}} for i in range(peers)]}]}}
+                {"key": f"x{i}", "operator": "DoesNotExist"}]}}]} for i in range(peers)]}}
 
 
 FINE = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "x", "name": "fine"},
