@@ -196,3 +196,28 @@ def test_the_agent_logs_it_records_one_event_from_a_node_that_sees_it_and_counts
     assert reconciler.sync(full=False)
     assert sample("nftpolicy_over_limit_objects", {"kind": "NetworkPolicy", "limit": "elements"}) == 0
     assert reconciler.renderer.counts()["sets"] == 4
+
+
+def test_a_set_counted_before_it_is_made_holds_what_it_holds_once_made():
+    """``SelectorSets.size`` of a set not made, from the indexes alone, equals the elements the
+    set holds once made (pods of a scope, named ports, local targets, ipBlocks, a ClusterNetworkPolicy's
+    networks and pods); its bounds are at least that."""
+    from .test_incremental import START
+    nodes, errors = build_cluster([("t", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node{i}", "labels": {"role": "w"}},
+                                          "status": {"addresses": [{"type": "InternalIP", "address": f"192.168.0.{i}"},
+                                                                   {"type": "ExternalIP", "address": f"fd00::{i}"}]}}) for i in (1, 2, 3)]
+                                  + [("t", {"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+                                            "metadata": {"name": "to-nodes"}, "spec": {
+                                                "tier": "Admin", "priority": 3, "subject": {"namespaces": {}},
+                                                "egress": [{"action": "Accept", "to": [{"nodes": {"matchLabels": {"role": "w"}}}]}]}})])
+    assert not errors
+    everything = dataclasses.replace(START, nodes=nodes.nodes, cluster_policies={**START.cluster_policies, **nodes.cluster_policies})
+    made = NodeRenderer("node1").load(everything)
+    held = {s.name: len(s.elements) for s in made.sets.address_sets()}
+    index = NodeRenderer("node1").load(dataclasses.replace(everything, policies={}, cluster_policies={}))
+    keys = list(made.sets._sets)
+    assert {k.kind for k in keys} >= {"addr", "named_port", "interval", "nodes"} and any(k.scope and k.scope.local for k in keys)
+    for key in keys:
+        assert index.sets.size(key) == held[key.name], key.description
+        assert index.sets.size(key, exact=False) >= held[key.name] and index.sets._bound(key) >= held[key.name]
+    assert index.sets.elements(keys, 10**6) >= sum(held.values()) and not index.sets._sets  # nothing made

@@ -73,7 +73,7 @@ def set_elements_reason(cap: int) -> str:
     return f"spec: more {SET_ELEMENTS} than the cap of {cap} per object (--max-object-elements): enforced fail-closed"
 
 
-def _block_elements(block: IPBlock) -> int:
+def block_networks(block: IPBlock) -> int:
     """At most how many networks ``block`` minus its excepts is: each except splits the CIDR
     into at most one network per prefix bit between them."""
     return 1 + sum(max(0, hole.prefixlen - block.cidr.prefixlen) for hole in block.excepts)
@@ -100,7 +100,7 @@ def policy_cost(policy: NetworkPolicy | ClusterNetworkPolicy) -> ObjectCost:
         if isinstance(policy, NetworkPolicy):
             for rule in policy.rules(direction):
                 blocks = [p.ip_block for p in rule.peers if p.ip_block is not None]
-                elements += sum(map(_block_elements, blocks))
+                elements += sum(map(block_networks, blocks))
                 named = sum(1 for p in rule.ports if isinstance(p.port, str))
                 rules += _rule_cost(direction, len(rule.peers) - len(blocks), len(blocks), len(rule.ports) - named, named)
         else:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 import orjson
 
 from .model import Family, IPBlock, Node, Pod, Protocol
+from .objectcost import block_networks
 from .rules import AddressSet, Changes, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
@@ -220,6 +221,7 @@ class SelectorSets:
         # asked (:meth:`size`) and forgotten when the group changes
         self._group_addresses: dict[tuple[str, Labels], list[int]] = {}
         self._all_addresses: list[int] | None = None  # [IPv4, IPv6] of every pod that counts (None: not counted yet)
+        self._node_addresses: list[int] | None = None  # [IPv4, IPv6] peer addresses of every Node (None: not counted yet)
         self.known_namespaces: set[str] = set()
         self._sets: dict[SetKey, _Set] = {}
         self._scope_sets: dict[Scope, set[SetKey]] = {}
@@ -298,6 +300,7 @@ class SelectorSets:
         whose selector matched it and join those whose selector matches it now (an address it
         keeps in a set it stays in is no change)."""
         before = self.nodes.pop(name, None)
+        self._node_addresses = None
         if node is not None:
             self.nodes[name] = node
         for selector, keys in self._node_sets.items():
@@ -419,6 +422,23 @@ class SelectorSets:
         return sum(self._scope_size(key, scope, exact) for scope in scopes) if len(scopes) < 2 else \
             min(self._every_address(key.family), sum(self._scope_size(key, scope, False) for scope in scopes))
 
+    def _bound(self, key: SetKey) -> int:
+        """An upper bound of :meth:`size` in O(1) for a set of pods or Nodes (every pod's, or
+        every Node's, addresses of its family), in the ipBlock's size for an interval set."""
+        if key in self._sets or key.kind == "domain":
+            return self.size(key)
+        if key.kind == "interval":
+            assert key.block is not None
+            return block_networks(key.block)
+        if key.kind == "nodes":
+            if self._node_addresses is None:
+                self._node_addresses = [0, 0]
+                for node in self.nodes.values():
+                    for ip in node.peer_addresses:
+                        self._node_addresses[":" in ip] += 1
+            return self._node_addresses[key.family == "ipv6"]
+        return self._every_address(key.family)
+
     def _every_address(self, family: Family) -> int:
         """How many addresses of ``family`` the pods that count have (counted once, then kept)."""
         if self._all_addresses is None:
@@ -431,11 +451,11 @@ class SelectorSets:
 
     def elements(self, keys: Iterable[SetKey], cap: int) -> int:
         """How many elements the distinct sets of ``keys`` hold together (:meth:`size`): an
-        upper bound when it is within ``cap`` (first every pod's addresses per set of pods, in
-        O(sets); then :meth:`size` not ``exact``), else counted exactly in order until the sum
-        exceeds ``cap`` (what it is then: at least that many)."""
+        upper bound when it is within ``cap`` (first :meth:`_bound`, in O(sets); then
+        :meth:`size` not ``exact``), else counted exactly in order until the sum exceeds
+        ``cap`` (what it is then: at least that many)."""
         distinct = list(dict.fromkeys(keys))
-        bound = sum(self._every_address(k.family) if k.scopes() and k not in self._sets else self.size(k) for k in distinct)
+        bound = sum(map(self._bound, distinct))
         if bound <= cap:
             return bound
         for exact in (False, True):
