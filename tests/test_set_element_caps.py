@@ -192,6 +192,21 @@ def test_the_agent_logs_it_records_one_event_from_a_node_that_sees_it_and_counts
     assert "exceed the cap of 20000 per object (--max-object-elements)" in event["message"]
     assert reconciler.sync(full=True)  # counted again: nothing new to say
     assert recorder.queue.empty()
+    for i in range(200, 500):  # fewer pods: 200 x 300 = 60,000 elements, still beyond
+        store.apply("Pod", "DELETED", pod(i))
+    assert reconciler.sync(full=False) and list(reconciler.renderer.over_limit()) == [("NetworkPolicy", "x/hostile")]
+    for i in range(60, 200):  # 60 x 300 = 18,000: closed until a full render counts it again
+        store.apply("Pod", "DELETED", pod(i))
+    assert reconciler.sync(full=False) and list(reconciler.renderer.over_limit()) == [("NetworkPolicy", "x/hostile")]
+    with caplog.at_level(logging.INFO, "nftpolicy.sources"):
+        assert reconciler.sync(full=True) and not reconciler.renderer.over_limit()
+    assert "NetworkPolicy x/hostile: within --max-object-elements again, enforced as written" in caplog.text
+    assert sample("nftpolicy_over_limit_objects", {"kind": "NetworkPolicy", "limit": "elements"}) == 0
+    assert reconciler.renderer.counts()["sets"] == 301
+    for i in range(60, 500):
+        store.apply("Pod", "ADDED", pod(i))
+    assert reconciler.sync(full=False) and list(reconciler.renderer.over_limit()) == [("NetworkPolicy", "x/hostile")]
+    assert reconciler.renderer.counts()["sets"] == 1
     store.apply("NetworkPolicy", "MODIFIED", all_selecting(3))  # edited within the cap: enforced as written
     assert reconciler.sync(full=False)
     assert sample("nftpolicy_over_limit_objects", {"kind": "NetworkPolicy", "limit": "elements"}) == 0

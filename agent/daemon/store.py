@@ -187,13 +187,17 @@ class Store:
         more than ``--max-object-elements`` (``(kind, key)`` -> why; counted on the cluster as it
         knows it: :class:`~nftpolicy.translators.noderender.NodeRenderer`): each one new since
         the last call, or changed since, is logged and told to :attr:`failed_closed` with the
-        nodes that see it so (``writers(kind, key)``); the over-limit gauge counts them."""
+        nodes that see it so (``writers(kind, key)``), and one no longer beyond is logged; the
+        over-limit gauge counts them."""
         with self._lock:
             new = [(ref, why, self._identities.get(ref)) for ref, why in over.items() if ref not in self._rendered_over]
+            within = sorted(self._rendered_over.keys() - over.keys())  # counted again (a full render) with fewer pods
             changed = {kind for kind, _ in over.keys() ^ self._rendered_over.keys()}
             self._rendered_over = {ref: str(why) for ref, why in over.items()}
             for kind in changed:
                 self._over_gauges(kind)
+        for kind, key in within:
+            log.info("%s %s: within --max-object-elements again, enforced as written", kind, key, extra={"kind": kind, "object": key})
         for (kind, key), why, identity in new:
             log.error("invalid object: %s", safe_text(f"{kind} {key}: {why}", MESSAGE_MAX_BYTES), extra={"kind": kind, "object": key})
             if self.failed_closed is not None and identity is not None:
