@@ -227,8 +227,9 @@ class NodeRenderer:
         return over[0] if over is not None else chains.policies.get(key)
 
     def over_limit(self) -> dict[tuple[str, str], OverLimit]:
-        """``(kind, key)`` -> why, for each policy enforced fail-closed beyond ``max_elements``."""
-        self._refresh_pod_chains()
+        """``(kind, key)`` -> why, for each policy enforced fail-closed beyond ``max_elements``
+        as counted so far (policies whose sets grew are counted again at the next output:
+        :meth:`model`, :meth:`take_changes`)."""
         return {**{("NetworkPolicy", k): why for k, (_, why) in self.policies.over.items()},
                 **{("ClusterNetworkPolicy", k): why for k, (_, why) in self.tiers.over.items()}}
 
