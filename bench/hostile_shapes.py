@@ -18,20 +18,26 @@ per byte shows whether a figure grows linearly with the input):
 * ``CNP at limits``: one Admin ClusterNetworkPolicy of R ingress rules of R peers and R ports
   (12 and 25: the CRD's limits);
 * ``label maps``: a policy whose peer's podSelector is a label map of K bytes, and a pod with
-  those labels (32 KiB and 64 KiB).
+  those labels (32 KiB and 64 KiB);
+* ``all-selecting peers``: one NetworkPolicy of N ingress rules, each of one peer, the peers
+  with distinct selectors that all match every pod (``namespaceSelector: {}``, ``podSelector`` with
+  ``matchExpressions: [{key: hostile-xI, operator: DoesNotExist}]``): N shared sets of every
+  pod's address, N x 10,000 elements on the cluster (150 and 5,000: the second exhausts main's
+  memory: ``--base-skip "all-selecting peers:5000"``).
 
 For each (shape, size) and tree it prints:
 
 * ``render``: ``nftpolicy render --format json`` of the object with one namespace and its target
   pod (a subprocess, address space limited to 4 GiB: a tree that needs more shows
   ``MemoryError``): the rules and set elements it writes, wall seconds and peak RSS (VmHWM);
-* ``agent``: a subprocess of this script under that tree: the reconcile loop over a synthetic
+* ``agent``: a subprocess of this script under that tree (its store's default caps): the reconcile loop over a synthetic
   10k-pod cluster (``synthetic.py``, 1,000 policies, this node ``node-0``), committing through
   libnftables into a network namespace made here; a full sync, then three rounds of: the object
   added to the store and the incremental sync that commits it (ms), the process's peak RSS
   during that sync over its RSS before (``peak +MiB``: VmHWM, reset through ``clear_refs``) and
-  its RSS growth after it (``RSS +MiB``, both after ``malloc_trim``), a full sync with the
-  object (ms), the object deleted and synced away; the median of each.
+  its RSS growth after it (``RSS +MiB``, both after ``malloc_trim``), the set elements it added
+  to the table (``elem +``), a full sync with the object (ms), the object deleted and synced
+  away; the median of each.
 
 Targets (issue 30): the 300 x 300 object and its ipBlock twin write at most 2,000 rules and
 render under 150 MiB; on the 10k-pod cluster the sync that adds it takes < 100 ms and RSS grows
@@ -61,7 +67,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 NODE = "node-0"
 SHAPES = {"peers x ports": (300, 1000), "ipBlocks x ports": (300, 1000), "ipBlocks+except": (2500, 5000),
-          "policies on a pod": (250, 500), "CNP at limits": (12, 25), "label maps": (32 << 10, 64 << 10)}
+          "policies on a pod": (250, 500), "CNP at limits": (12, 25), "label maps": (32 << 10, 64 << 10),
+          "all-selecting peers": (150, 5000)}
 TARGETS = {"rules": 2000, "render_rss_mib": 150.0, "sync_ms": 100.0, "peak_growth_mib": 20.0, "rss_growth_mib": 20.0}
 RENDER_LIMIT = 4 << 30  # bytes of address space for a render
 ROUNDS = 3  # the object added, synced, fully synced and deleted again: the median of each figure
@@ -103,6 +110,10 @@ def hostile(shape: str, size: int, ns: str, target: dict[str, str], workloads: l
         return [{"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy", "metadata": {"name": "hostile"},
                  "spec": {"tier": "Admin", "priority": 5, "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
                           "ingress": rules}}]
+    if shape == "all-selecting peers":
+        peers = [{"namespaceSelector": {}, "podSelector": {"matchExpressions": [{"key": f"hostile-x{i}", "operator": "DoesNotExist"}]}}
+                 for i in range(size)]
+        return [_netpol(ns, "hostile", {"podSelector": selects, "ingress": [{"from": [peer]} for peer in peers]})]
     assert shape == "label maps"
     labels = {f"hostile.example/k{i:05d}": f"v{i:0>54}" for i in range(size // 80)}  # 80 bytes a label in JSON
     return [_netpol(ns, "hostile", {"podSelector": selects, "ingress": [{"from": [{"podSelector": {"matchLabels": labels}}], "ports": [{"port": 80}]}]}),
@@ -190,7 +201,8 @@ def agent_figures(shape: str, size: int, ns_name: str) -> dict[str, Any]:
     assert reconciler.sync(full=True)
     assert reconciler.sync(full=False) or True  # the store's journal starts after the first take
     objects_in = hostile(shape, size, ns, target, [(n, dict(labels)) for n, labels in workloads])
-    rounds: dict[str, list[float]] = {"sync_ms": [], "rss_growth_mib": [], "peak_growth_mib": [], "full_sync_ms": []}
+    rounds: dict[str, list[float]] = {"sync_ms": [], "rss_growth_mib": [], "peak_growth_mib": [], "elements_added": [], "full_sync_ms": []}
+    elements = reconciler.renderer.counts()["elements"] if reconciler.renderer is not None else 0
     committed = True
     for _ in range(ROUNDS):
         gc.collect()
@@ -203,6 +215,7 @@ def agent_figures(shape: str, size: int, ns_name: str) -> dict[str, Any]:
         committed &= reconciler.sync(full=False)
         rounds["sync_ms"].append((time.monotonic() - started) * 1000)
         rounds["peak_growth_mib"].append(_rss_mib("VmHWM") - before)
+        rounds["elements_added"].append(reconciler.renderer.counts()["elements"] - elements if reconciler.renderer is not None else -1)
         gc.collect()
         release_memory()
         rounds["rss_growth_mib"].append(_rss_mib() - before)
@@ -254,7 +267,7 @@ def main() -> int:
         netns.create([ns_name])
     workdir = Path(tempfile.mkdtemp(prefix="nftp-hs-"))
     print(f"{'shape':<18} {'size':>6} {'bytes':>8} {'tree':<6} {'rules':>7} {'elements':>8} {'render s':>8} {'render MiB':>10} "
-          f"{'sync ms':>8} {'peak +MiB':>9} {'RSS +MiB':>8} {'full ms':>8}", flush=True)
+          f"{'sync ms':>8} {'peak +MiB':>9} {'RSS +MiB':>8} {'elem +':>8} {'full ms':>8}", flush=True)
     results = []
     try:
         for shape in args.shapes.split(","):
@@ -271,7 +284,7 @@ def main() -> int:
                     err = figures.get("render_error")
                     rules = f"{figures['rules']:>7} {figures['elements']:>8}" if err is None else f"{str(err)[:16]:>16}"
                     agent = (f"{figures['sync_ms']:>8.1f} {figures['peak_growth_mib']:>9.1f} {figures['rss_growth_mib']:>8.1f} "
-                             f"{figures['full_sync_ms']:>8.0f}"
+                             f"{figures['elements_added']:>8.0f} {figures['full_sync_ms']:>8.0f}"
                              + ("" if figures["committed"] else "  NOT COMMITTED") if "sync_ms" in figures else f"{str(figures.get('agent_error', '-'))[:26]:>26}")
                     print(f"{shape:<18} {size:>6} {nbytes:>8} {name:<6} {rules} {figures['render_s']:>8.2f} {figures['render_rss_mib']:>10.1f} {agent}",
                           flush=True)

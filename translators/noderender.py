@@ -39,6 +39,7 @@ from .rules import (
     owner_of,
 )
 from .layout import KNOWN_POD_SETS, POD_CIDR_SETS, counted_origins, peer_chain, tier_chain
+from .objectcost import OverLimit
 from .setstore import SelectorSets
 from .domainnames import DomainSet, domain_sets
 from .chainbuilders import build_pod_chains
@@ -48,11 +49,18 @@ from .tierchains import TierChains
 class NodeRenderer:
     """The rule model of ``node`` (None: every pod counts as local), updated object by object.
 
+    With ``max_elements`` (``--max-object-elements``), a policy whose sets would hold more
+    elements than that (:meth:`~nftpolicy.translators.setstore.SelectorSets.elements`: the
+    addresses of the pods and nodes its peers select, its networks) is enforced fail-closed
+    (:meth:`over_limit` says which and why): counted before its chains are built, and again
+    when a set its chains use gains elements (at the next output); it stays closed until it
+    changes (or a full render counts it again).
+
     Inputs are model objects (immutable; a changed object is a new object). Not thread-safe.
     """
 
-    def __init__(self, node: str | None, config: Config = Config()) -> None:
-        self.node, self.config = node, config
+    def __init__(self, node: str | None, config: Config = Config(), max_elements: int | None = None) -> None:
+        self.node, self.config, self.max_elements = node, config, max_elements
         self.namespaces: dict[str, Namespace] = {}
         self.pods: dict[str, Pod] = {}
         self.sets = SelectorSets(self._is_local, self.namespace_labels)
@@ -61,8 +69,8 @@ class NodeRenderer:
         self._local: dict[str, dict[str, Pod]] = {}  # namespace -> local pods that count
         # the model, and the chains changed since take_changes (name -> the chain before, None: absent)
         self._chains_before: dict[str, AnyChain | None] = {}
-        self.policies = PolicyChains(self.sets, self._chains_before)
-        self.tiers = TierChains(self.sets, self._chains_before, self.namespace_labels)
+        self.policies = PolicyChains(self.sets, self._chains_before, max_elements)
+        self.tiers = TierChains(self.sets, self._chains_before, self.namespace_labels, max_elements)
         self._pod_chains: dict[str, tuple[PodChain, ...]] = {}  # local pod key -> its pod chains, one per isolated direction (isolated pods only)
         self._stale_pods: set[str] = set()  # local pods whose chain is rebuilt at the next refresh
         self._all_stale = False  # every local pod's chain is rebuilt at the next refresh
@@ -152,6 +160,7 @@ class NodeRenderer:
                 if self.tiers.update_subjects(pod.key, pod):
                     self._stale_pods.add(pod.key)
         self.sets.namespace_changed(name)
+        self._bound_growth()
 
     def set_pod(self, key: str, pod: Pod | None) -> None:
         """A Pod was added or changed (None: deleted)."""
@@ -184,12 +193,14 @@ class NodeRenderer:
                 self.policies.render(policy_key, families)
             self.tiers.drop(list(self.tiers.chains))
             self._all_stale = True
+        self._bound_growth()
 
     def set_node(self, name: str, node: Node | None) -> None:
         """A Node was added or changed (None: deleted): only the elements of the node sets
         (ClusterNetworkPolicy ``nodes`` peers) that hold or now want its addresses change; this
         node's ``spec.podCIDRs`` are the pod CIDRs of the unknown pods unless the config names them."""
         self.sets.node_changed(name, node)
+        self._bound_growth()
         if name == self.node and not self.config.pod_cidrs:
             self.pod_cidrs = node.pod_cidrs if node is not None else ()
 
@@ -209,9 +220,32 @@ class NodeRenderer:
         self._all_stale = True
 
     def policy(self, kind: str, key: str) -> NetworkPolicy | ClusterNetworkPolicy | None:
-        """The ``NetworkPolicy`` or ``ClusterNetworkPolicy`` called ``key`` as the model holds it
+        """The ``NetworkPolicy`` or ``ClusterNetworkPolicy`` called ``key`` as it was given
         (None: none)."""
-        return self.policies.policies.get(key) if kind == "NetworkPolicy" else self.tiers.policies.get(key)
+        chains = self.policies if kind == "NetworkPolicy" else self.tiers
+        over = chains.over.get(key)
+        return over[0] if over is not None else chains.policies.get(key)
+
+    def over_limit(self) -> dict[tuple[str, str], OverLimit]:
+        """``(kind, key)`` -> why, for each policy enforced fail-closed beyond ``max_elements``
+        as counted so far (policies whose sets grew are counted again at the next output:
+        :meth:`model`, :meth:`take_changes`)."""
+        return {**{("NetworkPolicy", k): why for k, (_, why) in self.policies.over.items()},
+                **{("ClusterNetworkPolicy", k): why for k, (_, why) in self.tiers.over.items()}}
+
+    def subject_nodes(self, kind: str, key: str) -> frozenset[str]:
+        """The nodes of the pods that count which policy ``key`` of ``kind`` selects (its
+        subjects): the nodes whose renderer builds its chains."""
+        policy = self.policy(kind, key)
+        groups = self.sets.groups
+        if isinstance(policy, NetworkPolicy):
+            selected = (members for labels, members in groups.get(policy.namespace, {}).items() if policy.pod_selector.matches(labels))
+        elif isinstance(policy, ClusterNetworkPolicy):
+            selected = (members for ns, by_labels in groups.items() for labels, members in by_labels.items()
+                        if policy.selects(self.namespace_labels(ns), labels))
+        else:
+            return frozenset()
+        return frozenset(pod.node for members in selected for pod in members.values() if pod.node)
 
     # ---- outputs -------------------------------------------------------------------------
 
@@ -345,6 +379,7 @@ class NodeRenderer:
         chains of the pods marked stale since the last refresh are rebuilt (all of them after a
         load, a change of the address families in use or of a ClusterNetworkPolicy): a local pod
         change costs its own chains, never local pods x policies."""
+        self._recheck_grown()
         if not (self._all_stale or self._stale_pods):
             return
         local = {p.key: p for pods in self._local.values() for p in pods.values()} if self._all_stale else None
@@ -367,6 +402,25 @@ class NodeRenderer:
         if self.tiers.chains:  # tier chains that no pod chain jumps to go
             jumped = {n for chains in self._pod_chains.values() for c in chains for n in (*c.admin, *c.baseline)}
             self.tiers.drop([k for k, (c, _) in self.tiers.chains.items() if c.name not in jumped])
+
+    def _bound_growth(self) -> None:
+        """Count the policies whose sets grew at once, not at the next output, when the sets
+        gained more than ``max_elements`` elements since they were last counted: a burst of
+        pods within one sync adds at most that many before a policy beyond the cap is closed."""
+        if self.max_elements is not None and self.sets.gained > self.max_elements:
+            self._recheck_grown()
+
+    def _recheck_grown(self) -> None:
+        """Count again the policies that use a set that gained elements (``max_elements``):
+        what changed, times the policies that use it."""
+        grown = self.sets.take_grown()
+        if self.max_elements is None:
+            return
+        for kind, key in sorted({owner for set_key in grown for owner in self.sets.owners(set_key)}):
+            if kind == "ClusterNetworkPolicy":
+                self._all_stale |= self.tiers.recheck(key)
+            elif self.policies.recheck(key, self.families):
+                self._stale_pods.update(self._local.get(self.policies.policies[key].namespace, {}))
 
     def _built_pod_chains(self, pod: Pod, pod_tiers: Mapping[str, list[str]], tier_policy: Mapping[str, str]) -> tuple[PodChain, ...]:
         """The chains of local pod ``pod``, one per direction it is isolated in (none: not

@@ -28,10 +28,12 @@ FAMILY_COUNT = 2  # an upper bound: a pod peer is one set per address family in 
 class ObjectLimits:
     """The caps of one policy object: ``rules`` (the rules of its chains, peer chains included,
     counted by :func:`policy_cost`), ``elements`` (the networks of its ipBlocks after their
-    excepts). Defaults sized from ``bench/hostile_shapes.py``: 1000 peers x 1000 ports is 3
-    rules in nft and one union set per family (1,003 counted: the iptables variant's rule per
-    port), 5,000 ipBlocks with two excepts each one rule and one set of 45,000 networks (85,000
-    counted)."""
+    excepts, counted by :func:`policy_cost`; and the elements of all its sets, the addresses of
+    the pods and nodes its peers select included, counted by the node renderer on the cluster:
+    :func:`set_elements_over`). Defaults sized from ``bench/hostile_shapes.py``: 1000 peers x
+    1000 ports is 3 rules in nft and one union set per family (1,003 counted: the iptables
+    variant's rule per port), 5,000 ipBlocks with two excepts each one rule and one set of
+    45,000 networks (85,000 counted)."""
 
     rules: int = 10_000
     elements: int = 100_000
@@ -47,16 +49,33 @@ class ObjectCost:
 
 class OverLimit(InvalidField):
     """A policy object beyond a cap of :class:`ObjectLimits`: ``limit`` names it (``rules`` or
-    ``elements``), ``value`` is the object's count. Raised where an invalid object is, so it
-    fails closed the same way."""
+    ``elements``), ``value`` is the object's count (``what``: what was counted, in words).
+    Raised where an invalid object is, so it fails closed the same way."""
 
-    def __init__(self, limit: str, value: int, cap: int) -> None:
+    def __init__(self, limit: str, value: int, cap: int, what: str | None = None) -> None:
         flag = {"rules": "--max-object-rules", "elements": "--max-object-elements"}[limit]
-        super().__init__("spec", f"{value} {limit} exceed the cap of {cap} per object ({flag}): enforced fail-closed")
+        super().__init__("spec", f"{value} {what or limit} exceed the cap of {cap} per object ({flag}): enforced fail-closed")
         self.limit, self.value = limit, value
 
 
-def _block_elements(block: IPBlock) -> int:
+SET_ELEMENTS = "set elements (the addresses of the pods and nodes its peers select, its networks)"
+
+
+def set_elements_over(value: int, cap: int) -> OverLimit:
+    """The :class:`OverLimit` of an object whose sets hold ``value`` elements on the cluster as
+    the node renderer knows it (:meth:`~nftpolicy.translators.setstore.SelectorSets.elements`:
+    counted until beyond ``cap``, so at least that many): what the log and the Event say."""
+    return OverLimit("elements", value, cap, f"or more {SET_ELEMENTS}")
+
+
+def set_elements_reason(cap: int) -> str:
+    """Why a policy beyond ``cap`` in :func:`set_elements_over` is enforced fail-closed, as its
+    model keeps it (its ``fail_closed``): without the count, which depends on when it was
+    taken, so that a model is the same however the cluster came to be."""
+    return f"spec: more {SET_ELEMENTS} than the cap of {cap} per object (--max-object-elements): enforced fail-closed"
+
+
+def block_networks(block: IPBlock) -> int:
     """At most how many networks ``block`` minus its excepts is: each except splits the CIDR
     into at most one network per prefix bit between them."""
     return 1 + sum(max(0, hole.prefixlen - block.cidr.prefixlen) for hole in block.excepts)
@@ -85,7 +104,7 @@ def policy_cost(policy: NetworkPolicy | ClusterNetworkPolicy) -> ObjectCost:
         if isinstance(policy, NetworkPolicy):
             for rule in policy.rules(direction):
                 blocks = [p.ip_block for p in rule.peers if p.ip_block is not None]
-                elements += sum(map(_block_elements, blocks))
+                elements += sum(map(block_networks, blocks))
                 named = sum(1 for p in rule.ports if isinstance(p.port, str))
                 rules += _rule_cost(direction, len(rule.peers) - len(blocks), 0, len(rule.ports) - named, named, len(blocks))
         else:

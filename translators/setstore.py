@@ -32,10 +32,12 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 import orjson
 
 from .model import Family, IPBlock, Node, Pod, Protocol, span_networks
+from .objectcost import block_networks
 from .rules import AddressSet, Changes, UnionPeer, UnionSet, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
 SetKind = Literal["addr", "interval", "named_port", "domain", "nodes"]
+Owner = tuple[str, str]  # what uses a set: a policy as (kind, key)
 
 
 @dataclass(frozen=True)
@@ -241,13 +243,15 @@ def _sorted_elements(key: SetKey, elements: Iterable[Any]) -> list[Any]:
 
 @dataclass
 class _Set:
-    """A live set: its users and how many pods give each element (an interval set: its
-    networks, computed once when it is made; a cache shared by every set thrashed beyond its
-    size, so that 5,000 ipBlocks cost each of them again at every count)."""
+    """A live set: its users (how many, and which owners' uses: :meth:`SelectorSets.acquire`)
+    and how many pods give each element (an interval set: its networks, computed once when it
+    is made; a cache shared by every set thrashed beyond its size, so that 5,000 ipBlocks cost
+    each of them again at every count)."""
 
     users: int = 0
     counts: Counter[Any] = field(default_factory=Counter)
     networks: tuple[str, ...] = ()
+    owners: Counter[Owner] = field(default_factory=Counter)
 
 
 class SelectorSets:
@@ -261,6 +265,11 @@ class SelectorSets:
     def __init__(self, is_local: Callable[[Pod], bool], namespace_labels: Callable[[str], Mapping[str, str]]) -> None:
         self.is_local, self.namespace_labels = is_local, namespace_labels
         self.groups: dict[str, dict[Labels, dict[str, Pod]]] = {}  # namespace -> labels -> {key: pod}
+        # (namespace, labels) -> [IPv4, IPv6] addresses of that group's pods, counted when first
+        # asked (:meth:`size`) and forgotten when the group changes
+        self._group_addresses: dict[tuple[str, Labels], list[int]] = {}
+        self._all_addresses: list[int] | None = None  # [IPv4, IPv6] of every pod that counts (None: not counted yet)
+        self._node_addresses: list[int] | None = None  # [IPv4, IPv6] peer addresses of every Node (None: not counted yet)
         self.known_namespaces: set[str] = set()
         self._sets: dict[SetKey, _Set] = {}
         self._scope_sets: dict[Scope, set[SetKey]] = {}
@@ -277,6 +286,8 @@ class SelectorSets:
         self._dead: dict[SetKey, set[Any]] = {}
         self._added: dict[SetKey, set[Any]] = {}
         self._removed: dict[SetKey, set[Any]] = {}
+        self._grown: set[SetKey] = set()  # live sets that gained an element since take_grown
+        self.gained = 0  # elements those sets gained since take_grown
 
     # ---- pods and namespaces -------------------------------------------------------------
 
@@ -312,8 +323,14 @@ class SelectorSets:
             del members[key]
             if not members:
                 del groups[before.labels]
+            self._group_addresses.pop((namespace, before.labels), None)
         if after is not None:
             groups.setdefault(after.labels, {})[key] = after
+            self._group_addresses.pop((namespace, after.labels), None)
+        if self._all_addresses is not None:
+            for pod, step in ((before, -1), (after, 1)):
+                for ip in pod.ips if pod is not None else ():
+                    self._all_addresses[":" in ip] += step
         for scope in list(self._scopes_in.get(namespace, ())) + list(self._block_scopes):
             was = before is not None and self._in_scope(scope, before)
             now = after is not None and self._in_scope(scope, after)
@@ -331,6 +348,7 @@ class SelectorSets:
         whose selector matched it and join those whose selector matches it now (an address it
         keeps in a set it stays in is no change)."""
         before = self.nodes.pop(name, None)
+        self._node_addresses = None
         if node is not None:
             self.nodes[name] = node
         for selector, keys in self._node_sets.items():
@@ -351,6 +369,8 @@ class SelectorSets:
         assert not self._sets
         groups: dict[Labels, dict[str, Pod]] = {}
         namespace = None
+        self._group_addresses.clear()
+        self._all_addresses = None
         for key, pod in pods:
             if pod.namespace != namespace:
                 namespace = pod.namespace
@@ -362,8 +382,9 @@ class SelectorSets:
 
     # ---- sets ----------------------------------------------------------------------------
 
-    def acquire(self, key: SetKey) -> None:
-        """One more user of set ``key`` (the first makes it, with the elements of its scope)."""
+    def acquire(self, key: SetKey, owner: Owner) -> None:
+        """One more user of set ``key`` (the first makes it, with the elements of its scope);
+        ``owner``, the policy whose chain uses it, is counted among its :meth:`owners`."""
         live = self._sets.get(key)
         if live is None:
             live = self._sets[key] = _Set(networks=_block_elements(key) if key.kind == "interval" else ())
@@ -380,14 +401,19 @@ class SelectorSets:
             else:
                 self._born.add(key)
         live.users += 1
+        live.owners[owner] += 1
 
-    def release(self, key: SetKey) -> None:
-        """One user fewer of set ``key`` (the last takes it away)."""
+    def release(self, key: SetKey, owner: Owner) -> None:
+        """One user fewer of set ``key`` (the last takes it away); ``owner`` as it was acquired."""
         live = self._sets[key]
         live.users -= 1
+        live.owners[owner] -= 1
+        if not live.owners[owner]:
+            del live.owners[owner]
         if live.users:
             return
         del self._sets[key]
+        self._grown.discard(key)
         for scope in _scopes(key):
             users = self._scope_sets[scope]
             users.discard(key)
@@ -424,6 +450,82 @@ class SelectorSets:
         """How many sets live and how many elements they hold."""
         return len(self._sets), sum(len(live.networks) if k.kind == "interval" else len(live.counts)
                                     for k, live in self._sets.items())
+
+    def owners(self, key: SetKey) -> Iterable[Owner]:
+        """The owners that use live set ``key`` (as :meth:`acquire` named them)."""
+        return self._sets[key].owners.keys()
+
+    def take_grown(self) -> set[SetKey]:
+        """The live sets that gained an element since the last call (:attr:`gained` starts
+        again from 0)."""
+        grown, self._grown, self.gained = self._grown, set(), 0
+        return grown
+
+    def size(self, key: SetKey, exact: bool = True) -> int:
+        """How many elements set ``key`` holds: a live set's own count; another's counted from
+        the indexes without making it: a scope's pods by label group (the addresses of each
+        group counted once until it changes: O(label groups), nothing made per pod; with
+        ``local``, ``block`` or a named port each pod of the groups is tested, unless not
+        ``exact``: then the group's addresses, an upper bound), a node set's Nodes, an interval
+        set's networks. A pod's addresses are counted per pod: an upper bound of the distinct
+        elements, equal unless two pods that count share an address; a key of several scopes
+        (the union of their pods) counts at most every pod's addresses of its family."""
+        live = self._sets.get(key)
+        if live is not None:
+            return len(live.networks) if key.kind == "interval" else len(live.counts)
+        if key.kind == "interval":
+            return len(_block_elements(key))
+        if key.kind == "nodes":
+            assert key.nodes is not None
+            return sum(len(_node_elements(key, n)) for n in self.nodes.values() if key.nodes.matches(n.labels))
+        scopes = _scopes(key)  # several: a union of their pods, at most every pod's
+        return sum(self._scope_size(key, scope, exact) for scope in scopes) if len(scopes) < 2 else \
+            min(self._every_address(key.family), sum(self._scope_size(key, scope, False) for scope in scopes))
+
+    def _bound(self, key: SetKey) -> int:
+        """An upper bound of :meth:`size` in O(1) for a set of pods or Nodes (every pod's, or
+        every Node's, addresses of its family), in the ipBlock's size for an interval set."""
+        if key in self._sets or key.kind == "domain":
+            return self.size(key)
+        if key.kind == "interval":
+            return sum(map(block_networks, key.blocks or (key.block,)))  # type: ignore[arg-type]  # an interval key has one or the other
+        if key.kind == "nodes":
+            if self._node_addresses is None:
+                self._node_addresses = [0, 0]
+                for node in self.nodes.values():
+                    for ip in node.peer_addresses:
+                        self._node_addresses[":" in ip] += 1
+            return self._node_addresses[key.family == "ipv6"]
+        return self._every_address(key.family)
+
+    def _every_address(self, family: Family) -> int:
+        """How many addresses of ``family`` the pods that count have (counted once, then kept)."""
+        if self._all_addresses is None:
+            self._all_addresses = [0, 0]
+            for members in (m for by_labels in self.groups.values() for m in by_labels.values()):
+                for pod in members.values():
+                    for ip in pod.ips:
+                        self._all_addresses[":" in ip] += 1
+        return self._all_addresses[family == "ipv6"]
+
+    def elements(self, keys: Iterable[SetKey], cap: int) -> int:
+        """How many elements the distinct sets of ``keys`` hold together (:meth:`size`): an
+        upper bound when it is within ``cap`` (first :meth:`_bound`, in O(sets); then
+        :meth:`size` not ``exact``), else counted exactly in order until the sum exceeds
+        ``cap`` (what it is then: at least that many)."""
+        distinct = list(dict.fromkeys(keys))
+        bound = sum(map(self._bound, distinct))
+        if bound <= cap:
+            return bound
+        for exact in (False, True):
+            total = 0
+            for key in distinct:
+                total += self.size(key, exact)
+                if total > cap:
+                    break
+            if total <= cap:
+                return total
+        return total
 
     def take_changes(self, changes: Changes) -> None:
         """Write the set and element changes since the last call into ``changes``."""
@@ -506,6 +608,37 @@ class SelectorSets:
         return [element for members in groups for pod in members.values() if not scope.local or self.is_local(pod)
                 for element in _elements(key, pod)]
 
+    def _scope_size(self, key: SetKey, scope: Scope, exact: bool) -> int:
+        """The elements the pods of ``scope`` would give set ``key`` (see :meth:`size`)."""
+        namespaces, selector = self._namespaces(scope), scope.pod_selector
+        if exact and (key.kind != "addr" or scope.block is not None or scope.local):
+            return sum(len(_elements(key, pod)) for members in self._scope_groups(scope, namespaces) for pod in members.values()
+                       if not scope.local or self.is_local(pod))
+        v6 = key.family == "ipv6"
+        return sum(self._addresses(namespace, labels, members)[v6] for namespace in namespaces
+                   for labels, members in self.groups.get(namespace, {}).items() if selector is None or selector.matches(labels))
+
+    def _addresses(self, namespace: str, labels: Labels, members: dict[str, Pod]) -> list[int]:
+        """The ``[IPv4, IPv6]`` addresses of group ``members`` (of ``namespace``, ``labels``)."""
+        counts = self._group_addresses.get((namespace, labels))
+        if counts is None:
+            counts = self._group_addresses[(namespace, labels)] = [0, 0]
+            for pod in members.values():
+                for ip in pod.ips:
+                    counts[":" in ip] += 1
+        return counts
+
+    def _namespaces(self, scope: Scope) -> Iterable[str]:
+        """The namespaces ``scope`` covers (a namespaceSelector not watched: tested on each)."""
+        if scope.block is not None:
+            return list(self.groups)
+        if scope.namespace is not None:
+            return (scope.namespace,)
+        selector = scope.namespace_selector
+        assert selector is not None
+        matched = self._selector_matches.get(selector)
+        return matched if matched is not None else [n for n in self.known_namespaces if selector.matches(self.namespace_labels(n))]
+
     def _in_scope(self, scope: Scope, pod: Pod) -> bool:
         """True when ``pod`` (of a namespace the scope covers) is in ``scope``."""
         if scope.local and not self.is_local(pod):
@@ -515,15 +648,8 @@ class SelectorSets:
     def _scope_groups(self, scope: Scope, namespaces: Iterable[str] | None = None) -> list[dict[str, Pod]]:
         """The pod groups of the namespaces ``scope`` covers (or of ``namespaces``, which it
         covers) whose labels its podSelector matches (``local`` is not applied)."""
-        if namespaces is not None:
-            pass
-        elif scope.block is not None:
-            namespaces = list(self.groups)
-        elif scope.namespace is not None:
-            namespaces = (scope.namespace,)
-        else:
-            assert scope.namespace_selector is not None
-            namespaces = self._selector_matches[scope.namespace_selector]
+        if namespaces is None:
+            namespaces = self._namespaces(scope)
         selector, groups = scope.pod_selector, self.groups
         return [members for namespace in namespaces if namespace in groups for labels, members in groups[namespace].items()
                 if selector is None or selector.matches(labels)]
@@ -532,6 +658,8 @@ class SelectorSets:
         """Count ``elements`` in (step 1) or out (-1) of set ``key``; an element that appears or
         disappears is recorded as a change (an addition and a removal cancel out)."""
         counts = self._sets[key].counts
+        if step > 0:
+            self._grown.add(key)
         for element in elements:
             count = counts[element] + step
             if count:
@@ -539,6 +667,7 @@ class SelectorSets:
             else:
                 del counts[element]
             if count == (1 if step > 0 else 0):
+                self.gained += step > 0
                 gained, lost = (self._added, self._removed) if step > 0 else (self._removed, self._added)
                 if element in lost.get(key, ()):
                     lost[key].discard(element)

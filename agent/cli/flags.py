@@ -472,8 +472,9 @@ def parser() -> argparse.ArgumentParser:
                        help="rules one NetworkPolicy or ClusterNetworkPolicy may cost (peer chains included); one beyond is enforced "
                             "fail-closed, with an Event and a metric (default %(default)s)")
     agent.add_argument("--max-object-elements", type=_count(1, 10**8), default=ObjectLimits().elements,
-                       help="networks one policy's ipBlocks may be after their excepts; one beyond is enforced fail-closed, with an "
-                            "Event and a metric (default %(default)s)")
+                       help="set elements one policy may cost: the networks of its ipBlocks after their excepts, and the "
+                            "addresses of the pods and nodes its peers select, counted on the cluster; one beyond is enforced "
+                            "fail-closed, with an Event and a metric (default %(default)s)")
     agent.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default %(default)s)")
     agent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default %(default)s)")
     agent.add_argument("--netns", help="apply the ruleset inside this named network namespace (testing; default: the agent's own)")

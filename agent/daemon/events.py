@@ -35,6 +35,9 @@ Node writes its own (nothing to choose from). A refusal of the kernel is the nod
 (``RefusedByKernel``: kernels can differ) and the CRD's absence is said on each Node: those stay
 per node. The writer chosen is the one of the generation seen: if its agent is down while its
 Node is still Ready, that generation gets no Event (its next does, once the Node is not Ready).
+A policy whose sets would hold more elements than ``--max-object-elements`` is seen so only by
+the nodes that build its chains (those of the pods it selects: the node renderer counts them),
+so its ``PolicyOverLimit`` Event's writer is picked among those of them that are Ready.
 """
 
 from __future__ import annotations
@@ -173,6 +176,7 @@ class _Pending:
     event_type: str
     reason: str
     message: str
+    writers: AbstractSet[str] = frozenset()  # the nodes that may write it (empty: any Ready Node)
 
 
 @dataclass
@@ -228,9 +232,12 @@ class EventRecorder:
     def _key(subject: Subject, reason: str, message: str) -> tuple[str, str, str, str, str, str]:
         return subject.kind, subject.namespace, subject.name, subject.uid, reason, message
 
-    def record(self, subject: Subject, reason: str, message: str, event_type: str = "Warning") -> None:
+    def record(self, subject: Subject, reason: str, message: str, event_type: str = "Warning",
+               writers: AbstractSet[str] = frozenset()) -> None:
         """Queue an Event about ``subject`` unless one with this reason and message was queued
-        for its generation already. Never blocks: a full queue drops it (counted)."""
+        for its generation already. Never blocks: a full queue drops it (counted). ``writers``:
+        the nodes among which :func:`event_writer` picks who writes an invalid object's Event
+        (those of them that are Ready; none: every Ready Node)."""
         message = safe_text(message, MAX_MESSAGE)  # no control character of an object's text reaches kubectl describe
         key = self._key(subject, reason, message)
         with self._lock:
@@ -238,22 +245,24 @@ class EventRecorder:
                 return
             _remember(self._queued, key, subject.generation)
         try:
-            self.queue.put_nowait(_Pending(subject, event_type, reason, message))
+            self.queue.put_nowait(_Pending(subject, event_type, reason, message, writers))
         except queue.Full:
             self._unqueue(key, subject.generation)
             self.metrics.events.labels("queue_full").inc()
             log.debug("Event queue full: dropped %s %s on %s %s", event_type, reason, subject.kind, subject.name)
 
-    def failed_closed(self, kind: str, obj: Mapping[str, Any], exc: InvalidField, enforced: bool) -> None:
+    def failed_closed(self, kind: str, obj: Mapping[str, Any], exc: InvalidField, enforced: bool,
+                      writers: AbstractSet[str] = frozenset()) -> None:
         """Record that the agent fails closed on ``obj`` (a ``kind`` of :data:`API_VERSIONS`, as
         the API serves it: a built-in kind's list items lack ``kind`` and ``apiVersion``) because of ``exc``;
         ``enforced``: its fail-closed stand-in is enforced (else nothing of it is: a
-        ClusterNetworkPolicy whose tier, priority or subject cannot be read)."""
+        ClusterNetworkPolicy whose tier, priority or subject cannot be read); ``writers``: the
+        nodes that see it so (none: every node: see :meth:`record`)."""
         effect = FAIL_CLOSED_EFFECT[kind] if enforced else "not enforced: its tier, priority or subject cannot be read"
         if isinstance(exc, OverLimit):  # its rules were read: every Accept left out, every other rule denying everything
             effect = OVER_LIMIT_EFFECT[kind]
         self.record(Subject.of({**obj, "kind": kind, "apiVersion": obj.get("apiVersion") or API_VERSIONS[kind]}),
-                    OVER_LIMIT if isinstance(exc, OverLimit) else INVALID, f"{exc}; {effect}")
+                    OVER_LIMIT if isinstance(exc, OverLimit) else INVALID, f"{exc}; {effect}", writers=writers)
 
     def kernel_refused(self, kind: str, obj: Mapping[str, Any], reason: str) -> None:
         """Record that the kernel refused the rules of ``obj`` (a ``kind`` of
@@ -298,7 +307,7 @@ class EventRecorder:
             nodes = self.ready_nodes()
             if nodes is None:
                 return False
-            writer = event_writer(subject, nodes)
+            writer = event_writer(subject, (nodes & pending.writers) or nodes)
             if writer is not None and writer != self.node:  # remembered as queued: asked again at its next generation
                 self.metrics.events.labels("other_writer").inc()
                 log.debug("Event %s on %s %s: written by node %s's agent", pending.reason, subject.kind, subject.name, writer)

@@ -98,7 +98,7 @@ class Reconciler:
         """Render the whole snapshot from scratch: the transaction replaces the table."""
         cluster, since = self.store.take()
         with gc_paused():
-            renderer = NodeRenderer(self.node, self.config).load(self.quarantine.substituted(cluster))
+            renderer = NodeRenderer(self.node, self.config, self.store.limits.elements).load(self.quarantine.substituted(cluster))
             renderer.take_changes()  # the full replace carries everything
             return transaction.replacing(self._table(renderer)), since, renderer
 
@@ -177,6 +177,7 @@ class Reconciler:
         self.renderer, self._owners = renderer, None
         if self.hold is not None:
             self.hold.programmed(renderer.known_addresses())
+        self.store.rendered_over(renderer.over_limit(), renderer.subject_nodes)
         self.metrics.sync_duration.labels(mode).observe(took)
         self.metrics.transaction_commands.labels(mode).observe(commands)
         self.metrics.last_success.set(time.time())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import AbstractSet, Any, Callable, Iterable, Mapping, Protocol
 
 from nftpolicy.translators.clusterpolicy import cluster_policy_from, fail_closed_cluster_policy
 from nftpolicy.translators.manifests import (
@@ -79,9 +79,16 @@ class JsonObjects:
 
 JSON = JsonObjects()
 
-# Told of each object the agent fails closed on: (kind, the API object, why, whether its
-# fail-closed stand-in is enforced); the agent records an Event (nftpolicy.agent.daemon.events).
-FailedClosed = Callable[[str, Mapping[str, Any], InvalidField, bool], None]
+class FailedClosed(Protocol):
+    """Told of each object the agent fails closed on: (kind, the API object, why, whether its
+    fail-closed stand-in is enforced, the nodes that see it so: none, every node); the agent
+    records an Event (:meth:`nftpolicy.agent.daemon.events.EventRecorder.failed_closed`)."""
+
+    def __call__(self, kind: str, obj: Mapping[str, Any], exc: InvalidField, enforced: bool,
+                 writers: AbstractSet[str] = frozenset()) -> None:
+        """Record it."""
+
+
 # Told of each policy the kernel refused: (kind, the API object's identity: ``metadata`` with
 # name, namespace, uid, generation and resourceVersion, the kernel's reason); an Event too.
 KernelRefused = Callable[[str, Mapping[str, Any], str], None]
@@ -103,6 +110,7 @@ class Store:
         self._objects: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
         self._invalid: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
         self._over: dict[str, dict[str, str]] = {kind: {} for kind in FAIL_CLOSED}  # policies beyond a cap: key -> the cap's name
+        self._rendered_over: dict[tuple[str, str], str] = {}  # beyond --max-object-elements as rendered (:meth:`rendered_over`)
         self._listed: set[str] = set()
         # (kind, key) -> the model object now (None: gone), for every object that changed since
         # the last take: what an incremental sync feeds the renderer. Kept from the first take()
@@ -163,9 +171,37 @@ class Store:
         self.metrics.watched_objects.labels(kind).set(len(self._objects[kind]))
         self.metrics.invalid_objects.labels(kind).set(len(self._invalid[kind]))
         if kind in FAIL_CLOSED:
-            for limit in LIMITS:
-                self.metrics.over_limit_objects.labels(kind, limit).set(sum(1 for v in self._over[kind].values() if v == limit))
+            self._over_gauges(kind)
         self.changed.set()
+
+    def _over_gauges(self, kind: str) -> None:
+        """``nftpolicy_over_limit_objects`` of ``kind``: its objects beyond each cap, as read and
+        as rendered."""
+        rendered = sum(1 for k, _ in self._rendered_over if k == kind)
+        for limit in LIMITS:
+            over = sum(1 for v in self._over[kind].values() if v == limit) + (rendered if limit == "elements" else 0)
+            self.metrics.over_limit_objects.labels(kind, limit).set(over)
+
+    def rendered_over(self, over: Mapping[tuple[str, str], OverLimit], writers: Callable[[str, str], AbstractSet[str]]) -> None:
+        """The policies the node renderer enforces fail-closed now because their sets would hold
+        more than ``--max-object-elements`` (``(kind, key)`` -> why; counted on the cluster as it
+        knows it: :class:`~nftpolicy.translators.noderender.NodeRenderer`): each one new since
+        the last call, or changed since, is logged and told to :attr:`failed_closed` with the
+        nodes that see it so (``writers(kind, key)``), and one no longer beyond is logged; the
+        over-limit gauge counts them."""
+        with self._lock:
+            new = [(ref, why, self._identities.get(ref)) for ref, why in over.items() if ref not in self._rendered_over]
+            within = sorted(self._rendered_over.keys() - over.keys())  # counted again (a full render) with fewer pods
+            changed = {kind for kind, _ in over.keys() ^ self._rendered_over.keys()}
+            self._rendered_over = {ref: str(why) for ref, why in over.items()}
+            for kind in changed:
+                self._over_gauges(kind)
+        for kind, key in within:
+            log.info("%s %s: within --max-object-elements again, enforced as written", kind, key, extra={"kind": kind, "object": key})
+        for (kind, key), why, identity in new:
+            log.error("invalid object: %s", safe_text(f"{kind} {key}: {why}", MESSAGE_MAX_BYTES), extra={"kind": kind, "object": key})
+            if self.failed_closed is not None and identity is not None:
+                self.failed_closed(kind, {"metadata": identity}, why, True, writers(kind, key))
 
     def replace(self, kind: str, objects: Iterable[Any], reader: Reader = JSON) -> int:
         """A full list of ``kind`` (any iterable: pages are converted as they come; API objects
@@ -193,10 +229,12 @@ class Store:
             old = self._objects[kind]
             for gone in old.keys() - converted.keys():
                 self._identities.pop((kind, gone), None)
-            if self._taken:
+            if self._taken or kind in FAIL_CLOSED:
                 for key in old.keys() | converted.keys():
                     if old.get(key) != converted.get(key):
-                        self._changes[(kind, key)] = converted.get(key)
+                        self._rendered_over.pop((kind, key), None)  # counted again, and told again if still beyond
+                        if self._taken:
+                            self._changes[(kind, key)] = converted.get(key)
             self._objects[kind] = converted
             self._listed.add(kind)
             self._touch(kind)
@@ -227,6 +265,7 @@ class Store:
                 self._objects[kind].pop(key, None)
             else:
                 self._objects[kind][key] = model
+            self._rendered_over.pop((kind, key), None)  # counted again, and told again if still beyond
             if self._taken:
                 self._changes[(kind, key)] = model
                 if kind == "Pod" and model is not None and set(model.ips) - set(old.ips if old is not None else ()):
