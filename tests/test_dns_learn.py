@@ -94,6 +94,20 @@ def test_a_repeated_answer_is_committed_again_only_when_it_lasts_longer():
     assert made.why("192.0.2.10", now=91) == []
 
 
+def test_tcp_segments_that_repeat_an_answer_milliseconds_apart_commit_its_addresses_once():
+    """A TCP stream's segments (or a resolver asked again and again) repeat an answer a few
+    milliseconds apart: its known addresses are not committed again until an answer moves
+    their expiry later by more than a second."""
+    made = learner()
+    records = [("api.partner.example.", 60, "A", f"192.0.2.{i}") for i in range(1, 101)]
+    wire = answer("api.partner.example", *records)
+    segment = (len(wire).to_bytes(2, "big") + wire) * 3  # three messages in one segment
+    assert len(made.learn(POD, segment, now=0.0, tcp=True)) == 100
+    assert [made.learn(POD, segment, now=0.005 * i, tcp=True) for i in range(1, 200)] == [[]] * 199  # up to 0.995 s later
+    assert len(made.learn(POD, segment, now=1.5, tcp=True)) == 100  # 1.5 s later: the elements last longer
+    assert made.counts["learned"] == 200
+
+
 def test_bounds_per_set_and_per_pod_drop_and_count():
     made = learner(per_set=2)
     wire = answer("api.partner.example", *[("api.partner.example.", 60, "A", f"192.0.2.{i}") for i in range(1, 5)])

@@ -297,6 +297,7 @@ class DnsHold:
         self.held = 0  # answers released after their commit
         self.failed = 0  # answers whose commit raised (let through all the same)
         self.over_budget = 0  # answers let through unread: their pod had budget answers waiting
+        self.unmarked = 0  # answers let through unread: queued without the mark (no trusted answer to a subject)
         self._logged_at = -FAILURE_LOG_SECONDS  # when a failed commit was last logged (time.monotonic)
         self._failed_since = 0  # self.failed when that line was logged
         self._queue: NfQueue | None = None
@@ -355,10 +356,17 @@ class DnsHold:
 
     def _take(self, packets: list[QueuedPacket], waiting: dict[str, deque[tuple[int, DnsSegment, float]]]) -> None:
         """Put each packet of one read in its pod's line; one that is no DNS segment, or whose
-        pod has :attr:`budget` waiting, is let through at once."""
+        pod has :attr:`budget` waiting, is let through at once, and with a :attr:`mark` so is
+        one without it (the agent's own check of the kernel's: our table marks only the
+        answers to subjects from trusted resolvers; a chain of another agent that queues
+        unmarked answers teaches nothing)."""
         assert self._queue is not None
         now = time.monotonic()
         for queued in packets:
+            if self.mark is not None and not queued.mark & self.mark:
+                self._queue.accept(queued.id)
+                self.unmarked += 1
+                continue
             segment = dns_segment(queued.packet)
             if segment is None:
                 self._queue.accept(queued.id)

@@ -65,6 +65,11 @@ QR = 0x80  # the response bit, in the header's third byte (RFC 1035 4.1.1)
 ADOPTED = "(before this agent)"  # the name of an address an earlier agent learned
 MAX_QUESTIONS = 4096  # questions remembered (then forgotten at once)
 MAX_CHAIN = 16  # CNAME links followed from the question (a loop ends there)
+# A held address is committed again only when an answer moves its expiry later by more than this
+# (seconds): the element then ends at most this long before the answer's TTL, whose own unit is
+# the second, and a TCP stream's segments (or a resolver asked again and again) that repeat an
+# answer a few milliseconds apart do not commit every element again.
+REFRESH_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -206,8 +211,8 @@ class DomainLearner:
         entry = held.get(learned.address)
         expires = now + learned.timeout
         if entry is not None:
-            if expires <= entry.expires:
-                return None  # the kernel's element outlives this answer already
+            if expires <= entry.expires + REFRESH_SECONDS:
+                return None  # the kernel's element outlives this answer already, or ends within a second of it
             entry.expires, entry.name, entry.pattern = expires, learned.name, learned.pattern
             self._expires_at(expires, set_name, learned.address)
             self.counts["learned"] += 1
