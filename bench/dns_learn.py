@@ -163,9 +163,9 @@ class Watched:
         def read(queue: Any, *args: Any, **kwargs: Any) -> Any:
             found = packets(queue, *args, **kwargs)
             now = time.monotonic()
-            for packet_id, packet in found:
-                segment = dnshold.dns_segment(packet)
-                self._read[packet_id] = (segment.client if segment else "", now)
+            for queued in found:
+                segment = dnshold.dns_segment(queued.packet)
+                self._read[queued.id] = (segment.client if segment else "", now)
             return found
 
         def released(queue: Any, packet_id: int) -> None:
