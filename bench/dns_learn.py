@@ -20,7 +20,8 @@ one answering every question with ``--records`` A records) as fast as it can, ov
 four sockets, while the pod (the victim) asks a name of the peer every 100 ms for
 ``--flood-seconds``; once with a flooder that no policy selects (no subject: its answers teach
 nothing) and once with a flooder that is a subject asking names the peer matches (each answer
-read). Printed for each: the victim's hold (from the agent reading its answer to releasing it,
+read). In process, the flooder's answer repeated at the meter's 200 a second for 10 s: the
+learner's CPU per answer and the elements it gives to commit again. Printed for each: the victim's hold (from the agent reading its answer to releasing it,
 p50/p99) and DNS round trip, how many of its answers were held until what they teach was
 committed (the others passed unheld: the kernel's queue was full) and how many of its names
 the learner knew right after the answer (also from earlier answers), the flooder's answers
@@ -64,13 +65,13 @@ from nftpolicy.translators.manifests import build_cluster  # noqa: E402
 from tests.test_domain_names import NAMESPACE, POD, POD4, POLICY, Bed  # noqa: E402
 
 FLOODER4, FLOOD_SERVER4 = "10.0.3.2", "10.0.2.54"
-# The flooder's DNS server: every question answered with N A records (compressed owner names).
+# The flooder's DNS server: every question answered with the records of argv[2] (hex: flood_records).
 FLOOD_SERVER = r"""
 import socket, struct, sys
-address, records = sys.argv[1], int(sys.argv[2])
+address, answers = sys.argv[1], bytes.fromhex(sys.argv[2])
+records = len(answers) // 16
 server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 server.bind((address, 53))
-answers = b"".join(b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x01\x2c\x00\x04" + bytes([10, 9, i >> 8 & 255, i & 255]) for i in range(records))
 while True:
     query, peer = server.recvfrom(4096)
     end = 12
@@ -144,6 +145,39 @@ def memory_per_element(count: int) -> float:
     return (after - before) / count
 
 
+def repeated_answer_cost(records: int, seconds: float = 10.0, rate: int = 200) -> dict[str, float]:
+    """In process: the flooder's answer (``records`` A records for a name of the peer, the
+    learner reading ``--dns-max-records`` of them) repeated ``rate`` times a second for
+    ``seconds`` (the rate the kernel's meter lets one pod queue), as a flooder that is a
+    subject sends it: the learner's CPU per answer (median) and the elements it gives to commit
+    after the first answer (each costs the hold a netlink commit)."""
+    wire = flood_answer("flood.cdn.example", records)
+    learner = DomainLearner(ttl_floor=5, ttl_cap=3600, max_per_set=10000, max_per_pod=1000)
+    learner.update([DomainSet("KUBE-DNS-X", "ipv4", ("*.cdn.example",), frozenset({FLOODER4}), ("p",))])
+    learner.learn(FLOODER4, wire, now=0.0)
+    spent, again = [], 0
+    for i in range(1, int(seconds * rate) + 1):
+        began = time.process_time()
+        again += len(learner.learn(FLOODER4, wire, now=i / rate))
+        spent.append(time.process_time() - began)
+    return {"cpu_p50": percentile(spent, 0.5), "again": again, "answers": len(spent)}
+
+
+def flood_answer(name: str, records: int) -> bytes:
+    """The flood server's answer (:data:`FLOOD_SERVER`) to a question for ``name``."""
+    query = dns.message.make_query(name, "A").to_wire()
+    end = 12
+    while query[end]:
+        end += query[end] + 1
+    return query[:2] + b"\x81\x80\x00\x01" + struct.pack(">HHH", records, 0, 0) + query[12:end + 5] + flood_records(records)
+
+
+def flood_records(records: int) -> bytes:
+    """The flood server's answer section: ``records`` A records (16 bytes each: a pointer to the
+    question's name, TTL 300, 10.9.x.y)."""
+    return b"".join(b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x01\x2c\x00\x04" + bytes([10, 9, i >> 8 & 255, i & 255]) for i in range(records))
+
+
 class Watched:
     """Per pod address: how long the hold held each answer (from its read to its verdict, on
     :class:`~nftpolicy.agent.daemon.dnshold.NfQueue` itself, so that any version of the hold is
@@ -201,7 +235,7 @@ def add_flooder(bed: Bed, make: Callable[[], str], records: int, nice: int) -> s
     netns.ip_batch(["link set vflood up", "addr add 10.0.3.1/24 dev vflood"], bed.node)
     netns.ip_batch(["link set lo up", "link set eth0 up", f"addr add {FLOODER4}/24 dev eth0", "route add default via 10.0.3.1"], flood)
     netns.ip_batch([f"addr add {FLOOD_SERVER4}/24 dev eth0"], bed.out)
-    bed._spawn(bed.out, ["nice", "-n", str(nice), sys.executable, "-c", FLOOD_SERVER, FLOOD_SERVER4, str(records)])
+    bed._spawn(bed.out, ["nice", "-n", str(nice), sys.executable, "-c", FLOOD_SERVER, FLOOD_SERVER4, flood_records(records).hex()])
     return flood
 
 
@@ -270,6 +304,7 @@ def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
             bed.dataplane.change_elements([("add", "KUBE-DNS-SUBJECTS4", (FLOODER4,))])
         found["subject"] = flood_run(bed, flooder, watched, "flood.cdn.example", seconds, nice)
         found["load_after"] = os.getloadavg()
+        found["repeat"] = repeated_answer_cost(records)
     finally:
         if bed is not None:
             bed.close()
@@ -297,6 +332,10 @@ def print_flood(results: dict[str, dict[str, Any]], seconds: float, records: int
         ("flooder answers answered", lambda r: f"{r['flood_answered']} ({r['flood_rate']:.0f}/s)"),
         ("flooder answers read by the agent", lambda r: str(r["flood_read"])),
         ("flooder answers decoded (any part)", lambda r: str(r["flood_decoded"]))]
+    print("the flooder's answer repeated at 200/s for 10 s, in process (learn only, no commit):")
+    print("  " + " " * 36 + "".join(f"{tree:>22}" for tree in trees))
+    print(f"  {'learner CPU per answer, p50':<36}" + "".join(f"{results[t]['repeat']['cpu_p50'] * 1000:>19.3f} ms" for t in trees))
+    print(f"  {'elements committed again':<36}" + "".join(f"{results[t]['repeat']['again']:>22}" for t in trees))
     for variant in ("non-subject", "subject"):
         print(f"flooder {'that no policy selects' if variant == 'non-subject' else 'that is a subject, asking a name of the peer'}:")
         print("  " + " " * 36 + "".join(f"{tree:>22}" for tree in trees))

@@ -539,8 +539,9 @@ def test_the_kernel_queues_a_burst_of_one_pods_answers_up_to_its_budget(bed):
 
 
 def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes_unheld():
-    """One read brings 40 answers of pod A, then one of pod B: B's is released second (after
-    A's oldest), not 41st; A's beyond the budget (32) are let through at once, unread."""
+    """One read brings 40 answers of pod A, then one of pod B: B's is released first (a round
+    takes the pods with fewest waiting first), not 41st; A's beyond the budget (32) are let
+    through at once, unread."""
     from nftpolicy.agent.daemon.dnshold import DEFAULT_BUDGET, QueuedPacket
 
     def packet(client: str, n: int) -> bytes:  # an IPv4 UDP packet to client, its payload n
@@ -567,8 +568,8 @@ def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes
     hold._queue = queue  # type: ignore[assignment]
     hold._run()
     assert queue.accepted[:8] == list(range(DEFAULT_BUDGET, 40))  # over the budget: at once, uncommitted
-    assert committed[:2] == [("10.0.1.7", 0), ("10.0.1.8", 40)]
-    assert [n for _, n in committed] == [0, 40, *range(1, DEFAULT_BUDGET)]
+    assert committed[:2] == [("10.0.1.8", 40), ("10.0.1.7", 0)]
+    assert [n for _, n in committed] == [40, *range(DEFAULT_BUDGET)]
     assert hold.over_budget == 40 - DEFAULT_BUDGET and sorted(queue.accepted) == list(range(41))
 
 

@@ -23,7 +23,8 @@ it); it goes when the last domainNames peer goes.
 
 One pod cannot delay another's answers: the reader takes what the queue holds into one line per
 pod (the answer's destination), and releases in rounds, the oldest answer of each waiting pod
-in turn, so a pod's answer waits for at most one answer of each other pod; a pod with
+in turn, the pods with fewest answers waiting first (a pod that asks now and then goes before a
+flood's backlog), so a pod's answer waits for at most one answer of each other pod; a pod with
 ``budget`` answers waiting already has its next let through at once, unheld and unread (counted:
 what it would teach is not learned, as when the kernel's queue is full), so one pod's flood
 neither fills the kernel's queue of 1024 for the others nor grows the agent's memory.
@@ -344,7 +345,7 @@ class DnsHold:
                 if not packets:
                     break
                 self._take(packets, waiting)
-            for client in list(waiting):  # one round: the oldest answer of each pod
+            for client in sorted(waiting, key=lambda c: len(waiting[c])):  # one round: the oldest answer of each pod, fewest waiting first
                 line = waiting[client]
                 packet_id, segment, read_at = line.popleft()
                 if not line:
