@@ -181,13 +181,17 @@ def flood_records(records: int) -> bytes:
 class Watched:
     """Per pod address: how long the hold held each answer (from its read to its verdict, on
     :class:`~nftpolicy.agent.daemon.dnshold.NfQueue` itself, so that any version of the hold is
-    measured alike) and how many of its answers dnspython read any part of (a call of
-    ``dns.message.from_wire`` or ``dns.name.from_wire`` inside ``DomainLearner.learn``)."""
+    measured alike), the hold thread's CPU time over the same span (its own work, other pods'
+    answers included: the rest of the span it waited, for a core or the GIL), and how many of its
+    answers were read beyond the header (a call of ``dns.message.from_wire`` or
+    ``dns.name.from_wire`` inside ``DomainLearner.learn``, or records read by the learner's own
+    code: its ``decoded`` count grew)."""
 
     def __init__(self) -> None:
         self.held: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
         self.decoded: dict[str, int] = {}
-        self._read: dict[int, tuple[str, float]] = {}
+        self._read: dict[int, tuple[str, float, float]] = {}
         self._client = threading.local()
 
     def install(self) -> None:
@@ -196,23 +200,25 @@ class Watched:
 
         def read(queue: Any, *args: Any, **kwargs: Any) -> Any:
             found = packets(queue, *args, **kwargs)
-            now = time.monotonic()
+            now, cpu = time.monotonic(), time.thread_time()
             for queued in found:
                 segment = dnshold.dns_segment(queued.packet)
-                self._read[queued.id] = (segment.client if segment else "", now)
+                self._read[queued.id] = (segment.client if segment else "", now, cpu)
             return found
 
         def released(queue: Any, packet_id: int) -> None:
             accept(queue, packet_id)
-            client, at = self._read.pop(packet_id, ("", 0.0))
+            client, at, cpu = self._read.pop(packet_id, ("", 0.0, 0.0))
             self.held.setdefault(client, []).append(time.monotonic() - at)
+            self.cpu.setdefault(client, []).append(time.thread_time() - cpu)
 
         def learning(learner: Any, client: str, *args: Any, **kwargs: Any) -> Any:
             self._client.read = False
+            before = getattr(learner, "decoded", 0)
             try:
                 return learn(learner, client, *args, **kwargs)
             finally:
-                if self._client.read:
+                if self._client.read or getattr(learner, "decoded", 0) > before:
                     self.decoded[client] = self.decoded.get(client, 0) + 1
 
         def reading(decode: Callable[..., Any]) -> Callable[..., Any]:
@@ -242,7 +248,7 @@ def add_flooder(bed: Bed, make: Callable[[], str], records: int, nice: int) -> s
 def flood_run(bed: Bed, flood: str, watched: Watched, name: str, seconds: float, nice: int) -> dict[str, Any]:
     """The victim asks a name of the peer every 100 ms for ``seconds`` while the flooder asks
     ``name`` of its own server as fast as it can."""
-    for values in (watched.held, watched.decoded):
+    for values in (watched.held, watched.cpu, watched.decoded):
         values.clear()
     flooder = subprocess.Popen(["ip", "netns", "exec", flood, "nice", "-n", str(nice), sys.executable, "-c", FLOODER, FLOOD_SERVER4, name],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -267,9 +273,10 @@ def flood_run(bed: Bed, flood: str, watched: Watched, name: str, seconds: float,
             flooder.kill()
             flooder.wait()
     answered = int(out.strip() or 0)
-    held = watched.held.get(POD4, [])
+    held, cpu = watched.held.get(POD4, []), watched.cpu.get(POD4, [])
     return {"asked": asked, "learned": learned, "held": len(held), "trip_p50": percentile(trips, 0.5), "trip_p99": percentile(trips, 0.99),
             "hold_p50": percentile(held, 0.5) if held else None, "hold_p99": percentile(held, 0.99) if held else None,
+            "cpu_p99": percentile(cpu, 0.99) if cpu else None, "hold_max": max(held) if held else None,
             "flood_answered": answered, "flood_rate": answered / (seconds + 1.0), "flood_read": len(watched.held.get(FLOODER4, [])),
             "flood_decoded": watched.decoded.get(FLOODER4, 0)}
 
@@ -326,12 +333,13 @@ def print_flood(results: dict[str, dict[str, Any]], seconds: float, records: int
 
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("victim hold p50", lambda r: ms(r["hold_p50"])), ("victim hold p99", lambda r: ms(r["hold_p99"])),
+        ("victim hold max", lambda r: ms(r["hold_max"])), ("hold thread CPU in it, p99", lambda r: ms(r["cpu_p99"])),
         ("victim DNS round trip p50", lambda r: ms(r["trip_p50"])), ("victim DNS round trip p99", lambda r: ms(r["trip_p99"])),
         ("victim answers held till committed", lambda r: f"{r['held']}/{r['asked']}"),
         ("victim names known after", lambda r: f"{r['learned']}/{r['asked']}"),
         ("flooder answers answered", lambda r: f"{r['flood_answered']} ({r['flood_rate']:.0f}/s)"),
         ("flooder answers read by the agent", lambda r: str(r["flood_read"])),
-        ("flooder answers decoded (any part)", lambda r: str(r["flood_decoded"]))]
+        ("flooder answers decoded (beyond header)", lambda r: str(r["flood_decoded"]))]
     print("the flooder's answer repeated at 200/s for 10 s, in process (learn only, no commit):")
     print("  " + " " * 36 + "".join(f"{tree:>22}" for tree in trees))
     print(f"  {'learner CPU per answer, p50':<36}" + "".join(f"{results[t]['repeat']['cpu_p50'] * 1000:>19.3f} ms" for t in trees))
