@@ -290,9 +290,18 @@ def new_netns(made: list[str]) -> str:
     return name
 
 
-def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
-    """The flood part in this process (with whichever agent code it imports)."""
+def busy(stop: threading.Event) -> None:
+    """Python work until ``stop`` (another thread of the agent computing, as a full resync's
+    render does: it holds the GIL whenever the hold's thread gives it up)."""
+    while not stop.is_set():
+        sum(i * i for i in range(1000))
+
+
+def flood(seconds: float, records: int, nice: int, busy_thread: bool = False) -> dict[str, Any]:
+    """The flood part in this process (with whichever agent code it imports); ``busy_thread``:
+    with :func:`busy` running meanwhile."""
     made: list[str] = []
+    stop = threading.Event()
     make = functools.partial(new_netns, made)
 
     watched = Watched()
@@ -304,6 +313,8 @@ def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
         flooder = add_flooder(bed, make, records, nice)
         bed.wait_until_served()
         found["load"] = os.getloadavg()
+        if busy_thread:
+            threading.Thread(target=busy, args=(stop,), daemon=True).start()
         found["non-subject"] = flood_run(bed, flooder, watched, "flood.example.org", seconds, nice)
         cluster, _ = build_cluster(("bench", obj) for obj in (NAMESPACE, POD, POLICY))  # the bed's
         bed.learner.update([dataclasses.replace(s, clients=s.clients | {FLOODER4}) for s in domain_sets(cluster, ("ipv4", "ipv6"))])
@@ -313,17 +324,18 @@ def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
         found["load_after"] = os.getloadavg()
         found["repeat"] = repeated_answer_cost(records)
     finally:
+        stop.set()
         if bed is not None:
             bed.close()
         netns.delete(made)
     return found
 
 
-def print_flood(results: dict[str, dict[str, Any]], seconds: float, records: int, nice: int) -> None:
+def print_flood(results: dict[str, dict[str, Any]], seconds: float, records: int, nice: int, busy_thread: bool) -> None:
     """The flood's figures, one column per tree."""
     trees = list(results)
     print(f"flood: {records}-record UDP answers to a flooder at its maximum rate (nice {nice}), the victim asking every 100 ms "
-          f"for {seconds:g} s")
+          f"for {seconds:g} s{', a thread of Python work beside the hold' if busy_thread else ''}")
     for tree in trees:
         load = results[tree]["load"]
         print(f"  {tree}: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at its start")
@@ -359,11 +371,12 @@ def main() -> int:
     ap.add_argument("--flood-seconds", type=float, default=10.0, help="seconds of each flood (0: none; default %(default)s)")
     ap.add_argument("--records", type=int, default=250, help="A records of each flood answer (default %(default)s)")
     ap.add_argument("--nice", type=int, default=0, help="niceness of the flooder and its server (a pod's CPU share; default %(default)s)")
+    ap.add_argument("--busy", action="store_true", help="a thread of Python work in the hold's process during the floods")
     ap.add_argument("--against", metavar="DIR", help="also flood with the agent code of the checkout DIR (side by side)")
     ap.add_argument("--flood-only-json", action="store_true", help=argparse.SUPPRESS)  # one tree's flood, for --against
     args = ap.parse_args()
     if args.flood_only_json:
-        print(json.dumps(flood(args.flood_seconds, args.records, args.nice)))
+        print(json.dumps(flood(args.flood_seconds, args.records, args.nice, args.busy)))
         return 0
     made: list[str] = []
     make = functools.partial(new_netns, made)
@@ -406,13 +419,14 @@ def main() -> int:
         for label, tree in trees:
             env = dict(os.environ, PYTHONPATH=str(shadow(tree)), DNS_LEARN_TREE=str(Path(tree).resolve())) if tree else None
             proc = subprocess.run([sys.executable, __file__, "--flood-only-json", "--flood-seconds", str(args.flood_seconds),
-                                   "--records", str(args.records), "--nice", str(args.nice)], capture_output=True, text=True, env=env,
+                                   "--records", str(args.records), "--nice", str(args.nice), *(["--busy"] if args.busy else [])],
+                                  capture_output=True, text=True, env=env,
                                   timeout=600)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
             results[f"{label} ({git_head(tree)})"] = json.loads(proc.stdout.splitlines()[-1])
-        print_flood(results, args.flood_seconds, args.records, args.nice)
+        print_flood(results, args.flood_seconds, args.records, args.nice, args.busy)
     return 0
 
 

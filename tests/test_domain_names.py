@@ -23,7 +23,7 @@ import dns.message
 import dns.rrset
 import dns.resolver
 import pytest
-from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment, hold_rules
+from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, SWITCH_INTERVAL, DnsHold, DnsSegment, hold_rules
 from nftpolicy.agent.daemon.dnslearn import DomainLearner
 from nftpolicy.agent.daemon.domainlearning import DomainLearning
 from nftpolicy.agent.daemon.metrics import Metrics
@@ -242,6 +242,7 @@ def test_a_resolved_name_is_reachable_at_once_and_others_and_raw_addresses_are_n
 
 
 def test_the_first_connection_after_each_answer_is_accepted(bed):
+    assert sys.getswitchinterval() <= SWITCH_INTERVAL  # the hold's thread gets the GIL back soon after each system call
     for i in range(20):  # every name a new address: each connection right after its answer
         [address] = bed.resolve(f"n{i}.cdn.example")
         assert bed.connects(address), f"n{i}.cdn.example ({address}) refused right after its answer"

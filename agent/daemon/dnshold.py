@@ -46,6 +46,7 @@ import select
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -76,6 +77,11 @@ COPY_RANGE = 65535
 POLL = 0.2  # seconds a read waits before the reader looks whether it should stop
 DEFAULT_BUDGET = 32  # answers one pod may have waiting in the agent (--dns-pod-budget)
 HOLD_NICE = -10  # the hold's thread's niceness, where the agent may raise it (CAP_SYS_NICE)
+# The GIL's switch interval (seconds) while a hold runs: the reader takes the GIL back after each
+# system call (read, commit, verdict), each time waiting up to the interval for a thread that
+# computes (a full resync's render, a watch decoding a large list). Python's 5 ms made a held
+# answer wait 30 ms at p99 beside such a thread (bench/dns_learn.py --busy).
+SWITCH_INTERVAL = 0.0005
 READS_PER_ROUND = 16  # socket reads at most before a round of releases (each up to 256 KiB)
 FAILURE_LOG_SECONDS = 60.0  # at most one log line about failed commits this often
 
@@ -311,9 +317,11 @@ class DnsHold:
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain
-        (made anew: an earlier agent's is removed first). Raises OSError when the queue cannot
-        be bound (another process holds it: nothing is changed) and IptablesError when the chain
-        cannot be made (what was made of it is removed again)."""
+        (made anew: an earlier agent's is removed first); the process's GIL switch interval is
+        cut to :data:`SWITCH_INTERVAL` at most (for good: the hold may start again). Raises
+        OSError when the queue cannot be bound (another process holds it: nothing is changed)
+        and IptablesError when the chain cannot be made (what was made of it is removed again)."""
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
             self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
         self._thread = threading.Thread(target=self._reader, name="dns-hold", daemon=True)
