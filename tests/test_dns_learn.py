@@ -249,3 +249,26 @@ def test_expiry_forgets_the_earliest_first_and_keeps_what_a_later_answer_renewed
     assert made.size() == 1 and made.why("192.0.2.11", now=15)
     made.expire(now=20)
     assert made.size() == 0
+
+
+def test_the_hold_marks_only_answers_on_connections_to_trusted_resolvers_and_counts_the_others():
+    """--dns-learn-from in the hold chains: the asked address (conntrack's original destination)
+    decides, before the pod's meter; a family without a trusted address only counts."""
+    from nftpolicy.translators import transaction
+    from nftpolicy.translators.domainnames import with_hold_marks
+    from nftpolicy.translators.layout import Table
+    from nftpolicy.translators.nfttext import transaction_text
+
+    subjects = {"ipv4": frozenset({POD}), "ipv6": frozenset({"fd00:1::5"})}
+    text = transaction_text(transaction.replacing(with_hold_marks(Table("nftpolicy", 0, (), (), ()), subjects, 0x800000, 200, 32,
+                                                                  ("10.96.0.10/32", "10.0.2.0/24"))))
+    forward = text.split("chain KUBE-DNS-HOLD-FORWARD {")[1].split("}\n")[0]
+    rules = [line.strip().split(" comment ")[0] for line in forward.splitlines() if "th sport 53" in line]
+    answers = "meta l4proto { udp, tcp } th sport 53"
+    assert rules == [
+        f"{answers} ip daddr @KUBE-DNS-SUBJECTS4 ct state established ct original ip daddr != {{ 10.96.0.10/32, 10.0.2.0/24 }} counter",
+        f"{answers} ip daddr @KUBE-DNS-SUBJECTS4 ct state established ct original ip daddr {{ 10.96.0.10/32, 10.0.2.0/24 }} "
+        "meter KUBE-DNS-HOLD-FORWARD-4 size 65535 { ip daddr limit rate 200/second burst 32 packets } meta mark set meta mark | 0x00800000",
+        f"{answers} ip6 daddr @KUBE-DNS-SUBJECTS6 ct state established counter"]
+    untrusting = transaction_text(transaction.replacing(with_hold_marks(Table("nftpolicy", 0, (), (), ()), subjects, 0x800000, 200, 32)))
+    assert "ct original" not in untrusting and "counter" not in untrusting
