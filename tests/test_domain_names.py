@@ -574,10 +574,11 @@ def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes
     assert hold.over_budget == 40 - DEFAULT_BUDGET and sorted(queue.accepted) == list(range(41))
 
 
-def test_with_a_mark_the_hold_starts_once_a_full_replace_brought_its_subjects_and_follows_them(make_netns):
+def test_with_a_mark_the_hold_starts_once_a_full_replace_brought_its_subjects_and_follows_them(make_netns, caplog):
     """The first domain set comes by an incremental sync: no hold yet, a full replace is asked
-    for; the replace carries the subjects' set and the marking chains, then the hold starts;
-    later syncs change the set's elements only (netlink)."""
+    for; the replace carries the subjects' set and the marking chains, then the hold starts
+    (warning that any DNS server teaches: no --dns-learn-from); later syncs change the set's
+    elements only (netlink)."""
     ns = make_netns()
     cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
     assert not errors
@@ -591,6 +592,7 @@ def test_with_a_mark_the_hold_starts_once_a_full_replace_brought_its_subjects_an
         table = learning.carry(layout.table(build_rule_model(cluster, "node-1")), sets)
         dataplane.run(transaction.replacing(table))
         assert learning.sets_changed(sets, replaced=True) is False and learning._hold is not None
+        assert [r.levelname for r in caplog.records if "learning from the DNS answers of any server" in r.message] == ["WARNING"]
         assert "mark match 0x800000/0x800000" in xt.run(ns, ["iptables-nft-save", "-t", "security"]).replace(
             "-m mark --mark", "mark match")
         assert POD4 in nft(ns, "list", "set", "inet", "nftpolicy", "KUBE-DNS-SUBJECTS4")
@@ -795,6 +797,7 @@ def test_the_agent_learns_only_from_trusted_resolvers_and_counts_the_others(agen
         return metric(agent_bed, "nftpolicy_dns_untrusted_packets_total") > 0
 
     eventually(asked_rogue, timeout=20)
+    assert "learning from the DNS answers of any server" not in "".join(p.read_text() for p in agent_bed.tmp.glob("agent*.log"))
     assert not agent_bed.connects("10.0.2.80")
     [address] = agent_bed.resolve("poison.cdn.example")
     assert address == "10.0.2.134" and agent_bed.connects(address)
