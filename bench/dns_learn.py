@@ -63,6 +63,7 @@ from nftpolicy.agent.dataplane import netns  # noqa: E402
 from nftpolicy.translators.domainnames import DomainSet, domain_sets  # noqa: E402
 from nftpolicy.translators.manifests import build_cluster  # noqa: E402
 from tests.test_domain_names import NAMESPACE, POD, POD4, POLICY, Bed  # noqa: E402
+from checkouts import git_head, shadow  # noqa: E402  (this bench's folder: the script's own)
 
 FLOODER4, FLOOD_SERVER4 = "10.0.3.2", "10.0.2.54"
 # The flooder's DNS server: every question answered with the records of argv[2] (hex: flood_records).
@@ -428,22 +429,6 @@ def main() -> int:
             results[f"{label} ({git_head(tree)})"] = json.loads(proc.stdout.splitlines()[-1])
         print_flood(results, args.flood_seconds, args.records, args.nice, args.busy)
     return 0
-
-
-def shadow(tree: str) -> Path:
-    """A directory whose ``nftpolicy`` is checkout ``tree`` (a symlink), for PYTHONPATH: it comes
-    before the editable install's finder."""
-    where = Path(tempfile.mkdtemp(prefix="nftp-against"))
-    (where / "nftpolicy").symlink_to(Path(tree).resolve())
-    return where
-
-
-def git_head(tree: str | None) -> str:
-    """The short commit of checkout ``tree`` (None: this one), or its directory's name when it
-    is no git checkout (an exported tree)."""
-    where = tree or str(Path(__file__).resolve().parents[1])
-    head = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return head or Path(where).name
 
 
 if __name__ == "__main__":

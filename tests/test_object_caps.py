@@ -59,7 +59,8 @@ def test_the_count_bounds_what_the_chain_builders_emit(obj):
 
 
 def test_peers_and_ports_count_as_a_sum_and_egress_named_ports_as_the_product_they_are():
-    assert policy_cost(policy_from(peers_by_ports(1000, 1000))).rules == 2000 + 1000 + 1
+    # the 1000 pod peers are one union set per family: 2 peer rules, the ports' 1000 (the iptables variant's), the "decided" return
+    assert policy_cost(policy_from(peers_by_ports(1000, 1000))).rules == 2 + 1000 + 1
     assert policy_cost(policy_from(peers_by_ports(100, 100, "egress", named=True))).rules == 100 * 2 * 100
     block = netpol({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "::/0", "except": [f"fd00::{i:x}/128" for i in range(50)]}}]}]})
     assert policy_cost(policy_from(block)).elements == 1 + 50 * 128
@@ -67,8 +68,8 @@ def test_peers_and_ports_count_as_a_sum_and_egress_named_ports_as_the_product_th
 
 def test_over_limit_names_the_first_cap_exceeded():
     limits = ObjectLimits(rules=10, elements=5)
-    beyond = over_limit(policy_cost(policy_from(peers_by_ports(6, 6))), limits)
-    assert isinstance(beyond, OverLimit) and (beyond.limit, beyond.value) == ("rules", 6 * 2 + 6 + 1)
+    beyond = over_limit(policy_cost(policy_from(peers_by_ports(6, 12))), limits)
+    assert isinstance(beyond, OverLimit) and (beyond.limit, beyond.value) == ("rules", 2 + 12 + 1)
     assert "exceed the cap of 10 per object (--max-object-rules)" in str(beyond)
     assert over_limit(policy_cost(policy_from(peers_by_ports(2, 2))), limits) is None
 
@@ -79,7 +80,7 @@ def test_the_store_enforces_an_object_beyond_a_cap_fail_closed_with_an_event_and
     writer = MemoryWriter()
     recorder = EventRecorder(writer, "node1", metrics)
     store.failed_closed = recorder.failed_closed
-    store.replace("NetworkPolicy", [peers_by_ports(60, 60), netpol({"podSelector": {}, "ingress": [{}]}, name="fine")])
+    store.replace("NetworkPolicy", [peers_by_ports(60, 120), netpol({"podSelector": {}, "ingress": [{}]}, name="fine")])
     closed, fine = store.get("NetworkPolicy", "x/p"), store.get("NetworkPolicy", "x/fine")
     assert closed.policy_types == frozenset({"ingress"}) and closed.ingress == () and fine.ingress != ()
     sample = metrics.registry.get_sample_value
@@ -88,7 +89,7 @@ def test_the_store_enforces_an_object_beyond_a_cap_fail_closed_with_an_event_and
     assert sample("nftpolicy_invalid_objects", {"kind": "NetworkPolicy"}) == 1
     drain(recorder)
     (event,) = writer.events.values()
-    assert event["reason"] == OVER_LIMIT and "181 rules exceed the cap of 100 per object (--max-object-rules)" in event["message"]
+    assert event["reason"] == OVER_LIMIT and "123 rules exceed the cap of 100 per object (--max-object-rules)" in event["message"]
     store.apply("NetworkPolicy", "MODIFIED", peers_by_ports(5, 5))  # back within the caps: enforced as written
     assert store.get("NetworkPolicy", "x/p").ingress != ()
     assert sample("nftpolicy_over_limit_objects", {"kind": "NetworkPolicy", "limit": "rules"}) == 0
@@ -99,7 +100,7 @@ def test_a_cluster_policy_beyond_a_cap_keeps_its_subject_and_denies_with_its_den
            "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {}}, "ingress": [
                {"action": action, "from": [{"namespaces": {"matchLabels": {"p": str(i)}}} for i in range(25)],
                 "protocols": [{"tcp": {"destinationPort": {"number": 1000 + i}}} for i in range(25)]} for action in ("Accept", "Deny")]}}
-    assert policy_cost(cluster_policy_from(obj)).rules == 2 * (25 * 2 + 25 + 1)
+    assert policy_cost(cluster_policy_from(obj)).rules == 2 * (2 + 25 + 1)  # the 25 peers: one union set per family
     store = Store(Metrics(), ObjectLimits(rules=50))
     store.replace("ClusterNetworkPolicy", [obj])
     closed = store.get("ClusterNetworkPolicy", "big")

@@ -24,7 +24,7 @@ from nftpolicy.agent.daemon.metrics import Metrics
 from nftpolicy.agent.daemon.quarantine import MAX_CHECKS, find_refused
 from nftpolicy.agent.daemon.reconcile import Reconciler
 from nftpolicy.agent.daemon.store import KINDS, Store
-from nftpolicy.translators import chainbuilders, nft, refusals, transaction
+from nftpolicy.translators import chainbuilders, layout, nft, refusals, transaction
 from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.noderender import build_rule_model
 from nftpolicy.translators.rules import Config
@@ -123,6 +123,25 @@ def test_find_refused_past_its_budget_holds_each_unresolved_group_whole():
     suspects = [("NetworkPolicy", f"ns/p{i}") for i in range(64)]
     found = find_refused(suspects, "all", lambda group: "refused", budget=3)  # every group is refused
     assert set(found) == set(suspects)
+
+
+def test_what_a_table_holds_of_a_policy_includes_its_union_sets():
+    """A rule of several pod peers and ipBlocks and several ports: its union sets (pods, and
+    the ipBlocks' networks) go with its chains into the dry run of that policy alone."""
+    union = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"namespace": "shop", "name": "union", "uid": "uu"},
+             "spec": {"podSelector": {"matchLabels": {"app": "api"}}, "ingress": [{"from": [
+                 {"podSelector": {"matchLabels": {"app": "frontend"}}}, {"podSelector": {"matchLabels": {"app": "db"}}},
+                 {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}, {"ipBlock": {"cidr": "10.1.2.0/24"}}],
+                 "ports": [{"port": 80}, {"port": 443}]}]}}
+    cluster, errors = build_cluster(("test", o) for o in _shop() + [union])
+    assert not errors
+    model = build_rule_model(cluster, NODE)
+    unions = {u.name for u in model.unions}
+    assert len(unions) == 2
+    part = refusals.only(layout.table(model), [("NetworkPolicy", "shop/union")])
+    assert unions <= {s.name for s in part.sets}
+    looked_up = {s.name for c in part.chains for r in c.rules for s in r.statements if isinstance(s, layout.AddressInSet)}
+    assert looked_up == {s.name for s in part.sets} and unions <= looked_up
 
 
 # ---- the reconcile loop, in memory --------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_a_missing_table_gives_no_samples(make_netns):
     collector.read()
     families = list(collector.collect())
     assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets", "nftpolicy_cluster_denied_packets",
-                                          "nftpolicy_dns_untrusted_packets"]
+                                          "nftpolicy_unknown_pod_over_budget_packets", "nftpolicy_dns_untrusted_packets"]
     assert all(not f.samples for f in families)
 
 

@@ -12,7 +12,9 @@ Semantics: DESIGN.md section 3 and the ``networking.k8s.io/v1`` NetworkPolicy AP
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import json
 import random
 import re
 from typing import Any
@@ -24,6 +26,7 @@ from nftpolicy.translators.manifests import build_cluster
 from nftpolicy.translators.model import (
     NAMESPACE_NAME_LABEL,
     IPBlock,
+    Namespace,
     family_of,
 )
 from nftpolicy.translators.selectors import LabelSelector, Requirement
@@ -306,13 +309,59 @@ def test_egress_peers(peers, allowed):
     assert model_allows(m, "10.0.1.2", IP["x/a"])  # ingress of x/a is not isolated by an egress-only policy
 
 
-def test_each_selector_peer_has_its_own_set_named_after_what_it_selects():
-    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[{"from": [
-        {"podSelector": labels(app="b")}, {"namespaceSelector": labels(team="blue"), "podSelector": labels(app="a")}]}]))
+def test_a_selector_peer_alone_in_its_rule_has_its_own_set_named_after_what_it_selects():
+    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[
+        {"from": [{"podSelector": labels(app="b")}]}, {"from": [{"namespaceSelector": labels(team="blue"), "podSelector": labels(app="a")}]}]))
     sets = rule_sets(m, "x/p", "ingress", "addr")
     assert {s.comment: s.elements for s in sets} == {"pods in x: app=b": ("10.0.0.2",),
                                                      "pods in namespaces team=blue: app=a": ("10.0.1.1",)}
-    assert all(s.name.startswith("KUBE-PODS-") for s in sets)
+    assert all(s.name.startswith("KUBE-PODS-") for s in sets) and not m.unions
+
+
+def test_a_rule_of_several_selector_peers_has_one_union_set_that_knows_which_peer_gives_what():
+    """kube-router's ipset per rule: the rule's pod-selector peers are one set per family, named
+    after all of them (the same peers in another order or policy: the same set); the model says
+    which peer gives which address, for explain and trace."""
+    both = [{"podSelector": labels(app="b")}, {"namespaceSelector": labels(team="blue"), "podSelector": labels(app="a")}]
+    m = model_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[{"from": both}]),
+                 netpol("x/q", labels(app="c"), egress=[{"to": both[::-1]}], types=["Egress"]))
+    (union,) = rule_sets(m, "x/p", "ingress", "addr")
+    assert rule_sets(m, "x/q", "egress", "addr") == [union] and len([s for s in m.sets if s.kind == "addr"]) == 1
+    assert union.name.startswith("KUBE-PODS-") and union.elements == ("10.0.0.2", "10.0.1.1")
+    assert union.comment == "2 peers: pods in x: app=b; pods in namespaces team=blue: app=a"
+    (peers,) = m.unions
+    assert peers.name == union.name
+    assert {p.text: p.elements for p in peers.peers} == {"pods in x: app=b": ("10.0.0.2",), "pods in namespaces team=blue: app=a": ("10.0.1.1",)}
+    assert peers.matching("10.0.1.1") == ("pods in namespaces team=blue: app=a",) and peers.matching("10.0.0.3") == ()
+    assert {src for src in SOURCES if model_allows(m, IP[src], IP["x/a"])} == {"x/b", "y/a"}
+    verdict = Enforcement({None: m}).verdict(Connection(IP["y/a"], IP["x/a"], "TCP", 80))
+    assert verdict.ingress.allowed_by.peers == ("pods in namespaces team=blue: app=a",)  # the peer that gave the address
+    denied = Enforcement({None: m}).verdict(Connection(IP["z/a"], IP["x/a"], "TCP", 80))
+    assert denied.ingress.rules[0].peers == ("pods in x: app=b", "pods in namespaces team=blue: app=a")  # every peer of the rule
+    from nftpolicy.translators.verdict import enforcement_from_json, enforcement_json
+    again = enforcement_from_json(json.loads(json.dumps(enforcement_json(Enforcement({None: m})))))  # the agent's debug endpoint
+    assert again.models[None].unions == m.unions
+    assert again.verdict(Connection(IP["y/a"], IP["x/a"], "TCP", 80)).ingress.allowed_by == verdict.ingress.allowed_by
+
+
+def test_a_union_set_counts_each_address_once_per_peer_that_gives_it():
+    """Pod y/a is in both peers of the union: relabelled out of one, its address stays; out of
+    both, it goes, and only that element changes (no set or chain rewritten)."""
+    from nftpolicy.translators.noderender import NodeRenderer
+
+    rule = [{"namespaceSelector": labels(team="blue")}, {"namespaceSelector": {}, "podSelector": labels(app="a")}]
+    cluster = cluster_of(*PEER_PODS, netpol("x/p", labels(app="a"), ingress=[{"from": rule}]))
+    renderer = NodeRenderer(None).load(cluster)
+    renderer.take_changes()
+    (union,) = [s for s in renderer.model().sets if s.kind == "addr"]
+    assert IP["y/a"] in union.elements
+    y_a = cluster.pods["y/a"]
+    renderer.set_pod("y/a", dataclasses.replace(y_a, labels={"app": "z"}))  # still in namespace y (team=blue)
+    assert not renderer.take_changes()
+    renderer.set_namespace("y", Namespace("y", {"kubernetes.io/metadata.name": "y", "team": "none"}))  # and out of the first peer too
+    changes = renderer.take_changes()
+    assert changes.elements_removed == {union.name: [IP["y/a"], IP["y/b"]]} and not changes.elements_added
+    assert not changes.chains and not changes.sets_added and not changes.sets_removed
 
 
 def test_policies_that_select_the_same_peers_share_one_set():
@@ -492,9 +541,13 @@ def interval_sets(m: RuleModel, direction: str = "ingress") -> dict[str, tuple]:
                  id="both-any"),
     pytest.param([ip_block("10.0.0.0/24"), ip_block("10.0.0.0/24")], {"ipBlock 10.0.0.0/24": ("10.0.0.0/24",)}, id="duplicate-one-set"),
     pytest.param([ip_block("10.0.0.0/16", "10.0.5.0/24"), ip_block("10.0.5.0/24")],
-                 {"ipBlock 10.0.0.0/16 except 10.0.5.0/24": ("10.0.0.0/22", "10.0.4.0/24", "10.0.6.0/23", "10.0.8.0/21",
-                                                              "10.0.16.0/20", "10.0.32.0/19", "10.0.64.0/18", "10.0.128.0/17"),
-                  "ipBlock 10.0.5.0/24": ("10.0.5.0/24",)}, id="each-peer-its-own-except"),
+                 {"2 peers: ipBlock 10.0.0.0/16 except 10.0.5.0/24; ipBlock 10.0.5.0/24": ("10.0.0.0/16",)},
+                 id="each-peer-its-own-except"),
+    pytest.param([ip_block("10.0.0.0/16", "10.0.5.0/24"), ip_block("10.1.0.0/16"), ip_block("fd00::/64")],
+                 {"2 peers: ipBlock 10.0.0.0/16 except 10.0.5.0/24; ipBlock 10.1.0.0/16": (
+                     "10.0.0.0/22", "10.0.4.0/24", "10.0.6.0/23", "10.0.8.0/21", "10.0.16.0/20", "10.0.32.0/19", "10.0.64.0/18",
+                     "10.0.128.0/17", "10.1.0.0/16"),
+                  "ipBlock fd00::/64": ("fd00::/64",)}, id="union-per-family"),
     pytest.param([ip_block("10.0.0.0/30", "10.0.0.1/32")], {"ipBlock 10.0.0.0/30 except 10.0.0.1/32": ("10.0.0.0/32", "10.0.0.2/31")},
                  id="except-hole"),
     pytest.param([ip_block("fd00::/126", "fd00::/128")], {"ipBlock fd00::/126 except fd00::/128": ("fd00::1/128", "fd00::2/127")},
@@ -502,7 +555,8 @@ def interval_sets(m: RuleModel, direction: str = "ingress") -> dict[str, tuple]:
 ])
 def test_ipblock_interval_sets(peers, expected):
     """One set per ipBlock (its CIDR minus its own excepts), named after it, shared by every rule
-    that names the same ipBlock; elements disjoint and in address order."""
+    that names the same ipBlock; a rule's several ipBlocks of a family: one union set (each
+    block minus its own excepts, merged); elements disjoint and in address order."""
     got = interval_sets(ipblock_model(*peers))
     assert got == expected
     for elements in got.values():
@@ -536,6 +590,22 @@ def test_ipblock_verdicts(peers, probes):
         assert model_allows(me, src, dst) is expected, dst
 
 
+def test_explain_names_the_ipblocks_of_a_union_that_hold_the_address():
+    """Several ipBlocks of a rule are one union set: explain names the block(s) whose networks
+    (each minus its own excepts) hold the peer, never one whose except removed it."""
+    m = ipblock_model(ip_block("10.0.0.0/8", "10.1.0.0/16"), ip_block("10.1.2.0/24"), ip_block("10.0.0.0/16"))
+    (union,) = m.unions
+    assert [p.text for p in union.peers] == ["ipBlock 10.0.0.0/16", "ipBlock 10.0.0.0/8 except 10.1.0.0/16", "ipBlock 10.1.2.0/24"]
+
+    def peers_of(src: str) -> tuple[str, ...]:
+        verdict = Enforcement({None: m}).verdict(Connection(src, "10.200.0.1", "TCP", 80))
+        return verdict.ingress.allowed_by.peers
+
+    assert peers_of("10.1.2.3") == ("ipBlock 10.1.2.0/24",)  # inside the first block's except: only the block that gives it
+    assert peers_of("10.0.0.9") == ("ipBlock 10.0.0.0/16", "ipBlock 10.0.0.0/8 except 10.1.0.0/16")
+    assert not model_allows(m, "10.1.3.3", "10.200.0.1")
+
+
 @pytest.mark.parametrize("block, expected", [
     (IPBlock(ipaddress.ip_network("10.0.0.0/24")), ["10.0.0.0/24"]),
     (IPBlock(ipaddress.ip_network("10.0.0.0/24"), (ipaddress.ip_network("10.0.0.0/25"),)), ["10.0.0.128/25"]),
@@ -553,6 +623,38 @@ def test_ipblock_verdicts(peers, probes):
 ])
 def test_ipblock_networks(block, expected):
     assert [str(n) for n in block.networks()] == expected
+
+
+def _network(bits: int, address: int, length: int) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    kind = ipaddress.IPv4Network if bits == 32 else ipaddress.IPv6Network
+    return kind((address >> (bits - length) << (bits - length), length))
+
+
+@settings(max_examples=300, deadline=None)
+@given(v6=st.booleans(), data=st.data())
+def test_a_union_of_ipblocks_is_what_ipaddress_makes_of_it(v6, data):
+    """The union set's networks (integer ranges: :func:`span_networks`) equal each block minus its
+    own excepts by ``address_exclude``, then ``collapse_addresses``: the fewest networks, in order."""
+    from nftpolicy.translators.model import span_networks
+    bits = 128 if v6 else 32
+    base = (0x20010DB8 << 96) if v6 else (10 << 24)
+    blocks = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        cidr = _network(bits, base + data.draw(st.integers(0, 4095)), data.draw(st.integers(bits - 12, bits)))
+        holes = [_network(bits, int(cidr.network_address) + data.draw(st.integers(0, cidr.num_addresses - 1)),
+                          data.draw(st.integers(cidr.prefixlen + 1, bits)))
+                 for _ in range(data.draw(st.integers(0, 3))) if cidr.prefixlen < bits]
+        blocks.append(IPBlock(cidr, tuple(holes)))
+    expected = []
+    for block in blocks:
+        remaining = [block.cidr]
+        for hole in block.excepts:
+            remaining = [part for net in remaining for part in ([net] if not net.overlaps(hole) else
+                                                                [] if net.subnet_of(hole) else net.address_exclude(hole))]
+        assert block.networks() == sorted(remaining)
+        expected += remaining
+    spans = sorted(span for block in blocks for span in block.spans())
+    assert span_networks(spans, 6 if v6 else 4) == list(ipaddress.collapse_addresses(expected))
 
 
 @pytest.mark.parametrize("block, address, expected", [
@@ -1146,12 +1248,13 @@ def test_a_rule_of_several_peers_and_ports_costs_peers_plus_ports_rules():
     (peers,) = chain.peer_chains
     assert [r.port.first for r in chain.rules] == list(range(1000, 1040))
     assert {r.peer_chain for r in chain.rules} == {peers.name} and all(r.peer_set is None for r in chain.rules)
-    assert len(peers.rules) == 30 and all(r.port is None and r.peer_set for r in peers.rules)
+    (union,) = peers.rules  # the 30 peers: one union set
+    assert union.port is None and len(set_named(m, union.peer_set).elements) == 30 and len(m.sets) == 1
     assert peers.name.startswith("KUBE-NWPLCY-") and peers.name != chain.name
     laid = {c.name: c for c in layout.table(m).chains}
     jump, done = laid[chain.name].rules  # the 40 ports as one port set, and the "decided" return
     assert layout.DestinationPortSet(((1000, 1039),)) in jump.statements and layout.Jump(peers.name) in jump.statements
-    assert len(laid[peers.name].rules) == 30
+    assert len(laid[peers.name].rules) == 1
     assert model_allows(m, "10.0.1.7", "10.0.0.1", port=1039) and model_allows(m, "10.0.1.29", "10.0.0.1", port=1000)
     assert not model_allows(m, "10.0.1.7", "10.0.0.1", port=1040) and not model_allows(m, "10.0.0.9", "10.0.0.1", port=1000)
 
@@ -1167,9 +1270,10 @@ def test_explain_names_the_peer_and_the_port_of_a_peer_chain():
 
 
 def test_a_rule_of_one_peer_or_one_port_stays_one_match_each():
-    for peers, ports in ((1, 5), (5, 1)):
-        chain = policy_chain(_peers_by_ports(peers, ports), "x/p", "ingress")
-        assert not chain.peer_chains and len(chain.rules) == 5 and all(r.peer_set for r in chain.rules)
+    chain = policy_chain(_peers_by_ports(1, 5), "x/p", "ingress")
+    assert not chain.peer_chains and len(chain.rules) == 5 and all(r.peer_set for r in chain.rules)
+    (rule,) = policy_chain(_peers_by_ports(5, 1), "x/p", "ingress").rules  # the 5 peers' union set and the port
+    assert rule.peer_set and rule.port == PortMatch("TCP", 1000, 1000)
 
 
 def test_a_port_set_merges_overlapping_ranges_and_explain_names_the_port_that_matched():

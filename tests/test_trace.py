@@ -360,8 +360,10 @@ def test_a_rule_that_matched_a_learned_address_names_the_dns_name_that_taught_it
 
 def test_a_peer_chain_rule_names_its_rule_and_the_peer_that_matched():
     """A rule of several peers and ports: its port match says it goes on to the peers, and the
-    peer chain's rule names the policy rule and what its peer set selects (from the model)."""
+    peer chain's rule names the policy rule and, of its union set's peers, the one that gives
+    the traced source (from the model); without the connection, what the union set selects."""
     from nftpolicy.translators import layout
+    from nftpolicy.translators.verdict import Connection
     from nftpolicy.agent.cli.commands.trace import listed_rules, rule_text
 
     from .test_rules import _peers_by_ports
@@ -369,6 +371,24 @@ def test_a_peer_chain_rule_names_its_rule_and_the_peer_that_matched():
     model = _peers_by_ports(3, 3)
     listing = [{"rule": {"chain": chain.name, "handle": 10 + i * 100 + j, "comment": rule.comment}}
                for i, chain in enumerate(layout.table(model).chains) for j, rule in enumerate(chain.rules)]
-    words = {rule_text(listed) for listed in listed_rules(listing, model).values()}
+    words = {rule_text(listed) for listed in listed_rules(listing, model, None, Connection("10.0.1.1", "10.0.0.1", "TCP", 1001)).values()}
     assert "policy x/p ingress rule 0: a port of it, to its peers" in words
-    assert {f"policy x/p ingress rule 0 (allows pods in x: app=p{i})" for i in range(3)} <= words
+    assert "policy x/p ingress rule 0 (allows pods in x: app=p1)" in words
+    unknown = {rule_text(listed) for listed in listed_rules(listing, model).values()}
+    assert "policy x/p ingress rule 0 (allows 3 peers: pods in x: app=p0; pods in x: app=p1; pods in x: app=p2)" in unknown
+
+
+def test_a_union_set_rule_of_a_policy_chain_names_the_peer_that_gave_the_address():
+    """Several peers and one port: one rule with the union set in the policy chain itself; trace
+    names the peer of the union that holds the traced source."""
+    from nftpolicy.translators import layout
+    from nftpolicy.translators.verdict import Connection
+    from nftpolicy.agent.cli.commands.trace import listed_rules, rule_text
+
+    from .test_rules import _peers_by_ports
+
+    model = _peers_by_ports(3, 1)
+    listing = [{"rule": {"chain": chain.name, "handle": 10 + i * 100 + j, "comment": rule.comment}}
+               for i, chain in enumerate(layout.table(model).chains) for j, rule in enumerate(chain.rules)]
+    words = {rule_text(listed) for listed in listed_rules(listing, model, None, Connection("10.0.1.2", "10.0.0.1", "TCP", 1000)).values()}
+    assert "policy x/p ingress rule 0 (allows pods in x: app=p2)" in words

@@ -7,8 +7,11 @@ What such a chain says depends only on the policy (and the address families in u
 :class:`~nftpolicy.translators.rules.MatchRule` per (peer, port) of each policy rule, whose peers
 name shared sets by key (:class:`~nftpolicy.translators.setstore.SetKey`). A peer is a
 :class:`~nftpolicy.translators.setstore.Scope` of pods (one address set per family) or an
-ipBlock (one interval set); peers of a rule are OR'ed. A rule with several peer sets and
-several ports is not multiplied out: one match per port jumps to the rule's
+ipBlock (one interval set); peers of a rule are OR'ed. A rule's several pod-selector peers are
+one union set per family, its several ipBlocks of a family one union interval set
+(:func:`~nftpolicy.translators.setstore.union_key`: kube-router's ipset per rule), so a rule of
+1,000 peers adds one set, not 1,000. A rule with several peers (or peer sets) and several ports
+is not multiplied out: one match per port jumps to the rule's
 :class:`~nftpolicy.translators.rules.PeerChain`, which holds one match per peer set (P + Q
 rules for P peer sets and Q ports; the API server bounds neither list).
 
@@ -48,7 +51,7 @@ from .model import (
 )
 from .rules import MatchRule, PeerChain, PodChain, PolicyChain, PortMatch, RuleOrigin, TierChain, address_order, comment, hashed_name
 from .selectors import ALL, LabelSelector, canonical_selector
-from .setstore import Scope, SetKey
+from .setstore import Scope, SetKey, union_key
 
 TIER_CHAIN_PREFIX = {"Admin": "KUBE-ANP-", "Baseline": "KUBE-BANP-"}
 
@@ -161,10 +164,10 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
     and the peer alternatives of the rule's peer chain (empty: none). ``peers`` None: any peer.
     ``use`` names a set key the rule uses (and takes note of it).
 
-    With ``chain_peers``, a rule of several peer sets and several port matches (numbered, or
-    ingress named) is not multiplied out: each port match has no peer set and ``jumps`` True
-    (its peers are matched in the rule's peer chain), and the peer sets come back as that
-    chain's alternatives. An egress named port's set holds its peers' addresses: it stays one
+    With ``chain_peers``, a rule of several peers (or peer sets) and several port matches
+    (numbered, or ingress named) is not multiplied out: each port match has no peer set and
+    ``jumps`` True (its peers are matched in the rule's peer chain), and the peer sets come back
+    as that chain's alternatives. An egress named port's set holds its peers' addresses: it stays one
     match per peer scope (:mod:`~nftpolicy.translators.objectcost` bounds what still multiplies)."""
     egress_named_only = direction == "egress" and bool(ports) and all(isinstance(p, NamedPort) for p in ports)
     # The peer sets, unless only egress named ports use this rule's peers (their own sets
@@ -173,7 +176,8 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
     if not ports:
         return [(family, peer_set, None, None, False) for family, peer_set in options], []
     multiplying = sum(1 for p in ports if isinstance(p, PortMatch) or direction == "ingress")
-    chained = options if chain_peers and len(options) > 1 and multiplying > 1 else []
+    several = len(options) > 1 or (len(peers or ()) > 1 and bool(options))  # several peers, even in one union set: a peer chain
+    chained = options if chain_peers and several and multiplying > 1 else []
     jumps = bool(chained)
     if jumps:
         options = [(None, None)]  # any peer here: the peer chain decides
@@ -197,21 +201,37 @@ def rule_matches(direction: Direction, peers: Sequence[PeerTarget] | None, ports
 def peer_sets(peers: Sequence[PeerTarget] | None, families: tuple[Family, ...],
               use: Callable[[SetKey], str]) -> list[PeerOption]:
     """(family, peer set) alternatives of a rule's peers: ``(None, None)`` for any peer, else an
-    address set per family for each pod scope, each domainNames peer and each Node selector, and
-    an interval set for each ipBlock."""
+    address set per family for the pod scopes (one scope's shared set, or the union set of
+    several, where the first of them is), for each domainNames peer and each Node selector, and
+    an interval set per family for the ipBlocks of that family (one block's shared set, or the
+    union set of several, where the first of them is)."""
     if peers is None:
         return [(None, None)]
+    scopes = list(dict.fromkeys(peer for peer in peers if isinstance(peer, Scope)))
+    blocks: dict[Family, dict[IPBlock, None]] = {}  # each family's distinct blocks, in order
+    for peer in peers:
+        if isinstance(peer, IPBlock):
+            blocks.setdefault(family_of(str(peer.cidr)), {})[peer] = None
     options: list[PeerOption] = []
+    placed: set[Family | None] = set()  # the union of scopes (None) and of each family's blocks, once
     for peer in peers:
         if isinstance(peer, Scope):
-            options.extend((f, use(SetKey("addr", f, peer))) for f in families)
+            if len(scopes) == 1:
+                options.extend((f, use(SetKey("addr", f, peer))) for f in families)
+            elif None not in placed:
+                placed.add(None)
+                options.extend((f, use(union_key(f, scopes))) for f in families)
         elif isinstance(peer, DomainNames):
             options.extend((f, use(SetKey("domain", f, names=peer.names))) for f in families)
         elif isinstance(peer, LabelSelector):
             options.extend((f, use(SetKey("nodes", f, nodes=peer))) for f in families)
         else:
             family = family_of(str(peer.cidr))
-            options.append((family, use(SetKey("interval", family, block=peer))))
+            if len(blocks[family]) == 1:
+                options.append((family, use(SetKey("interval", family, block=peer))))
+            elif family not in placed:
+                placed.add(family)
+                options.append((family, use(union_key(family, blocks[family]))))
     return options
 
 

@@ -60,6 +60,14 @@ RELEASED_CHAINS: dict[str, Hook] = {"NFTPOLICY-RELEASED-INPUT": "input", "NFTPOL
                                     "NFTPOLICY-RELEASED-OUTPUT": "output"}
 HOLD_QUEUE_PRIORITY = 150
 RELEASED_PRIORITY = HOLD_QUEUE_PRIORITY + 10
+# The budget of each source address for the hold (docs/design.md "One source cannot fill the
+# hold"): a base chain sends a packet it marked unknown here, which accepts it towards the hold
+# queue within its source's budget (a meter per family) and drops it beyond, behind a counter
+# per direction, in this order (the metric's labels: agent/daemon/rulecounters.py).
+TO_HOLD_CHAIN = "NFTPOLICY-TO-HOLD"
+HOLD_METERS: dict[Family, str] = {"ipv4": "NFTPOLICY-HOLD-SOURCES4", "ipv6": "NFTPOLICY-HOLD-SOURCES6"}
+HOLD_METER_TIMEOUT = 10  # seconds a source stays in a hold meter after its last packet (its budget refills sooner)
+OVER_BUDGET_DROPS: tuple[Direction, ...] = ("egress", "ingress")
 LOG_RATE = (10, "minute", 10)  # NFLOG of refused packets (a pod chain's, a Deny rule's): rate, per, burst (as kube-router)
 
 
@@ -190,13 +198,16 @@ class Limit:
 class PerAddressLimit:
     """At most ``rate`` packets a second, after a burst of ``burst``, for each ``field`` address
     of ``family``, counted in a meter (nft(8) METER: a dynamic set of the table) named ``meter``;
-    a packet over its address's rate does not match."""
+    a packet over its address's rate does not match, nor does one whose address finds the meter
+    full (65,535 addresses). ``timeout``: seconds an address stays in the meter after its last
+    packet (None: until the table is replaced)."""
 
     family: Family
     field: Field
     meter: str
     rate: int
     burst: int
+    timeout: int | None = None
 
 
 @dataclass(frozen=True)
@@ -660,6 +671,13 @@ def unknown_pod(family: Family, field: Field) -> tuple[Statement, ...]:
             LocalAddress(field, negated=True))
 
 
+def unknown_pod_field(rule: Rule) -> Field | None:
+    """The address (``saddr``, ``daddr``) that ``rule``, one of :func:`unknown_pod_rules`'s
+    marking or dropping rules, finds an unknown pod's; None for any other rule."""
+    return next((s.field for s in rule.statements
+                 if isinstance(s, AddressInSet) and s.negated and s.name == KNOWN_POD_SETS[s.family]), None)
+
+
 def unknown_pod_rules(config: Config, name: str) -> list[Rule]:
     """What base chain ``name`` does, before it dispatches, with a packet from or to an unknown
     pod (:func:`unknown_pod`) on an address it dispatches on, as ``config.unknown_pods`` says,
@@ -678,8 +696,30 @@ def unknown_pod_rules(config: Config, name: str) -> list[Rule]:
     rules = [Rule((*unknown_pod(family, field), CounterStatement(), SetMark(marks[FIELD_DIRECTION[field]])),
                   f"hold {FIELD_DIRECTION[field]} of an unknown pod ({family}): not programmed yet")
              for field in DISPATCH[name] for family in POD_CIDR_SETS]
-    return rules + [Rule((Marked(marks[FIELD_DIRECTION[field]]), VerdictStatement("accept")), f"to the hold: an unknown pod's {FIELD_DIRECTION[field]}")
+    return rules + [Rule((Marked(marks[FIELD_DIRECTION[field]]), Jump(TO_HOLD_CHAIN)),
+                         f"to the hold, within its source's budget: an unknown pod's {FIELD_DIRECTION[field]}")
                     for field in DISPATCH[name]]
+
+
+def to_hold_chain(config: Config) -> list[Chain]:
+    """With ``config.unknown_pods`` ``hold``: :data:`TO_HOLD_CHAIN`, where the base chains send
+    a packet they marked unknown (:func:`unknown_pod_rules`). It accepts the packet (towards
+    the hold queue) while its source address is within ``config.unknown_pod_rate`` packets a
+    second after a burst of ``config.unknown_pod_burst`` (one meter per family, shared by every
+    hook: :data:`HOLD_METERS`), and drops it beyond, behind a counter per direction
+    (:data:`OVER_BUDGET_DROPS`; a packet with both marks counts as egress): one source cannot
+    fill the kernel's queue of the hold (1,024 packets) and so delay or drop the first packets
+    of every other new pod on the node."""
+    if config.unknown_pods != "hold":
+        return []
+    marks = config.unknown_marks()
+    budget = [Rule((PerAddressLimit(family, "saddr", meter, config.unknown_pod_rate, config.unknown_pod_burst, HOLD_METER_TIMEOUT),
+                    VerdictStatement("accept")), f"to the hold: within its source's budget ({family})")
+              for family, meter in HOLD_METERS.items()]
+    over = [Rule((Marked(marks["egress"]), CounterStatement(), VerdictStatement("drop")),
+                 "drop an unknown pod's egress over its source's budget for the hold"),
+            Rule((CounterStatement(), VerdictStatement("drop")), "drop an unknown pod's ingress over its source's budget for the hold")]
+    return [Chain(TO_HOLD_CHAIN, (*budget, *over))]
 
 
 def base_chains(config: Config) -> list[Chain]:
@@ -756,6 +796,7 @@ def table(model: RuleModel) -> Table:
     chains += [laid for chain in model.policy_chains for laid in laid_chains(c, chain)]
     chains += [laid for chain in model.tier_chains for laid in laid_chains(c, chain)]
     chains += [pod_chain(c, pod) for pod in model.pod_chains]
+    chains += to_hold_chain(c)
     chains += base_chains(c)
     chains += released_chains(c)
     return Table(c.table, c.priority, model.sets, tuple(chains), dispatch_maps(model.pod_chains),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Iterable, Literal, Mapping
 
 from .selectors import LabelSelector, Labels, labels_of
 
@@ -128,23 +128,52 @@ class IPBlock:
     cidr: IPNetwork
     excepts: tuple[IPNetwork, ...] = ()
 
+    def spans(self) -> list[tuple[int, int]]:
+        """The CIDR with every except removed, as inclusive ranges of addresses (integers),
+        disjoint and in address order."""
+        at, end = int(self.cidr.network_address), int(self.cidr.broadcast_address)
+        spans = []
+        for hole in sorted(self.excepts):  # one family
+            low, high = int(hole.network_address), int(hole.broadcast_address)
+            if low > at:
+                spans.append((at, min(low - 1, end)))
+            at = max(at, high + 1)
+            if at > end:
+                return spans
+        return spans + [(at, end)]
+
     def networks(self) -> list[IPNetwork]:
-        """The CIDR with every except removed, as disjoint networks in address order."""
-        remaining = [self.cidr]
-        for hole in self.excepts:
-            kept: list[IPNetwork] = []
-            for net in remaining:
-                if not net.overlaps(hole):
-                    kept.append(net)
-                elif not net.subnet_of(hole):  # type: ignore[arg-type]
-                    kept.extend(net.address_exclude(hole))  # type: ignore[arg-type]
-            remaining = kept
-        return sorted(remaining)
+        """The CIDR with every except removed, as the fewest disjoint networks in address order."""
+        return span_networks(self.spans(), self.cidr.version)
 
     def contains(self, address: str) -> bool:
         """True when ``address`` is in the CIDR and in none of its excepts."""
         ip = ipaddress.ip_address(address)
         return ip in self.cidr and not any(ip in hole for hole in self.excepts)
+
+
+def span_networks(spans: Iterable[tuple[int, int]], version: int) -> list[IPNetwork]:
+    """The fewest networks of IP ``version`` (4 or 6) that hold exactly the addresses of
+    ``spans`` (inclusive ranges of addresses as integers, in order of their start; overlapping
+    and adjacent ones merge), in address order: each merged range cut into the largest aligned
+    blocks, as ``ipaddress.collapse_addresses`` would give them, in integers."""
+    bits = 32 if version == 4 else 128
+    network = ipaddress.IPv4Network if version == 4 else ipaddress.IPv6Network
+    merged: list[tuple[int, int]] = []
+    for low, high in spans:
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    found: list[IPNetwork] = []
+    for low, high in merged:
+        while low <= high:
+            size = low & -low or 1 << bits  # the largest block aligned at low
+            while low + size - 1 > high:
+                size >>= 1
+            found.append(network((low, bits + 1 - size.bit_length())))
+            low += size
+    return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,9 @@ def statement_json(s: Statement) -> Json:
         return {"limit": {"rate": s.rate, "per": s.per, "burst": s.burst}}
     if isinstance(s, layout.PerAddressLimit):
         limit = {"limit": {"rate": s.rate, "per": "second", "burst": s.burst}}
-        return {"meter": {"name": s.meter, "key": _payload(IP[s.family], s.field), "stmt": limit, "size": 65535}}
+        key = _payload(IP[s.family], s.field)
+        timed = key if s.timeout is None else {"elem": {"val": key, "timeout": s.timeout}}
+        return {"meter": {"name": s.meter, "key": timed, "stmt": limit, "size": 65535}}
     if isinstance(s, layout.CounterStatement):
         return {"counter": None}
     if isinstance(s, layout.SetMark):

@@ -222,10 +222,11 @@ class NodeRenderer:
         cluster = Cluster(namespaces=self.namespaces, pods=self.pods, cluster_policies=self.tiers.policies)
         return domain_sets(cluster, self.families)
 
-    def model(self, ordered: bool = True) -> RuleModel:
+    def model(self, ordered: bool = True, unions: bool = True) -> RuleModel:
         """The whole desired model, every tuple in a stable order (equal inputs, equal models);
         ``ordered=False`` leaves set elements unsorted (the kernel does not care; sorting 180,000
-        elements takes a third of a second)."""
+        elements takes a third of a second); ``unions=False`` leaves out which peer gives what to
+        each union set (:attr:`RuleModel.unions`: explain's and trace's, not the kernel's)."""
         self._refresh_pod_chains()
         return RuleModel(
             config=self.config,
@@ -233,6 +234,7 @@ class NodeRenderer:
             policy_chains=tuple(sorted((c for c, _ in self.policies.chains.values()), key=lambda c: c.name)),
             pod_chains=tuple(sorted((c for chains in self._pod_chains.values() for c in chains), key=lambda c: c.name)),
             tier_chains=tuple(sorted((c for c, _ in self.tiers.chains.values()), key=lambda c: c.name)),
+            unions=tuple(sorted(self.sets.unions(), key=lambda u: u.name)) if unions else (),
         )
 
     def counts(self) -> dict[str, int]:
@@ -393,10 +395,11 @@ def _family_counts(pods: Iterable[Pod]) -> dict[Family, int]:
     return {"ipv4": v4, "ipv6": v6}
 
 
-def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config()) -> RuleModel:
-    """Render the desired ruleset of ``node`` (None: every pod counts as local) from scratch.
+def build_rule_model(cluster: Cluster, node: str | None, config: Config = Config(), unions: bool = True) -> RuleModel:
+    """Render the desired ruleset of ``node`` (None: every pod counts as local) from scratch
+    (``unions``: as :meth:`NodeRenderer.model`).
 
     Returns a :class:`RuleModel` with every tuple in a stable order, so equal clusters give equal
     models whatever the input order.
     """
-    return NodeRenderer(node, config).load(cluster).model()
+    return NodeRenderer(node, config).load(cluster).model(unions=unions)

@@ -2,9 +2,10 @@
 anything is built: the per-object caps (issue 30, "Caps that fail closed, never an OOM").
 
 The API server bounds neither a NetworkPolicy rule's peers nor its ports, nor an ipBlock's
-excepts. :mod:`~nftpolicy.translators.chainbuilders` makes a rule of P peer sets and Q ports
-cost P + Q rules (its peer chain), but some shapes still multiply: an egress named port is one
-set and one rule per peer scope, family and named port; a rule of one peer set and Q ports, or
+excepts. :mod:`~nftpolicy.translators.chainbuilders` makes a rule's pod-selector peers one
+union set per family and its ipBlocks one union interval set per family, and a rule of P peer
+sets and Q ports cost P + Q rules (its peer chain), but some shapes still multiply: an egress
+named port is one set and one rule per peer scope, family and named port; a rule of one peer set and Q ports, or
 of P peer sets and one port, is P x Q matches of one side of 1 (linear); an ipBlock's excepts
 split its CIDR into up to one network per except and prefix bit. :func:`policy_cost` counts
 those, as an upper bound of what the chain builders emit for both address families, in O(size
@@ -27,9 +28,10 @@ FAMILY_COUNT = 2  # an upper bound: a pod peer is one set per address family in 
 class ObjectLimits:
     """The caps of one policy object: ``rules`` (the rules of its chains, peer chains included,
     counted by :func:`policy_cost`), ``elements`` (the networks of its ipBlocks after their
-    excepts). Defaults sized from ``bench/hostile_shapes.py``: 1000 peers x 1000 ports is 1,030
-    rules in nft (3,001 counted: the iptables variant's rule per port), 5,000 ipBlocks with two
-    excepts each 5,028 rules and 45,000 elements (render 1.2 s, 106 MiB)."""
+    excepts). Defaults sized from ``bench/hostile_shapes.py``: 1000 peers x 1000 ports is 3
+    rules in nft and one union set per family (1,003 counted: the iptables variant's rule per
+    port), 5,000 ipBlocks with two excepts each one rule and one set of 45,000 networks (85,000
+    counted)."""
 
     rules: int = 10_000
     elements: int = 100_000
@@ -60,18 +62,20 @@ def _block_elements(block: IPBlock) -> int:
     return 1 + sum(max(0, hole.prefixlen - block.cidr.prefixlen) for hole in block.excepts)
 
 
-def _rule_cost(direction: Direction, pod_peers: int, other_peers: int, numbered: int, named: int) -> int:
-    """The rules one policy rule costs: ``pod_peers`` (a set per family each) and
-    ``other_peers`` (one set each) peer alternatives (both 0: any peer), ``numbered`` port
-    matches and ``named`` named-port matches (each protocol a match)."""
-    options = pod_peers * FAMILY_COUNT + other_peers or 1
+def _rule_cost(direction: Direction, pod_peers: int, other_peers: int, numbered: int, named: int, blocks: int = 0) -> int:
+    """The rules one policy rule costs: ``pod_peers`` (one set per family for all of them: one
+    peer's own, or the union of several), ``other_peers`` (a set per family each) and
+    ``blocks`` ipBlocks (one set per family for all of them) peer alternatives (all 0: any
+    peer), ``numbered`` port matches and ``named`` named-port matches (each protocol a match)."""
+    options = (min(pod_peers, 1) + other_peers) * FAMILY_COUNT + min(blocks, FAMILY_COUNT) or 1
     if not numbered and not named:
         return options
+    peers = pod_peers + other_peers + blocks
     if direction == "egress":  # a named port's set per peer scope and family; numbered ports as ingress's
-        scopes = (pod_peers + other_peers or 1) * FAMILY_COUNT
-        return scopes * named + (options + numbered + 1 if options > 1 and numbered > 1 else options * numbered)
+        scopes = (peers or 1) * FAMILY_COUNT
+        return scopes * named + (options + numbered + 1 if (options > 1 or peers > 1) and numbered > 1 else options * numbered)
     ports = numbered + named * FAMILY_COUNT
-    return options + ports + 1 if options > 1 and ports > 1 else options * ports
+    return options + ports + 1 if (options > 1 or peers > 1) and ports > 1 else options * ports
 
 
 def policy_cost(policy: NetworkPolicy | ClusterNetworkPolicy) -> ObjectCost:
@@ -83,14 +87,15 @@ def policy_cost(policy: NetworkPolicy | ClusterNetworkPolicy) -> ObjectCost:
                 blocks = [p.ip_block for p in rule.peers if p.ip_block is not None]
                 elements += sum(map(_block_elements, blocks))
                 named = sum(1 for p in rule.ports if isinstance(p.port, str))
-                rules += _rule_cost(direction, len(rule.peers) - len(blocks), len(blocks), len(rule.ports) - named, named)
+                rules += _rule_cost(direction, len(rule.peers) - len(blocks), 0, len(rule.ports) - named, named, len(blocks))
         else:
             for crule in policy.rules(direction):
                 networks = sum(len(p.networks) for p in crule.peers)
                 elements += networks
                 named = sum(1 for p in crule.ports if p.name is not None) * len(PROTOCOLS)
-                pods = sum(1 for p in crule.peers if not p.networks)
-                rules += _rule_cost(direction, pods, networks, sum(1 for p in crule.ports if p.name is None), named)
+                pods = sum(1 for p in crule.peers if p.namespaces is not None or p.pods is not None)
+                others = sum(1 for p in crule.peers if p.domain_names or p.nodes is not None)
+                rules += _rule_cost(direction, pods, others, sum(1 for p in crule.ports if p.name is None), named, networks)
     return ObjectCost(rules, elements)
 
 

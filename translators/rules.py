@@ -61,7 +61,9 @@ class Config:
     to an unknown pod gets (:data:`UnknownPods`); ``pod_cidrs``: the node's pod CIDRs where the
     CNI's IPAM does not use ``Node.spec.podCIDRs`` (empty: those); ``unknown_ingress_mark`` and
     ``unknown_egress_mark`` are set on a packet to hold whose destination (source) is an
-    unknown pod, ``released_mark`` by the agent on a packet it releases.
+    unknown pod, ``released_mark`` by the agent on a packet it releases. ``unknown_pod_rate`` and
+    ``unknown_pod_burst``: the packets a second (after a burst of rate + burst, nft's limit)
+    that one source address may send towards the hold (:func:`~nftpolicy.translators.layout.to_hold_chain`).
     """
 
     table: str = "nftpolicy"
@@ -79,6 +81,8 @@ class Config:
     unknown_ingress_mark: int = 0x1000000
     unknown_egress_mark: int = 0x2000000
     released_mark: int = 0x4000000
+    unknown_pod_rate: int = 20
+    unknown_pod_burst: int = 40
 
     def unknown_marks(self) -> dict[Direction, int]:
         """The unknown mark of each direction: ``ingress`` (the destination is an unknown pod),
@@ -100,6 +104,33 @@ class AddressSet:
     kind: Literal["addr", "interval", "named_port", "domain"]
     elements: tuple[Any, ...]
     comment: str
+
+
+@dataclass(frozen=True)
+class UnionPeer:
+    """One peer of a union set (:class:`UnionSet`): ``text``, what it selects (the comment its
+    own set would have: ``pods in x: app=web``, ``ipBlock 10.0.0.0/8 except 10.1.0.0/16``), and
+    the ``elements`` it gives the union (addresses, or the networks of its ipBlock minus its own
+    excepts), sorted."""
+
+    text: str
+    elements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class UnionSet:
+    """Which peer gives what to the union set ``name`` (of a rule with several pod-selector
+    peers, or several ipBlocks of one family), for explain and trace to name the peer(s) a
+    connection matched; the kernel's set holds only the union."""
+
+    name: str
+    peers: tuple[UnionPeer, ...]
+
+    def matching(self, address: str) -> tuple[str, ...]:
+        """The texts of the peers that give ``address`` (canonical text) to the union."""
+        ip = ipaddress.ip_address(address)
+        return tuple(peer.text for peer in self.peers
+                     if any(ip in ipaddress.ip_network(e) if "/" in e else ip == ipaddress.ip_address(e) for e in peer.elements))
 
 
 @dataclass(frozen=True)
@@ -236,13 +267,16 @@ class PodChain:
 
 @dataclass(frozen=True)
 class RuleModel:
-    """The whole desired ruleset for one node, every tuple sorted for stable output."""
+    """The whole desired ruleset for one node, every tuple sorted for stable output.
+    ``unions``: the peers of each union set of ``sets`` (empty where the model was made
+    without them: the agent's commit needs none)."""
 
     config: Config
     sets: tuple[AddressSet, ...]
     policy_chains: tuple[PolicyChain, ...]
     pod_chains: tuple[PodChain, ...]
     tier_chains: tuple[TierChain, ...] = ()
+    unions: tuple[UnionSet, ...] = ()
 
 
 AnyChain = PolicyChain | PodChain | TierChain

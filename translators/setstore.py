@@ -7,7 +7,12 @@ same thing uses one set. Its key (:class:`SetKey`) is a :class:`Scope` of pods (
 the namespaces a namespaceSelector matches; a podSelector; optionally only this node's pods, or
 only addresses inside an ipBlock), an ipBlock with its excepts, or a label selector over Nodes
 (a ClusterNetworkPolicy ``nodes`` peer: the selected Nodes' InternalIP and ExternalIP
-addresses), plus the family and, for named ports, the port name and protocol. A set appears with its first user and goes with its last
+addresses), plus the family and, for named ports, the port name and protocol. A rule of several
+pod-selector peers has one **union set** per family instead of a set per peer (its key holds
+every scope: kube-router's ipset per rule), and a rule of several ipBlocks of a family one union
+interval set (each block minus its own excepts, the union merged): the key is registered under
+each of its scopes, and it counts, for each address, how many of its scopes give it, so a pod
+change still costs O(change). A set appears with its first user and goes with its last
 (reference counts: :meth:`SelectorSets.acquire`, :meth:`SelectorSets.release`). Each set keeps
 how many pods give each element, so a pod change adds or deletes only the elements that change,
 in only the sets whose scope holds the pod; a namespace label change moves only the pods of the
@@ -19,7 +24,6 @@ matched it before or matches it now.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,8 +31,8 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 import orjson
 
-from .model import Family, IPBlock, Node, Pod, Protocol
-from .rules import AddressSet, Changes, comment, hashed_name
+from .model import Family, IPBlock, Node, Pod, Protocol, span_networks
+from .rules import AddressSet, Changes, UnionPeer, UnionSet, comment, hashed_name
 from .selectors import LabelSelector, Labels, Requirement, selector_text
 
 SetKind = Literal["addr", "interval", "named_port", "domain", "nodes"]
@@ -55,6 +59,12 @@ class Scope:
     def __hash__(self) -> int:  # computed once: scopes key the dictionaries every change looks up
         return self._hash
 
+    @functools.cached_property
+    def identity(self) -> bytes:
+        """The scope as canonical JSON, what the names of the sets that draw from it hash
+        (computed once: a union set's name and order hash a thousand of them)."""
+        return orjson.dumps(_fields(self))
+
     def text(self) -> str:
         """What the scope selects, in words: ``pods in x: app=b``,
         ``pods in namespaces team=blue: all``, ``pods in namespaces all inside 10.0.0.0/8``."""
@@ -66,9 +76,11 @@ class Scope:
 
 @dataclass(frozen=True)
 class SetKey:
-    """The identity of a shared set: pod addresses of a scope (``addr``), the networks of an
-    ipBlock (``interval``), ``address . protocol . port`` of a scope's pods that have the
-    named container port (``named_port``), the addresses DNS answers gave for a domainNames
+    """The identity of a shared set: pod addresses of a scope (``addr``), or of the union of
+    ``scopes`` (a rule's several pod-selector peers, canonical order: :func:`union_key`), the
+    networks of an ipBlock (``interval``), or of the union of ``blocks`` (a rule's several
+    ipBlocks of one family, each minus its own excepts), ``address . protocol . port`` of a
+    scope's pods that have the named container port (``named_port``), the addresses DNS answers gave for a domainNames
     peer's ``names`` (``domain``: the agent adds them with a timeout; the translator gives none),
     or the peer addresses of the Nodes that the canonical label selector ``nodes`` matches
     (``nodes``: :data:`~nftpolicy.translators.selectors.ALL` for every Node; printed as an
@@ -82,10 +94,13 @@ class SetKey:
     protocol: Protocol | None = None
     names: tuple[str, ...] = ()
     nodes: LabelSelector | None = None
+    scopes: tuple[Scope, ...] = ()
+    blocks: tuple[IPBlock, ...] = ()
 
     @functools.cached_property
     def _hash(self) -> int:
-        return hash((self.kind, self.family, self.scope, self.block, self.port, self.protocol, self.names, self.nodes))
+        return hash((self.kind, self.family, self.scope, self.block, self.port, self.protocol, self.names, self.nodes, self.scopes,
+                     self.blocks))
 
     def __hash__(self) -> int:  # computed once: set keys key the dictionaries every element count looks up
         return self._hash
@@ -101,8 +116,17 @@ class SetKey:
         return hashed_name(prefix, orjson.dumps(_identity(self)).decode())
 
     @functools.cached_property
+    def parts(self) -> tuple["SetKey", ...]:
+        """A union set's peers, each as the key of its own set (what it selects and gives the
+        union); empty for any other set."""
+        return (tuple(SetKey("addr", self.family, scope) for scope in self.scopes)
+                + tuple(SetKey("interval", self.family, block=block) for block in self.blocks))
+
+    @functools.cached_property
     def description(self) -> str:
         """What the set holds, in words (its comment, and the identity its name hashes)."""
+        if self.parts:
+            return f"{len(self.parts)} peers: " + "; ".join(part.description for part in self.parts)
         if self.kind == "interval":
             assert self.block is not None
             return f"ipBlock {block_text(self.block)}"
@@ -118,11 +142,12 @@ class SetKey:
 
 def _identity(value: Any) -> Any:
     """A set key as plain JSON data, fields by name (what its name hashes); a key's empty
-    ``names`` and unset ``nodes`` are left out, so the sets that have none keep the names they
-    had before those fields existed."""
-    if isinstance(value, (SetKey, Scope, IPBlock, LabelSelector, Requirement)):
-        return {f: _identity(getattr(value, f)) for f in value.__dataclass_fields__
-                if not (f == "names" and not getattr(value, f)) and not (f == "nodes" and getattr(value, f) is None)}
+    ``names``, ``scopes`` and ``blocks`` and unset ``nodes`` are left out, so the sets that have
+    none keep the names they had before those fields existed."""
+    if isinstance(value, Scope):
+        return orjson.Fragment(value.identity)
+    if isinstance(value, (SetKey, IPBlock, LabelSelector, Requirement)):
+        return _fields(value)
     if isinstance(value, (tuple, list)):
         return [_identity(v) for v in value]
     if isinstance(value, frozenset):
@@ -130,9 +155,33 @@ def _identity(value: Any) -> Any:
     return value if value is None or isinstance(value, (str, int, bool)) else str(value)
 
 
+def _fields(value: SetKey | Scope | IPBlock | LabelSelector | Requirement) -> dict[str, Any]:
+    """:func:`_identity` of a dataclass: its fields by name."""
+    return {f: _identity(getattr(value, f)) for f in value.__dataclass_fields__
+            if not (f in ("names", "scopes", "blocks") and not getattr(value, f)) and not (f == "nodes" and getattr(value, f) is None)}
+
+
+def union_key(family: Family, members: Iterable[Scope | IPBlock]) -> SetKey:
+    """The key of the union set of a rule's several pod-selector peers (``members`` all
+    :class:`Scope` values: an ``addr`` set) or several ipBlocks of ``family`` (all
+    :class:`IPBlock` values: an ``interval`` set), in a canonical order (duplicates once), so
+    the same peers in any order name one set. The caller gives at least two distinct members
+    (one peer keeps its own shared set)."""
+    ordered = sorted(set(members), key=lambda m: orjson.dumps(_identity(m)))
+    scopes = tuple(m for m in ordered if isinstance(m, Scope))
+    blocks = tuple(m for m in ordered if isinstance(m, IPBlock))
+    assert len(ordered) > 1 and not (scopes and blocks)
+    return SetKey("addr", family, scopes=scopes) if scopes else SetKey("interval", family, blocks=blocks)
+
+
 def block_text(block: IPBlock) -> str:
     """``10.0.0.0/8 except 10.1.0.0/16``."""
     return str(block.cidr) + (" except " + ", ".join(map(str, block.excepts)) if block.excepts else "")
+
+
+def _scopes(key: SetKey) -> tuple[Scope, ...]:
+    """The scopes set ``key`` draws from: its own, a union's, or none."""
+    return key.scopes or ((key.scope,) if key.scope is not None else ())
 
 
 def _node_elements(key: SetKey, node: Node) -> tuple[str, ...]:
@@ -143,7 +192,8 @@ def _node_elements(key: SetKey, node: Node) -> tuple[str, ...]:
 
 
 def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
-    """The elements ``pod`` gives set ``key`` (given that it is in the key's scope)."""
+    """The elements ``pod`` gives set ``key`` (given that it is in the key's scope, or in one of
+    a union's scopes: a union's scopes have no ``block``)."""
     v6 = key.family == "ipv6"
     ips = tuple(ip for ip in pod.ips if (":" in ip) == v6)
     if key.scope is not None and key.scope.block is not None:
@@ -156,9 +206,12 @@ def _elements(key: SetKey, pod: Pod) -> tuple[Any, ...]:
 
 
 def _block_elements(key: SetKey) -> tuple[str, ...]:
-    """The networks of interval set ``key``: its ipBlock minus its excepts, collapsed."""
-    assert key.block is not None
-    return tuple(str(n) for n in ipaddress.collapse_addresses(key.block.networks()))  # type: ignore[type-var]  # one family
+    """The networks of interval set ``key``: its ipBlock minus its excepts (a union: each of its
+    blocks minus its own excepts, so one block's except never removes another's addresses),
+    collapsed."""
+    blocks = key.blocks or ((key.block,) if key.block is not None else ())
+    spans = sorted(span for block in blocks for span in block.spans())
+    return tuple(map(str, span_networks(spans, blocks[0].cidr.version)))
 
 
 def _packed(ip: str) -> bytes:
@@ -247,7 +300,7 @@ class SelectorSets:
                 inside.difference_update(scopes)
             for scope in scopes:
                 for key in self._scope_sets[scope]:
-                    self._count(key, self._scope_elements(key, self._scope_groups(scope, (name,))), 1 if now else -1)
+                    self._count(key, self._scope_elements(key, scope, self._scope_groups(scope, (name,))), 1 if now else -1)
 
     def pod_changed(self, key: str, before: Pod | None, after: Pod | None) -> None:
         """Pod ``key`` that counts changed from ``before`` to ``after`` (None: absent or not
@@ -314,9 +367,9 @@ class SelectorSets:
         live = self._sets.get(key)
         if live is None:
             live = self._sets[key] = _Set(networks=_block_elements(key) if key.kind == "interval" else ())
-            if key.scope is not None:
-                self._watch(key.scope, key)
-            elif key.nodes is not None:
+            for scope in _scopes(key):
+                self._watch(scope, key)
+            if key.nodes is not None:
                 self._watch_nodes(key.nodes, key)
             if key in self._dead:  # gone and back within one change window: report the difference
                 held, now = self._dead.pop(key), set(live.counts)
@@ -335,12 +388,12 @@ class SelectorSets:
         if live.users:
             return
         del self._sets[key]
-        if key.scope is not None:
-            users = self._scope_sets[key.scope]
+        for scope in _scopes(key):
+            users = self._scope_sets[scope]
             users.discard(key)
             if not users:
-                self._unwatch(key.scope)
-        elif key.nodes is not None:
+                self._unwatch(scope)
+        if key.nodes is not None:
             users = self._node_sets[key.nodes]
             users.discard(key)
             if not users:
@@ -354,6 +407,18 @@ class SelectorSets:
     def address_sets(self, ordered: bool = True) -> list[AddressSet]:
         """Every live set with its elements (``ordered=False``: elements unsorted)."""
         return [self._address_set(key, ordered) for key in self._sets]
+
+    def unions(self) -> list[UnionSet]:
+        """The peers of every live union set, each with the elements it gives (computed here,
+        from the indexes: the counts hold only the union)."""
+        return [UnionSet(key.name, tuple(UnionPeer(comment(part.description), self._given(part)) for part in key.parts))
+                for key in self._sets if key.parts]
+
+    def _given(self, part: SetKey) -> tuple[str, ...]:
+        """What one peer of a union set (``part``: the key its own set would have) gives it."""
+        if part.scope is None:
+            return _block_elements(part)
+        return tuple(_sorted_elements(part, set(self._scope_elements(part, part.scope, self._scope_groups(part.scope)))))
 
     def counts(self) -> tuple[int, int]:
         """How many sets live and how many elements they hold."""
@@ -405,7 +470,7 @@ class SelectorSets:
                 for name in matched:
                     self._scopes_in.setdefault(name, set()).add(scope)
         users.add(key)
-        self._sets[key].counts.update(self._scope_elements(key, self._scope_groups(scope)))
+        self._sets[key].counts.update(self._scope_elements(key, scope, self._scope_groups(scope)))
 
     def _watch_nodes(self, selector: LabelSelector, key: SetKey) -> None:
         """Node set ``key`` (new) takes the addresses of the Nodes ``selector`` matches."""
@@ -431,11 +496,10 @@ class SelectorSets:
             if not users:
                 del self._selector_scopes[selector], self._selector_matches[selector]
 
-    def _scope_elements(self, key: SetKey, groups: list[dict[str, Pod]]) -> list[Any]:
-        """The elements the pods of ``groups`` (in the namespaces and podSelector of the key's
-        scope) give set ``key``, one per pod that gives it (``local`` applied here)."""
-        scope = key.scope
-        assert scope is not None
+    def _scope_elements(self, key: SetKey, scope: Scope, groups: list[dict[str, Pod]]) -> list[Any]:
+        """The elements the pods of ``groups`` (in the namespaces and podSelector of ``scope``,
+        the key's or one of a union's) give set ``key``, one per pod that gives it (``local``
+        applied here)."""
         if key.kind == "addr" and scope.block is None and not scope.local:  # the common case, without a call per pod
             v6 = key.family == "ipv6"
             return [ip for members in groups for pod in members.values() for ip in pod.ips if (":" in ip) == v6]

@@ -50,7 +50,9 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from . import layout
 from .model import Cluster, Direction, Pod, family_of
 from .noderender import build_rule_model
-from .rules import AddressSet, Config, MatchRule, PeerChain, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain, UnknownPods
+from .rules import (
+    AddressSet, Config, MatchRule, PeerChain, PodChain, PolicyChain, PortMatch, RuleModel, RuleOrigin, TierChain, UnionPeer, UnionSet, UnknownPods,
+)
 from .tablewalk import Connection as Connection, ConnectionProtocol as ConnectionProtocol  # the engine's input, named here too
 from .tablewalk import Step, TableWalker, Walk, canonical
 
@@ -153,6 +155,7 @@ class _Node:
         self.tier_chains = {chain.name: chain for chain in model.tier_chains}
         self.pod_chains = {chain.name: chain for chain in model.pod_chains}
         self.sets = {s.name: s for s in model.sets}
+        self.unions = {u.name: u for u in model.unions}
         self.pods = {canonical(e.address): e.pod for m in self.walker.table.maps for e in m.elements}
         chains: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains]
         self.peer_chains: dict[str, tuple[PolicyChain | TierChain, PeerChain]] = {p.name: (c, p) for c in chains for p in c.peer_chains}
@@ -184,6 +187,14 @@ class _Node:
     def describe(self, name: str) -> str:
         """What set ``name`` selects (its comment)."""
         return self.sets[name].comment
+
+    def peers(self, name: str, address: str | None = None) -> tuple[str, ...]:
+        """What the peers behind set ``name`` select: a union set's peers (with ``address``:
+        those that give it), any other set's comment."""
+        union = self.unions.get(name)
+        if union is None:
+            return (self.describe(name),)
+        return union.matching(address) if address is not None else tuple(peer.text for peer in union.peers)
 
 
 class Enforcement:
@@ -290,6 +301,8 @@ class Enforcement:
         if decided is not None:
             chain, rule = decided
             summary = _summaries(index, chain, [rule])[0]
+            if rule.peer_set in index.unions:  # which of the union's peers the other end is
+                summary = dataclasses.replace(summary, peers=index.peers(rule.peer_set, peer))
             taught = index.learned.get(rule.peer_set or "", {}).get(peer)
             if taught is not None:  # a domainNames peer: which name's answer put the address there
                 summary = dataclasses.replace(summary, peers=(f"{index.describe(rule.peer_set or '')}: {peer} learned from the "
@@ -384,9 +397,9 @@ def _summaries(index: _Node, chain: PolicyChain | TierChain, rules: Sequence[Mat
         else:
             ports.append("any port")
         if rule.peer_chain is not None:
-            peers.extend(index.describe(p.peer_set) for p in index.peer_chains[rule.peer_chain][1].rules if p.peer_set is not None)
+            peers.extend(text for p in index.peer_chains[rule.peer_chain][1].rules if p.peer_set is not None for text in index.peers(p.peer_set))
         elif rule.peer_set is not None:
-            peers.append(index.describe(rule.peer_set))
+            peers.extend(index.peers(rule.peer_set))
         elif rule.named_port_set is None or chain.direction == "ingress":
             peers.append("any source" if chain.direction == "ingress" else "any destination")
     return [RuleSummary(chain.policy, chain.direction, i, tuple(dict.fromkeys(peers)), tuple(dict.fromkeys(ports)))
@@ -434,15 +447,22 @@ EXEMPTION_TEXT: dict[str, str] = {
 }
 
 
+def unknown_pod_text(direction: Direction, address: str, unknown: UnknownPods, node: str | None) -> str:
+    """What ``direction`` of an unknown pod's ``address`` gets on ``node`` (None: the node
+    asked about) as ``unknown`` says: ``egress of 10.0.1.77: an unknown pod (in node node-1's
+    pod CIDRs, no pod programmed there): held until ...`` (explain and trace)."""
+    where = f"node {node}'s" if node is not None else "the node's"
+    what = ("held until the agent programs its pod, then its rules decide (dropped if that takes longer than the hold)"
+            if unknown == "hold" else "dropped until the agent programs its pod")
+    return f"{direction} of {address}: an unknown pod (in {where} pod CIDRs, no pod programmed there): {what}"
+
+
 def direction_text(verdict: Verdict, side: DirectionVerdict) -> str:
     """One line for one direction, e.g. ``ingress of shop/db: allowed by shop/db-ingress rule 0
     (from ipBlock 10.244.1.0/24 except 10.244.1.10/32; TCP/5432)``."""
     conn = verdict.connection
     if side.unknown is not None:
-        where = f"node {side.node}'s" if side.node is not None else "the node's"
-        what = ("held until the agent programs its pod, then its rules decide (dropped if that takes longer than the hold)"
-                if side.unknown == "hold" else "dropped until the agent programs its pod")
-        return f"{side.direction} of {side.address}: an unknown pod (in {where} pod CIDRs, no pod programmed there): {what}"
+        return unknown_pod_text(side.direction, side.address, side.unknown, side.node)
     if side.pod is None:
         return f"{side.direction} of {side.address}: not a pod, nothing enforced"
     head = f"{side.direction} of {side.pod}"
@@ -521,7 +541,8 @@ def _model_shape() -> str:
     """A fingerprint of the dataclasses :func:`enforcement_json` writes (their field names and
     types): it changes whenever one of them does, so that a reader of another nftpolicy version
     says so instead of misreading the data."""
-    classes = (RuleModel, Config, AddressSet, PolicyChain, PeerChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint)
+    classes = (RuleModel, Config, AddressSet, PolicyChain, PeerChain, PodChain, TierChain, MatchRule, PortMatch, RuleOrigin, Endpoint,
+               UnionSet, UnionPeer)
     fields = [(c.__name__, [(f.name, str(f.type)) for f in dataclasses.fields(c)]) for c in classes]
     return hashlib.sha256(repr(fields).encode()).hexdigest()[:12]
 
@@ -578,6 +599,7 @@ def enforcement_from_json(data: Mapping[str, Any]) -> Enforcement:
         tiers = tuple(TierChain(**{**c, "rules": tuple(map(_match_rule, c["rules"])),
                                    "peer_chains": tuple(PeerChain(p["name"], tuple(map(_match_rule, p["rules"]))) for p in c["peer_chains"])})
                       for c in m.get("tier_chains") or ())
-        models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers)
+        unions = tuple(UnionSet(u["name"], tuple(UnionPeer(p["text"], tuple(p["elements"])) for p in u["peers"])) for u in m.get("unions") or ())
+        models[entry["node"]] = RuleModel(config, sets, chains, pods, tiers, unions)
     endpoints = [Endpoint(p["key"], p["node"], tuple(p["ips"]), _tuples(p.get("ports") or [])) for p in data["pods"]]
     return Enforcement(models, endpoints, data.get("node_addresses") or {}, learned)

@@ -20,6 +20,7 @@ from nftpolicy.translators.objectcost import ObjectLimits
 from nftpolicy.translators.rules import DENY_ACTIONS, UNKNOWN_PODS, Config
 
 from nftpolicy.translators.errors import OneLineError
+from nftpolicy.agent.daemon.podhold import DEFAULT_MAX_HELD
 from nftpolicy.agent.dataplane.netns import NETNS_DIR, RUN_TAG_ENV
 
 
@@ -316,7 +317,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, un
     ``table=False``: only the deny action and the exemptions (service, node-port and external
     ranges), for a command whose answer the table's name, priority and marks do not change
     (``explain``); ``unknown``: also what unknown pods get and the pod CIDRs (``agent``,
-    ``explain``: docs/design.md "A new pod from its first packet")."""
+    ``explain``, ``trace``: docs/design.md "A new pod from its first packet"), and with ``table``
+    the budget of each source towards their hold."""
     defaults = Config()
     if table:
         parser.add_argument("--table", type=_table, default=defaults.table, help="name of our inet table (default %(default)s)")
@@ -338,6 +340,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, table: bool = True, un
         parser.add_argument("--pod-cidr", action="append", type=_cidr, default=[],
                             help="the node's pod CIDR, for a CNI whose IPAM does not follow Node.spec.podCIDRs (repeatable; "
                                  "default: Node.spec.podCIDRs)")
+    if unknown and table:  # the hold's budget shapes the table, not explain's answer
+        parser.add_argument("--unknown-pod-rate", type=_count(1, 10**6), default=defaults.unknown_pod_rate,
+                            help="packets a second one source address may send towards the hold of unknown pods, after a burst of "
+                                 "this plus --unknown-pod-burst; the kernel drops more (counted: "
+                                 "nftpolicy_unknown_pod_over_budget_packets_total), so one pod cannot fill the hold's queue for the "
+                                 "other new pods (default %(default)s)")
+        parser.add_argument("--unknown-pod-burst", type=_count(1, 10**6), default=defaults.unknown_pod_burst,
+                            help="the burst above --unknown-pod-rate a source may send towards the hold at once (default %(default)s)")
     parser.add_argument("--service-cidr", action="append", type=_cidr, help="service cluster IP range exempted in INPUT (repeatable; default 10.96.0.0/12)")
     parser.add_argument("--node-port-range", type=_port_range, default=defaults.node_port_range, help="node port range exempted in INPUT (default 30000-32767)")
     parser.add_argument("--external-cidr", action="append", type=_cidr, default=[], help="external/load-balancer IP range exempted in INPUT (repeatable)")
@@ -367,6 +377,8 @@ def config_from(args: argparse.Namespace) -> Config:
         service_cidrs=tuple(args.service_cidr) if args.service_cidr is not None else Config().service_cidrs,
         node_port_range=args.node_port_range, external_cidrs=tuple(args.external_cidr), deny_action=args.deny_action,
         unknown_pods=args.unknown_pods, pod_cidrs=tuple(getattr(args, "pod_cidr", ())),
+        unknown_pod_rate=getattr(args, "unknown_pod_rate", defaults.unknown_pod_rate),
+        unknown_pod_burst=getattr(args, "unknown_pod_burst", defaults.unknown_pod_burst),
     )
 
 
@@ -494,6 +506,10 @@ def parser() -> argparse.ArgumentParser:
                             "(default %(default)s)")
     agent.add_argument("--unknown-pod-queue", type=_count(0, 65535), default=5310,
                        help="nfqueue number of the hold of unknown pods' packets (default %(default)s)")
+    agent.add_argument("--unknown-pod-max-held", type=_count(1, 1024), default=DEFAULT_MAX_HELD,
+                       help="packets the hold keeps waiting for one unknown pod's address (per direction) at most; more are dropped at once "
+                            "(counted: nftpolicy_unknown_pod_packets_total{result=\"over_limit\"}), so the packets of one "
+                            "address cannot fill the hold's queue of 1,024 (default %(default)s)")
     agent.add_argument("--dns-ttl-floor", type=_whole_seconds, default=5,
                        help="seconds a learned address stays at least, whatever its record's TTL (default %(default)s)")
     agent.add_argument("--dns-ttl-cap", type=_whole_seconds, default=3600,

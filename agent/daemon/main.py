@@ -143,7 +143,7 @@ def start_pod_hold(config: Config, args: argparse.Namespace, metrics: Metrics) -
         if remove_pod_hold_chain(args.netns):
             log.info("removed the hold chain of unknown pods' packets that an earlier agent left: --unknown-pods %s", config.unknown_pods)
         return None
-    hold = PodHold(config, args.unknown_pod_queue, args.unknown_pod_hold, metrics, netns_name=args.netns)
+    hold = PodHold(config, args.unknown_pod_queue, args.unknown_pod_hold, metrics, netns_name=args.netns, max_held=args.unknown_pod_max_held)
     try:
         hold.start()
     except (IptablesError, OSError) as exc:

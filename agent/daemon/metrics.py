@@ -78,9 +78,10 @@ class Metrics:
         self.unknown_pod_packets = Counter(
             "nftpolicy_unknown_pod_packets", "Packets from (egress) or to (ingress) an address of the node's pod CIDRs that is no pod "
             "programmed yet, by direction and result: held (queued), released (once the pod was programmed: they walked its rules), "
-            "dropped (still unknown after --unknown-pod-hold).", ["direction", "result"], registry=r)
+            "dropped (still unknown after --unknown-pod-hold), over_limit (dropped at once: --unknown-pod-max-held packets waited "
+            "for its address already).", ["direction", "result"], registry=r)
         for direction in ("ingress", "egress"):
-            for result in ("held", "released", "dropped"):
+            for result in ("held", "released", "dropped", "over_limit"):
                 self.unknown_pod_packets.labels(direction, result)
         self.unknown_pod_hold_seconds = Histogram("nftpolicy_unknown_pod_hold_seconds",
                                                   "How long a released packet of an unknown pod waited for the pod to be programmed.",

@@ -20,6 +20,15 @@ hold chain is missing): they drop it.
 Which address a held packet waits for is read from its marks (ingress: the destination,
 egress: the source), never guessed from its addresses: the node's own address in a pod CIDR
 (a bridge's gateway) is no pod, and our rules never mark it.
+
+What one address or source can take of the kernel's queue (1,024 packets, each held up to
+``hold_seconds``) is bounded twice: our table lets each source address send at most its budget
+towards the queue (:func:`nftpolicy.translators.layout.to_hold_chain`: a meter, the rest dropped
+and counted in the kernel), and here a packet that finds ``max_held`` packets of its direction
+already waiting for one of the addresses it waits for is dropped at once (counted:
+``over_limit``), so the packets for one unknown address, from however many sources, cannot fill
+the queue either. Per direction: packets sent to a new pod's address (which a scanner may
+guess) never use up the room of the pod's own first packets.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import ipaddress
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -46,6 +56,7 @@ HOLD_TABLE = "security"  # iptables-nft's, after our table (see the module docst
 HOOKS = ("INPUT", "FORWARD", "OUTPUT")
 COPY_RANGE = 40  # bytes copied of each queued packet: an IPv6 header, an IPv4 one with its addresses
 DROP_LOG_SECONDS = 10.0  # at most one log line about dropped held packets this often
+DEFAULT_MAX_HELD = 32  # packets waiting for one unknown address at most (--unknown-pod-max-held)
 
 
 def hold_rules(queue: int, marks: tuple[int, ...]) -> list[list[str]]:
@@ -91,14 +102,17 @@ class PodHold:
     own) on nfqueue ``queue``, releasing each once :meth:`programmed` says the addresses it
     waits for are in the kernel, dropping it after ``hold_seconds``. ``config``: the marks.
     ``clock``: monotonic seconds (tests give their own). :meth:`start` binds the queue, starts
-    the reader and installs the hold chain; :meth:`close` stops."""
+    the reader and installs the hold chain; :meth:`close` stops. ``max_held``: packets that may
+    wait for one address at once (module docstring)."""
 
     def __init__(self, config: Config, queue: int, hold_seconds: float, metrics: Metrics, *, netns_name: str | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_held: int = DEFAULT_MAX_HELD) -> None:
         self.marks, self.released_mark = config.unknown_marks(), config.released_mark
         self.queue_num, self.hold_seconds, self.metrics, self.netns, self.clock = queue, hold_seconds, metrics, netns_name, clock
+        self.max_held = max_held
         self.known: frozenset[str] = frozenset()  # the addresses of the pods the kernel has programmed
         self.waiting: list[Held] = []
+        self.waiting_for: Counter[tuple[Direction, str]] = Counter()  # (direction, address) -> packets of self.waiting waiting for it
         self.lock = threading.Lock()  # the known addresses, the waiting packets and the verdicts
         self._queue: NfQueue | None = None
         self._thread: threading.Thread | None = None
@@ -133,6 +147,7 @@ class PodHold:
             for held in self.waiting:
                 if all(address in known for address in held.waits.values()):
                     self._release(held)
+                    self._forget(held)
                 else:
                     still.append(held)
             self.waiting = still
@@ -146,7 +161,9 @@ class PodHold:
 
     def take(self, queued: QueuedPacket) -> None:
         """A packet the kernel queued: released at once when what it waits for is programmed
-        already (its pod's commit came between the kernel's look-up and this), else held."""
+        already (its pod's commit came between the kernel's look-up and this), dropped at once
+        when an address it waits for has :attr:`max_held` packets of that direction waiting
+        (``over_limit``), else held."""
         pair = addresses(queued.packet)
         waits: dict[Direction, str] = {}
         if pair is not None:
@@ -159,8 +176,13 @@ class PodHold:
                 self._release(held)
             elif not waits:  # no mark of ours, or not IP: nothing to wait for
                 self._verdict(held, NF_DROP)
+            elif any(self.waiting_for[wait] >= self.max_held for wait in waits.items()):
+                self._verdict(held, NF_DROP)
+                for direction in waits:
+                    self.metrics.unknown_pod_packets.labels(direction, "over_limit").inc()
             else:
                 self.waiting.append(held)
+                self.waiting_for.update(waits.items())
 
     def expire(self) -> None:
         """Drop the packets held for ``hold_seconds`` or longer: counted, and logged naming the
@@ -173,6 +195,7 @@ class PodHold:
             self.waiting = [h for h in self.waiting if now - h.since < self.hold_seconds]
             for held in due:
                 self._verdict(held, NF_DROP)
+                self._forget(held)
                 for direction in held.waits:
                     self.metrics.unknown_pod_packets.labels(direction, "dropped").inc()
             self._dropped_since += len(due)
@@ -192,6 +215,13 @@ class PodHold:
         for direction in held.waits:
             self.metrics.unknown_pod_packets.labels(direction, "released").inc()
         self.metrics.unknown_pod_hold_seconds.observe(self.clock() - held.since)
+
+    def _forget(self, held: Held) -> None:
+        """``held`` waits no more (under :attr:`lock`)."""
+        for wait in held.waits.items():
+            self.waiting_for[wait] -= 1
+            if not self.waiting_for[wait]:
+                del self.waiting_for[wait]
 
     def _verdict(self, held: Held, verdict: int, mark: int | None = None) -> None:
         if self._queue is not None:

@@ -105,7 +105,7 @@ class Reconciler:
     def _table(self, renderer: NodeRenderer) -> layout.Table:
         """The whole table of ``renderer``'s model, with what DNS answers taught (inside the
         learning's :meth:`~.domainlearning.DomainLearning.replacing`, see _sync)."""
-        table = layout.table(renderer.model(ordered=False))
+        table = layout.table(renderer.model(ordered=False, unions=False))
         if self.learning is None:
             return table
         return self.learning.carry(with_learned(table, self.learning.learned()), renderer.domain_sets())

@@ -17,7 +17,13 @@ set element) and sums the counters into
   ClusterNetworkPolicy ``Deny`` rule refused (``rule``: its index in the policy's ingress or
   egress list, from 0). A metric of its own, not a tier label on the denied metric: that one
   counts per local pod what no policy allowed, this one per policy rule (a tier chain is shared
-  by every pod its subject selects, so it knows no pod).
+  by every pod its subject selects, so it knows no pod);
+* ``nftpolicy_unknown_pod_over_budget_packets_total{direction}``: packets of unknown pods
+  (``egress``: from one; ``ingress``: to one) that the kernel dropped instead of queueing them
+  for the hold because their source address had used its budget (``--unknown-pod-rate``,
+  ``--unknown-pod-burst``): the counted drops of
+  :data:`~nftpolicy.translators.layout.TO_HOLD_CHAIN`, in the order of
+  :data:`~nftpolicy.translators.layout.OVER_BUDGET_DROPS`;
 * ``nftpolicy_dns_untrusted_packets_total``: packets from port 53 to subject pods of domainNames
   peers, replies to a question the pod sent to an address that ``--dns-learn-from`` does not
   trust: not held, not learned (the one counted rule of each hold chain,
@@ -55,7 +61,7 @@ from prometheus_client.registry import Collector
 
 from nftpolicy.translators.chainbuilders import POD_CHAIN_PREFIX, TIER_CHAIN_PREFIX
 from nftpolicy.translators.domainnames import HOLD_CHAINS
-from nftpolicy.translators.layout import COMMON_CHAIN, DEFAULT_CHAIN
+from nftpolicy.translators.layout import COMMON_CHAIN, DEFAULT_CHAIN, OVER_BUDGET_DROPS, TO_HOLD_CHAIN
 from nftpolicy.translators.rules import ChainOwner
 
 from nftpolicy.agent.dataplane.nftables import release_memory
@@ -69,7 +75,9 @@ CLUSTER_DENIED = ("nftpolicy_cluster_denied_packets", "Packets that a ClusterNet
                   "and rule index.", ["tier", "policy", "direction", "rule"])
 DNS_UNTRUSTED = ("nftpolicy_dns_untrusted_packets", "Packets from port 53 to subject pods of domainNames peers whose question "
                  "went to a resolver --dns-learn-from does not trust: not held, not learned.")
-FAMILIES = (DENIED, ALLOWED, CLUSTER_DENIED)
+OVER_BUDGET = ("nftpolicy_unknown_pod_over_budget_packets", "Packets of unknown pods that the kernel dropped instead of holding them "
+               "because their source address had sent its budget towards the hold (--unknown-pod-rate), by direction.", ["direction"])
+FAMILIES = (DENIED, ALLOWED, CLUSTER_DENIED, OVER_BUDGET)
 
 
 class CountedRules(Protocol):
@@ -93,11 +101,13 @@ def _split(key: str) -> tuple[str, str]:
 class Tally:
     """Packet sums of counted rules, by the labels of each metric (module docstring):
     ``denied`` ``(namespace, pod, direction)``, ``allowed`` ``(namespace, policy, direction)``,
-    ``cluster_denied`` ``(tier, policy, direction, rule)``; ``dns_untrusted``: one sum (None: no such rule)."""
+    ``cluster_denied`` ``(tier, policy, direction, rule)``, ``over_budget`` ``(direction,)``; ``dns_untrusted``: one sum (None: no
+    such rule)."""
 
     denied: Counter[tuple[str, ...]] = field(default_factory=Counter)
     allowed: Counter[tuple[str, ...]] = field(default_factory=Counter)
     cluster_denied: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    over_budget: Counter[tuple[str, ...]] = field(default_factory=Counter)
     dns_untrusted: int | None = None  # None: no counted rule of a hold chain in the kernel
 
 
@@ -106,6 +116,7 @@ def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tall
     it enforces."""
     sums = Tally()
     tier_rules: dict[str, list[dict[str, Any]]] = {}
+    over_budget = iter(OVER_BUDGET_DROPS)
     for rule in rules:
         chain = rule.get("chain", "")
         owner = owners.get(chain)
@@ -113,6 +124,8 @@ def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tall
         if direction is not None:  # a pod chain: its direction is in its name
             if any("reject" in e or "drop" in e for e in rule["expr"]):
                 sums.denied[(*_split(owner.pod if owner is not None and owner.pod else chain), direction)] += _packets(rule)
+        elif chain == TO_HOLD_CHAIN:
+            sums.over_budget[(next(over_budget, "unknown"),)] += _packets(rule)
         elif chain in HOLD_CHAINS.values():
             sums.dns_untrusted = (sums.dns_untrusted or 0) + _packets(rule)
         elif chain.startswith(tuple(TIER_CHAIN_PREFIX.values())):
@@ -179,7 +192,7 @@ class RuleCounters(Collector):
     @staticmethod
     def _built(sums: Tally) -> list[Metric]:
         families: list[Metric] = []
-        for (name, help_text, labels), values in zip(FAMILIES, (sums.denied, sums.allowed, sums.cluster_denied)):
+        for (name, help_text, labels), values in zip(FAMILIES, (sums.denied, sums.allowed, sums.cluster_denied, sums.over_budget)):
             family = CounterMetricFamily(name, help_text, labels=labels)
             for key, packets in sorted(values.items()):
                 family.add_metric(list(key), packets)

@@ -49,7 +49,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             if without:
                 print(f"nftpolicy: {without}", file=sys.stderr)
             progress.step(f"rendering {len(cluster.pods):,} pods, {len(cluster.policies):,} policies")
-            model = build_rule_model(cluster, args.node, config_from(args))
+            model = build_rule_model(cluster, args.node, config_from(args), unions=False)  # printed: only what the kernel gets
             progress.step("printing")
             _print_model(args.format, model)
     finally:

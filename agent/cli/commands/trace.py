@@ -36,14 +36,14 @@ import secrets
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from nftpolicy.translators import layout
 from nftpolicy.translators.chainbuilders import POD_CHAIN_PREFIX
 from nftpolicy.translators.model import family_of
-from nftpolicy.translators.rules import ChainOwner, Config, PolicyChain, RuleModel, TierChain, chain_owners
+from nftpolicy.translators.rules import ChainOwner, Config, PolicyChain, RuleModel, TierChain, UnknownPods, chain_owners
 from nftpolicy.translators.transaction import ChainRule, Transaction
-from nftpolicy.translators.verdict import Connection, enforcement_of
+from nftpolicy.translators.verdict import Connection, enforcement_of, unknown_pod_text
 
 from nftpolicy.agent.cli.flags import LOWEST_PRIORITY, UsageError, check_exists, config_from
 from nftpolicy.agent.dataplane import netns
@@ -75,6 +75,7 @@ class Step:
     answer: str = ""
 
 
+QUEUED = "queue"  # a Step's verdict where our table let the packet on to the hold of unknown pods (nft's word for a queue verdict)
 GUARD = "nftpolicy-trace-"  # + token: the abstract unix socket a running trace holds
 
 
@@ -166,7 +167,10 @@ class Listed:
     ``taught``: for a rule that matches the traced address in a domainNames peer's set, the DNS
     name whose answer put it there (the agent's, from ``--agent``); ``answer``: what the rule
     sends back when it rejects (:func:`reject_answer`), "" for any other; ``peer``: for a rule
-    of a rule's peer chain, what its peer set selects (the model's set comment)."""
+    of a rule's peer chain, or one that looks its peer up in a union set, what its peer set
+    selects (the model's set comment; a union set's: its peers that give the traced address);
+    ``unknown``: for a rule that holds or drops the traced connection's packet as an unknown
+    pod's, what it does and to which address (:func:`unknown_text`)."""
 
     chain: str
     comment: str
@@ -174,18 +178,31 @@ class Listed:
     taught: str = ""
     answer: str = ""
     peer: str = ""
+    unknown: str = ""
 
 
 def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
-                 learned: Mapping[str, Mapping[str, str]] | None = None, conn: Connection | None = None) -> dict[int, Listed]:
+                 learned: Mapping[str, Mapping[str, str]] | None = None, conn: Connection | None = None,
+                 config: Config | None = None) -> dict[int, Listed]:
     """Rule handle -> :class:`Listed` for the rules of a kernel listing; a chain's rules are
-    matched to ``model``'s layout by place, where the chain has as many rules as its layout.
-    ``learned`` (domain set -> address -> DNS name) and ``conn``: the traced connection, whose
-    address a rule matching a domain set was taught by that name."""
-    chains = {c.name: c.rules for c in layout.table(model).chains} if model is not None else {}
+    matched to ``model``'s layout by place, where the chain has as many rules as its layout
+    (without a model: the chains ``config`` alone decides, the base chains and those of the
+    hold of unknown pods). ``learned`` (domain set -> address -> DNS name) and ``conn``: the
+    traced connection, whose address a rule matching a domain set was taught by that name, and
+    whose packet a rule of the unknown pods holds or drops (:func:`unknown_text`)."""
+    laid = layout.table(model).chains if model is not None else \
+        [*layout.to_hold_chain(config), *layout.base_chains(config), *layout.released_chains(config)] if config is not None else []
+    chains = {c.name: c.rules for c in laid}
     ruled: list[PolicyChain | TierChain] = [*model.policy_chains, *model.tier_chains] if model is not None else []
     peer_chains = {p.name for c in ruled for p in c.peer_chains}
     selects = {s.name: s.comment for s in model.sets} if model is not None else {}
+    unions = {u.name: u for u in model.unions} if model is not None else {}
+
+    def peer_text(statement: layout.AddressInSet) -> str:
+        union = unions.get(statement.name)
+        if union is None or conn is None:
+            return selects.get(statement.name, statement.name)
+        return " or ".join(union.matching(conn.address(statement.field))) or selects.get(statement.name, statement.name)
     by_chain: dict[str, list[dict[str, Any]]] = {}
     for item in listing:
         if "rule" in item:
@@ -195,11 +212,31 @@ def listed_rules(listing: Iterable[dict[str, Any]], model: RuleModel | None,
         decided = chains.get(chain, ())
         for i, rule in enumerate(rules):
             decided_rule = decided[i] if len(decided) == len(rules) else None
-            peer = next((selects.get(st.name, st.name) for st in decided_rule.statements if isinstance(st, layout.AddressInSet)), "") \
-                if decided_rule is not None and chain in peer_chains else ""
+            peer = next((peer_text(st) for st in decided_rule.statements if isinstance(st, layout.AddressInSet)
+                         and (chain in peer_chains or st.name in unions)), "") if decided_rule is not None else ""
             found[int(rule["handle"])] = Listed(chain, rule.get("comment", ""), decided_rule, _taught(decided_rule, learned, conn),
-                                                reject_answer(rule), peer)
+                                                reject_answer(rule), peer, unknown_text(chain, decided_rule, conn))
     return found
+
+
+def unknown_text(chain: str, rule: layout.Rule | None, conn: Connection | None) -> str:
+    """For a rule of the unknown pods that the traced connection ``conn`` can meet, what it does
+    to its packet (explain's words, :func:`~nftpolicy.translators.verdict.unknown_pod_text`):
+    a base chain's rule that marks it for the hold or drops it (``egress of 10.0.1.5: an
+    unknown pod (...): held until the agent programs its pod, ...``), or the drop of
+    :data:`~nftpolicy.translators.layout.TO_HOLD_CHAIN` (``10.0.1.6 sent more than its budget
+    towards the hold ...``: the budget is the source's, whichever address is unknown);
+    "" for any other rule, or without ``rule`` or ``conn``."""
+    if rule is None or conn is None:
+        return ""
+    if chain == layout.TO_HOLD_CHAIN and layout.VerdictStatement("drop") in rule.statements:
+        return (f"{conn.source} sent more than its budget towards the hold (--unknown-pod-rate, --unknown-pod-burst): "
+                "dropped, not held")
+    field = layout.unknown_pod_field(rule)
+    if field is None:
+        return ""
+    mode: UnknownPods = "drop" if layout.VerdictStatement("drop") in rule.statements else "hold"
+    return unknown_pod_text(layout.FIELD_DIRECTION[field], conn.source if field == "saddr" else conn.destination, mode, None)
 
 
 def reject_answer(rule: Mapping[str, Any]) -> str:
@@ -234,6 +271,8 @@ def rule_text(listed: Listed | None) -> str:
     peers``), a pod chain's rule ``pod <comment>``, any other its comment."""
     if listed is None:
         return "a rule"
+    if listed.unknown:
+        return listed.unknown
     origin = listed.rule.origin if listed.rule is not None else None
     if origin is not None and origin.tier is None:
         if any(isinstance(s, layout.Jump) for s in listed.rule.statements):  # type: ignore[union-attr]
@@ -254,12 +293,15 @@ def _unmatched(target: str, owners: Mapping[str, ChainOwner]) -> str:
     return f"policy {owner.policy} {owner.direction}: no rule matched"
 
 
-def follow(lines: Iterable[str], table: str, token: str, rules: Mapping[int, Listed], owners: Mapping[str, ChainOwner]) -> list[Step]:
+def follow(lines: Iterable[str], table: str, token: str, rules: Mapping[int, Listed], owners: Mapping[str, ChainOwner],
+           relist: Callable[[], Mapping[int, Listed]] | None = None) -> list[Step]:
     """The steps of the first packet in ``table`` that the chains of trace ``token`` marked
     (every trace chain left out: another trace's packets are not this one's), up to the base
-    chain's end or a final verdict. ``rules``: rule handle -> the listed rule
-    (:func:`listed_rules`); ``owners``: chain -> what it enforces, to name a policy chain that
-    the packet left without a match (the kernel reports no event for that)."""
+    chain's end or a final verdict; a packet on to the hold of unknown pods is followed on
+    through its release. ``rules``: rule handle -> the listed rule (:func:`listed_rules`),
+    listed again with ``relist`` where a rule is not in it (one the agent committed since: a
+    held packet's pod's chains); ``owners``: chain -> what it enforces, to name a policy chain
+    that the packet left without a match (the kernel reports no event for that)."""
     steps: list[Step] = []
     first = None
     for line in lines:
@@ -278,13 +320,19 @@ def follow(lines: Iterable[str], table: str, token: str, rules: Mapping[int, Lis
             continue
         rule = _RULE.match(rest)
         if rule:
-            listed = rules.get(int(rule.group("handle")))
-            steps.append(Step(chain, rule_text(listed), rule.group("verdict"), listed.answer if listed is not None else ""))
-            if rule.group("verdict") in ("accept", "drop"):
+            handle = int(rule.group("handle"))
+            if handle not in rules and relist is not None:
+                rules = relist()
+            listed = rules.get(handle)
+            verdict = rule.group("verdict")
+            if chain == layout.TO_HOLD_CHAIN and verdict == "accept":  # on to the hold's queue: its release walks on
+                verdict = QUEUED
+            steps.append(Step(chain, rule_text(listed), verdict, listed.answer if listed is not None else ""))
+            if verdict in ("accept", "drop"):
                 break
         elif rest.startswith("policy "):
             steps.append(Step(chain, "end of chain, policy", rest.split()[1]))
-            if chain in layout.BASE_CHAINS:
+            if chain in layout.BASE_CHAINS or chain in layout.RELEASED_CHAINS:
                 break
     return steps
 
@@ -292,16 +340,36 @@ def follow(lines: Iterable[str], table: str, token: str, rules: Mapping[int, Lis
 def step_text(step: Step) -> str:
     """``  KUBE-NWPLCY-...: policy shop/api-ingress ingress rule 0 (allows) -> return``; a
     refusal says what the kernel did: ``-> reject with tcp reset`` (it answered, then dropped),
-    ``-> drop`` (no answer)."""
-    verdict = f"reject with {step.answer}" if step.answer and step.verdict == "drop" else step.verdict
+    ``-> drop`` (no answer); a packet on to the hold of unknown pods ``-> queued to the hold``."""
+    verdict = f"reject with {step.answer}" if step.answer and step.verdict == "drop" else \
+        "queued to the hold" if step.verdict == QUEUED else step.verdict
     return f"  {step.chain}: {step.what} -> {verdict}"
+
+
+def steps_lines(steps: list[Step]) -> list[str]:
+    """The lines of one node's steps (:func:`step_text`); a packet still held when the trace
+    ended says so: the agent releases it once the pod is programmed, and drops it after the hold."""
+    if not steps:
+        return ["  (no packet of it in our table here)"]
+    lines = [step_text(s) for s in steps]
+    if steps[-1].verdict == QUEUED:
+        lines.append("  (still held when the trace ended: released to its rules once its pod is programmed, "
+                     "dropped after the agent's --unknown-pod-hold)")
+    return lines
+
+
+def passed(steps: list[Step]) -> bool:
+    """True when the packet went through: seen, and neither refused nor still held at the end."""
+    return bool(steps) and steps[-1].verdict not in ("drop", QUEUED)
 
 
 def _steps(monitor: TraceMonitor, dataplane: NftDataplane, table: str, token: str, timeout: float,
            model: RuleModel | None, learned: Mapping[str, Mapping[str, str]] | None = None,
-           conn: Connection | None = None) -> list[Step]:
+           conn: Connection | None = None, config: Config | None = None) -> list[Step]:
     owners = chain_owners(model) if model is not None else {}
-    return follow(monitor.lines(timeout), table, token, listed_rules(dataplane.listing(), model, learned, conn), owners)
+    def relist() -> dict[int, Listed]:
+        return listed_rules(dataplane.listing(), model, learned, conn, config)
+    return follow(monitor.lines(timeout), table, token, relist(), owners, relist)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -319,7 +387,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def _print(head: str, node: str, steps: list[Step]) -> None:
     print(f"{head}\nnode {node}:" if head else f"node {node}:")
-    print("\n".join(step_text(s) for s in steps) if steps else "  (no packet of it in our table here)")
+    print("\n".join(steps_lines(steps)))
 
 
 def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
@@ -364,7 +432,7 @@ def _trace_sandbox(args: argparse.Namespace, config: Config) -> int:
                 monitors[node] = (stack.enter_context(TraceMonitor(sandbox.node_netns(node))), dataplane, token)
             # Every monitor listens once entered, so this one connection's first packet is the first traced.
             connected = sandbox.connect(source.key, conn.destination, spec)
-            walks = {node: _steps(monitor, dataplane, config.table, token, 1.0, engine.models[node])
+            walks = {node: _steps(monitor, dataplane, config.table, token, 1.0, engine.models[node], conn=conn)
                      for node, (monitor, dataplane, token) in monitors.items()}
         # A packet that no node's table saw was not refused by it (an address outside the
         # sandbox, which has no route out): "never seen", as docs/commands.md says.
@@ -393,7 +461,6 @@ def _trace_node(args: argparse.Namespace, config: Config) -> int:
     learned = next(iter(enforcement.learned.values()), None) if enforcement is not None else None
     with traced(dataplane, config, conn) as token, TraceMonitor(args.netns) as monitor:
         print(f"waiting up to {args.timeout:g} s for {conn.source} -> {conn.destination} {conn.text()}", file=sys.stderr)
-        steps = _steps(monitor, dataplane, config.table, token, args.timeout, model, learned, conn)
+        steps = _steps(monitor, dataplane, config.table, token, args.timeout, model, learned, conn, config)
     _print(f"TRACE  {conn.source} -> {conn.destination} {conn.text()}", args.netns or "(this node)", steps)
-    passed = bool(steps) and steps[-1].verdict not in ("drop",)
-    return 0 if passed else 1
+    return 0 if passed(steps) else 1
