@@ -20,7 +20,8 @@ one answering every question with ``--records`` A records) as fast as it can, ov
 four sockets, while the pod (the victim) asks a name of the peer every 100 ms for
 ``--flood-seconds``; once with a flooder that no policy selects (no subject: its answers teach
 nothing) and once with a flooder that is a subject asking names the peer matches (each answer
-read). Printed for each: the victim's hold (from the agent reading its answer to releasing it,
+read). In process, the flooder's answer repeated at the meter's 200 a second for 10 s: the
+learner's CPU per answer and the elements it gives to commit again. Printed for each: the victim's hold (from the agent reading its answer to releasing it,
 p50/p99) and DNS round trip, how many of its answers were held until what they teach was
 committed (the others passed unheld: the kernel's queue was full) and how many of its names
 the learner knew right after the answer (also from earlier answers), the flooder's answers
@@ -65,13 +66,13 @@ from tests.test_domain_names import NAMESPACE, POD, POD4, POLICY, Bed  # noqa: E
 from checkouts import git_head, shadow  # noqa: E402  (this bench's folder: the script's own)
 
 FLOODER4, FLOOD_SERVER4 = "10.0.3.2", "10.0.2.54"
-# The flooder's DNS server: every question answered with N A records (compressed owner names).
+# The flooder's DNS server: every question answered with the records of argv[2] (hex: flood_records).
 FLOOD_SERVER = r"""
 import socket, struct, sys
-address, records = sys.argv[1], int(sys.argv[2])
+address, answers = sys.argv[1], bytes.fromhex(sys.argv[2])
+records = len(answers) // 16
 server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 server.bind((address, 53))
-answers = b"".join(b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x01\x2c\x00\x04" + bytes([10, 9, i >> 8 & 255, i & 255]) for i in range(records))
 while True:
     query, peer = server.recvfrom(4096)
     end = 12
@@ -145,16 +146,53 @@ def memory_per_element(count: int) -> float:
     return (after - before) / count
 
 
+def repeated_answer_cost(records: int, seconds: float = 10.0, rate: int = 200) -> dict[str, float]:
+    """In process: the flooder's answer (``records`` A records for a name of the peer, the
+    learner reading ``--dns-max-records`` of them) repeated ``rate`` times a second for
+    ``seconds`` (the rate the kernel's meter lets one pod queue), as a flooder that is a
+    subject sends it: the learner's CPU per answer (median) and the elements it gives to commit
+    after the first answer (each costs the hold a netlink commit)."""
+    wire = flood_answer("flood.cdn.example", records)
+    learner = DomainLearner(ttl_floor=5, ttl_cap=3600, max_per_set=10000, max_per_pod=1000)
+    learner.update([DomainSet("KUBE-DNS-X", "ipv4", ("*.cdn.example",), frozenset({FLOODER4}), ("p",))])
+    learner.learn(FLOODER4, wire, now=0.0)
+    spent, again = [], 0
+    for i in range(1, int(seconds * rate) + 1):
+        began = time.process_time()
+        again += len(learner.learn(FLOODER4, wire, now=i / rate))
+        spent.append(time.process_time() - began)
+    return {"cpu_p50": percentile(spent, 0.5), "again": again, "answers": len(spent)}
+
+
+def flood_answer(name: str, records: int) -> bytes:
+    """The flood server's answer (:data:`FLOOD_SERVER`) to a question for ``name``."""
+    query = dns.message.make_query(name, "A").to_wire()
+    end = 12
+    while query[end]:
+        end += query[end] + 1
+    return query[:2] + b"\x81\x80\x00\x01" + struct.pack(">HHH", records, 0, 0) + query[12:end + 5] + flood_records(records)
+
+
+def flood_records(records: int) -> bytes:
+    """The flood server's answer section: ``records`` A records (16 bytes each: a pointer to the
+    question's name, TTL 300, 10.9.x.y)."""
+    return b"".join(b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x01\x2c\x00\x04" + bytes([10, 9, i >> 8 & 255, i & 255]) for i in range(records))
+
+
 class Watched:
     """Per pod address: how long the hold held each answer (from its read to its verdict, on
     :class:`~nftpolicy.agent.daemon.dnshold.NfQueue` itself, so that any version of the hold is
-    measured alike) and how many of its answers dnspython read any part of (a call of
-    ``dns.message.from_wire`` or ``dns.name.from_wire`` inside ``DomainLearner.learn``)."""
+    measured alike), the hold thread's CPU time over the same span (its own work, other pods'
+    answers included: the rest of the span it waited, for a core or the GIL), and how many of its
+    answers were read beyond the header (a call of ``dns.message.from_wire`` or
+    ``dns.name.from_wire`` inside ``DomainLearner.learn``, or records read by the learner's own
+    code: its ``decoded`` count grew)."""
 
     def __init__(self) -> None:
         self.held: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
         self.decoded: dict[str, int] = {}
-        self._read: dict[int, tuple[str, float]] = {}
+        self._read: dict[int, tuple[str, float, float]] = {}
         self._client = threading.local()
 
     def install(self) -> None:
@@ -163,23 +201,25 @@ class Watched:
 
         def read(queue: Any, *args: Any, **kwargs: Any) -> Any:
             found = packets(queue, *args, **kwargs)
-            now = time.monotonic()
-            for packet_id, packet in found:
-                segment = dnshold.dns_segment(packet)
-                self._read[packet_id] = (segment.client if segment else "", now)
+            now, cpu = time.monotonic(), time.thread_time()
+            for queued in found:
+                segment = dnshold.dns_segment(queued.packet)
+                self._read[queued.id] = (segment.client if segment else "", now, cpu)
             return found
 
         def released(queue: Any, packet_id: int) -> None:
             accept(queue, packet_id)
-            client, at = self._read.pop(packet_id, ("", 0.0))
+            client, at, cpu = self._read.pop(packet_id, ("", 0.0, 0.0))
             self.held.setdefault(client, []).append(time.monotonic() - at)
+            self.cpu.setdefault(client, []).append(time.thread_time() - cpu)
 
         def learning(learner: Any, client: str, *args: Any, **kwargs: Any) -> Any:
             self._client.read = False
+            before = getattr(learner, "decoded", 0)
             try:
                 return learn(learner, client, *args, **kwargs)
             finally:
-                if self._client.read:
+                if self._client.read or getattr(learner, "decoded", 0) > before:
                     self.decoded[client] = self.decoded.get(client, 0) + 1
 
         def reading(decode: Callable[..., Any]) -> Callable[..., Any]:
@@ -202,14 +242,14 @@ def add_flooder(bed: Bed, make: Callable[[], str], records: int, nice: int) -> s
     netns.ip_batch(["link set vflood up", "addr add 10.0.3.1/24 dev vflood"], bed.node)
     netns.ip_batch(["link set lo up", "link set eth0 up", f"addr add {FLOODER4}/24 dev eth0", "route add default via 10.0.3.1"], flood)
     netns.ip_batch([f"addr add {FLOOD_SERVER4}/24 dev eth0"], bed.out)
-    bed._spawn(bed.out, ["nice", "-n", str(nice), sys.executable, "-c", FLOOD_SERVER, FLOOD_SERVER4, str(records)])
+    bed._spawn(bed.out, ["nice", "-n", str(nice), sys.executable, "-c", FLOOD_SERVER, FLOOD_SERVER4, flood_records(records).hex()])
     return flood
 
 
 def flood_run(bed: Bed, flood: str, watched: Watched, name: str, seconds: float, nice: int) -> dict[str, Any]:
     """The victim asks a name of the peer every 100 ms for ``seconds`` while the flooder asks
     ``name`` of its own server as fast as it can."""
-    for values in (watched.held, watched.decoded):
+    for values in (watched.held, watched.cpu, watched.decoded):
         values.clear()
     flooder = subprocess.Popen(["ip", "netns", "exec", flood, "nice", "-n", str(nice), sys.executable, "-c", FLOODER, FLOOD_SERVER4, name],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -234,9 +274,10 @@ def flood_run(bed: Bed, flood: str, watched: Watched, name: str, seconds: float,
             flooder.kill()
             flooder.wait()
     answered = int(out.strip() or 0)
-    held = watched.held.get(POD4, [])
+    held, cpu = watched.held.get(POD4, []), watched.cpu.get(POD4, [])
     return {"asked": asked, "learned": learned, "held": len(held), "trip_p50": percentile(trips, 0.5), "trip_p99": percentile(trips, 0.99),
             "hold_p50": percentile(held, 0.5) if held else None, "hold_p99": percentile(held, 0.99) if held else None,
+            "cpu_p99": percentile(cpu, 0.99) if cpu else None, "hold_max": max(held) if held else None,
             "flood_answered": answered, "flood_rate": answered / (seconds + 1.0), "flood_read": len(watched.held.get(FLOODER4, [])),
             "flood_decoded": watched.decoded.get(FLOODER4, 0)}
 
@@ -250,9 +291,18 @@ def new_netns(made: list[str]) -> str:
     return name
 
 
-def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
-    """The flood part in this process (with whichever agent code it imports)."""
+def busy(stop: threading.Event) -> None:
+    """Python work until ``stop`` (another thread of the agent computing, as a full resync's
+    render does: it holds the GIL whenever the hold's thread gives it up)."""
+    while not stop.is_set():
+        sum(i * i for i in range(1000))
+
+
+def flood(seconds: float, records: int, nice: int, busy_thread: bool = False) -> dict[str, Any]:
+    """The flood part in this process (with whichever agent code it imports); ``busy_thread``:
+    with :func:`busy` running meanwhile."""
     made: list[str] = []
+    stop = threading.Event()
     make = functools.partial(new_netns, made)
 
     watched = Watched()
@@ -264,6 +314,8 @@ def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
         flooder = add_flooder(bed, make, records, nice)
         bed.wait_until_served()
         found["load"] = os.getloadavg()
+        if busy_thread:
+            threading.Thread(target=busy, args=(stop,), daemon=True).start()
         found["non-subject"] = flood_run(bed, flooder, watched, "flood.example.org", seconds, nice)
         cluster, _ = build_cluster(("bench", obj) for obj in (NAMESPACE, POD, POLICY))  # the bed's
         bed.learner.update([dataclasses.replace(s, clients=s.clients | {FLOODER4}) for s in domain_sets(cluster, ("ipv4", "ipv6"))])
@@ -271,18 +323,20 @@ def flood(seconds: float, records: int, nice: int) -> dict[str, Any]:
             bed.dataplane.change_elements([("add", "KUBE-DNS-SUBJECTS4", (FLOODER4,))])
         found["subject"] = flood_run(bed, flooder, watched, "flood.cdn.example", seconds, nice)
         found["load_after"] = os.getloadavg()
+        found["repeat"] = repeated_answer_cost(records)
     finally:
+        stop.set()
         if bed is not None:
             bed.close()
         netns.delete(made)
     return found
 
 
-def print_flood(results: dict[str, dict[str, Any]], seconds: float, records: int, nice: int) -> None:
+def print_flood(results: dict[str, dict[str, Any]], seconds: float, records: int, nice: int, busy_thread: bool) -> None:
     """The flood's figures, one column per tree."""
     trees = list(results)
     print(f"flood: {records}-record UDP answers to a flooder at its maximum rate (nice {nice}), the victim asking every 100 ms "
-          f"for {seconds:g} s")
+          f"for {seconds:g} s{', a thread of Python work beside the hold' if busy_thread else ''}")
     for tree in trees:
         load = results[tree]["load"]
         print(f"  {tree}: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at its start")
@@ -292,12 +346,17 @@ def print_flood(results: dict[str, dict[str, Any]], seconds: float, records: int
 
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("victim hold p50", lambda r: ms(r["hold_p50"])), ("victim hold p99", lambda r: ms(r["hold_p99"])),
+        ("victim hold max", lambda r: ms(r["hold_max"])), ("hold thread CPU in it, p99", lambda r: ms(r["cpu_p99"])),
         ("victim DNS round trip p50", lambda r: ms(r["trip_p50"])), ("victim DNS round trip p99", lambda r: ms(r["trip_p99"])),
         ("victim answers held till committed", lambda r: f"{r['held']}/{r['asked']}"),
         ("victim names known after", lambda r: f"{r['learned']}/{r['asked']}"),
         ("flooder answers answered", lambda r: f"{r['flood_answered']} ({r['flood_rate']:.0f}/s)"),
         ("flooder answers read by the agent", lambda r: str(r["flood_read"])),
-        ("flooder answers decoded (any part)", lambda r: str(r["flood_decoded"]))]
+        ("flooder answers decoded (beyond header)", lambda r: str(r["flood_decoded"]))]
+    print("the flooder's answer repeated at 200/s for 10 s, in process (learn only, no commit):")
+    print("  " + " " * 36 + "".join(f"{tree:>22}" for tree in trees))
+    print(f"  {'learner CPU per answer, p50':<36}" + "".join(f"{results[t]['repeat']['cpu_p50'] * 1000:>19.3f} ms" for t in trees))
+    print(f"  {'elements committed again':<36}" + "".join(f"{results[t]['repeat']['again']:>22}" for t in trees))
     for variant in ("non-subject", "subject"):
         print(f"flooder {'that no policy selects' if variant == 'non-subject' else 'that is a subject, asking a name of the peer'}:")
         print("  " + " " * 36 + "".join(f"{tree:>22}" for tree in trees))
@@ -313,11 +372,12 @@ def main() -> int:
     ap.add_argument("--flood-seconds", type=float, default=10.0, help="seconds of each flood (0: none; default %(default)s)")
     ap.add_argument("--records", type=int, default=250, help="A records of each flood answer (default %(default)s)")
     ap.add_argument("--nice", type=int, default=0, help="niceness of the flooder and its server (a pod's CPU share; default %(default)s)")
+    ap.add_argument("--busy", action="store_true", help="a thread of Python work in the hold's process during the floods")
     ap.add_argument("--against", metavar="DIR", help="also flood with the agent code of the checkout DIR (side by side)")
     ap.add_argument("--flood-only-json", action="store_true", help=argparse.SUPPRESS)  # one tree's flood, for --against
     args = ap.parse_args()
     if args.flood_only_json:
-        print(json.dumps(flood(args.flood_seconds, args.records, args.nice)))
+        print(json.dumps(flood(args.flood_seconds, args.records, args.nice, args.busy)))
         return 0
     made: list[str] = []
     make = functools.partial(new_netns, made)
@@ -360,13 +420,14 @@ def main() -> int:
         for label, tree in trees:
             env = dict(os.environ, PYTHONPATH=str(shadow(tree)), DNS_LEARN_TREE=str(Path(tree).resolve())) if tree else None
             proc = subprocess.run([sys.executable, __file__, "--flood-only-json", "--flood-seconds", str(args.flood_seconds),
-                                   "--records", str(args.records), "--nice", str(args.nice)], capture_output=True, text=True, env=env,
+                                   "--records", str(args.records), "--nice", str(args.nice), *(["--busy"] if args.busy else [])],
+                                  capture_output=True, text=True, env=env,
                                   timeout=600)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
             results[f"{label} ({git_head(tree)})"] = json.loads(proc.stdout.splitlines()[-1])
-        print_flood(results, args.flood_seconds, args.records, args.nice)
+        print_flood(results, args.flood_seconds, args.records, args.nice, args.busy)
     return 0
 
 

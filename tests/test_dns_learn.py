@@ -94,6 +94,20 @@ def test_a_repeated_answer_is_committed_again_only_when_it_lasts_longer():
     assert made.why("192.0.2.10", now=91) == []
 
 
+def test_tcp_segments_that_repeat_an_answer_milliseconds_apart_commit_its_addresses_once():
+    """A TCP stream's segments (or a resolver asked again and again) repeat an answer a few
+    milliseconds apart: its known addresses are not committed again until an answer moves
+    their expiry later by more than a second."""
+    made = learner()
+    records = [("api.partner.example.", 60, "A", f"192.0.2.{i}") for i in range(1, 101)]
+    wire = answer("api.partner.example", *records)
+    segment = (len(wire).to_bytes(2, "big") + wire) * 3  # three messages in one segment
+    assert len(made.learn(POD, segment, now=0.0, tcp=True)) == 100
+    assert [made.learn(POD, segment, now=0.005 * i, tcp=True) for i in range(1, 200)] == [[]] * 199  # up to 0.995 s later
+    assert len(made.learn(POD, segment, now=1.5, tcp=True)) == 100  # 1.5 s later: the elements last longer
+    assert made.counts["learned"] == 200
+
+
 def test_bounds_per_set_and_per_pod_drop_and_count():
     made = learner(per_set=2)
     wire = answer("api.partner.example", *[("api.partner.example.", 60, "A", f"192.0.2.{i}") for i in range(1, 5)])
@@ -235,3 +249,26 @@ def test_expiry_forgets_the_earliest_first_and_keeps_what_a_later_answer_renewed
     assert made.size() == 1 and made.why("192.0.2.11", now=15)
     made.expire(now=20)
     assert made.size() == 0
+
+
+def test_the_hold_marks_only_answers_on_connections_to_trusted_resolvers_and_counts_the_others():
+    """--dns-learn-from in the hold chains: the asked address (conntrack's original destination)
+    decides, before the pod's meter; a family without a trusted address only counts."""
+    from nftpolicy.translators import transaction
+    from nftpolicy.translators.domainnames import with_hold_marks
+    from nftpolicy.translators.layout import Table
+    from nftpolicy.translators.nfttext import transaction_text
+
+    subjects = {"ipv4": frozenset({POD}), "ipv6": frozenset({"fd00:1::5"})}
+    text = transaction_text(transaction.replacing(with_hold_marks(Table("nftpolicy", 0, (), (), ()), subjects, 0x800000, 200, 32,
+                                                                  ("10.96.0.10/32", "10.0.2.0/24"))))
+    forward = text.split("chain KUBE-DNS-HOLD-FORWARD {")[1].split("}\n")[0]
+    rules = [line.strip().split(" comment ")[0] for line in forward.splitlines() if "th sport 53" in line]
+    answers = "meta l4proto { udp, tcp } th sport 53"
+    assert rules == [
+        f"{answers} ip daddr @KUBE-DNS-SUBJECTS4 ct state established ct original ip daddr != {{ 10.96.0.10/32, 10.0.2.0/24 }} counter",
+        f"{answers} ip daddr @KUBE-DNS-SUBJECTS4 ct state established ct original ip daddr {{ 10.96.0.10/32, 10.0.2.0/24 }} "
+        "meter KUBE-DNS-HOLD-FORWARD-4 size 65535 { ip daddr limit rate 200/second burst 32 packets } meta mark set meta mark | 0x00800000",
+        f"{answers} ip6 daddr @KUBE-DNS-SUBJECTS6 ct state established counter"]
+    untrusting = transaction_text(transaction.replacing(with_hold_marks(Table("nftpolicy", 0, (), (), ()), subjects, 0x800000, 200, 32)))
+    assert "ct original" not in untrusting and "counter" not in untrusting

@@ -23,10 +23,11 @@ import dns.message
 import dns.rrset
 import dns.resolver
 import pytest
-from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, DnsHold, DnsSegment, hold_rules
+from nftpolicy.agent.daemon.dnshold import HOLD_CHAIN, SWITCH_INTERVAL, DnsHold, DnsSegment, hold_rules
 from nftpolicy.agent.daemon.dnslearn import DomainLearner
 from nftpolicy.agent.daemon.domainlearning import DomainLearning
 from nftpolicy.agent.daemon.metrics import Metrics
+from nftpolicy.agent.daemon.rulecounters import tally
 from nftpolicy.agent.dataplane import iptables as xt
 from nftpolicy.agent.dataplane import netns
 from nftpolicy.agent.dataplane.nftables import NftDataplane
@@ -60,7 +61,13 @@ HOSTS = {  # name -> (IPv4, IPv6 or None, TTL seconds)
     "far.cdn.example": ("10.0.2.130", None, 60),  # asked by a pod no policy selects
     "near.cdn.example": ("10.0.2.131", None, 60),
     "burst.cdn.example": ("10.0.2.132", None, 60),
+    "tcp.cdn.example": ("10.0.2.133", None, 60),
+    "poison.cdn.example": ("10.0.2.134", None, 60),  # a rogue server (ROGUE) answers 10.0.2.80
+    "service.cdn.example": ("10.0.2.135", None, 60),
 }
+ROGUE = "10.0.1.1"  # a DNS server of the pod's choosing that its policy lets it ask (the node's address, as a node-local cache)
+SERVICE_IP = "10.96.0.10"  # the cluster DNS Service's address: DNAT to DNS4 in the node
+TRUSTED = (f"{DNS4}/32", f"{DNS6}/128", f"{SERVICE_IP}/32")  # --dns-learn-from
 CNAMES = {"www.partner.example": "edge.cdnhost.net"}
 NFTPOLICY = str(Path(sys.executable).parent / "nftpolicy")
 OUTSIDE = [v4 for v4, _, _ in HOSTS.values()] + [v6 for _, v6, _ in HOSTS.values() if v6] + ["10.0.2.61", "10.0.2.70", "10.0.2.80"]  # where moving.cdn.example moves; local.cdn.example; a forged answer's
@@ -95,8 +102,9 @@ serve(socket.AF_INET, "0.0.0.0")
 class Bed:
     """The three namespaces, dnsmasq, the listeners, our table, the learner and the hold."""
 
-    def __init__(self, make_netns, tmp_path: Path, agent: bool = False) -> None:
+    def __init__(self, make_netns, tmp_path: Path, agent: bool = False, learn_from: tuple[str, ...] | None = None) -> None:
         self.node, self.pod, self.out = make_netns(), make_netns(), make_netns()
+        self.learn_from = learn_from
         self.procs: list[subprocess.Popen[bytes]] = []
         netns.ip_batch([f"link add vpod netns {self.node} type veth peer name eth0 netns {self.pod}",
                         f"link add vout netns {self.node} type veth peer name eth0 netns {self.out}"])
@@ -126,7 +134,7 @@ class Bed:
             self.dataplane = NftDataplane("nftpolicy", self.node)
             sets = domain_sets(cluster, ("ipv4", "ipv6"))
             table = layout.table(build_rule_model(cluster, "node-1"))
-            self.dataplane.run(transaction.replacing(with_hold_marks(table, hold_subjects(sets), HOLD_MARK, 200, 32)))
+            self.dataplane.run(transaction.replacing(with_hold_marks(table, hold_subjects(sets), HOLD_MARK, 200, 32, learn_from)))
             self.learner = DomainLearner(ttl_floor=1, ttl_cap=3600, max_per_set=1000, max_per_pod=1000)
             self.learner.update(sets)
             self.hold = DnsHold(self._commit, netns_name=self.node, mark=HOLD_MARK)
@@ -156,7 +164,8 @@ class Bed:
         are: a restarted agent removes the chain of the one before and makes it anew)."""
         runs = len(list(self.tmp.glob("agent*.log")))
         self._spawn(None, [NFTPOLICY, "agent", "--netns", self.node, "--manifests", str(self.tmp / "manifests"), "--node", "node-1",
-                           "--http-address", self.http, "--debug-address", self.debug, "--resync-interval", "1", "--dns-ttl-floor", "1"],
+                           "--http-address", self.http, "--debug-address", self.debug, "--resync-interval", "1", "--dns-ttl-floor", "1",
+                           f"--dns-learn-from={','.join(self.learn_from or ('any',))}"],
                     log=self.tmp / f"agent{runs}.log")
         self.agent = self.procs[-1]
         eventually(lambda: "holding DNS answers" in (self.tmp / f"agent{runs}.log").read_text(), timeout=30)  # logged once in place
@@ -233,6 +242,7 @@ def test_a_resolved_name_is_reachable_at_once_and_others_and_raw_addresses_are_n
 
 
 def test_the_first_connection_after_each_answer_is_accepted(bed):
+    assert sys.getswitchinterval() <= SWITCH_INTERVAL  # the hold's thread gets the GIL back soon after each system call
     for i in range(20):  # every name a new address: each connection right after its answer
         [address] = bed.resolve(f"n{i}.cdn.example")
         assert bed.connects(address), f"n{i}.cdn.example ({address}) refused right after its answer"
@@ -530,8 +540,9 @@ def test_the_kernel_queues_a_burst_of_one_pods_answers_up_to_its_budget(bed):
 
 
 def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes_unheld():
-    """One read brings 40 answers of pod A, then one of pod B: B's is released second (after
-    A's oldest), not 41st; A's beyond the budget (32) are let through at once, unread."""
+    """One read brings 40 answers of pod A, then one of pod B: B's is released first (a round
+    takes the pods with fewest waiting first), not 41st; A's beyond the budget (32) are let
+    through at once, unread."""
     from nftpolicy.agent.daemon.dnshold import DEFAULT_BUDGET, QueuedPacket
 
     def packet(client: str, n: int) -> bytes:  # an IPv4 UDP packet to client, its payload n
@@ -558,15 +569,16 @@ def test_each_pods_answers_are_released_in_turn_and_a_pod_over_its_budget_passes
     hold._queue = queue  # type: ignore[assignment]
     hold._run()
     assert queue.accepted[:8] == list(range(DEFAULT_BUDGET, 40))  # over the budget: at once, uncommitted
-    assert committed[:2] == [("10.0.1.7", 0), ("10.0.1.8", 40)]
-    assert [n for _, n in committed] == [0, 40, *range(1, DEFAULT_BUDGET)]
+    assert committed[:2] == [("10.0.1.8", 40), ("10.0.1.7", 0)]
+    assert [n for _, n in committed] == [40, *range(DEFAULT_BUDGET)]
     assert hold.over_budget == 40 - DEFAULT_BUDGET and sorted(queue.accepted) == list(range(41))
 
 
-def test_with_a_mark_the_hold_starts_once_a_full_replace_brought_its_subjects_and_follows_them(make_netns):
+def test_with_a_mark_the_hold_starts_once_a_full_replace_brought_its_subjects_and_follows_them(make_netns, caplog):
     """The first domain set comes by an incremental sync: no hold yet, a full replace is asked
-    for; the replace carries the subjects' set and the marking chains, then the hold starts;
-    later syncs change the set's elements only (netlink)."""
+    for; the replace carries the subjects' set and the marking chains, then the hold starts
+    (warning that any DNS server teaches: no --dns-learn-from); later syncs change the set's
+    elements only (netlink)."""
     ns = make_netns()
     cluster, errors = build_cluster(("test", obj) for obj in (NAMESPACE, POD, POLICY))
     assert not errors
@@ -580,6 +592,7 @@ def test_with_a_mark_the_hold_starts_once_a_full_replace_brought_its_subjects_an
         table = learning.carry(layout.table(build_rule_model(cluster, "node-1")), sets)
         dataplane.run(transaction.replacing(table))
         assert learning.sets_changed(sets, replaced=True) is False and learning._hold is not None
+        assert [r.levelname for r in caplog.records if "learning from the DNS answers of any server" in r.message] == ["WARNING"]
         assert "mark match 0x800000/0x800000" in xt.run(ns, ["iptables-nft-save", "-t", "security"]).replace(
             "-m mark --mark", "mark match")
         assert POD4 in nft(ns, "list", "set", "inet", "nftpolicy", "KUBE-DNS-SUBJECTS4")
@@ -617,10 +630,111 @@ def test_what_answers_teach_during_a_full_replace_is_committed_again_after_it():
     assert len(committed) == 3
 
 
+def test_a_tcp_stream_that_repeats_an_answer_commits_its_address_once(bed):
+    """Three answers for one name on one TCP connection, milliseconds apart (a segment each):
+    the first commits the address, the others would only move its expiry later by those
+    milliseconds and commit nothing."""
+    committed: list[list[str]] = []
+    commit = bed.dataplane.add_timed_elements
+
+    def recording(elements):
+        committed.append([element.address for _, element in elements])
+        commit(elements)
+
+    query = dns.message.make_query("tcp.cdn.example", "A").to_wire()
+    bed.dataplane.add_timed_elements = recording
+    try:
+        with netns.entered(bed.pod):
+            sock = socket.create_connection((DNS4, 53), timeout=3)
+        with sock:
+            for _ in range(3):
+                sock.sendall(len(query).to_bytes(2, "big") + query)
+                reply = b""
+                while len(reply) < 2 or len(reply) < 2 + int.from_bytes(reply[:2], "big"):
+                    reply += sock.recv(4096)
+                assert dns.message.from_wire(reply[2:]).answer[0][0].address == "10.0.2.133"
+    finally:
+        del bed.dataplane.add_timed_elements  # the class's method again
+    assert [c for c in committed if c] == [["10.0.2.133"]]
+    assert bed.connects("10.0.2.133")
+
+
+@pytest.fixture(scope="module")
+def trusted_bed(module_netns, tmp_path_factory):
+    """The bed with the hold trusting only :data:`TRUSTED` (--dns-learn-from), and the cluster DNS
+    Service's address DNATed to dnsmasq in the node (as kube-proxy does)."""
+    made = Bed(module_netns, tmp_path_factory.mktemp("trusted"), learn_from=TRUSTED)
+    try:
+        nft(made.node, "-f", "-", stdin=f"table ip service-nat {{\n chain prerouting {{\n type nat hook prerouting priority dstnat;\n"
+                                        f" ip daddr {SERVICE_IP} meta l4proto {{ udp, tcp }} th dport 53 dnat to {DNS4}\n }}\n}}\n")
+        made.wait_until_served()
+        yield made
+    finally:
+        made.close()
+
+
+def rogue_resolver(bed: Bed, tmp_path: Path) -> dns.resolver.Resolver:
+    """dnsmasq at :data:`ROGUE` on the node (the pod's policy lets it ask there) answering
+    poison.cdn.example with 10.0.2.80; a resolver that asks it, once it answers."""
+    bed._spawn(bed.node, ["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--user=root", "--bind-interfaces",
+                          f"--listen-address={ROGUE}", "--except-interface=lo", f"--pid-file={tmp_path}/rogue.pid", "--cache-size=0",
+                          "--host-record=poison.cdn.example,10.0.2.80,60", "--host-record=ready.example,10.0.2.81,60"])
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.lifetime, resolver.cache = [ROGUE], 1.0, None
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with netns.entered(bed.pod):
+                resolver.resolve("ready.example", "A")
+            return resolver
+        except dns.exception.DNSException:
+            assert time.monotonic() < deadline, "the rogue dnsmasq does not answer"
+
+
+def untrusted_packets(bed: Bed) -> int:
+    """The kernel's count of answers to subjects from resolvers not trusted (the hold chains' counters)."""
+    return tally(bed.dataplane.counted_rules(), {}).dns_untrusted or 0
+
+
+def test_an_answer_from_a_resolver_not_trusted_is_not_learned_and_its_connection_is_refused(trusted_bed, tmp_path):
+    """A pod that can ask a DNS server of its own: the server's answers (UDP and TCP) reach the
+    pod unheld and teach nothing, so they open no address to it (nor to any other subject of
+    the same names); the kernel counts them. The trusted resolver's answer for the same name
+    is held, learned and allowed."""
+    bed = trusted_bed
+    rogue = rogue_resolver(bed, tmp_path)
+    assert bed.hold is not None
+    held, before = bed.hold.held, untrusted_packets(bed)
+    for tcp in (False, True):
+        with netns.entered(bed.pod):
+            assert [r.address for r in rogue.resolve("poison.cdn.example", "A", tcp=tcp).rrset] == ["10.0.2.80"]
+    assert bed.hold.held == held  # none of them was queued
+    assert untrusted_packets(bed) >= before + 2
+    assert not bed.learner.why("10.0.2.80", time.monotonic())
+    assert not bed.connects("10.0.2.80")
+    [address] = bed.resolve("poison.cdn.example")  # from dnsmasq at DNS4, trusted
+    assert address == "10.0.2.134" and bed.learner.why(address, time.monotonic())  # learned before its release
+    assert bed.connects(address)
+    assert not bed.connects("10.0.2.80")
+
+
+def test_an_answer_from_the_trusted_service_address_is_learned_through_its_dnat(trusted_bed):
+    """The pod asks the cluster DNS Service's address; the node DNATs it to the server, whose
+    reply the hold sees from the server's own address: trusted because the pod asked the
+    Service's (conntrack's original destination)."""
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.lifetime, resolver.cache = [SERVICE_IP], 3.0, None
+    with netns.entered(trusted_bed.pod):
+        [address] = [r.address for r in resolver.resolve("service.cdn.example", "A").rrset]
+    assert address == "10.0.2.135"
+    assert trusted_bed.learner.why(address, time.monotonic())
+    assert trusted_bed.connects(address)
+
+
 @pytest.fixture(scope="module")
 def agent_bed(module_netns, tmp_path_factory):
-    """The same bed, with the agent enforcing and learning."""
-    made = Bed(module_netns, tmp_path_factory.mktemp("agent"), agent=True)
+    """The same bed, with the agent enforcing and learning, trusting the answers of :data:`TRUSTED`."""
+    made = Bed(module_netns, tmp_path_factory.mktemp("agent"), agent=True, learn_from=TRUSTED)
     try:
         made.wait_until_served()
         yield made
@@ -672,6 +786,21 @@ def test_answers_to_many_questions_at_once_are_each_held_until_committed(agent_b
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert list(pool.map(ask, range(10, 18))) == [True] * 8
+
+
+def test_the_agent_learns_only_from_trusted_resolvers_and_counts_the_others(agent_bed, tmp_path):
+    rogue = rogue_resolver(agent_bed, tmp_path)
+
+    def asked_rogue() -> float:  # the counters start again at each full replace (every second here): ask until a read saw one
+        with netns.entered(agent_bed.pod):
+            assert [r.address for r in rogue.resolve("poison.cdn.example", "A").rrset] == ["10.0.2.80"]
+        return metric(agent_bed, "nftpolicy_dns_untrusted_packets_total") > 0
+
+    eventually(asked_rogue, timeout=20)
+    assert "learning from the DNS answers of any server" not in "".join(p.read_text() for p in agent_bed.tmp.glob("agent*.log"))
+    assert not agent_bed.connects("10.0.2.80")
+    [address] = agent_bed.resolve("poison.cdn.example")
+    assert address == "10.0.2.134" and agent_bed.connects(address)
 
 
 def test_a_stopped_agent_leaves_the_hold_and_bypass_lets_dns_work(agent_bed):

@@ -65,6 +65,10 @@ BAD = [
     ("agent", "--unknown-pod-burst", "many", "must be a whole number 1-1000000, got many"),
     ("agent", "--unknown-pod-max-held", "2000", "must be a whole number 1-1024, got 2000"),
     ("trace", "--unknown-pod-rate", "-5", "must be a whole number 1-1000000, got -5"),
+    ("agent", "--dns-learn-from", "kube-dns", "invalid resolver 'kube-dns' (expected an address, a CIDR or 'any')"),
+    ("agent", "--dns-learn-from", "10.96.0.10,10.96.0.10/33", "invalid resolver '10.96.0.10/33' (expected an address, a CIDR or 'any')"),
+    ("agent", "--dns-learn-from", "any,10.96.0.10", "'any' with resolvers (10.96.0.10): give one or the other"),
+    ("agent", "--dns-learn-from", ",", "no resolver (expected addresses or CIDRs, comma-separated, or 'any')"),
 ]
 
 
@@ -314,3 +318,11 @@ def test_swapped_dumps_given_to_compare_name_the_flag_and_say_so():
               "--ipset-save", str(DUMPS / "node1.iptables-save"), SHOP)
     assert (out.returncode, out.stderr) == (2, f"nftpolicy: --ipset-save {DUMPS / 'node1.iptables-save'}:2: expected 'create' or "
                                                "'add', got '*filter' (iptables-save output: is the iptables dump given as the ipset one?)\n")
+
+
+
+def test_trusted_resolvers_are_networks_and_any_is_none(clean_env):
+    args = flags.parser().parse_args(["agent", "--node", "node1", "--dns-learn-from", "10.96.0.10, fd00::/64"])
+    assert args.dns_learn_from == ("10.96.0.10/32", "fd00::/64")
+    for argv in ([], ["--dns-learn-from", "any"]):
+        assert flags.parser().parse_args(["agent", "--node", "node1", *argv]).dns_learn_from is None

@@ -112,7 +112,7 @@ def test_a_missing_table_gives_no_samples(make_netns):
     collector.read()
     families = list(collector.collect())
     assert [f.name for f in families] == ["nftpolicy_denied_packets", "nftpolicy_allowed_packets", "nftpolicy_cluster_denied_packets",
-                                          "nftpolicy_unknown_pod_over_budget_packets"]
+                                          "nftpolicy_unknown_pod_over_budget_packets", "nftpolicy_dns_untrusted_packets"]
     assert all(not f.samples for f in families)
 
 
@@ -200,3 +200,17 @@ def test_tier_denies_are_named_by_the_counted_origins_in_chain_order():
     assert sums.cluster_denied == {("Admin", "guard", "egress", "0"): 1, ("Admin", "guard", "egress", "2"): 5,
                                    ("Baseline", "KUBE-BANP-H", "unknown", "unknown"): 9, ("Admin", "KUBE-ANP-Z", "unknown", "unknown"): 6}
     assert not sums.denied and not sums.allowed
+
+
+def test_the_dns_holds_counted_rules_are_answers_from_untrusted_resolvers_and_nothing_else():
+    """Each hold chain's one counted rule (--dns-learn-from) sums into one sample; without such a
+    rule (any resolver trusted) the family has none."""
+    def rule(chain, packets):
+        return {"chain": chain, "expr": [{"counter": {"packets": packets, "bytes": 0}}]}
+
+    sums = tally([rule("KUBE-DNS-HOLD-FORWARD", 3), rule("KUBE-DNS-HOLD-FORWARD", 4), rule("KUBE-DNS-HOLD-OUTPUT", 5)], {})
+    assert sums.dns_untrusted == 12 and not sums.denied and not sums.allowed and not sums.cluster_denied
+    [family] = [f for f in RuleCounters._built(sums) if f.name == "nftpolicy_dns_untrusted_packets"]
+    assert [(s.name, s.value) for s in family.samples] == [("nftpolicy_dns_untrusted_packets_total", 12)]
+    [family] = [f for f in RuleCounters._built(tally([], {})) if f.name == "nftpolicy_dns_untrusted_packets"]
+    assert not family.samples

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
-from .layout import AddressInSet, Chain, ConntrackState, Hook, PerAddressLimit, Protocols, Rule, SetMark, SourcePort, Table
+from .layout import (AddressInSet, AskedAddress, Chain, ConntrackState, CounterStatement, Hook, PerAddressLimit, Protocols, Rule, SetMark,
+                     SourcePort, Table)
 from .model import Cluster, Family, domain_name_matches, family_of
 from .rules import AddressSet, TimedAddress
 from .setstore import SetKey
@@ -88,7 +89,8 @@ def hold_subjects(sets: Iterable[DomainSet]) -> dict[Family, frozenset[str]]:
     return {family: frozenset(addresses) for family, addresses in found.items()}
 
 
-def with_hold_marks(table: Table, subjects: Mapping[Family, frozenset[str]], mark: int, rate: int, burst: int) -> Table:
+def with_hold_marks(table: Table, subjects: Mapping[Family, frozenset[str]], mark: int, rate: int, burst: int,
+                    learn_from: Sequence[str] | None = None) -> Table:
     """``table`` with the hold's objects: a set of the ``subjects``' addresses per family
     (:data:`HOLD_SETS`) and a base chain per hook (:data:`HOLD_CHAINS`: ``forward`` for answers
     the node routes to its pods, ``output`` for those a DNS server on the node's own network
@@ -99,14 +101,35 @@ def with_hold_marks(table: Table, subjects: Mapping[Family, frozenset[str]], mar
     ``rate`` packets a second to each, after a burst of ``rate + burst`` (nft's limit; a meter per hook and family):
     the pod's packets beyond pass unmarked. The hold's queue rule takes only packets with that bit
     (:func:`~nftpolicy.agent.daemon.dnshold.hold_rules`): an answer to any other pod never leaves
-    the kernel, and one pod's flood cannot fill the kernel's queue for the others."""
+    the kernel, and one pod's flood cannot fill the kernel's queue for the others.
+
+    ``learn_from`` (addresses or CIDRs, ``--dns-learn-from``; None: any): only answers on
+    connections whose original destination (the resolver the pod asked, before DNAT:
+    :class:`~nftpolicy.translators.layout.AskedAddress`) is one of them are marked, before
+    the meter (an untrusted server's answers use up no pod's rate); the others are counted by a
+    rule of their own (the only counted rule of these chains: ``nftpolicy_dns_untrusted_packets_total``)
+    and pass unmarked, so unread (every answer of a family without a trusted address)."""
     sets = tuple(AddressSet(name, family, "addr", tuple(sorted(subjects.get(family, ()))),
                             "subjects of domainNames peers: the DNS hold queues the answers to them")
                  for family, name in HOLD_SETS.items())
-    chains = tuple(Chain(chain, tuple(Rule((Protocols(("udp", "tcp")), SourcePort(53), AddressInSet(family, "daddr", name),
-                                            ConntrackState(("established",)),  # replies only: no one else's packets use the pod's meter
-                                            PerAddressLimit(family, "daddr", f"{chain}-{family[-1]}", rate, burst), SetMark(mark)),
-                                           f"DNS hold: answers to subjects of domainNames peers ({family})")
-                                      for family, name in HOLD_SETS.items()), hook)
+    chains = tuple(Chain(chain, tuple(rule for family, name in HOLD_SETS.items() for rule in _hold_rules(chain, family, name, mark, rate,
+                                                                                                           burst, learn_from)), hook)
                    for hook, chain in HOLD_CHAINS.items())
     return dataclasses.replace(table, sets=table.sets + sets, chains=table.chains + chains)
+
+
+def _hold_rules(chain: str, family: Family, subjects: str, mark: int, rate: int, burst: int, learn_from: Sequence[str] | None) -> list[Rule]:
+    """The rules of hold chain ``chain`` for ``family`` (:func:`with_hold_marks`)."""
+    answers = (Protocols(("udp", "tcp")), SourcePort(53), AddressInSet(family, "daddr", subjects),
+               ConntrackState(("established",)))  # replies only: no one else's packets use the pod's meter
+    meter = (PerAddressLimit(family, "daddr", f"{chain}-{family[-1]}", rate, burst), SetMark(mark))
+    if learn_from is None:
+        return [Rule(answers + meter, f"DNS hold: answers to subjects of domainNames peers ({family})")]
+    trusted = tuple(a for a in learn_from if family_of(a.partition("/")[0]) == family)
+    untrusted = Rule(answers + ((AskedAddress(family, trusted, negated=True),) if trusted else ()) + (CounterStatement(),),
+                     f"DNS hold: answers from a resolver not trusted (--dns-learn-from), not learned ({family})")
+    if not trusted:
+        return [untrusted]
+    return [untrusted,
+            Rule(answers + (AskedAddress(family, trusted),) + meter,
+                 f"DNS hold: answers to subjects of domainNames peers from trusted resolvers ({family})")]

@@ -141,6 +141,18 @@ class ConntrackState:
 
 
 @dataclass(frozen=True)
+class AskedAddress:
+    """The connection's original destination of ``family`` (conntrack's ``original`` direction:
+    where its first packet was sent, before any DNAT; for a DNS answer, the resolver address the
+    pod asked, such as a Service's cluster IP) is one of ``addresses`` (addresses or CIDRs;
+    ``negated``: is none of them)."""
+
+    family: Family
+    addresses: tuple[str, ...]
+    negated: bool = False
+
+
+@dataclass(frozen=True)
 class IcmpTypes:
     """An ICMP (``ipv4``) or ICMPv6 (``ipv6``) packet of one of ``types`` (nft's names)."""
 
@@ -273,7 +285,7 @@ class SetTrace:
 
 
 Statement = Union[AddressIs, AddressInSet, NamedPortInSet, Protocols, DestinationPorts, DestinationPortSet, SourcePort, ConntrackState,
-                  IcmpTypes, LocalAddress, Unmarked, Marked, Limit, PerAddressLimit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log,
+                  AskedAddress, IcmpTypes, LocalAddress, Unmarked, Marked, Limit, PerAddressLimit, CounterStatement, SetMark, ClearMark, ClearAndSetMark, Log,
                   Reject, VerdictStatement,
                   Jump, Dispatch, SetTrace]
 

@@ -62,6 +62,9 @@ def statement_json(s: Statement) -> Json:
         return _match(SPORT, s.port)
     if isinstance(s, layout.ConntrackState):
         return _match(CT_STATE, s.states[0] if len(s.states) == 1 else list(s.states), "in")
+    if isinstance(s, layout.AskedAddress):
+        return _match({"ct": {"key": f"{IP[s.family]} daddr", "dir": "original"}}, _one_or_set([element_json(a) for a in s.addresses]),
+                      "!=" if s.negated else "==")
     if isinstance(s, layout.IcmpTypes):
         return _match(_payload(ICMP[s.family], "type"), {"set": list(s.types)})
     if isinstance(s, layout.LocalAddress):

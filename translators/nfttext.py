@@ -30,7 +30,7 @@ def _value(v: Any, hex_ints: bool = False) -> str:
     if key == "payload":
         return f"{body['protocol']} {body['field']}"
     if key in ("meta", "ct"):
-        return f"{key} {body['key']}"
+        return f"{key} {body['dir'] + ' ' if 'dir' in body else ''}{body['key']}"
     if key == "fib":
         return f"fib {' . '.join(body['flags'])} {body['result']}"
     if key == "concat":

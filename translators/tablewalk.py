@@ -208,6 +208,9 @@ class _Walking:
             return p.port is not None and any(first <= p.port <= last for first, last in s.ranges)
         if isinstance(s, ConntrackState):
             return ("established" if p.established else "new") in s.states
+        if isinstance(s, layout.AskedAddress):  # the walk knows no NAT: a reply's original destination is its source
+            asked = ipaddress.ip_address(p.address("saddr" if p.established else "daddr"))
+            return p.family == s.family and any(asked in ipaddress.ip_network(a) for a in s.addresses) != s.negated
         if isinstance(s, IcmpTypes):
             return p.protocol == "ICMP" and p.family == s.family and p.icmp_type in s.types
         if isinstance(s, LocalAddress):

@@ -147,6 +147,25 @@ def _bad_cidr(text: str) -> str:
     raise argparse.ArgumentTypeError(f"invalid CIDR {text!r} (expected ADDRESS/PREFIX)")
 
 
+def _resolvers(text: str) -> tuple[str, ...] | None:
+    """The resolvers ``--dns-learn-from`` trusts: comma-separated addresses (each its /32 or
+    /128) or CIDRs, normalised; or ``any`` (None)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if items == ["any"]:
+        return None
+    if "any" in items:
+        raise argparse.ArgumentTypeError(f"'any' with resolvers ({', '.join(i for i in items if i != 'any')}): give one or the other")
+    if not items:
+        raise argparse.ArgumentTypeError("no resolver (expected addresses or CIDRs, comma-separated, or 'any')")
+    networks = []
+    for item in items:
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid resolver {item!r} (expected an address, a CIDR or 'any')") from None
+    return tuple(networks)
+
+
 def _seconds(minimum: float, inclusive: bool = True) -> Callable[[str], float]:
     """An argparse type: a number of seconds >= minimum (> minimum when not inclusive)."""
     def seconds(text: str) -> float:
@@ -508,6 +527,11 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--dns-pod-rate", type=_count(1, 10**6), default=200,
                        help="DNS answers a second to one pod that the kernel queues for the hold at most, after a burst of as "
                             "many plus --dns-pod-budget; more pass unheld and unread (default %(default)s)")
+    agent.add_argument("--dns-learn-from", type=_resolvers, default="any", metavar="ADDRESS|CIDR,...|any",
+                       help="learn domainNames addresses only from the answers to questions a pod sent to these resolvers (the "
+                            "address it asked, before DNAT: the cluster DNS Service's IP, a node-local cache's; comma-separated); "
+                            "the others pass unheld and unlearned (default any: every server a subject pod can reach, which lets a "
+                            "pod that reaches a DNS server of its own add addresses for every policy with the same names)")
     agent.add_argument("--dns-pod-budget", type=_count(1, 1024), default=32,
                        help="DNS answers one pod may have waiting in the hold; more pass at once, unheld and unread (what they teach "
                             "is not learned), so one pod's flood cannot delay other pods' answers (default %(default)s)")

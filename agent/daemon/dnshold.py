@@ -23,7 +23,8 @@ it); it goes when the last domainNames peer goes.
 
 One pod cannot delay another's answers: the reader takes what the queue holds into one line per
 pod (the answer's destination), and releases in rounds, the oldest answer of each waiting pod
-in turn, so a pod's answer waits for at most one answer of each other pod; a pod with
+in turn, the pods with fewest answers waiting first (a pod that asks now and then goes before a
+flood's backlog), so a pod's answer waits for at most one answer of each other pod; a pod with
 ``budget`` answers waiting already has its next let through at once, unheld and unread (counted:
 what it would teach is not learned, as when the kernel's queue is full), so one pod's flood
 neither fills the kernel's queue of 1024 for the others nor grows the agent's memory.
@@ -45,6 +46,7 @@ import select
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -75,6 +77,11 @@ COPY_RANGE = 65535
 POLL = 0.2  # seconds a read waits before the reader looks whether it should stop
 DEFAULT_BUDGET = 32  # answers one pod may have waiting in the agent (--dns-pod-budget)
 HOLD_NICE = -10  # the hold's thread's niceness, where the agent may raise it (CAP_SYS_NICE)
+# The GIL's switch interval (seconds) while a hold runs: the reader takes the GIL back after each
+# system call (read, commit, verdict), each time waiting up to the interval for a thread that
+# computes (a full resync's render, a watch decoding a large list). Python's 5 ms made a held
+# answer wait 30 ms at p99 beside such a thread (bench/dns_learn.py --busy).
+SWITCH_INTERVAL = 0.0005
 READS_PER_ROUND = 16  # socket reads at most before a round of releases (each up to 256 KiB)
 FAILURE_LOG_SECONDS = 60.0  # at most one log line about failed commits this often
 
@@ -297,6 +304,7 @@ class DnsHold:
         self.held = 0  # answers released after their commit
         self.failed = 0  # answers whose commit raised (let through all the same)
         self.over_budget = 0  # answers let through unread: their pod had budget answers waiting
+        self.unmarked = 0  # answers let through unread: queued without the mark (no trusted answer to a subject)
         self._logged_at = -FAILURE_LOG_SECONDS  # when a failed commit was last logged (time.monotonic)
         self._failed_since = 0  # self.failed when that line was logged
         self._queue: NfQueue | None = None
@@ -309,9 +317,11 @@ class DnsHold:
 
     def start(self) -> None:
         """Bind the queue (before the rule, so no answer waits for a reader), then the chain
-        (made anew: an earlier agent's is removed first). Raises OSError when the queue cannot
-        be bound (another process holds it: nothing is changed) and IptablesError when the chain
-        cannot be made (what was made of it is removed again)."""
+        (made anew: an earlier agent's is removed first); the process's GIL switch interval is
+        cut to :data:`SWITCH_INTERVAL` at most (for good: the hold may start again). Raises
+        OSError when the queue cannot be bound (another process holds it: nothing is changed)
+        and IptablesError when the chain cannot be made (what was made of it is removed again)."""
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         with netns.entered(self.netns) if self.netns is not None else contextlib.nullcontext():
             self._queue = NfQueue(self.queue_num, fail_open=self.bypass)
         self._thread = threading.Thread(target=self._reader, name="dns-hold", daemon=True)
@@ -343,7 +353,7 @@ class DnsHold:
                 if not packets:
                     break
                 self._take(packets, waiting)
-            for client in list(waiting):  # one round: the oldest answer of each pod
+            for client in sorted(waiting, key=lambda c: len(waiting[c])):  # one round: the oldest answer of each pod, fewest waiting first
                 line = waiting[client]
                 packet_id, segment, read_at = line.popleft()
                 if not line:
@@ -355,10 +365,17 @@ class DnsHold:
 
     def _take(self, packets: list[QueuedPacket], waiting: dict[str, deque[tuple[int, DnsSegment, float]]]) -> None:
         """Put each packet of one read in its pod's line; one that is no DNS segment, or whose
-        pod has :attr:`budget` waiting, is let through at once."""
+        pod has :attr:`budget` waiting, is let through at once, and with a :attr:`mark` so is
+        one without it (the agent's own check of the kernel's: our table marks only the
+        answers to subjects from trusted resolvers; a chain of another agent that queues
+        unmarked answers teaches nothing)."""
         assert self._queue is not None
         now = time.monotonic()
         for queued in packets:
+            if self.mark is not None and not queued.mark & self.mark:
+                self._queue.accept(queued.id)
+                self.unmarked += 1
+                continue
             segment = dns_segment(queued.packet)
             if segment is None:
                 self._queue.accept(queued.id)

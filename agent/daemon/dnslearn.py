@@ -65,6 +65,11 @@ QR = 0x80  # the response bit, in the header's third byte (RFC 1035 4.1.1)
 ADOPTED = "(before this agent)"  # the name of an address an earlier agent learned
 MAX_QUESTIONS = 4096  # questions remembered (then forgotten at once)
 MAX_CHAIN = 16  # CNAME links followed from the question (a loop ends there)
+# A held address is committed again only when an answer moves its expiry later by more than this
+# (seconds): the element then ends at most this long before the answer's TTL, whose own unit is
+# the second, and a TCP stream's segments (or a resolver asked again and again) that repeat an
+# answer a few milliseconds apart do not commit every element again.
+REFRESH_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,7 @@ class DomainLearner:
         if count > self.max_records:
             self.counts["capped"] += 1
         try:  # the answer section's first max_records (the authority and additional sections unread)
-            records = _answer_records(wire, 12 + used + 4, min(count, self.max_records))
+            records = _answer_records(wire, 12 + used + 4, min(count, self.max_records), question)
         except (dns.exception.DNSException, ValueError, IndexError, struct.error):
             self.counts["malformed"] += 1
             return []
@@ -192,22 +197,25 @@ class DomainLearner:
             return []
         found = []
         for domain_set, pattern in matched:
+            held = self._held.setdefault(domain_set.name, {})
             for family, address, ttl in addresses:
                 if family != domain_set.family:
                     continue
                 timeout = min(max(ttl, self.ttl_floor), self.ttl_cap)
-                learned = self._hold(domain_set.name, Learned(domain_set.name, address, timeout, asked, pattern, client), now)
+                entry = held.get(address)
+                if entry is not None and now + timeout <= entry.expires + REFRESH_SECONDS:
+                    continue  # the kernel's element outlives this answer already, or ends within a second of it
+                learned = self._hold(held, entry, Learned(domain_set.name, address, timeout, asked, pattern, client), now)
                 if learned is not None:
                     found.append(learned)
         return found
 
-    def _hold(self, set_name: str, learned: Learned, now: float) -> Learned | None:
-        held = self._held.setdefault(set_name, {})
-        entry = held.get(learned.address)
+    def _hold(self, held: dict[str, _Entry], entry: _Entry | None, learned: Learned, now: float) -> Learned | None:
+        """Hold ``learned`` in its set's entries ``held`` (``entry``: its address's there, which
+        the answer outlasts): renewed, new, or ``dropped`` over a bound (None)."""
+        set_name = learned.set_name
         expires = now + learned.timeout
         if entry is not None:
-            if expires <= entry.expires:
-                return None  # the kernel's element outlives this answer already
             entry.expires, entry.name, entry.pattern = expires, learned.name, learned.pattern
             self._expires_at(expires, set_name, learned.address)
             self.counts["learned"] += 1
@@ -310,17 +318,19 @@ def _tcp_messages(segment: bytes) -> list[bytes] | None:
 Record = tuple[dns.name.Name, int, int, Union[str, dns.name.Name, None]]  # owner, type, TTL, address or CNAME target
 
 
-def _answer_records(wire: bytes, offset: int, count: int) -> list[Record]:
+def _answer_records(wire: bytes, offset: int, count: int, question: dns.name.Name) -> list[Record]:
     """The first ``count`` records of the answer section of message ``wire``, which starts at
     ``offset`` (RFC 1035 4.1.3: owner, type, class, TTL, data length, data): ``(owner, type, ttl,
     data)``, data an A or AAAA record's address, a CNAME's target, None for other types. Names
-    are read by dnspython (an owner name that is a compression pointer once for each pointer);
+    are read by dnspython (an owner name that is a compression pointer once for each pointer; a
+    pointer to the question's name, at offset 12, is ``question`` itself, the name
+    :func:`_chain_addresses` compares first);
     the rest is read here: dnspython's whole-message decode costs about 25 us a record (a
     250-record answer cut to 100: 2.9 ms of CPU against 0.35 ms here).
     Raises DNSException (a bad name), ValueError (an address of the wrong length), IndexError or
     struct.error (cut short)."""
     found: list[Record] = []
-    pointed: dict[int, dns.name.Name] = {}  # the owner names that compression pointers name, by pointer
+    pointed: dict[int, dns.name.Name] = {0xC000 | 12: question}  # the owner names that compression pointers name, by pointer
     for _ in range(count):
         if wire[offset] & 0xC0 == 0xC0:  # a pointer (nearly every owner: to the question's name)
             pointer = int.from_bytes(wire[offset:offset + 2], "big")
@@ -354,7 +364,7 @@ def _chain_addresses(records: list[Record], question: dns.name.Name) -> list[tup
     for _ in range(MAX_CHAIN):
         step = None
         for name, rdtype, record_ttl, data in records:
-            if name != owner:
+            if name is not owner and name != owner:  # the same object: nearly every owner, a pointer to the question
                 continue
             family = _TYPES.get(rdtype)
             ttl = record_ttl if chain_ttl is None else min(record_ttl, chain_ttl)

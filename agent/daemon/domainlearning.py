@@ -60,18 +60,21 @@ class DomainLearning:
     object of the hold is carried); ``rate``: answers a second to one pod the kernel queues at
     most, after a burst of as many plus ``budget`` (the rest pass unheld); ``change_elements``: with a mark, commits ``(verb, set,
     elements)`` changes of the hold's sets (the dataplane's
-    :meth:`~nftpolicy.agent.dataplane.nftables.NftDataplane.change_elements`)."""
+    :meth:`~nftpolicy.agent.dataplane.nftables.NftDataplane.change_elements`); ``learn_from``: with a mark, the
+    addresses or CIDRs of the resolvers whose answers are learned (``--dns-learn-from``; None: any,
+    with a warning when the hold starts)."""
 
     def __init__(self, learner: DomainLearner, add_elements: Callable[[Sequence[tuple[str, TimedAddress]]], None],
                  metrics: Metrics, hold: HoldMode, queue: int, netns_name: str | None, clock: Clock = REAL_TIME,
                  budget: int = DEFAULT_BUDGET, mark: int | None = None, rate: int = DEFAULT_RATE,
-                 change_elements: Callable[[Sequence[tuple[str, str, tuple[str, ...]]]], None] | None = None) -> None:
-        self.mark, self.rate, self.change_elements = mark, rate, change_elements
+                 change_elements: Callable[[Sequence[tuple[str, str, tuple[str, ...]]]], None] | None = None,
+                 learn_from: Sequence[str] | None = None) -> None:
+        self.mark, self.rate, self.change_elements, self.learn_from = mark, rate, change_elements, learn_from
         self._carried: dict[Family, frozenset[str]] | None = None  # the subjects the last rendered full table carried
         self._subjects: dict[Family, frozenset[str]] | None = None  # those in the kernel (None: no hold set there)
         self.learner, self.add_elements, self.metrics = learner, add_elements, metrics
         self.hold_mode, self.queue, self.netns, self.clock, self.budget = hold, queue, netns_name, clock, budget
-        self._over_budget = 0  # the hold's over_budget already counted in the metric
+        self._over_budget = self._unmarked = 0  # the hold's over_budget and unmarked already counted in the metrics
         self.lock = threading.RLock()
         self._hold: DnsHold | None = None
         self._counted = dict.fromkeys(RESULTS, 0)
@@ -87,7 +90,7 @@ class DomainLearning:
             self._carried = None
             return table
         self._carried = hold_subjects(sets)
-        return with_hold_marks(table, self._carried, self.mark, self.rate, self.budget)
+        return with_hold_marks(table, self._carried, self.mark, self.rate, self.budget, self.learn_from)
 
     def _follow_subjects(self, sets: Sequence[DomainSet], replaced: bool) -> bool:
         """Keep the kernel's hold sets equal to ``sets``' clients; False while they are not in
@@ -142,9 +145,13 @@ class DomainLearning:
                 log.error("cannot hold DNS answers, domainNames peers learn nothing until it can (tried again at the first "
                           "sync %.0f s from now): %s", HOLD_RETRY_SECONDS, self.failure)
                 return False
-            self._hold, self.failure, self._over_budget = hold, None, 0
+            self._hold, self.failure, self._over_budget, self._unmarked = hold, None, 0, 0
             log.info("holding DNS answers in nfqueue %d until what they teach is committed (%s while the agent is away)",
                      self.queue, self.hold_mode)
+            if self.learn_from is None:
+                log.warning("learning from the DNS answers of any server a subject pod asks: a pod that can reach a DNS server of its "
+                            "own can add any address to the sets of every policy with the same domainNames; set --dns-learn-from "
+                            "to the cluster DNS (docs/domain-names.md)")
         elif not sets and self._hold is not None:
             self._hold.close()
             self._hold = None
@@ -218,11 +225,15 @@ class DomainLearning:
 
     def released(self, segment: DnsSegment, seconds: float) -> None:
         """The hold let ``segment`` go on after ``seconds`` (waiting behind other pods' answers,
-        learn and commit): the metrics, with the answers let through over a pod's budget."""
+        learn and commit): the metrics, with the answers let through over a pod's budget or
+        without the mark (``untrusted``)."""
         self.metrics.dns_hold_seconds.observe(seconds)
         if self._hold is not None and self._hold.over_budget > self._over_budget:
             self.metrics.dns_over_budget.inc(self._hold.over_budget - self._over_budget)
             self._over_budget = self._hold.over_budget
+        if self._hold is not None and self._hold.unmarked > self._unmarked:
+            self.metrics.dns_answers.labels("untrusted").inc(self._hold.unmarked - self._unmarked)
+            self._unmarked = self._hold.unmarked
 
     def close(self) -> None:
         """The agent stops: stop reading the queue, leave the hold chain (answers pass or drop

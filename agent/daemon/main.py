@@ -98,7 +98,7 @@ def run_agent(args: argparse.Namespace, config: Config) -> int:
     learner = DomainLearner(args.dns_ttl_floor, args.dns_ttl_cap, args.dns_max_per_set, args.dns_max_per_pod, args.dns_max_records)
     learning = DomainLearning(learner, dataplane.add_timed_elements, metrics, args.dns_hold, args.dns_queue, args.netns,
                               budget=args.dns_pod_budget, mark=args.dns_hold_mark, rate=args.dns_pod_rate,
-                              change_elements=dataplane.change_elements)
+                              change_elements=dataplane.change_elements, learn_from=args.dns_learn_from)
     learning.adopt(dataplane.timed_elements())  # a restart keeps what the agent before it learned
     hold = start_pod_hold(config, args, metrics)
     reconciler = Reconciler(store, config, args.node, metrics, health, args.min_sync_interval, args.resync_interval, dataplane,

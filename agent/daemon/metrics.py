@@ -63,9 +63,10 @@ class Metrics:
         self.dns_answers = Counter(
             "nftpolicy_dns_answers", "DNS answers to pods read for domainNames peers, by result: learned and dropped (over the per-set or "
             "per-pod bound) count addresses; ignored (no policy name or pod), empty (no address), malformed and capped (more answer "
-            "records than --dns-max-records, the rest unread) count messages.",
+            "records than --dns-max-records, the rest unread) count messages; untrusted: queued without the mark our table sets on "
+            "trusted answers to subjects (let through unread).",
             ["result"], registry=r)
-        for result in ("learned", "dropped", "ignored", "empty", "malformed", "capped"):
+        for result in ("learned", "dropped", "ignored", "empty", "malformed", "capped", "untrusted"):
             self.dns_answers.labels(result)
         self.dns_over_budget = Counter("nftpolicy_dns_over_budget", "DNS answers let through unheld and unread because their pod had "
                                        "--dns-pod-budget answers waiting in the hold (what they teach is not learned).", registry=r)

@@ -23,7 +23,11 @@ set element) and sums the counters into
   for the hold because their source address had used its budget (``--unknown-pod-rate``,
   ``--unknown-pod-burst``): the counted drops of
   :data:`~nftpolicy.translators.layout.TO_HOLD_CHAIN`, in the order of
-  :data:`~nftpolicy.translators.layout.OVER_BUDGET_DROPS`.
+  :data:`~nftpolicy.translators.layout.OVER_BUDGET_DROPS`;
+* ``nftpolicy_dns_untrusted_packets_total``: packets from port 53 to subject pods of domainNames
+  peers, replies to a question the pod sent to an address that ``--dns-learn-from`` does not
+  trust: not held, not learned (the one counted rule of each hold chain,
+  :func:`~nftpolicy.translators.domainnames.with_hold_marks`; absent without the setting).
 
 A scrape serves the families of the last read (at most that interval, plus one read, old): it
 lists nothing, takes no lock a sync holds, and costs the same however many scrapers there are
@@ -56,6 +60,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nftpolicy.translators.chainbuilders import POD_CHAIN_PREFIX, TIER_CHAIN_PREFIX
+from nftpolicy.translators.domainnames import HOLD_CHAINS
 from nftpolicy.translators.layout import COMMON_CHAIN, DEFAULT_CHAIN, OVER_BUDGET_DROPS, TO_HOLD_CHAIN
 from nftpolicy.translators.rules import ChainOwner
 
@@ -68,6 +73,8 @@ ALLOWED = ("nftpolicy_allowed_packets", "Packets (a connection's first) that a r
            ["namespace", "policy", "direction"])
 CLUSTER_DENIED = ("nftpolicy_cluster_denied_packets", "Packets that a ClusterNetworkPolicy Deny rule refused, by tier, policy, direction "
                   "and rule index.", ["tier", "policy", "direction", "rule"])
+DNS_UNTRUSTED = ("nftpolicy_dns_untrusted_packets", "Packets from port 53 to subject pods of domainNames peers whose question "
+                 "went to a resolver --dns-learn-from does not trust: not held, not learned.")
 OVER_BUDGET = ("nftpolicy_unknown_pod_over_budget_packets", "Packets of unknown pods that the kernel dropped instead of holding them "
                "because their source address had sent its budget towards the hold (--unknown-pod-rate), by direction.", ["direction"])
 FAMILIES = (DENIED, ALLOWED, CLUSTER_DENIED, OVER_BUDGET)
@@ -94,12 +101,14 @@ def _split(key: str) -> tuple[str, str]:
 class Tally:
     """Packet sums of counted rules, by the labels of each metric (module docstring):
     ``denied`` ``(namespace, pod, direction)``, ``allowed`` ``(namespace, policy, direction)``,
-    ``cluster_denied`` ``(tier, policy, direction, rule)``, ``over_budget`` ``(direction,)``."""
+    ``cluster_denied`` ``(tier, policy, direction, rule)``, ``over_budget`` ``(direction,)``; ``dns_untrusted``: one sum (None: no
+    such rule)."""
 
     denied: Counter[tuple[str, ...]] = field(default_factory=Counter)
     allowed: Counter[tuple[str, ...]] = field(default_factory=Counter)
     cluster_denied: Counter[tuple[str, ...]] = field(default_factory=Counter)
     over_budget: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    dns_untrusted: int | None = None  # None: no counted rule of a hold chain in the kernel
 
 
 def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tally:
@@ -117,6 +126,8 @@ def tally(rules: list[dict[str, Any]], owners: Mapping[str, ChainOwner]) -> Tall
                 sums.denied[(*_split(owner.pod if owner is not None and owner.pod else chain), direction)] += _packets(rule)
         elif chain == TO_HOLD_CHAIN:
             sums.over_budget[(next(over_budget, "unknown"),)] += _packets(rule)
+        elif chain in HOLD_CHAINS.values():
+            sums.dns_untrusted = (sums.dns_untrusted or 0) + _packets(rule)
         elif chain.startswith(tuple(TIER_CHAIN_PREFIX.values())):
             tier_rules.setdefault(chain, []).append(rule)
         elif chain.startswith("KUBE-NWPLCY-") and chain not in (COMMON_CHAIN, DEFAULT_CHAIN):
@@ -186,4 +197,8 @@ class RuleCounters(Collector):
             for key, packets in sorted(values.items()):
                 family.add_metric(list(key), packets)
             families.append(family)
+        untrusted = CounterMetricFamily(*DNS_UNTRUSTED)
+        if sums.dns_untrusted is not None:
+            untrusted.add_metric([], sums.dns_untrusted)
+        families.append(untrusted)
         return families
