@@ -211,10 +211,10 @@ class PodHold:
         """Walk ``held`` through the rules again (repeat), its unknown marks cleared and the
         released mark set (under :attr:`lock`)."""
         mark = held.queued.mark & ~sum(self.marks.values()) | self.released_mark
-        self._verdict(held, NF_REPEAT, mark)
-        for direction in held.waits:
+        for direction in held.waits:  # counted before the verdict: a scrape after the packet's answer sees it
             self.metrics.unknown_pod_packets.labels(direction, "released").inc()
         self.metrics.unknown_pod_hold_seconds.observe(self.clock() - held.since)
+        self._verdict(held, NF_REPEAT, mark)
 
     def _forget(self, held: Held) -> None:
         """``held`` waits no more (under :attr:`lock`)."""
