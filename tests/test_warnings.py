@@ -225,3 +225,20 @@ def test_sandbox_warns_of_pods_without_an_address_of_the_family_asked(tmp_path):
     assert out.returncode == 0 and out.stderr == ("nftpolicy: warning: 1 pod has no ipv6 address, so no ipv6 probe from or to it "
                                                   "(its cells show ?): ops/four\n"), out.stderr
     assert run("sandbox", "--strict", "--ipv6", "--timeout", "0.5", str(tmp_path / "m.yaml")).returncode == 2
+
+
+def test_explain_places_pods_on_the_nodes_given_before_it_checks_them(tmp_path):
+    """Pods without spec.nodeName and no Node objects: ``explain --node n1 --node n2`` puts them
+    on n1 and n2 (as sandbox and trace do), so those nodes are no typo: no warning, and
+    ``--strict`` answers (a new user's trial: explain warned of both nodes and --strict exited 2)."""
+    pods = tmp_path / "pods.yaml"
+    pods.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\n"
+                    "apiVersion: v1\nkind: Pod\nmetadata: {name: one, namespace: a}\n---\n"
+                    "apiVersion: v1\nkind: Pod\nmetadata: {name: two, namespace: a}\n")
+    out = run("explain", "--strict", "--node", "n1", "--node", "n2", "--from", "a/one", "--to", "a/two", "--port", "80", str(pods))
+    assert out.returncode == 0 and "warning" not in out.stderr, out.stderr
+    assert out.stdout.startswith("ALLOWED  a/one -> a/two TCP/80"), out.stdout
+    typo = run("explain", "--strict", "--node", "n1", "--node", "n2", "--node", "n3", "--from", "a/one", "--to", "a/two",
+               "--port", "80", str(pods))
+    assert typo.returncode == 2 and "no pod runs on node n3 (--node) and no Node object has that name; the nodes named: n1, n2" \
+        in typo.stderr, typo.stderr

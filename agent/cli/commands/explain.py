@@ -257,8 +257,8 @@ def explain_objects(args: argparse.Namespace, read: Manifests) -> int:
     exemptions of :func:`~nftpolicy.agent.cli.flags.add_config_arguments`, ``strict`` and
     ``accept_skipped``). Prints the verdicts; returns the exit code. Raises UsageError."""
     given = getattr(args, "node", None) or []  # kubectl nftpolicy explain: the live cluster's nodes
-    warn(cluster_warnings(read.cluster, given), args.strict)
     cluster = with_addresses(read.cluster, placement_nodes(read.cluster, given))
+    warn(cluster_warnings(cluster, given), args.strict)  # once placed: a --node that pods were put on is no typo
     config = config_from(args)
     enforcement = enforcement_of(cluster, config=config)
     services, unread = services_from(read.objects)
