@@ -75,11 +75,11 @@ def test_distinct_all_selecting_peers_are_enforced_fail_closed_and_the_rest_as_w
     (why,) = renderer.over_limit().values()
     assert list(renderer.over_limit()) == [("NetworkPolicy", "x/hostile")]
     # counted set by set, stopped once beyond the cap: 41 sets of 500 addresses
-    assert str(why) == ("spec: 20500 or more set elements (the addresses of the pods and nodes its peers select, its networks) "
+    assert str(why) == ("spec: 20500 or more set elements beyond one per pod address (the addresses of the pods and nodes its peers select, its networks) "
                         "exceed the cap of 20000 per object (--max-object-elements): enforced fail-closed")
     closed = chain_of(renderer, "x/hostile")
     assert closed.rules == () and closed.fail_closed == (  # its pods isolated, nothing allowed; explain says why
-        "spec: more set elements (the addresses of the pods and nodes its peers select, its networks) than the cap of 20000 per "
+        "spec: more set elements beyond one per pod address (the addresses of the pods and nodes its peers select, its networks) than the cap of 20000 per "
         "object (--max-object-elements): enforced fail-closed")
     assert chain_of(renderer, "x/fine").rules  # the other policy still enforced
     assert renderer.counts()["sets"] == 1 and renderer.counts()["elements"] == 10
@@ -87,28 +87,28 @@ def test_distinct_all_selecting_peers_are_enforced_fail_closed_and_the_rest_as_w
 
 
 def test_an_object_under_the_cap_is_rendered_as_without_one():
-    within = cluster(500, all_selecting(40), FINE)  # 40 x 500 = 20,000 elements (and FINE's 10: a cap per object)
+    within = cluster(500, all_selecting(41), FINE)  # 41 x 500, beyond one per pod address: 20,000 (and FINE's 10: a cap per object)
     assert NodeRenderer(NODE, max_elements=20_000).load(within).model() == NodeRenderer(NODE).load(within).model()
     assert list(NodeRenderer(NODE, max_elements=19_999).load(within).over_limit()) == [("NetworkPolicy", "x/hostile")]
 
 
 def test_pods_that_arrive_push_an_object_over_and_it_closes_as_a_full_render_would():
-    renderer = NodeRenderer(NODE, max_elements=CAP).load(cluster(500, all_selecting(39), FINE))  # 19,500 + 10
+    renderer = NodeRenderer(NODE, max_elements=CAP).load(cluster(500, all_selecting(41), FINE))  # 41 x 500 - 500 = 20,000
     renderer.take_changes()
     assert not renderer.over_limit()
-    for i in range(500, 520):  # 39 x 520 = 20,280: beyond
+    for i in range(500, 520):  # 41 x 520 - 520 = 20,800: beyond
         renderer.set_pod(f"x/p{i}", pod_from(pod(i)))
     changes = renderer.take_changes()
     assert list(renderer.over_limit()) == [("NetworkPolicy", "x/hostile")]
-    assert len(changes.sets_removed) == 39 and chain_of(renderer, "x/hostile").rules == ()
-    assert renderer.model() == NodeRenderer(NODE, max_elements=CAP).load(cluster(520, all_selecting(39), FINE)).model()
+    assert len(changes.sets_removed) == 41 and chain_of(renderer, "x/hostile").rules == ()
+    assert renderer.model() == NodeRenderer(NODE, max_elements=CAP).load(cluster(520, all_selecting(41), FINE)).model()
     # it stays closed when pods go (counting a closed object's sets would cost each pod change
     # what building them would), until the object changes or a full render counts it again
     for i in range(100):
         renderer.set_pod(f"x/p{i}", None)
     renderer.take_changes()
     assert list(renderer.over_limit()) == [("NetworkPolicy", "x/hostile")]
-    renderer.set_policy("x/hostile", cluster(0, all_selecting(39)).policies["x/hostile"])  # the same object, sent again
+    renderer.set_policy("x/hostile", cluster(0, all_selecting(41)).policies["x/hostile"])  # the same object, sent again
     assert not renderer.over_limit() and chain_of(renderer, "x/hostile").rules
 
 

@@ -58,7 +58,7 @@ class OverLimit(InvalidField):
         self.limit, self.value = limit, value
 
 
-SET_ELEMENTS = "set elements (the addresses of the pods and nodes its peers select, its networks)"
+SET_ELEMENTS = "set elements beyond one per pod address (the addresses of the pods and nodes its peers select, its networks)"
 
 
 def set_elements_over(value: int, cap: int) -> OverLimit:

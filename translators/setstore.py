@@ -469,7 +469,8 @@ class SelectorSets:
         ``exact``: then the group's addresses, an upper bound), a node set's Nodes, an interval
         set's networks. A pod's addresses are counted per pod: an upper bound of the distinct
         elements, equal unless two pods that count share an address; a key of several scopes
-        (the union of their pods) counts at most every pod's addresses of its family."""
+        (the union of their pods) counts each label group its scopes match once
+        (:meth:`_union_size`: what it holds once made, however the scopes overlap)."""
         live = self._sets.get(key)
         if live is not None:
             return len(live.networks) if key.kind == "interval" else len(live.counts)
@@ -478,9 +479,21 @@ class SelectorSets:
         if key.kind == "nodes":
             assert key.nodes is not None
             return sum(len(_node_elements(key, n)) for n in self.nodes.values() if key.nodes.matches(n.labels))
-        scopes = _scopes(key)  # several: a union of their pods, at most every pod's
-        return sum(self._scope_size(key, scope, exact) for scope in scopes) if len(scopes) < 2 else \
-            min(self._every_address(key.family), sum(self._scope_size(key, scope, False) for scope in scopes))
+        scopes = _scopes(key)
+        return sum(self._scope_size(key, scope, exact) for scope in scopes) if len(scopes) < 2 else self._union_size(key)
+
+    def _union_size(self, key: SetKey) -> int:
+        """The addresses of ``key``'s family that union address set ``key`` would hold: each
+        label group (a namespace's pods of one label set) that any of its scopes matches,
+        counted once (a union's scopes are peer scopes: neither ``local`` nor ``block``).
+        O(scopes x label groups), nothing made per pod."""
+        v6 = key.family == "ipv6"
+        matched: set[tuple[str, Labels]] = set()
+        for scope in key.scopes:
+            selector = scope.pod_selector
+            matched.update((namespace, labels) for namespace in self._namespaces(scope)
+                           for labels in self.groups.get(namespace, {}) if selector is None or selector.matches(labels))
+        return sum(self._addresses(namespace, labels, self.groups[namespace][labels])[v6] for namespace, labels in matched)
 
     def _bound(self, key: SetKey) -> int:
         """An upper bound of :meth:`size` in O(1) for a set of pods or Nodes (every pod's, or
@@ -509,23 +522,29 @@ class SelectorSets:
         return self._all_addresses[family == "ipv6"]
 
     def elements(self, keys: Iterable[SetKey], cap: int) -> int:
-        """How many elements the distinct sets of ``keys`` hold together (:meth:`size`): an
-        upper bound when it is within ``cap`` (first :meth:`_bound`, in O(sets); then
-        :meth:`size` not ``exact``), else counted exactly in order until the sum exceeds
-        ``cap`` (what it is then: at least that many)."""
+        """How many elements the distinct sets of ``keys`` hold together (:meth:`size`) beyond
+        one for each address of every pod that counts (both families): what an object's peers
+        multiply, the shape the cap exists for (issue 30: distinct selectors each of every pod),
+        never what one set of every pod holds, which the pods' owners (other tenants) could
+        grow until a policy that names them failed closed. An upper bound when it is within
+        ``cap`` (first :meth:`_bound`, in O(sets); then :meth:`size` not ``exact``), else
+        counted exactly in order until the sum exceeds ``cap`` (what it is then: at least
+        that many)."""
         distinct = list(dict.fromkeys(keys))
-        bound = sum(map(self._bound, distinct))
-        if bound <= cap:
-            return bound
+        allowance = self._every_address("ipv4") + self._every_address("ipv6")
+        limit = cap + allowance
+        total = sum(map(self._bound, distinct))
+        if total <= limit:
+            return max(0, total - allowance)
         for exact in (False, True):
             total = 0
             for key in distinct:
                 total += self.size(key, exact)
-                if total > cap:
+                if total > limit:
                     break
-            if total <= cap:
-                return total
-        return total
+            if total <= limit:
+                break
+        return max(0, total - allowance)
 
     def take_changes(self, changes: Changes) -> None:
         """Write the set and element changes since the last call into ``changes``."""
