@@ -62,7 +62,7 @@ class Config:
     CNI's IPAM does not use ``Node.spec.podCIDRs`` (empty: those); ``unknown_ingress_mark`` and
     ``unknown_egress_mark`` are set on a packet to hold whose destination (source) is an
     unknown pod, ``released_mark`` by the agent on a packet it releases. ``unknown_pod_rate`` and
-    ``unknown_pod_burst``: the packets a second (after a burst of rate + burst, nft's limit)
+    ``unknown_pod_burst``: the packets a second (after a burst of ``unknown_pod_burst`` at once, nft's limit)
     that one source address may send towards the hold (:func:`~nftpolicy.translators.layout.to_hold_chain`).
     """
 
