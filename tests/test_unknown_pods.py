@@ -501,3 +501,48 @@ def test_a_flooding_pod_cannot_fill_the_hold_for_another_new_pods_first_packet(m
             flood.kill()
             flood.wait()
         made.close()
+
+
+PROBES = """
+import socket, sys, time
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:  # 200 probes a second, spread (200 containers' probes at periodSeconds 1) to unused addresses
+    for last in range(200, 250):
+        time.sleep(0.005)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 0))
+        try:
+            s.sendto(b"x", (f"10.0.1.{last}", 9))
+        except OSError:  # EPERM: dropped in OUTPUT (over its budget)
+            pass
+        s.close()
+"""
+
+
+def test_probes_to_unused_addresses_do_not_delay_the_probe_of_another_new_pod(make_netns):
+    """The node (kubelet) probes a new pod before it is programmed: its SYN is held and released
+    0.3 s in, also while the node sends 200 probes a second to unused addresses (a tenant's pods
+    may point their probes anywhere): the node's own packets have no budget (a hostile review:
+    keyed by the node's address, they shared one, and the SYN was dropped over it, its
+    retransmission a second later reaching the pod)."""
+    made = Bed(make_netns, Config(unknown_pods="hold"))
+    probes = server = None
+    try:
+        made.start_hold(seconds=2.0)
+        made.apply("NetworkPolicy", "shop/ingress", policy("ingress", {"podSelector": {}, "policyTypes": ["Ingress"],
+                                                                       "ingress": [{}]}))
+        server = subprocess_in(made.pod, [sys.executable, "-c", SERVE.replace('"0.0.0.0"', f'"{NEW}"'), str(PORT)])
+        probes = subprocess.Popen(["ip", "netns", "exec", made.node, sys.executable, "-c", PROBES, GATEWAY, "6"])
+        time.sleep(2.5)  # the burst is spent
+        timer = threading.Timer(0.3, lambda: made.apply("Pod", "shop/new", pod("new", NEW, "new")))
+        timer.start()
+        started = time.monotonic()
+        connected = tcp_connects(made.node, NEW, PORT, 10)  # kubelet's probe of the new pod
+        took = time.monotonic() - started
+        timer.join()
+        assert connected and took < 0.9, took
+    finally:
+        for process in (probes, server):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=10)
+        made.close()

@@ -709,17 +709,21 @@ def to_hold_chain(config: Config) -> list[Chain]:
     hook: :data:`HOLD_METERS`), and drops it beyond, behind a counter per direction
     (:data:`OVER_BUDGET_DROPS`; a packet with both marks counts as egress): one source cannot
     fill the kernel's queue of the hold (1,024 packets) and so delay or drop the first packets
-    of every other new pod on the node."""
+    of every other new pod on the node. The node's own packets (kubelet's probes of every new
+    pod, whose targets a tenant's pod spec may point at unused addresses) are accepted outside
+    any budget: keyed by one source, the node, they would share one (the agent's
+    ``--unknown-pod-max-held`` still bounds what waits for one address)."""
     if config.unknown_pods != "hold":
         return []
     marks = config.unknown_marks()
+    node = Rule((LocalAddress("saddr"), VerdictStatement("accept")), "to the hold: the node's own packets (kubelet's probes), no budget")
     budget = [Rule((PerAddressLimit(family, "saddr", meter, config.unknown_pod_rate, config.unknown_pod_burst, HOLD_METER_TIMEOUT),
                     VerdictStatement("accept")), f"to the hold: within its source's budget ({family})")
               for family, meter in HOLD_METERS.items()]
     over = [Rule((Marked(marks["egress"]), CounterStatement(), VerdictStatement("drop")),
                  "drop an unknown pod's egress over its source's budget for the hold"),
             Rule((CounterStatement(), VerdictStatement("drop")), "drop an unknown pod's ingress over its source's budget for the hold")]
-    return [Chain(TO_HOLD_CHAIN, (*budget, *over))]
+    return [Chain(TO_HOLD_CHAIN, (node, *budget, *over))]
 
 
 def base_chains(config: Config) -> list[Chain]:
