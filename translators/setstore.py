@@ -186,6 +186,11 @@ def _scopes(key: SetKey) -> tuple[Scope, ...]:
     return key.scopes or ((key.scope,) if key.scope is not None else ())
 
 
+def _blocks(key: SetKey) -> tuple[IPBlock, ...]:
+    """The ipBlocks interval set ``key`` holds: its own, a union's, or none."""
+    return key.blocks or ((key.block,) if key.block is not None else ())
+
+
 def _node_elements(key: SetKey, node: Node) -> tuple[str, ...]:
     """The addresses ``node`` gives node set ``key`` (given that its selector matches it): its
     peer addresses of the key's family."""
@@ -211,7 +216,7 @@ def _block_elements(key: SetKey) -> tuple[str, ...]:
     """The networks of interval set ``key``: its ipBlock minus its excepts (a union: each of its
     blocks minus its own excepts, so one block's except never removes another's addresses),
     collapsed."""
-    blocks = key.blocks or ((key.block,) if key.block is not None else ())
+    blocks = _blocks(key)
     spans = sorted(span for block in blocks for span in block.spans())
     return tuple(map(str, span_networks(spans, blocks[0].cidr.version)))
 
@@ -243,12 +248,11 @@ def _sorted_elements(key: SetKey, elements: Iterable[Any]) -> list[Any]:
 
 @dataclass
 class _Set:
-    """A live set: its users (how many, and which owners' uses: :meth:`SelectorSets.acquire`)
-    and how many pods give each element (an interval set: its networks, computed once when it
+    """A live set: its users (each owner's uses: :meth:`SelectorSets.acquire`; none left: it
+    goes) and how many pods give each element (an interval set: its networks, computed once when it
     is made; a cache shared by every set thrashed beyond its size, so that 5,000 ipBlocks cost
     each of them again at every count)."""
 
-    users: int = 0
     counts: Counter[Any] = field(default_factory=Counter)
     networks: tuple[str, ...] = ()
     owners: Counter[Owner] = field(default_factory=Counter)
@@ -400,17 +404,15 @@ class SelectorSets:
                     self._removed[key] = held - now
             else:
                 self._born.add(key)
-        live.users += 1
         live.owners[owner] += 1
 
     def release(self, key: SetKey, owner: Owner) -> None:
         """One user fewer of set ``key`` (the last takes it away); ``owner`` as it was acquired."""
         live = self._sets[key]
-        live.users -= 1
         live.owners[owner] -= 1
         if not live.owners[owner]:
             del live.owners[owner]
-        if live.users:
+        if live.owners:
             return
         del self._sets[key]
         self._grown.discard(key)
@@ -501,7 +503,7 @@ class SelectorSets:
         if key in self._sets or key.kind == "domain":
             return self.size(key)
         if key.kind == "interval":
-            return sum(map(block_networks, key.blocks or (key.block,)))  # type: ignore[arg-type]  # an interval key has one or the other
+            return sum(map(block_networks, _blocks(key)))
         if key.kind == "nodes":
             if self._node_addresses is None:
                 self._node_addresses = [0, 0]
