@@ -51,7 +51,8 @@ class NodeRenderer:
 
     With ``max_elements`` (``--max-object-elements``), a policy whose sets would hold more
     elements than that (:meth:`~nftpolicy.translators.setstore.SelectorSets.elements`: the
-    addresses of the pods and nodes its peers select, its networks) is enforced fail-closed
+    addresses of the pods and nodes its peers select, its networks, beyond one per pod address)
+    is enforced fail-closed
     (:meth:`over_limit` says which and why): counted before its chains are built, and again
     when a set its chains use gains elements (at the next output); it stays closed until it
     changes (or a full render counts it again).

@@ -87,12 +87,16 @@ class PolicyChains:
         it is closed (its chains rebuilt as its closed policy's). True when it was."""
         if self.max_elements is None or key in self.over:
             return False
-        total = self.sets.elements((k for d in DIRECTIONS if (key, d) in self.chains for k in self.chains[(key, d)][1]), self.max_elements)
+        total = self.sets.elements(self._set_keys(key), self.max_elements)
         if total <= self.max_elements:
             return False
         self._close(key, total, self.max_elements)
         self.render(key, families)
         return True
+
+    def _set_keys(self, key: str) -> Iterable[SetKey]:
+        """The set keys the chains of policy ``key`` use now (one per use)."""
+        return (k for d in DIRECTIONS if (key, d) in self.chains for k in self.chains[(key, d)][1])
 
     def _built(self, key: str, policy: NetworkPolicy, families: tuple[Family, ...]) -> Built:
         """The chains of ``policy`` (called ``key``), with the set keys each uses; those of its

@@ -93,12 +93,16 @@ class TierChains:
         when it was."""
         if self.max_elements is None or name in self.over:
             return False
-        total = self.sets.elements((k for d in DIRECTIONS if (name, d) in self.chains for k in self.chains[(name, d)][1]), self.max_elements)
+        total = self.sets.elements(self._set_keys(name), self.max_elements)
         if total <= self.max_elements:
             return False
         self._close(self.policies[name], total, self.max_elements)
         self.drop([k for k in self.chains if k[0] == name])
         return True
+
+    def _set_keys(self, name: str) -> Iterable[SetKey]:
+        """The set keys the chains of policy ``name`` use now (one per use)."""
+        return (k for d in DIRECTIONS if (name, d) in self.chains for k in self.chains[(name, d)][1])
 
     def _build(self, policy: ClusterNetworkPolicy, families: tuple[Family, ...]) -> ClusterNetworkPolicy:
         """Build the chains of ``policy``'s directions that have rules and no chain yet (every
@@ -110,8 +114,7 @@ class TierChains:
                 keys: list[SetKey] = []
                 built[direction] = (build_tier_chain(policy, direction, families, keys), keys)
         if self.max_elements is not None and policy.name not in self.over:
-            held = (k for d in DIRECTIONS if (policy.name, d) in self.chains for k in self.chains[(policy.name, d)][1])
-            total = self.sets.elements((*held, *(k for _, keys in built.values() for k in keys)), self.max_elements)
+            total = self.sets.elements((*self._set_keys(policy.name), *(k for _, keys in built.values() for k in keys)), self.max_elements)
             if total > self.max_elements:
                 self.drop([k for k in self.chains if k[0] == policy.name])
                 return self._build(self._close(policy, total, self.max_elements), families)
